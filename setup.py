@@ -4,7 +4,8 @@ import sys
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
-extra_compile_args = ["-O3"] if sys.platform != "win32" else ["/O2"]
+# -ffp-contract=off: no fused multiply-add, so pack costs (and so plans) are bit-identical on every CPU.
+extra_compile_args = ["-O3", "-ffp-contract=off"] if sys.platform != "win32" else ["/O2", "/fp:precise"]
 
 ext_modules = [
     Pybind11Extension(
@@ -13,6 +14,7 @@ ext_modules = [
             [
                 "csrc/bindings.cpp",
                 "csrc/grouping.cpp",
+                "csrc/length_records.cpp",
             ]
         ),
         include_dirs=["csrc"],

@@ -1,0 +1,92 @@
+// Grouping of samples into packs under two capacities, and assignment of packs to (step, rank) slots.
+//
+// Every sample has a ViT load (image tiles or patches) and an LLM load (tokens). A pack is a set of samples
+// whose ViT sum is at most the ViT capacity and whose LLM sum is at most the LLM capacity. Everything here
+// is pure: deterministic from a 64-bit seed (rng.hpp), no global state, no printing, no Python. Items
+// passed in must each fit alone (the caller handles oversize samples) and have loads below 2**31.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace omnibal {
+
+// Per-sample loads, indexed by sample id.
+struct Loads {
+  const int64_t* vit;
+  const int64_t* llm;
+};
+
+struct Capacity {
+  int64_t vit;
+  int64_t llm;
+};
+
+// Training cost of one sample: linear and quadratic terms of its ViT and LLM loads.
+struct CostModel {
+  double vit_linear = 0.0;
+  double vit_quadratic = 0.0;
+  double llm_linear = 1.0;
+  double llm_quadratic = 0.0;
+
+  double sample_cost(int64_t vit, int64_t llm) const {
+    const double v = static_cast<double>(vit), t = static_cast<double>(llm);
+    return vit_linear * v + vit_quadratic * v * v + llm_linear * t + llm_quadratic * t * t;
+  }
+};
+
+// Packs in CSR form: the samples of pack p are samples[offsets[p] : offsets[p + 1]].
+struct Packs {
+  std::vector<int64_t> offsets{0};
+  std::vector<int64_t> samples;
+
+  int64_t size() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  void close_pack() { offsets.push_back(static_cast<int64_t>(samples.size())); }
+};
+
+// Where every (step, rank) slot's pack comes from.
+struct Assignment {
+  std::vector<int64_t> step_packs;     // num_steps * world_size pack ids, step-major
+  int64_t num_steps = 0;
+  int64_t duplicated_slots = 0;        // slots of the ragged last step filled by reusing packs
+  std::vector<int64_t> dropped_packs;  // packs left out by drop_last
+};
+
+// Plain random next-fit: shuffle, then close the open pack whenever the next sample does not fit.
+Packs random_next_fit(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, uint64_t seed);
+
+// The OmniBal paper's Iterative Sampling and Filtering. Round 0 packs all items by random next-fit; each of
+// the following rounds keeps the packs whose ViT sum reaches vit_threshold or whose LLM sum reaches
+// llm_threshold, pools the samples of the others and packs the pool again by random next-fit with a fresh
+// seed; after `iterations` rounds in all, the last packing of the pool is kept whole.
+Packs isf(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, int64_t vit_threshold,
+          int64_t llm_threshold, int iterations, uint64_t seed);
+
+// Randomized two-dimensional best fit, in rounds: each round places the pooled samples in a fresh random
+// order, each into the open pack with the least room left in the binding dimension (the one whose total
+// over capacity is larger) that still fits it in both; packs with no room left for any sample are final,
+// the samples of the others are pooled for the next round; the last round keeps all its packs.
+Packs best_fit_packs(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, int rounds,
+                     uint64_t seed);
+
+// Packs to slots in random order (what a random sampler over packs does).
+Assignment assign_random(int64_t num_packs, int64_t world_size, bool drop_last, uint64_t seed);
+
+// Packs to slots so that the packs of one step carry near-equal loads. Packs are sorted by ViT load, then
+// LLM load; within runs of equal ViT load, blocks of kCostBlockSteps * world_size consecutive packs are
+// re-sorted by cost, and consecutive chunks of world_size packs form the steps. So the packs of a step
+// share their ViT load, their LLM loads lie within a block's narrow range, and their costs are adjacent.
+// Step order and rank order within a step are then shuffled, so training order stays random.
+Assignment assign_balanced(const Packs& packs, const Loads& loads, const CostModel& cost, int64_t world_size,
+                           bool drop_last, uint64_t seed);
+
+// best_fit_packs followed by assign_balanced, sharing the work between them.
+struct BalancedPlan {
+  Packs packs;
+  Assignment assignment;
+};
+BalancedPlan plan_balanced(const Loads& loads, const std::vector<int64_t>& items, Capacity cap,
+                           const CostModel& cost, int rounds, int64_t world_size, bool drop_last,
+                           uint64_t seed);
+
+}  // namespace omnibal

@@ -1,0 +1,25 @@
+// A fast reader of per-sample length records: a JSON list of objects, or JSON Lines (one object per line),
+// from which two integer fields are taken per object. No Python objects per sample, one pass over the bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace omnibal {
+
+struct LengthRecords {
+  std::vector<int64_t> vit;
+  std::vector<int64_t> llm;
+  // Empty on success; otherwise what went wrong, and at which sample (error_sample, -1 if none).
+  std::string error;
+  int64_t error_sample = -1;
+};
+
+// Reads `text` (a JSON array of objects, or objects separated by whitespace/newlines/commas). Per object:
+// `llm_key` must be present, `vit_key` may be missing (then 0: a text-only sample); both must be
+// non-negative integers below 2**31. Other fields are skipped.
+LengthRecords parse_length_records(const char* text, size_t size, const std::string& vit_key,
+                                   const std::string& llm_key);
+
+}  // namespace omnibal

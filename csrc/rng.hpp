@@ -1,0 +1,125 @@
+// Deterministic random numbers for planning: the same 64-bit seed gives the same stream on every platform,
+// compiler and rank. Integer-only (no floating point, no std::uniform_int_distribution, whose output is
+// implementation-defined), so plans are bit-identical everywhere.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace omnibal {
+
+// SplitMix64 step: used to expand seeds (Steele, Lea and Flood 2014).
+inline uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Mixes a seed with stream identifiers (epoch, round, purpose) into one well-spread 64-bit seed.
+inline uint64_t derive_seed(uint64_t seed, uint64_t a, uint64_t b = 0) {
+  uint64_t s = seed;
+  uint64_t x = splitmix64(s);
+  s = x ^ (a * 0xD1B54A32D192ED03ULL);
+  x = splitmix64(s);
+  s = x ^ (b * 0x8CB92BA72F3D8DD7ULL);
+  return splitmix64(s);
+}
+
+// xoshiro256** (Blackman and Vigna 2018): fast, 256-bit state, good statistical quality.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) {
+    uint64_t s = seed;
+    for (auto& w : state_) w = splitmix64(s);
+  }
+
+  uint64_t next() {
+    const uint64_t result = rotl(state_[1] * 5, 7) * 9;
+    const uint64_t t = state_[1] << 17;
+    state_[2] ^= state_[0];
+    state_[3] ^= state_[1];
+    state_[1] ^= state_[2];
+    state_[0] ^= state_[3];
+    state_[2] ^= t;
+    state_[3] = rotl(state_[3], 45);
+    return result;
+  }
+
+  // Uniform integer in [0, bound) by Lemire's multiply-and-reject method (unbiased).
+  uint64_t below(uint64_t bound) {
+    uint64_t x = next();
+    uint64_t hi, lo;
+    mul128(x, bound, hi, lo);
+    if (lo < bound) {
+      const uint64_t threshold = (0 - bound) % bound;
+      while (lo < threshold) {
+        x = next();
+        mul128(x, bound, hi, lo);
+      }
+    }
+    return hi;
+  }
+
+ private:
+  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+  static void mul128(uint64_t a, uint64_t b, uint64_t& hi, uint64_t& lo) {
+#if defined(__SIZEOF_INT128__)
+    const unsigned __int128 p = static_cast<unsigned __int128>(a) * b;
+    hi = static_cast<uint64_t>(p >> 64);
+    lo = static_cast<uint64_t>(p);
+#else
+    const uint64_t a_lo = a & 0xFFFFFFFFULL, a_hi = a >> 32;
+    const uint64_t b_lo = b & 0xFFFFFFFFULL, b_hi = b >> 32;
+    const uint64_t p0 = a_lo * b_lo, p1 = a_lo * b_hi, p2 = a_hi * b_lo, p3 = a_hi * b_hi;
+    const uint64_t mid = (p0 >> 32) + (p1 & 0xFFFFFFFFULL) + (p2 & 0xFFFFFFFFULL);
+    lo = (p0 & 0xFFFFFFFFULL) | (mid << 32);
+    hi = p3 + (p1 >> 32) + (p2 >> 32) + (mid >> 32);
+#endif
+  }
+
+  uint64_t state_[4];
+};
+
+// Fisher-Yates shuffle of a[0:n).
+template <typename T>
+void fisher_yates(T* a, size_t n, Rng& rng) {
+  for (size_t i = n; i > 1; --i) {
+    const size_t j = static_cast<size_t>(rng.below(i));
+    std::swap(a[i - 1], a[j]);
+  }
+}
+
+// Uniform random permutation of v. Large inputs use Rao's two-pass method: every element goes to a
+// uniformly random bin (a sequential scatter), then each bin, small enough to stay in cache, gets a
+// Fisher-Yates shuffle. The result is uniform like a plain Fisher-Yates, and on a million elements several
+// times faster, since a plain shuffle misses the cache on almost every swap.
+template <typename T>
+void shuffle(std::vector<T>& v, Rng& rng) {
+  const size_t n = v.size();
+  constexpr size_t kBinElements = 4096;  // elements per bin on average: fits L1/L2 while shuffled
+  if (n <= 8 * kBinElements) {
+    fisher_yates(v.data(), n, rng);
+    return;
+  }
+  int bits = 1;
+  while ((size_t{1} << bits) * kBinElements < n && bits < 16) ++bits;
+  const size_t num_bins = size_t{1} << bits;
+  std::vector<uint16_t> bin(n);
+  std::vector<size_t> start(num_bins + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    bin[i] = static_cast<uint16_t>(rng.next() >> (64 - bits));
+    ++start[bin[i] + 1];
+  }
+  for (size_t b = 0; b < num_bins; ++b) start[b + 1] += start[b];
+  std::vector<T> out(n);
+  std::vector<size_t> fill(start.begin(), start.end() - 1);
+  for (size_t i = 0; i < n; ++i) out[fill[bin[i]]++] = v[i];
+  for (size_t b = 0; b < num_bins; ++b) fisher_yates(out.data() + start[b], start[b + 1] - start[b], rng);
+  v.swap(out);
+}
+
+}  // namespace omnibal

@@ -1,0 +1,111 @@
+"""Balance metrics of a plan, as the OmniBal paper defines them, plus fill and a cost-model step efficiency."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..lengths import Lengths
+from .cost import CostModel
+from .plan import Plan
+
+__all__ = ["BalanceReport", "balance_report", "dist_ratio"]
+
+
+@dataclass(frozen=True)
+class BalanceReport:
+    """What a plan achieves.
+
+    Attributes:
+        num_samples: distinct samples scheduled.
+        num_packs: distinct packs scheduled.
+        num_steps: steps (each gives every rank one pack).
+        ave_bs: mean samples per pack (over distinct scheduled packs).
+        vit_fill, llm_fill: load in the scheduled packs over ``num_packs * capacity``.
+        vit_dist, llm_dist: the paper's Dist Ratio: per step ``sum(max - x_i) / (max * world_size)`` over
+            the ranks' pack loads, averaged over steps (ViT: denominator at least 1, as the authors' code).
+        step_efficiency: mean over steps of ``mean(cost_i) / max(cost_i)`` under the cost model: the share
+            of the step the average rank spends working rather than waiting for the slowest.
+        dropped: samples in no slot (oversize ``"drop"``, ``drop_last``).
+        duplicated: sample slots that repeat a sample (reused packs of a ragged last step).
+        seconds: planning time.
+    """
+
+    num_samples: int
+    num_packs: int
+    num_steps: int
+    ave_bs: float
+    vit_fill: float
+    llm_fill: float
+    vit_dist: float
+    llm_dist: float
+    step_efficiency: float
+    dropped: int
+    duplicated: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def dist_ratio(step_loads: np.ndarray, min_denominator: float = 0.0) -> float:
+    """Mean over steps of ``sum(max - x) / max(max * ranks, min_denominator)``; ``step_loads``: (steps, ranks)."""
+    x = np.asarray(step_loads, dtype=np.float64)
+    if x.size == 0:
+        return 0.0
+    peak = x.max(axis=1)
+    denom = np.maximum(peak * x.shape[1], min_denominator)
+    waste = (peak[:, None] - x).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_step = np.where(denom > 0, waste / np.where(denom > 0, denom, 1.0), 0.0)
+    return float(per_step.mean())
+
+
+def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel] = None) -> BalanceReport:
+    """Metrics of ``plan`` over ``lengths`` (the loads it was planned from)."""
+    if len(lengths) != plan.num_input_samples:
+        raise ValueError(f"plan was made for {plan.num_input_samples} samples, lengths has {len(lengths)}")
+    cost_model = cost_model or CostModel.internvl_7b()
+    seg = plan.pack_offsets[:-1]
+    sizes = np.diff(plan.pack_offsets)
+    samples = plan.pack_samples
+
+    def per_pack(values: np.ndarray) -> np.ndarray:
+        out = np.zeros(plan.num_packs, dtype=values.dtype)
+        nonempty = sizes > 0
+        out[nonempty] = np.add.reduceat(values[samples], seg[nonempty]) if samples.size else 0
+        return out
+
+    pack_vit = per_pack(lengths.vit)
+    pack_llm = per_pack(lengths.llm)
+    pack_cost = per_pack(cost_model.sample_costs(lengths.vit, lengths.llm))
+
+    slots = plan.step_packs
+    scheduled = np.unique(slots)
+    num_packs = int(scheduled.size)
+    num_samples = int(sizes[scheduled].sum())
+    counts = np.bincount(slots.reshape(-1), minlength=plan.num_packs)
+    duplicated = int(((counts - 1).clip(min=0) * sizes).sum())
+
+    costs = pack_cost[slots]
+    peak = costs.max(axis=1)
+    efficiency = float(np.mean(np.where(peak > 0, costs.mean(axis=1) / np.where(peak > 0, peak, 1.0), 1.0)))
+
+    def fill(pack_load: np.ndarray, capacity: int) -> float:
+        return float(pack_load[scheduled].sum() / (num_packs * capacity)) if capacity > 0 and num_packs else 0.0
+
+    return BalanceReport(
+        num_samples=num_samples,
+        num_packs=num_packs,
+        num_steps=plan.num_steps,
+        ave_bs=num_samples / num_packs if num_packs else 0.0,
+        vit_fill=fill(pack_vit, plan.vit_capacity),
+        llm_fill=fill(pack_llm, plan.llm_capacity),
+        vit_dist=dist_ratio(pack_vit[slots], min_denominator=1.0),
+        llm_dist=dist_ratio(pack_llm[slots]),
+        step_efficiency=efficiency,
+        dropped=int(plan.dropped_samples.size),
+        duplicated=duplicated,
+        seconds=float(plan.seconds),
+    )

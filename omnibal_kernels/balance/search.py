@@ -1,0 +1,135 @@
+"""Capacity search: from a wanted mean number of samples per pack to (ViT capacity, LLM capacity).
+
+The grid is the OmniBal authors': an LLM step of ``tokens_per_vit_unit`` tokens (the mean 256-binned sample
+length over the mean ViT load, rounded down to a multiple of 16) starting from 4096 tokens, and one ViT unit
+per step: candidate ``k`` is ``(4096 // step + k, 4096 + k * step)``. The authors run ISF on every candidate
+(12-20 s on 70k samples); here the packs per candidate are predicted in closed form, since packs fill the
+binding capacity: ``num_packs ~= max(sum(vit) / Qv, sum(llm) / Qt)``.
+
+* ``balanced`` and ``random``: the smallest candidate whose predicted mean pack size reaches the target.
+* ``isf``: as the authors, every candidate whose mean pack size lies in ``[target, target + 1]`` is planned
+  (in C++, milliseconds each) and the one with the lowest ViT + LLM dist ratio wins.
+
+Unless ``oversize`` allows oversize samples, candidates are raised until the largest sample fits.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from ..lengths import Lengths
+
+__all__ = ["Capacities", "search_capacity"]
+
+_BASE_TOKENS = 4096  # the authors' starting LLM capacity
+_BIN = 256  # sample lengths are binned to multiples of 256 tokens for the step size, as the authors do
+_ALIGN = 16
+
+
+class Capacities(NamedTuple):
+    vit_capacity: int
+    llm_capacity: int
+    vit_threshold: int
+    llm_threshold: int
+    predicted_batch_size: float
+
+
+def _grid_step(lengths: Lengths) -> tuple[int, int]:
+    """(tokens per ViT unit step, ViT capacity at 4096 tokens) of the authors' grid."""
+    mean_vit = float(lengths.vit.mean())
+    binned = np.ceil(lengths.llm / _BIN) * _BIN
+    mean_binned = float(binned.mean())
+    step = int(((mean_binned // max(mean_vit, 1.0) + 1) // _ALIGN) * _ALIGN)
+    step = max(step, _ALIGN)
+    return step, max(_BASE_TOKENS // step, 1)
+
+
+def search_capacity(
+    lengths: Lengths,
+    target_batch_size: float = 4.0,
+    *,
+    method: str = "balanced",
+    world_size: int = 8,
+    oversize: str = "error",
+    seed: int = 0,
+    iterations: int = 50,
+    progress: Optional[bool] = None,
+) -> Capacities:
+    """Finds capacities whose packs hold about ``target_batch_size`` samples on average.
+
+    Args:
+        lengths: per-sample loads.
+        target_batch_size: wanted mean samples per pack (> 0).
+        method: the planning method the capacities are for (``"isf"`` evaluates candidates by planning).
+        world_size: ranks, for the ISF evaluation.
+        oversize: when ``"error"``, capacities hold the largest sample.
+        seed, iterations: for the ISF evaluation.
+        progress: show a progress bar over ISF candidates (default: when stderr is a terminal).
+
+    Returns:
+        ``Capacities(vit_capacity, llm_capacity, vit_threshold, llm_threshold, predicted_batch_size)``;
+        the thresholds are ISF's defaults (``vit_capacity`` and ``llm_capacity - 128``).
+    """
+    if not (isinstance(target_batch_size, (int, float)) and target_batch_size > 0 and math.isfinite(target_batch_size)):
+        raise ValueError(f"target_batch_size must be a positive number, got {target_batch_size!r}")
+    n = len(lengths)
+    if n == 0:
+        raise ValueError("lengths is empty")
+    step, vit0 = _grid_step(lengths)
+    vit_total = float(lengths.vit.sum())
+    llm_total = float(lengths.llm.sum())
+    has_vit = vit_total > 0
+
+    def caps(k: int) -> tuple[int, int]:
+        return (vit0 + k if has_vit else 0), _BASE_TOKENS + k * step
+
+    def predicted(k: int) -> float:
+        qv, qt = caps(k)
+        packs = max(vit_total / qv if has_vit else 0.0, llm_total / qt)
+        return n / max(packs, 1.0)
+
+    # Smallest k whose predicted mean pack size reaches the target, in closed form on both axes.
+    k_min = 1 - vit0 if has_vit else -((_BASE_TOKENS - 1) // step)
+    k = k_min
+    if has_vit:
+        k = max(k, math.ceil(target_batch_size * vit_total / n) - vit0)
+    k = max(k, math.ceil((target_batch_size * llm_total / n - _BASE_TOKENS) / step))
+    if oversize == "error":
+        if has_vit:
+            k = max(k, int(lengths.vit.max()) - vit0)
+        k = max(k, math.ceil((int(lengths.llm.max()) - _BASE_TOKENS) / step))
+    while predicted(k) < target_batch_size:  # guards the rounding of the closed form
+        k += 1
+
+    if method == "isf":
+        k = _best_isf_candidate(lengths, k, caps, target_batch_size, world_size, oversize, seed, iterations, progress)
+    qv, qt = caps(k)
+    return Capacities(qv, qt, qv, max(qt - 128, 1), predicted(k))
+
+
+def _best_isf_candidate(lengths, k_first, caps, target, world_size, oversize, seed, iterations, progress) -> int:
+    """The authors' choice among candidates: lowest vit_dist + llm_dist with ave_bs in [target, target + 1]."""
+    from .plan import plan_packs
+    from .report import balance_report
+    from .._progress import progress_bar
+
+    best_k, best_score = k_first, math.inf
+    k = k_first
+    bar = progress_bar(total=None, desc="capacity search (isf)", enabled=progress)
+    try:
+        while True:
+            qv, qt = caps(k)
+            plan = plan_packs(lengths, world_size=world_size, method="isf", vit_capacity=qv, llm_capacity=qt,
+                              iterations=iterations, oversize=oversize, seed=seed)
+            rep = balance_report(plan, lengths)
+            bar.update(1)
+            if rep.ave_bs > target + 1:
+                break
+            if rep.ave_bs >= target and rep.vit_dist + rep.llm_dist < best_score:
+                best_k, best_score = k, rep.vit_dist + rep.llm_dist
+            k += 1
+    finally:
+        bar.close()
+    return best_k
