@@ -10,6 +10,7 @@
 
 #include "grouping.hpp"
 #include "length_records.hpp"
+#include "rng.hpp"
 
 namespace py = pybind11;
 using omnibal::Capacity;
@@ -189,4 +190,19 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("data"), py::arg("vit_key"), py::arg("llm_key"),
       "Reads per-sample length records (JSON list or JSON Lines); returns (vit, llm, error, error_sample).");
+
+  m.def(
+      "derive_seed", [](uint64_t seed, uint64_t a, uint64_t b) { return omnibal::derive_seed(seed, a, b); },
+      py::arg("seed"), py::arg("a"), py::arg("b") = 0, "The seed of one random stream (for references/tests).");
+
+  m.def(
+      "shuffle",
+      [](const IntArray& values, uint64_t seed) {
+        std::vector<int64_t> v(values.data(), values.data() + values.size());
+        omnibal::Rng rng(seed);
+        omnibal::shuffle(v, rng);
+        return to_numpy(std::move(v));
+      },
+      py::arg("values"), py::arg("seed"),
+      "The engine's shuffle of `values` with Rng(seed) (for references/tests).");
 }
