@@ -146,6 +146,11 @@ def _unpack_kernel(
 # ----------------------------------------------------------------------------------------------- launchers
 
 
+def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every output buffer comes from here (tests poison it to catch unwritten elements)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _interpreted() -> bool:
     """True when triton was loaded with TRITON_INTERPRET=1 (kernels then run on CPU tensors)."""
     return not isinstance(_pack_kernel, triton.runtime.JITFunction)
@@ -170,7 +175,10 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 def _rows(x: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
     """``x`` as ``(*lead, hidden)`` with a unit-stride hidden axis; a view whenever the layout allows."""
-    rows = x.reshape(*lead, -1) if x.numel() else x.new_empty((*lead, 0))
+    hidden = 1
+    for size in x.shape[len(lead) :]:
+        hidden *= size
+    rows = x.reshape(*lead, hidden)
     if rows.shape[-1] > 1 and rows.stride(-1) != 1:
         rows = rows.contiguous()
     return rows
@@ -213,7 +221,7 @@ def launch_pack(
     """
     _check_launchable(padded, "pack")
     batch, padded_len = padded.shape[0], padded.shape[1]
-    out = torch.empty((total_tokens, *padded.shape[2:]), dtype=padded.dtype, device=padded.device)
+    out = _alloc((total_tokens, *padded.shape[2:]), padded.dtype, padded.device)
     if out.numel() == 0:
         return out
     src = _bits(_rows(padded, (batch, padded_len)))
@@ -256,7 +264,7 @@ def launch_unpack(
     _check_launchable(packed, "unpack")
     batch = cu_seqlens.numel() - 1
     total_tokens = packed.shape[0]
-    out = torch.empty((batch, padded_len, *packed.shape[1:]), dtype=packed.dtype, device=packed.device)
+    out = _alloc((batch, padded_len, *packed.shape[1:]), packed.dtype, packed.device)
     if out.numel() == 0:
         return out
     src = _bits(_rows(packed, (total_tokens,)))

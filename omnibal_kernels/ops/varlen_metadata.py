@@ -79,6 +79,11 @@ def _varlen_metadata_kernel(
             tl.store(labels_out_ptr + tok, lab, mask=ok)
 
 
+def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every output buffer comes from here (tests poison it to catch unwritten elements)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _interpreted() -> bool:
     return not isinstance(_varlen_metadata_kernel, triton.runtime.JITFunction)
 
@@ -97,12 +102,15 @@ def launch_varlen_metadata(
         )
     device = seq_lens.device
     batch = seq_lens.numel()
-    cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=device)
-    position_ids = torch.empty(total_tokens, dtype=torch.int64, device=device)
-    seq_idx = torch.empty(total_tokens, dtype=torch.int32, device=device)
-    labels_out = None if labels is None else torch.empty_like(labels, memory_format=torch.contiguous_format)
     if batch == 0:
-        return VarlenMetadata(cu_seqlens, position_ids, seq_idx, labels_out)
+        cu_seqlens = torch.zeros(1, dtype=torch.int32, device=device)
+        empty = labels.clone() if labels is not None else None
+        return VarlenMetadata(cu_seqlens, _alloc((0,), torch.int64, device), _alloc((0,), torch.int32, device), empty)
+    # the kernel writes every element of these (cu_seqlens[0] included)
+    cu_seqlens = _alloc((batch + 1,), torch.int32, device)
+    position_ids = _alloc((total_tokens,), torch.int64, device)
+    seq_idx = _alloc((total_tokens,), torch.int32, device)
+    labels_out = None if labels is None else _alloc(tuple(labels.shape), labels.dtype, device)
     labels_flat = None if labels is None else labels.reshape(-1).contiguous()
     # splits sized for the average sequence: about one BLOCK_T step per program
     n_split = max(1, min(MAX_SPLIT, triton.cdiv(triton.cdiv(max(total_tokens, 1), batch), BLOCK_T)))
