@@ -305,3 +305,17 @@ def test_offsets_past_int32_elements() -> None:
     back = ops_pack.unpack(padded[1, : lens[1]].contiguous(), [lens[1]], padded_len=lens[1] + 2)
     assert torch.equal(back[0, : lens[1]], padded[1, : lens[1]])
     assert bool((back[0, lens[1] :] == 0).all())
+
+
+def test_cpu_twins_do_not_import_triton() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, omnibal_kernels\n"
+        "from omnibal_kernels.cpu.pack import pack\n"
+        "from omnibal_kernels.cpu.varlen_metadata import varlen_metadata\n"
+        "assert pack(torch.ones(1, 2), [1]).shape == (1,)\n"
+        "assert 'triton' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

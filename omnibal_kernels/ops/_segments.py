@@ -147,8 +147,7 @@ def resolve_segments(
     assert isinstance(cu_seqlens, torch.Tensor)
     _check_device_lengths(cu_seqlens, "cu_seqlens", fn, batch + 1, int32_only=True)
     _check_same_device(cu_seqlens, "cu_seqlens", device, fn)
-    lens_dev = cu_seqlens[1:] - cu_seqlens[:-1]
-    return _device_segments(cu_seqlens.contiguous(), lens_dev, total_tokens, padded_len, fn, "cu_seqlens")
+    return _device_segments(cu_seqlens.contiguous(), None, total_tokens, padded_len, fn, "cu_seqlens")
 
 
 def _check_same_device(x: torch.Tensor, name: str, device: torch.device, fn: str) -> None:
@@ -167,7 +166,7 @@ def _host_segments(cu: np.ndarray, total_tokens: int | None, device: torch.devic
 
 def _device_segments(
     cu_dev: torch.Tensor,
-    lens_dev: torch.Tensor,
+    lens_dev: torch.Tensor | None,
     total_tokens: int | None,
     padded_len: int | None,
     fn: str,
@@ -181,6 +180,8 @@ def _device_segments(
     # The one host sync of this path: total, shortest and longest segment in a single transfer.
     if batch == 0:
         return Segments(cu_dev, 0, 0, 0)
+    if lens_dev is None:
+        lens_dev = cu_dev[1:] - cu_dev[:-1]
     stats = torch.stack(
         [lens_dev.sum(dtype=torch.int64), cu_dev[0].long(), lens_dev.min().long(), lens_dev.max().long()]
     )
