@@ -23,6 +23,13 @@ _EXPORTS: dict[str, str] = {
     "balance_report": "balance",
     "BalanceReport": "balance",
     "OversizeError": "balance",
+    # GPU ops (Triton; CPU tensors go to the twins in cpu/)
+    "pack": "ops.pack",
+    "unpack": "ops.pack",
+    "pack_from_mask": "ops.pack",
+    "PackedTokens": "ops.pack",
+    "varlen_metadata": "ops.varlen_metadata",
+    "VarlenMetadata": "ops.varlen_metadata",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -1,6 +1,8 @@
 """Shared test setup: the ``gpu`` marker skips without CUDA; nothing here touches CUDA at import."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -10,6 +12,13 @@ def _cuda_available() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Without CUDA, Triton kernels run in the interpreter on CPU tensors. The variable is read when a
+    # kernel is decorated, so it is set here, before any test module imports omnibal_kernels.ops.
+    if "TRITON_INTERPRET" not in os.environ and not _cuda_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,90 @@
+"""CPU twins of ``omnibal_kernels.ops.pack``: same names, arguments and results, vectorized torch.
+
+A boolean ``(B, S)`` prefix mask selects the valid tokens in row-major order, which is exactly the packed
+order, so one masked gather (``pack``) or one masked scatter (``unpack``) does the work; torch's autograd
+covers both. No triton is imported here.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops._segments import (
+    LengthsLike,
+    PackedTokens,
+    check_attention_mask,
+    mask_segments,
+    resolve_segments,
+    unpack_segments,
+)
+
+
+def _check_cpu(x: torch.Tensor, fn: str) -> None:
+    if x.device.type != "cpu":
+        raise ValueError(f"{fn}: the CPU twin needs CPU tensors, got a tensor on {x.device}")
+
+
+def _prefix_mask(cu_seqlens: torch.Tensor, padded_len: int) -> torch.Tensor:
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    return torch.arange(padded_len)[None, :] < lens[:, None]
+
+
+def pack(
+    padded: torch.Tensor,
+    seq_lens: LengthsLike | None = None,
+    *,
+    cu_seqlens: LengthsLike | None = None,
+    total_tokens: int | None = None,
+) -> torch.Tensor:
+    """``padded (B, S, *rest)`` + lengths -> ``packed (T, *rest)``; see ``omnibal_kernels.ops.pack.pack``."""
+    fn = "pack"
+    if not isinstance(padded, torch.Tensor):
+        raise TypeError(f"{fn}: padded must be a torch.Tensor, got {type(padded).__name__}")
+    if padded.dim() < 2:
+        raise ValueError(f"{fn}: padded must be (batch, padded_len, ...), got shape {tuple(padded.shape)}")
+    _check_cpu(padded, fn)
+    seg = resolve_segments(
+        seq_lens,
+        cu_seqlens,
+        total_tokens,
+        batch=padded.shape[0],
+        padded_len=padded.shape[1],
+        device=padded.device,
+        fn=fn,
+    )
+    return padded[_prefix_mask(seg.cu_seqlens, padded.shape[1])]
+
+
+def unpack(
+    packed: torch.Tensor,
+    seq_lens: LengthsLike | None = None,
+    *,
+    cu_seqlens: LengthsLike | None = None,
+    padded_len: int | None = None,
+    fill_value: float | int | bool = 0,
+) -> torch.Tensor:
+    """``packed (T, *rest)`` + lengths -> ``(B, S, *rest)``; see ``omnibal_kernels.ops.pack.unpack``."""
+    fn = "unpack"
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"{fn}: packed must be a torch.Tensor, got {type(packed).__name__}")
+    if packed.dim() < 1:
+        raise ValueError(f"{fn}: packed must be (total_tokens, ...), got a 0-d tensor")
+    _check_cpu(packed, fn)
+    seg = unpack_segments(packed, seq_lens, cu_seqlens, padded_len, fill_value, fn)
+    if padded_len is None:
+        padded_len = seg.max_seqlen if seg.max_seqlen is not None else 0
+    padded_len = int(padded_len)
+    out = torch.full((seg.batch, padded_len, *packed.shape[1:]), fill_value, dtype=packed.dtype)
+    return out.index_put((_prefix_mask(seg.cu_seqlens, padded_len),), packed)
+
+
+def pack_from_mask(padded: torch.Tensor, attention_mask: torch.Tensor) -> PackedTokens:
+    """``pack`` with lengths from a right-padded ``(B, S)`` mask; see ``omnibal_kernels.ops.pack``."""
+    fn = "pack_from_mask"
+    if not isinstance(padded, torch.Tensor):
+        raise TypeError(f"{fn}: padded must be a torch.Tensor, got {type(padded).__name__}")
+    if padded.dim() < 2:
+        raise ValueError(f"{fn}: padded must be (batch, padded_len, ...), got shape {tuple(padded.shape)}")
+    _check_cpu(padded, fn)
+    mask = check_attention_mask(padded, attention_mask, fn)
+    seq_lens, cu_seqlens, _, longest = mask_segments(mask, fn)
+    return PackedTokens(padded[mask], cu_seqlens, longest, seq_lens)
