@@ -1,0 +1,68 @@
+"""Plain references shared by tests and benchmarks: slow, simple, obviously correct."""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+# ------------------------------------------------------------------------------------------- vision
+
+
+def ref_internvl_tiles(width: int, height: int, min_num: int = 1, max_num: int = 12, image_size: int = 448,
+                       use_thumbnail: bool = True) -> tuple[int, int, int]:
+    """``(cols, rows, num_tiles)`` of one image by InternVL's published dynamic-resolution scan."""
+    if width <= 0 or height <= 0:
+        raise ValueError("image sides must be positive")
+    candidates = set()
+    for n in range(min_num, max_num + 1):
+        for i in range(1, n + 1):
+            for j in range(1, n + 1):
+                if min_num <= i * j <= max_num:
+                    candidates.add((i, j))
+    candidates = sorted(candidates, key=lambda c: c[0] * c[1])
+    aspect = width / height
+    area = width * height
+    best_diff = float("inf")
+    best = (1, 1)
+    for cand in candidates:
+        diff = abs(aspect - cand[0] / cand[1])
+        if diff < best_diff:
+            best_diff = diff
+            best = cand
+        elif diff == best_diff and area > 0.5 * image_size * image_size * cand[0] * cand[1]:
+            best = cand
+    tiles = best[0] * best[1]
+    if use_thumbnail and tiles != 1:
+        tiles += 1
+    return best[0], best[1], tiles
+
+
+def ref_smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
+                     max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+    """Qwen2-VL ``smart_resize`` of one image, as transformers publishes it: ``(h, w)``."""
+    if height <= 0 or width <= 0:
+        raise ValueError("image sides must be positive")
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError("absolute aspect ratio must be at most 200")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def ref_qwen2vl_counts(height: int, width: int, frames: int = 1, patch_size: int = 14, merge_size: int = 2,
+                       temporal_patch_size: int = 2, min_pixels: int = 56 * 56,
+                       max_pixels: int = 28 * 28 * 1280) -> tuple[tuple[int, int, int], int, int]:
+    """``((t, h, w), num_patches, num_tokens)`` of one image or video for Qwen2-VL."""
+    h, w = ref_smart_resize(height, width, patch_size * merge_size, min_pixels, max_pixels)
+    t = -(-frames // temporal_patch_size)
+    patches = t * (h // patch_size) * (w // patch_size)
+    return (t, h // patch_size, w // patch_size), patches, patches // merge_size**2

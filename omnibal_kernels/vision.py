@@ -1,0 +1,353 @@
+"""Vision side of packing: ViT tile/patch counts, per-sample loads, patch-count buckets, multimodal fields.
+
+Counting follows the published preprocessing of two model families, vectorized over many images:
+
+* InternVL dynamic resolution (:func:`internvl_tile_grid`, :func:`internvl_num_tiles`): an image of
+  ``(width, height)`` is cut into a ``cols x rows`` grid of ``image_size`` tiles, the grid chosen among all
+  ``min_num <= cols * rows <= max_num`` by the closest aspect ratio, ties broken as InternVL's
+  ``find_closest_aspect_ratio`` breaks them; one thumbnail tile is added when the grid has more than one tile
+  and ``use_thumbnail`` is set. The tile count is the ``vit_num`` of OmniBal length files.
+* Qwen2-VL / Qwen2.5-VL (:func:`qwen2vl_smart_resize`, :func:`qwen2vl_grid`): ``smart_resize`` to
+  multiples of ``factor = patch_size * merge_size`` within ``[min_pixels, max_pixels]`` (the rounding of
+  transformers' ``Qwen2VLImageProcessor``), ``grid_thw = (ceil(frames / temporal_patch_size), h / 14, w / 14)``,
+  ``num_patches = t * h * w`` and ``num_tokens = num_patches / merge_size**2``.
+
+CPU inputs (lists, numpy arrays, CPU tensors) are counted with numpy; CUDA tensors go to the Triton twins in
+:mod:`omnibal_kernels.ops.vision_counts`, which give the same integers.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+__all__ = [
+    "TileGrid",
+    "ResizedGrid",
+    "Loads",
+    "internvl_target_ratios",
+    "internvl_tile_grid",
+    "internvl_num_tiles",
+    "qwen2vl_smart_resize",
+    "qwen2vl_grid",
+    "compute_loads",
+    "write_lengths",
+    "add_lengths_parser",
+    "run_lengths",
+    "main_lengths",
+]
+
+# Sizes are limited so that width * height and every intermediate of the published float formulas stay
+# exact in float64 (2**26 * 2**26 = 2**52 < 2**53): then numpy, Triton and Python's float arithmetic agree.
+MAX_IMAGE_SIDE = 2**26
+# Images per numpy chunk: bounds the (chunk, candidates) float64 matrix of the InternVL search to ~20 MB.
+_CHUNK = 1 << 16
+# Qwen2-VL's smart_resize rejects images whose long side exceeds 200x the short side.
+QWEN2VL_MAX_RATIO = 200
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _is_torch(x: Any) -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return isinstance(x, torch.Tensor)
+
+
+def _is_cuda(x: Any) -> bool:
+    return _is_torch(x) and x.is_cuda
+
+
+def _as_int_array(x: Any, name: str) -> np.ndarray:
+    """1-D int64 numpy copy of ``x``; integer-valued floats are accepted, anything else is a TypeError."""
+    if _is_torch(x):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(arr.shape)}")
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        if arr.size == 0:
+            return arr.astype(np.int64)
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = ~np.isfinite(arr) | (arr != np.floor(arr))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise TypeError(f"{name}[{i}] = {arr[i]!r} is not an integer")
+    return arr.astype(np.int64)
+
+
+def _check_sides(widths: np.ndarray, heights: np.ndarray) -> None:
+    if widths.shape != heights.shape:
+        raise ValueError(f"widths and heights differ in length: {widths.shape[0]} vs {heights.shape[0]}")
+    for name, side in (("widths", widths), ("heights", heights)):
+        bad = (side <= 0) | (side > MAX_IMAGE_SIDE)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"image {i}: {name}[{i}] = {int(side[i])} is not in [1, {MAX_IMAGE_SIDE}]")
+
+
+def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------------------------- InternVL
+
+
+class TileGrid(NamedTuple):
+    """InternVL tiling of N images (all ``(N,)`` int64, numpy or torch like the input)."""
+
+    cols: Any
+    """tiles along the width (``target_aspect_ratio[0]``)"""
+    rows: Any
+    """tiles along the height (``target_aspect_ratio[1]``)"""
+    num_tiles: Any
+    """``cols * rows`` plus the thumbnail when ``use_thumbnail`` and ``cols * rows > 1``"""
+
+
+def internvl_target_ratios(min_num: int = 1, max_num: int = 12) -> list[tuple[int, int]]:
+    """Candidate ``(cols, rows)`` grids with ``min_num <= cols * rows <= max_num``, in InternVL's scan order.
+
+    InternVL builds the candidates as a set and sorts it by tile count (a stable sort), so grids with the
+    same tile count keep the set's iteration order. That order decides exact ties, so it is reproduced here
+    by building the same set in the same insertion order.
+    """
+    min_num = _check_positive_int(min_num, "min_num")
+    max_num = _check_positive_int(max_num, "max_num")
+    if max_num < min_num:
+        raise ValueError(f"max_num ({max_num}) must be >= min_num ({min_num})")
+    grids: set[tuple[int, int]] = set()
+    for n in range(min_num, max_num + 1):
+        for cols in range(1, n + 1):
+            for rows in range(1, n + 1):
+                if min_num <= cols * rows <= max_num:
+                    grids.add((cols, rows))
+    return sorted(grids, key=lambda g: g[0] * g[1])
+
+
+def _internvl_numpy(widths: np.ndarray, heights: np.ndarray, ratios: list[tuple[int, int]], image_size: int,
+                    use_thumbnail: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    cand_cols = np.array([r[0] for r in ratios], dtype=np.int64)
+    cand_rows = np.array([r[1] for r in ratios], dtype=np.int64)
+    cand_aspect = cand_cols / cand_rows
+    # InternVL's tie rule: a later candidate with the same difference wins when the image area exceeds
+    # half the area of that candidate's tiles; the threshold is evaluated in float64 left to right.
+    cand_half_area = 0.5 * image_size * image_size * cand_cols.astype(np.float64) * cand_rows.astype(np.float64)
+    n = widths.shape[0]
+    cols = np.empty(n, dtype=np.int64)
+    rows = np.empty(n, dtype=np.int64)
+    order = np.arange(len(ratios))
+    for lo in range(0, n, _CHUNK):
+        w = widths[lo:lo + _CHUNK]
+        h = heights[lo:lo + _CHUNK]
+        aspect = w / h
+        diff = np.abs(aspect[:, None] - cand_aspect[None, :])
+        best = diff.min(axis=1, keepdims=True)
+        ties = diff == best
+        first = ties.argmax(axis=1)
+        # The scan keeps the first minimum (strictly smaller than all before it) and then replaces it with
+        # every later exact tie whose area test passes; the last such candidate is the answer.
+        area = (w * h).astype(np.float64)
+        takes = ties & ((area[:, None] > cand_half_area[None, :]) | (order[None, :] == first[:, None]))
+        last = len(ratios) - 1 - takes[:, ::-1].argmax(axis=1)
+        cols[lo:lo + _CHUNK] = cand_cols[last]
+        rows[lo:lo + _CHUNK] = cand_rows[last]
+    tiles = cols * rows
+    if use_thumbnail:
+        tiles = tiles + (tiles != 1)
+    return cols, rows, tiles
+
+
+def internvl_tile_grid(widths: Any, heights: Any, *, min_num: int = 1, max_num: int = 12, image_size: int = 448,
+                       use_thumbnail: bool = True) -> TileGrid:
+    """InternVL dynamic-resolution tiling of many images at once.
+
+    Args:
+        widths, heights: ``(N,)`` image sizes in pixels (``PIL.Image.size`` order is ``(width, height)``);
+            lists, numpy arrays or torch tensors. CUDA tensors run the Triton twin.
+        min_num, max_num: bounds on the number of tiles of the grid (InternVL-Chat trains with 1 and 6 or 12).
+        image_size: tile side in pixels (448 for InternViT-300M/6B).
+        use_thumbnail: add one thumbnail tile when the grid has more than one tile (InternVL-Chat configs
+            set it; ``dynamic_preprocess``'s own default is False).
+
+    Returns:
+        :class:`TileGrid` of ``(N,)`` int64 arrays (torch tensors on the input's device for tensor input).
+
+    Raises:
+        ValueError: a non-positive or oversized side (naming the image), bad ``min_num``/``max_num``.
+    """
+    ratios = internvl_target_ratios(min_num, max_num)
+    image_size = _check_positive_int(image_size, "image_size")
+    if _is_cuda(widths) or _is_cuda(heights):
+        from .ops.vision_counts import internvl_tile_grid_triton
+
+        cols, rows, tiles = internvl_tile_grid_triton(widths, heights, ratios, image_size, bool(use_thumbnail))
+        return TileGrid(cols, rows, tiles)
+    w = _as_int_array(widths, "widths")
+    h = _as_int_array(heights, "heights")
+    _check_sides(w, h)
+    cols, rows, tiles = _internvl_numpy(w, h, ratios, image_size, bool(use_thumbnail))
+    if _is_torch(widths):
+        import torch
+
+        return TileGrid(torch.from_numpy(cols), torch.from_numpy(rows), torch.from_numpy(tiles))
+    return TileGrid(cols, rows, tiles)
+
+
+def internvl_num_tiles(widths: Any, heights: Any, *, min_num: int = 1, max_num: int = 12, image_size: int = 448,
+                       use_thumbnail: bool = True) -> Any:
+    """``(N,)`` int64 ViT tiles per image (thumbnail included); see :func:`internvl_tile_grid`."""
+    return internvl_tile_grid(widths, heights, min_num=min_num, max_num=max_num, image_size=image_size,
+                              use_thumbnail=use_thumbnail).num_tiles
+
+
+# --------------------------------------------------------------------------------------------- Qwen2-VL
+
+
+class ResizedGrid(NamedTuple):
+    """Qwen2-VL view of N images or videos (all int64, numpy or torch like the input)."""
+
+    height: Any
+    """``(N,)`` resized height in pixels, a multiple of ``patch_size * merge_size``"""
+    width: Any
+    """``(N,)`` resized width"""
+    grid_thw: Any
+    """``(N, 3)`` ``(t, h, w)`` in patches: the ``image_grid_thw`` / ``video_grid_thw`` rows"""
+    num_patches: Any
+    """``(N,)`` ``t * h * w``, the ViT sequence length"""
+    num_tokens: Any
+    """``(N,)`` ``num_patches // merge_size**2``, the LLM image tokens"""
+
+
+def _check_pixels(factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int, int]:
+    factor = _check_positive_int(factor, "factor")
+    min_pixels = _check_positive_int(min_pixels, "min_pixels")
+    max_pixels = _check_positive_int(max_pixels, "max_pixels")
+    if max_pixels < min_pixels:
+        raise ValueError(f"max_pixels ({max_pixels}) must be >= min_pixels ({min_pixels})")
+    return factor, min_pixels, max_pixels
+
+
+def _smart_resize_numpy(heights: np.ndarray, widths: np.ndarray, factor: int, min_pixels: int,
+                        max_pixels: int) -> tuple[np.ndarray, np.ndarray]:
+    ratio = np.maximum(heights, widths) / np.minimum(heights, widths)
+    bad = ratio > QWEN2VL_MAX_RATIO
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"image {i}: absolute aspect ratio must be at most {QWEN2VL_MAX_RATIO}, got {ratio[i]} "
+                         f"(height {int(heights[i])}, width {int(widths[i])})")
+    # round(side / factor) of a float is round-half-to-even; for integer sides it equals this integer form.
+    h_bar = _round_half_even_div(heights, factor) * factor
+    w_bar = _round_half_even_div(widths, factor) * factor
+    area = heights * widths
+    h_out = h_bar.copy()
+    w_out = w_bar.copy()
+    down = h_bar * w_bar > max_pixels
+    up = ~down & (h_bar * w_bar < min_pixels)
+    if down.any():
+        beta = np.sqrt(area[down] / max_pixels)
+        h_out[down] = np.maximum(factor, np.floor(heights[down] / beta / factor).astype(np.int64) * factor)
+        w_out[down] = np.maximum(factor, np.floor(widths[down] / beta / factor).astype(np.int64) * factor)
+    if up.any():
+        beta = np.sqrt(min_pixels / area[up])
+        h_out[up] = np.ceil(heights[up] * beta / factor).astype(np.int64) * factor
+        w_out[up] = np.ceil(widths[up] * beta / factor).astype(np.int64) * factor
+    return h_out, w_out
+
+
+def _round_half_even_div(x: np.ndarray, d: int) -> np.ndarray:
+    q, r = np.divmod(x, d)
+    return q + ((2 * r > d) | ((2 * r == d) & (q % 2 == 1)))
+
+
+def qwen2vl_smart_resize(widths: Any, heights: Any, *, factor: int = 28, min_pixels: int = 56 * 56,
+                         max_pixels: int = 28 * 28 * 1280) -> tuple[Any, Any]:
+    """Qwen2-VL ``smart_resize`` of many images: ``(resized_height, resized_width)``, each ``(N,)`` int64.
+
+    Both sides are rounded (half to even) to multiples of ``factor``; if the area then exceeds
+    ``max_pixels`` the image is scaled by ``beta = sqrt(h * w / max_pixels)`` and floored to multiples of
+    ``factor`` (at least ``factor``); if it falls below ``min_pixels`` it is scaled by
+    ``sqrt(min_pixels / (h * w))`` and ceiled. Defaults are transformers' ``smart_resize`` defaults.
+
+    Args:
+        widths, heights: ``(N,)`` sizes in pixels (note the ``(width, height)`` argument order of
+            ``PIL.Image.size``; the published function takes ``(height, width)``).
+
+    Raises:
+        ValueError: a side <= 0 or above ``MAX_IMAGE_SIDE``, or an aspect ratio above 200 (as published),
+            naming the image.
+    """
+    factor, min_pixels, max_pixels = _check_pixels(factor, min_pixels, max_pixels)
+    if _is_cuda(widths) or _is_cuda(heights):
+        from .ops.vision_counts import smart_resize_triton
+
+        return smart_resize_triton(widths, heights, factor, min_pixels, max_pixels)
+    w = _as_int_array(widths, "widths")
+    h = _as_int_array(heights, "heights")
+    _check_sides(w, h)
+    h_out, w_out = _smart_resize_numpy(h, w, factor, min_pixels, max_pixels)
+    if _is_torch(widths):
+        import torch
+
+        return torch.from_numpy(h_out), torch.from_numpy(w_out)
+    return h_out, w_out
+
+
+def qwen2vl_grid(widths: Any, heights: Any, num_frames: Any = None, *, patch_size: int = 14, merge_size: int = 2,
+                 temporal_patch_size: int = 2, min_pixels: int = 56 * 56,
+                 max_pixels: int = 28 * 28 * 1280) -> ResizedGrid:
+    """Qwen2-VL / Qwen2.5-VL patch grid, ViT patches and LLM tokens of many images or videos.
+
+    Args:
+        widths, heights: ``(N,)`` frame sizes in pixels.
+        num_frames: ``(N,)`` frames per video (None: images, one frame each). Frames are padded to a multiple
+            of ``temporal_patch_size`` by repeating the last one, as the image processor does.
+        patch_size, merge_size, temporal_patch_size: the vision tower's (14, 2, 2 for Qwen2-VL/2.5-VL).
+        min_pixels, max_pixels: ``smart_resize`` bounds (per frame).
+
+    Returns:
+        :class:`ResizedGrid`; ``grid_thw`` is ``(N, 3)``.
+    """
+    patch_size = _check_positive_int(patch_size, "patch_size")
+    merge_size = _check_positive_int(merge_size, "merge_size")
+    temporal_patch_size = _check_positive_int(temporal_patch_size, "temporal_patch_size")
+    factor = patch_size * merge_size
+    h_out, w_out = qwen2vl_smart_resize(widths, heights, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    if _is_torch(h_out):
+        import torch
+
+        if num_frames is None:
+            t = torch.ones_like(h_out)
+        else:
+            t = torch.as_tensor(num_frames, device=h_out.device).to(torch.int64)
+            if t.shape != h_out.shape:
+                raise ValueError(f"num_frames has shape {tuple(t.shape)}, expected {tuple(h_out.shape)}")
+            if bool((t <= 0).any()):
+                raise ValueError(f"video {int(torch.nonzero(t <= 0)[0, 0])}: num_frames must be >= 1")
+        grid = torch.stack([(t + temporal_patch_size - 1) // temporal_patch_size, h_out // patch_size,
+                            w_out // patch_size], dim=1)
+    else:
+        if num_frames is None:
+            t = np.ones_like(h_out)
+        else:
+            t = _as_int_array(num_frames, "num_frames")
+            if t.shape != h_out.shape:
+                raise ValueError(f"num_frames has shape {t.shape}, expected {h_out.shape}")
+            if (t <= 0).any():
+                raise ValueError(f"video {int(np.flatnonzero(t <= 0)[0])}: num_frames must be >= 1")
+        grid = np.stack([(t + temporal_patch_size - 1) // temporal_patch_size, h_out // patch_size,
+                         w_out // patch_size], axis=1)
+    patches = grid[:, 0] * grid[:, 1] * grid[:, 2]
+    return ResizedGrid(h_out, w_out, grid, patches, patches // (merge_size * merge_size))
