@@ -351,3 +351,281 @@ def qwen2vl_grid(widths: Any, heights: Any, num_frames: Any = None, *, patch_siz
                          w_out // patch_size], axis=1)
     patches = grid[:, 0] * grid[:, 1] * grid[:, 2]
     return ResizedGrid(h_out, w_out, grid, patches, patches // (merge_size * merge_size))
+
+
+# --------------------------------------------------------------------------------------------- loads
+
+
+class Loads(NamedTuple):
+    """Per-sample loads the balancer needs (``(N,)`` int64 each)."""
+
+    vit: np.ndarray
+    """ViT load: InternVL tiles (thumbnail included) or Qwen2-VL patches"""
+    llm: np.ndarray
+    """LLM load: text tokens plus image tokens"""
+
+
+_MODELS = ("internvl", "qwen2vl")
+
+
+def _flatten_image_sizes(image_sizes: Sequence[Any], progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample ``None`` / ``(w, h)`` / list of ``(w, h)`` -> ``(M, 2)`` sizes and ``(M,)`` owning sample."""
+    from tqdm.auto import tqdm
+
+    sizes: list[Any] = []
+    owner: list[int] = []
+    for i, entry in enumerate(tqdm(image_sizes, desc="reading image sizes", unit="sample", disable=not progress,
+                                   mininterval=1.0)):
+        if entry is None:
+            continue
+        arr = np.asarray(entry)
+        if arr.size == 0:
+            continue
+        if arr.ndim == 1 and arr.shape[0] == 2:
+            arr = arr.reshape(1, 2)
+        if arr.ndim != 2 or arr.shape[1] != 2:
+            raise ValueError(f"sample {i}: image sizes must be (width, height) pairs, got shape {tuple(arr.shape)}")
+        sizes.append(arr)
+        owner.extend([i] * arr.shape[0])
+    if not sizes:
+        return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    flat = np.concatenate(sizes, axis=0)
+    if not np.issubdtype(flat.dtype, np.integer):
+        flat_f = flat.astype(np.float64)
+        if (flat_f != np.floor(flat_f)).any():
+            j = int(np.flatnonzero((flat_f != np.floor(flat_f)).any(axis=1))[0])
+            raise TypeError(f"sample {owner[j]}: image size {flat[j].tolist()} is not integral")
+    return flat.astype(np.int64), np.asarray(owner, dtype=np.int64)
+
+
+def _check_sample_sizes(sizes: np.ndarray, owner: np.ndarray, model: str) -> None:
+    """Validate all image sizes up front so that errors name the sample, not a row of a chunk."""
+    if sizes.shape[0] == 0:
+        return
+    w = _as_int_array(sizes[:, 0], "image widths")
+    h = _as_int_array(sizes[:, 1], "image heights")
+    bad = (w <= 0) | (h <= 0) | (w > MAX_IMAGE_SIDE) | (h > MAX_IMAGE_SIDE)
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"sample {int(owner[j])}: image size {int(w[j])}x{int(h[j])} (width x height) has a side "
+                         f"outside [1, {MAX_IMAGE_SIDE}]")
+    if model == "qwen2vl":
+        ratio = np.maximum(w, h) / np.minimum(w, h)
+        bad = ratio > QWEN2VL_MAX_RATIO
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"sample {int(owner[j])}: image {int(w[j])}x{int(h[j])} has aspect ratio {ratio[j]:.1f}, "
+                             f"above Qwen2-VL's limit of {QWEN2VL_MAX_RATIO}")
+
+
+def compute_loads(image_sizes: Any, text_tokens: Any, *, model: str = "internvl", image_to_sample: Any = None,
+                  num_frames: Any = None, num_image_token: int = 256, min_num: int = 1, max_num: int = 12,
+                  image_size: int = 448, use_thumbnail: bool = True, patch_size: int = 14, merge_size: int = 2,
+                  temporal_patch_size: int = 2, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280,
+                  progress: bool = True) -> Loads:
+    """Turn a dataset's image sizes and text lengths into the ``vit``/``llm`` loads of a length file.
+
+    Args:
+        image_sizes: one entry per sample, each ``None``/empty (text only), one ``(width, height)`` pair or a
+            list of pairs; or, with ``image_to_sample``, an ``(M, 2)`` array of ``(width, height)`` rows.
+        text_tokens: ``(N,)`` text tokens per sample, image tokens excluded.
+        model: ``"internvl"`` (vit = tiles, llm = text + tiles * ``num_image_token``) or ``"qwen2vl"``
+            (vit = patches, llm = text + patches / ``merge_size**2``).
+        image_to_sample: ``(M,)`` sample index of each image row (any order) when ``image_sizes`` is flat.
+        num_frames: ``(M,)`` frames per image row for Qwen2-VL videos (flat layout only); None for images.
+        num_image_token: LLM tokens per InternVL tile (256 for 448-pixel tiles with pixel shuffle 0.5).
+        min_num, max_num, image_size, use_thumbnail: InternVL tiling, see :func:`internvl_tile_grid`.
+        patch_size, merge_size, temporal_patch_size, min_pixels, max_pixels: Qwen2-VL, see :func:`qwen2vl_grid`.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        :class:`Loads` with ``vit`` and ``llm`` of shape ``(N,)`` int64.
+
+    Raises:
+        ValueError: unknown model, bad sizes (naming the sample), negative text lengths, mismatched lengths.
+    """
+    from tqdm.auto import tqdm
+
+    if model not in _MODELS:
+        raise ValueError(f"model must be one of {_MODELS}, got {model!r}")
+    text = _as_int_array(text_tokens, "text_tokens")
+    n = text.shape[0]
+    if (text < 0).any():
+        i = int(np.flatnonzero(text < 0)[0])
+        raise ValueError(f"sample {i}: text_tokens = {int(text[i])} is negative")
+    if image_to_sample is None:
+        if num_frames is not None:
+            raise ValueError("num_frames needs the flat layout (image_sizes as (M, 2) with image_to_sample)")
+        if len(image_sizes) != n:
+            raise ValueError(f"image_sizes has {len(image_sizes)} samples but text_tokens has {n}")
+        sizes, owner = _flatten_image_sizes(image_sizes, progress)
+    else:
+        sizes = np.asarray(image_sizes.detach().cpu() if _is_torch(image_sizes) else image_sizes)
+        if sizes.size == 0:
+            sizes = sizes.reshape(0, 2)
+        if sizes.ndim != 2 or sizes.shape[1] != 2:
+            raise ValueError(f"image_sizes must be (M, 2) with image_to_sample, got shape {tuple(sizes.shape)}")
+        owner = _as_int_array(image_to_sample, "image_to_sample") if sizes.shape[0] else np.zeros(0, np.int64)
+        if owner.shape[0] != sizes.shape[0]:
+            raise ValueError(f"image_to_sample has {owner.shape[0]} entries for {sizes.shape[0]} images")
+        if owner.size and (owner.min() < 0 or owner.max() >= n):
+            j = int(np.flatnonzero((owner < 0) | (owner >= n))[0])
+            raise ValueError(f"image_to_sample[{j}] = {int(owner[j])} is not a sample index in [0, {n})")
+    frames = None if num_frames is None else _as_int_array(num_frames, "num_frames")
+    if frames is not None and frames.shape[0] != sizes.shape[0]:
+        raise ValueError(f"num_frames has {frames.shape[0]} entries for {sizes.shape[0]} images")
+    _check_sample_sizes(sizes, owner, model)
+    vit_per_image = np.zeros(sizes.shape[0], dtype=np.int64)
+    llm_per_image = np.zeros(sizes.shape[0], dtype=np.int64)
+    with tqdm(total=sizes.shape[0], desc=f"counting {model} images", unit="img", disable=not progress,
+              mininterval=1.0) as bar:
+        for lo in range(0, sizes.shape[0], _CHUNK):
+            hi = min(lo + _CHUNK, sizes.shape[0])
+            w = _as_int_array(sizes[lo:hi, 0], "widths")
+            h = _as_int_array(sizes[lo:hi, 1], "heights")
+            if model == "internvl":
+                tiles = internvl_num_tiles(w, h, min_num=min_num, max_num=max_num, image_size=image_size,
+                                           use_thumbnail=use_thumbnail)
+                vit_per_image[lo:hi] = tiles
+                llm_per_image[lo:hi] = tiles * num_image_token
+            else:
+                g = qwen2vl_grid(w, h, None if frames is None else frames[lo:hi], patch_size=patch_size,
+                                 merge_size=merge_size, temporal_patch_size=temporal_patch_size,
+                                 min_pixels=min_pixels, max_pixels=max_pixels)
+                vit_per_image[lo:hi] = g.num_patches
+                llm_per_image[lo:hi] = g.num_tokens
+            bar.update(hi - lo)
+    vit = np.bincount(owner, weights=vit_per_image, minlength=n).astype(np.int64) if owner.size else np.zeros(n, np.int64)
+    img_llm = np.bincount(owner, weights=llm_per_image, minlength=n).astype(np.int64) if owner.size else np.zeros(n, np.int64)
+    return Loads(vit, text + img_llm)
+
+
+def write_lengths(path: str | Path, loads: Loads | Mapping[str, Any], *, fmt: str | None = None) -> Path:
+    """Write per-sample loads as a length file.
+
+    Args:
+        path: ``.json`` for the OmniBal format (a list of ``{"vit_num": int, "token_num": int}``, one per
+            sample) or ``.npz`` for arrays ``vit`` and ``llm`` (int32 when they fit, else int64).
+        loads: :class:`Loads` or a mapping with ``vit`` and ``llm`` ``(N,)``.
+        fmt: ``"json"`` or ``"npz"`` to override the suffix.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    fmt = fmt or path.suffix.lstrip(".").lower()
+    if fmt not in ("json", "npz"):
+        raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json or .npz suffix or fmt=")
+    vit = _as_int_array(loads[0] if isinstance(loads, tuple) else loads["vit"], "vit")
+    llm = _as_int_array(loads[1] if isinstance(loads, tuple) else loads["llm"], "llm")
+    if vit.shape != llm.shape:
+        raise ValueError(f"vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
+    if fmt == "json":
+        records = [{"vit_num": int(v), "token_num": int(t)} for v, t in zip(vit.tolist(), llm.tolist())]
+        with open(path, "w") as f:
+            json.dump(records, f)
+    else:
+        big = max(int(vit.max(initial=0)), int(llm.max(initial=0))) >= 2**31
+        dtype = np.int64 if big else np.int32
+        with open(path, "wb") as f:
+            np.savez(f, vit=vit.astype(dtype), llm=llm.astype(dtype))
+    return path
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def _read_records(path: Path) -> list[Mapping[str, Any]]:
+    text = path.read_text()
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        records = json.loads(text)
+    else:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    for i, rec in enumerate(records):
+        if not isinstance(rec, Mapping):
+            raise ValueError(f"{path}: record {i} is not a JSON object")
+    return records
+
+
+def _record_fields(records: Sequence[Mapping[str, Any]], sizes_key: str, text_key: str,
+                   frames_key: str | None) -> tuple[list[Any], list[int], list[int] | None]:
+    sizes: list[Any] = []
+    text: list[int] = []
+    frames: list[int] = [] if frames_key else None  # type: ignore[assignment]
+    for i, rec in enumerate(records):
+        entry = rec.get(sizes_key)
+        if entry is None and "width" in rec and "height" in rec:
+            entry = [rec["width"], rec["height"]]
+        sizes.append(entry)
+        if text_key not in rec:
+            raise ValueError(f"record {i}: no {text_key!r} field (text tokens, an int or a token list)")
+        value = rec[text_key]
+        text.append(len(value) if isinstance(value, (list, tuple)) else value)
+        if frames is not None:
+            frames.append(rec.get(frames_key, 1))
+    return sizes, text, frames
+
+
+def add_lengths_parser(subparsers: Any) -> Any:
+    """Add the ``lengths`` subcommand to an ``argparse`` subparsers object; returns its parser."""
+    p = subparsers.add_parser(
+        "lengths",
+        help="build a length file (vit/llm loads) from image sizes and text lengths",
+        description="Read records (JSON list or JSON lines) with image sizes and text token counts and write the "
+                    "per-sample vit/llm loads as an OmniBal .json or an .npz length file.",
+    )
+    p.add_argument("input", type=Path, help="records: JSON list or JSON lines")
+    p.add_argument("-o", "--output", type=Path, required=True, help="length file to write (.json or .npz)")
+    p.add_argument("--model", choices=_MODELS, default="internvl")
+    p.add_argument("--sizes-key", default="image_sizes",
+                   help="field with [width, height] or a list of them (else 'width'/'height' fields)")
+    p.add_argument("--text-key", default="text_tokens", help="field with the text token count or token list")
+    p.add_argument("--frames-key", default=None, help="qwen2vl: field with frames per record (one video each)")
+    p.add_argument("--num-image-token", type=int, default=256, help="internvl: LLM tokens per tile")
+    p.add_argument("--min-num", type=int, default=1, help="internvl: fewest tiles")
+    p.add_argument("--max-num", type=int, default=12, help="internvl: most tiles")
+    p.add_argument("--image-size", type=int, default=448, help="internvl: tile side")
+    p.add_argument("--no-thumbnail", dest="use_thumbnail", action="store_false", help="internvl: no thumbnail tile")
+    p.add_argument("--patch-size", type=int, default=14, help="qwen2vl: ViT patch side")
+    p.add_argument("--merge-size", type=int, default=2, help="qwen2vl: spatial merge")
+    p.add_argument("--temporal-patch-size", type=int, default=2, help="qwen2vl: frames per temporal patch")
+    p.add_argument("--min-pixels", type=int, default=56 * 56, help="qwen2vl: smart_resize min_pixels")
+    p.add_argument("--max-pixels", type=int, default=28 * 28 * 1280, help="qwen2vl: smart_resize max_pixels")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=run_lengths)
+    return p
+
+
+def run_lengths(args: Any) -> int:
+    """Run the ``lengths`` subcommand from parsed ``args``; prints a one-line summary, returns 0."""
+    records = _read_records(Path(args.input))
+    sizes, text, frames = _record_fields(records, args.sizes_key, args.text_key, args.frames_key)
+    common = dict(model=args.model, num_image_token=args.num_image_token, min_num=args.min_num,
+                  max_num=args.max_num, image_size=args.image_size, use_thumbnail=args.use_thumbnail,
+                  patch_size=args.patch_size, merge_size=args.merge_size,
+                  temporal_patch_size=args.temporal_patch_size, min_pixels=args.min_pixels,
+                  max_pixels=args.max_pixels, progress=args.progress)
+    if frames is not None:
+        flat, owner = _flatten_image_sizes(sizes, False)
+        counts = np.bincount(owner, minlength=len(sizes)) if owner.size else np.zeros(len(sizes), np.int64)
+        if (counts > 1).any():
+            raise ValueError(f"record {int(np.flatnonzero(counts > 1)[0])}: --frames-key needs one video per record")
+        loads = compute_loads(flat, text, image_to_sample=owner,
+                              num_frames=np.asarray(frames, dtype=np.int64)[owner], **common)
+    else:
+        loads = compute_loads(sizes, text, **common)
+    out = write_lengths(args.output, loads)
+    print(f"wrote {len(text)} samples to {out}: vit total {int(loads.vit.sum())}, llm total {int(loads.llm.sum())}")
+    return 0
+
+
+def main_lengths(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``omnibal-kernels lengths ...``; ``argv`` are the arguments after ``lengths``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="omnibal-kernels")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_lengths_parser(sub)
+    args = parser.parse_args(["lengths", *(argv if argv is not None else [])])
+    return int(args.func(args))
