@@ -23,6 +23,12 @@ _EXPORTS: dict[str, str] = {
     "balance_report": "balance",
     "BalanceReport": "balance",
     "OversizeError": "balance",
+    # vision
+    "internvl_num_tiles": "vision",
+    "qwen2vl_grid": "vision",
+    "compute_loads": "vision",
+    "write_lengths": "vision",
+    "bucket_by_patches": "vision",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -66,3 +66,14 @@ def ref_qwen2vl_counts(height: int, width: int, frames: int = 1, patch_size: int
     t = -(-frames // temporal_patch_size)
     patches = t * (h // patch_size) * (w // patch_size)
     return (t, h // patch_size, w // patch_size), patches, patches // merge_size**2
+
+
+def ref_bucket_sort(counts: Any, boundaries: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(perm, offsets, bucket_ids)`` of a stable sort of items by bucket (``searchsorted`` + ``argsort``)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    boundaries = np.asarray(boundaries, dtype=np.int64)
+    bucket_ids = np.searchsorted(boundaries, counts, side="right")
+    perm = np.argsort(bucket_ids, kind="stable")
+    sizes = np.bincount(bucket_ids, minlength=boundaries.shape[0] + 1)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return perm.astype(np.int64), offsets.astype(np.int64), bucket_ids.astype(np.int32)
