@@ -29,6 +29,9 @@ _EXPORTS: dict[str, str] = {
     "compute_loads": "vision",
     "write_lengths": "vision",
     "bucket_by_patches": "vision",
+    "mrope_position_ids": "vision",
+    "pack_vision_fields": "vision",
+    "pack_patches": "ops.patches",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -77,3 +77,42 @@ def ref_bucket_sort(counts: Any, boundaries: Any) -> tuple[np.ndarray, np.ndarra
     sizes = np.bincount(bucket_ids, minlength=boundaries.shape[0] + 1)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     return perm.astype(np.int64), offsets.astype(np.int64), bucket_ids.astype(np.int32)
+
+
+def ref_mrope_positions(input_ids: Sequence[int], image_grids: Sequence[Sequence[int]],
+                        video_grids: Sequence[Sequence[int]] = (), image_token_id: int = -1,
+                        video_token_id: int = -2, spatial_merge_size: int = 2,
+                        video_seconds: Sequence[float] | None = None,
+                        tokens_per_second: float | None = None) -> list[tuple[int, int, int]]:
+    """One sample's Qwen2-VL mRoPE positions, token by token: ``[(t, h, w), ...]``."""
+    out: list[tuple[int, int, int]] = []
+    next_pos = 0
+    i = 0
+    images, videos = list(image_grids), list(video_grids)
+    n_img = n_vid = 0
+    while i < len(input_ids):
+        tok = input_ids[i]
+        if tok == image_token_id or tok == video_token_id:
+            if tok == image_token_id:
+                t, h, w = images[n_img]
+                n_img += 1
+                seconds = None
+            else:
+                t, h, w = videos[n_vid]
+                seconds = None if video_seconds is None else video_seconds[n_vid]
+                n_vid += 1
+            gh, gw = h // spatial_merge_size, w // spatial_merge_size
+            block = []
+            for ti in range(t):
+                tv = ti if seconds is None else int(ti * seconds * tokens_per_second)
+                for hi in range(gh):
+                    for wi in range(gw):
+                        block.append((next_pos + tv, next_pos + hi, next_pos + wi))
+            out.extend(block)
+            next_pos = max(max(p) for p in block) + 1
+            i += len(block)
+        else:
+            out.append((next_pos, next_pos, next_pos))
+            next_pos += 1
+            i += 1
+    return out

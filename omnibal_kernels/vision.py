@@ -720,3 +720,335 @@ def bucket_by_patches(counts: Any, boundaries: Any = None, *, num_buckets: int |
 
         return PatchBuckets(*(torch.from_numpy(np.ascontiguousarray(x)) for x in out))
     return out
+
+
+# --------------------------------------------------------------------------------------------- mRoPE
+
+
+class MRopePositions(NamedTuple):
+    """Qwen2-VL multimodal rotary positions of a packed batch of ``B`` samples, ``T`` tokens in all."""
+
+    position_ids: Any
+    """``(3, 1, T)`` int64 temporal/height/width positions; the three rows are equal on text tokens"""
+    text_position_ids: Any
+    """``(1, T)`` int64 ``0..len-1`` per sample: the 1-D positions packed-sequence detection looks at"""
+    rope_deltas: Any
+    """``(B,)`` int64 per sample ``max position + 1 - len`` (what ``get_rope_index`` returns for generation)"""
+
+
+def _grid_rows(grid: Any, name: str) -> np.ndarray:
+    if grid is None:
+        return np.zeros((0, 3), dtype=np.int64)
+    arr = np.asarray(grid.detach().cpu() if _is_torch(grid) else grid)
+    if arr.size == 0:
+        return np.zeros((0, 3), dtype=np.int64)
+    if arr.ndim != 2 or arr.shape[1] != 3:
+        raise ValueError(f"{name} must be (num, 3) rows of (t, h, w), got shape {tuple(arr.shape)}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if (arr <= 0).any():
+        raise ValueError(f"{name} row {int(np.flatnonzero((arr <= 0).any(axis=1))[0])} has a non-positive entry")
+    return arr.astype(np.int64)
+
+
+def _as_ids(x: Any, i: int) -> np.ndarray:
+    arr = np.asarray(x.detach().cpu() if _is_torch(x) else x)
+    if arr.ndim != 1:
+        raise ValueError(f"sample {i}: input_ids must be 1-D, got shape {tuple(arr.shape)}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"sample {i}: input_ids must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, video_grid_thw: Any = None, *,
+                       image_token_id: int, video_token_id: int | None = None, spatial_merge_size: int = 2,
+                       second_per_grid_ts: Any = None, tokens_per_second: float | None = None) -> MRopePositions:
+    """Qwen2-VL / Qwen2.5-VL mRoPE ``position_ids`` for samples packed into one row, restarting per sample.
+
+    Each sample follows ``get_rope_index``: text tokens advance all three positions by one; an image or video
+    is a run of ``t * (h / m) * (w / m)`` placeholder tokens (``m = spatial_merge_size``) in ``(t, h, w)``
+    row-major order whose positions are ``start + (t_index, h_index, w_index)``, where ``start`` is the
+    position the first placeholder would have had as text; the text after it continues from the largest
+    position used plus one. ``t_index`` is ``0..t-1``, or for Qwen2.5-VL videos (``second_per_grid_ts`` and
+    ``tokens_per_second`` given) ``floor(k * second_per_grid_t * tokens_per_second)``.
+
+    Args:
+        input_ids: ``B`` per-sample 1-D token sequences (tensors, arrays or lists).
+        image_grid_thw: ``(I, 3)`` rows for all images of the batch in order of appearance (as a Hugging Face
+            processor returns them), or a list with one ``(I_b, 3)`` entry per sample.
+        video_grid_thw: the same for videos (needs ``video_token_id``).
+        image_token_id, video_token_id: the placeholder tokens (``<|image_pad|>``, ``<|video_pad|>``).
+        second_per_grid_ts: ``(V,)`` seconds per temporal grid step of each video (Qwen2.5-VL).
+        tokens_per_second: the vision config's ``tokens_per_second`` (Qwen2.5-VL; 2 for the released models).
+
+    Returns:
+        :class:`MRopePositions` of torch tensors.
+
+    Raises:
+        ValueError: a placeholder run that does not match its grid, grids left over or missing, naming the sample.
+    """
+    import torch
+
+    m = _check_positive_int(spatial_merge_size, "spatial_merge_size")
+    if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
+        raise TypeError("input_ids must be a sequence of per-sample token sequences")
+    if len(input_ids) == 0:
+        raise ValueError("input_ids is empty: no samples")
+    if (second_per_grid_ts is None) != (tokens_per_second is None):
+        raise ValueError("second_per_grid_ts and tokens_per_second go together (Qwen2.5-VL videos)")
+    ids_list = [_as_ids(x, i) for i, x in enumerate(input_ids)]
+    kinds = [("image", image_grid_thw, image_token_id)]
+    if video_grid_thw is not None:
+        if video_token_id is None:
+            raise ValueError("video_grid_thw needs video_token_id")
+        kinds.append(("video", video_grid_thw, video_token_id))
+    # per sample, per kind: the grid rows of that sample
+    per_sample: dict[str, list[np.ndarray]] = {}
+    for kind, grid, token in kinds:
+        if isinstance(grid, (list, tuple)) and len(grid) == len(ids_list) and all(
+                g is None or np.ndim(g.detach().cpu() if _is_torch(g) else g) == 2 for g in grid):
+            per_sample[kind] = [_grid_rows(g, f"{kind}_grid_thw[{i}]") for i, g in enumerate(grid)]
+            continue
+        rows = _grid_rows(grid, f"{kind}_grid_thw")
+        tokens_per_item = rows[:, 0] * (rows[:, 1] // m) * (rows[:, 2] // m)
+        splits, k = [], 0
+        for i, ids in enumerate(ids_list):
+            need = int((ids == token).sum())
+            start = k
+            while need > 0 and k < rows.shape[0]:
+                need -= int(tokens_per_item[k])
+                k += 1
+            if need != 0:
+                raise ValueError(f"sample {i}: its {kind} placeholder tokens do not add up to whole "
+                                 f"{kind}_grid_thw rows (rows {start}..{k - 1})")
+            splits.append(rows[start:k])
+        if k != rows.shape[0]:
+            raise ValueError(f"{kind}_grid_thw has {rows.shape[0]} rows but the samples use {k}")
+        per_sample[kind] = splits
+    seconds = None
+    if second_per_grid_ts is not None:
+        seconds = np.asarray(second_per_grid_ts.detach().cpu() if _is_torch(second_per_grid_ts)
+                             else second_per_grid_ts, dtype=np.float64).reshape(-1)
+    video_counter = 0
+    pieces, text_pieces, deltas = [], [], []
+    for i, ids in enumerate(ids_list):
+        n = ids.shape[0]
+        tokens = {kind: tok for kind, _, tok in kinds}
+        is_visual = np.zeros(n, dtype=bool)
+        for tok in tokens.values():
+            is_visual |= ids == tok
+        visual_pos = np.flatnonzero(is_visual)
+        queues = {kind: list(per_sample[kind][i]) for kind in tokens}
+        used = {kind: 0 for kind in tokens}
+        pos = np.zeros((3, n), dtype=np.int64)
+        shift = np.zeros(n + 1, dtype=np.int64)  # text position = index + cumulative shift
+        items = []
+        st, acc = 0, 0
+        while True:
+            j = np.searchsorted(visual_pos, st)
+            if j >= visual_pos.shape[0]:
+                break
+            p = int(visual_pos[j])
+            kind = "image" if ids[p] == image_token_id else "video"
+            if used[kind] >= len(queues[kind]):
+                raise ValueError(f"sample {i}: more {kind} placeholders than {kind}_grid_thw rows")
+            t, h, w = (int(v) for v in queues[kind][used[kind]])
+            used[kind] += 1
+            if h % m or w % m:
+                raise ValueError(f"sample {i}: {kind} grid {(t, h, w)} is not divisible by spatial_merge_size {m}")
+            gh, gw = h // m, w // m
+            length = t * gh * gw
+            if p + length > n or not (ids[p:p + length] == tokens[kind]).all():
+                raise ValueError(f"sample {i}: {kind} at token {p} needs {length} consecutive placeholders "
+                                 f"for grid {(t, h, w)}")
+            if kind == "video" and seconds is not None:
+                if video_counter >= seconds.shape[0]:
+                    raise ValueError("second_per_grid_ts has fewer entries than videos")
+                t_steps = np.floor(np.arange(t) * seconds[video_counter] * float(tokens_per_second)).astype(np.int64)
+            else:
+                t_steps = np.arange(t, dtype=np.int64)
+            if kind == "video":
+                video_counter += 1
+            start = p + acc
+            tt = np.repeat(t_steps, gh * gw)
+            hh = np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
+            ww = np.tile(np.arange(gw, dtype=np.int64), t * gh)
+            pos[0, p:p + length] = start + tt
+            pos[1, p:p + length] = start + hh
+            pos[2, p:p + length] = start + ww
+            span = max(int(t_steps[-1]), gh - 1, gw - 1) + 1
+            acc += span - length
+            shift[p + length] += span - length
+            items.append((p, length))
+            st = p + length
+        for kind in tokens:
+            if used[kind] != len(queues[kind]):
+                raise ValueError(f"sample {i}: {len(queues[kind])} {kind}_grid_thw rows but {used[kind]} "
+                                 f"{kind} placeholder runs")
+        text_pos = np.arange(n, dtype=np.int64) + np.cumsum(shift)[:n]
+        text_mask = np.ones(n, dtype=bool)
+        for p, length in items:
+            text_mask[p:p + length] = False
+        pos[:, text_mask] = text_pos[text_mask]
+        pieces.append(pos)
+        text_pieces.append(np.arange(n, dtype=np.int64))
+        deltas.append((int(pos.max()) + 1 - n) if n else 0)
+    if seconds is not None and video_counter != seconds.shape[0]:
+        raise ValueError(f"second_per_grid_ts has {seconds.shape[0]} entries for {video_counter} videos")
+    position_ids = torch.from_numpy(np.concatenate(pieces, axis=1)).reshape(3, 1, -1)
+    text_position_ids = torch.from_numpy(np.concatenate(text_pieces)).reshape(1, -1)
+    return MRopePositions(position_ids, text_position_ids, torch.tensor(deltas, dtype=torch.int64))
+
+
+# --------------------------------------------------------------------------------------------- multimodal fields
+
+
+def _pixel_layout(samples: Sequence[Mapping[str, Any]]) -> tuple[list[int], str | None]:
+    """Indices of samples with pixels and the common layout: ``"tiles"`` (n, C, H, W) or ``"patches"`` (n, D)."""
+    import torch
+
+    with_pixels: list[int] = []
+    layout: str | None = None
+    ref_shape: tuple[int, ...] = ()
+    ref_dtype = None
+    for i, s in enumerate(samples):
+        if not isinstance(s, Mapping):
+            raise TypeError(f"sample {i}: expected a mapping, got {type(s).__name__}")
+        pv = s.get("pixel_values")
+        if pv is None:
+            if s.get("image_grid_thw") is not None and len(s["image_grid_thw"]) > 0:
+                raise ValueError(f"sample {i}: image_grid_thw without pixel_values")
+            continue
+        if not isinstance(pv, torch.Tensor):
+            raise TypeError(f"sample {i}: pixel_values must be a torch tensor, got {type(pv).__name__}")
+        if pv.dim() == 4:
+            this = "tiles"
+        elif pv.dim() == 2:
+            this = "patches"
+        else:
+            raise ValueError(f"sample {i}: pixel_values must be (n, C, H, W) tiles or (n_patches, D) patches, "
+                             f"got shape {tuple(pv.shape)}")
+        if layout is None:
+            layout, ref_shape, ref_dtype = this, tuple(pv.shape[1:]), pv.dtype
+        elif this != layout or tuple(pv.shape[1:]) != ref_shape:
+            raise ValueError(f"sample {i}: pixel_values shape {tuple(pv.shape)} does not match the batch's "
+                             f"(n, {', '.join(map(str, ref_shape))})")
+        elif pv.dtype != ref_dtype:
+            raise ValueError(f"sample {i}: pixel_values dtype {pv.dtype} differs from the batch's {ref_dtype}")
+        with_pixels.append(i)
+    return with_pixels, layout
+
+
+def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_size: int | None = None) -> dict:
+    """Concatenate the vision fields of a batch of samples (the multimodal half of packing).
+
+    A sample may carry ``pixel_values`` as InternVL-style tiles ``(n, C, H, W)`` (each tile one ViT sequence)
+    or Qwen2-VL-style flat patches ``(n_patches, D)`` with optional ``image_grid_thw`` ``(k, 3)`` whose
+    ``t * h * w`` add up to ``n_patches`` (without it the sample's patches are one image). Samples without
+    ``pixel_values`` (text only) contribute nothing; all others share one layout and dtype.
+
+    Returns:
+        ``{}`` when no sample has pixels, else a dict with
+        ``pixel_values`` (``(sum n, C, H, W)`` or ``(sum n_patches, D)``, samples in batch order);
+        ``vit_cu_seqlens`` int32 ``(S + 1,)``: ViT attention segments in rows of ``pixel_values`` (one per tile;
+        one per frame group of each image for grids, exactly as Qwen2-VL's vision tower segments them; one
+        per image otherwise); ``vit_max_seqlen`` Python int; ``image_to_sample`` int32 ``(I,)``: sample of
+        each image (tile); ``num_images`` int32 ``(B,)``: images (tiles) per sample; and ``image_grid_thw``
+        int64 ``(I, 3)`` when the samples give grids.
+
+    Raises:
+        ValueError/TypeError: mixed layouts or dtypes, grids that do not cover the patches, naming the sample.
+    """
+    import torch
+
+    if len(samples) == 0:
+        raise ValueError("empty batch: no samples")
+    with_pixels, layout = _pixel_layout(samples)
+    if layout is None:
+        return {}
+    b = len(samples)
+    num_images = np.zeros(b, dtype=np.int64)
+    image_rows: list[np.ndarray] = []
+    segment_rows: list[np.ndarray] = []
+    grids: list[np.ndarray] = []
+    has_grid: bool | None = None
+    for i in with_pixels:
+        pv = samples[i]["pixel_values"]
+        n = int(pv.shape[0])
+        grid = samples[i].get("image_grid_thw")
+        if layout == "tiles":
+            if grid is not None:
+                raise ValueError(f"sample {i}: image_grid_thw given with (n, C, H, W) tiles")
+            num_images[i] = n
+            image_rows.append(np.ones(n, dtype=np.int64))
+            segment_rows.append(np.ones(n, dtype=np.int64))
+            continue
+        this_has = grid is not None
+        if has_grid is None:
+            has_grid = this_has
+        elif has_grid != this_has:
+            raise ValueError(f"sample {i}: image_grid_thw must be given for all image samples or none")
+        if not this_has:
+            num_images[i] = 1
+            image_rows.append(np.array([n], dtype=np.int64))
+            segment_rows.append(np.array([n], dtype=np.int64))
+            continue
+        rows = _grid_rows(grid, f"sample {i}: image_grid_thw")
+        if spatial_merge_size is not None and ((rows[:, 1:] % spatial_merge_size) != 0).any():
+            raise ValueError(f"sample {i}: image_grid_thw h/w must be multiples of {spatial_merge_size}")
+        per_image = rows[:, 0] * rows[:, 1] * rows[:, 2]
+        if int(per_image.sum()) != n:
+            raise ValueError(f"sample {i}: image_grid_thw covers {int(per_image.sum())} patches but pixel_values "
+                             f"has {n}")
+        num_images[i] = rows.shape[0]
+        image_rows.append(per_image)
+        segment_rows.append(np.repeat(rows[:, 1] * rows[:, 2], rows[:, 0]))
+        grids.append(rows)
+    seg = np.concatenate(segment_rows)
+    cu = np.zeros(seg.shape[0] + 1, dtype=np.int64)
+    np.cumsum(seg, out=cu[1:])
+    if cu[-1] >= 2**31:
+        raise ValueError(f"{int(cu[-1])} pixel rows overflow int32 vit_cu_seqlens")
+    out = {
+        "pixel_values": torch.cat([samples[i]["pixel_values"] for i in with_pixels], dim=0),
+        "vit_cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+        "vit_max_seqlen": int(seg.max()) if seg.size else 0,
+        "image_to_sample": torch.from_numpy(np.repeat(np.arange(b, dtype=np.int32), num_images)),
+        "num_images": torch.from_numpy(num_images.astype(np.int32)),
+    }
+    if grids:
+        out["image_grid_thw"] = torch.from_numpy(np.concatenate(grids, axis=0))
+    return out
+
+
+def unpack_vision_fields(fields: Mapping[str, Any], batch_size: int | None = None) -> list[dict]:
+    """Inverse of :func:`pack_vision_fields`: one dict per sample with its ``pixel_values`` (and
+    ``image_grid_thw``), empty for text-only samples. Row slices are views of the packed tensor."""
+    if not fields:
+        if batch_size is None:
+            raise ValueError("batch_size is needed to unpack a batch without vision fields")
+        return [{} for _ in range(batch_size)]
+    num_images = np.asarray(fields["num_images"]).astype(np.int64)
+    grid = fields.get("image_grid_thw")
+    pv = fields["pixel_values"]
+    if grid is not None:
+        g = np.asarray(grid).astype(np.int64)
+        image_rows = g[:, 0] * g[:, 1] * g[:, 2]
+    elif pv.dim() == 4:
+        image_rows = np.ones(int(num_images.sum()), dtype=np.int64)
+    else:
+        cu = np.asarray(fields["vit_cu_seqlens"]).astype(np.int64)
+        image_rows = np.diff(cu)
+    img_cu = np.concatenate([[0], np.cumsum(num_images)])
+    row_cu = np.concatenate([[0], np.cumsum(image_rows)])
+    out: list[dict] = []
+    for i in range(num_images.shape[0]):
+        a, b = int(img_cu[i]), int(img_cu[i + 1])
+        if a == b:
+            out.append({})
+            continue
+        d = {"pixel_values": pv[int(row_cu[a]):int(row_cu[b])]}
+        if grid is not None:
+            d["image_grid_thw"] = grid[a:b]
+        out.append(d)
+    return out
