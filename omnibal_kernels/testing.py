@@ -116,3 +116,28 @@ def ref_mrope_positions(input_ids: Sequence[int], image_grids: Sequence[Sequence
             next_pos += 1
             i += 1
     return out
+
+
+def ref_patchify(image: Any, patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2):
+    """Qwen2-VL patches of one ``(C, H, W)`` or ``(T, C, H, W)`` tensor by the image processor's
+    reshape/permute; returns ``(patches (n, C*t*p*p), positions (n, 2) (row, col), (t, h, w))``."""
+    import torch
+
+    frames = image.unsqueeze(0) if image.dim() == 3 else image
+    if frames.shape[0] % temporal_patch_size:
+        pad = temporal_patch_size - frames.shape[0] % temporal_patch_size
+        frames = torch.cat([frames, frames[-1:].expand(pad, *frames.shape[1:])], dim=0)
+    t_len, c, h, w = frames.shape
+    gt, gh, gw = t_len // temporal_patch_size, h // patch_size, w // patch_size
+    x = frames.reshape(gt, temporal_patch_size, c, gh // merge_size, merge_size, patch_size,
+                       gw // merge_size, merge_size, patch_size)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    patches = x.reshape(gt * gh * gw, c * temporal_patch_size * patch_size * patch_size)
+    rows = torch.arange(gh).unsqueeze(1).expand(gh, gw)
+    cols = torch.arange(gw).unsqueeze(0).expand(gh, gw)
+
+    def merge_order(a):
+        return a.reshape(gh // merge_size, merge_size, gw // merge_size, merge_size).permute(0, 2, 1, 3).flatten()
+
+    positions = torch.stack([merge_order(rows), merge_order(cols)], dim=1).repeat(gt, 1)
+    return patches, positions, (gt, gh, gw)
