@@ -18,9 +18,8 @@ CPU inputs (lists, numpy arrays, CPU tensors) are counted with numpy; CUDA tenso
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -38,6 +37,13 @@ __all__ = [
     "add_lengths_parser",
     "run_lengths",
     "main_lengths",
+    "PatchBuckets",
+    "bucket_by_patches",
+    "MRopePositions",
+    "mrope_position_ids",
+    "pack_vision_fields",
+    "unpack_vision_fields",
+    "PackedPatches",
 ]
 
 # Sizes are limited so that width * height and every intermediate of the published float formulas stay
