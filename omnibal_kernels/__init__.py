@@ -30,6 +30,15 @@ _EXPORTS: dict[str, str] = {
     "PackedTokens": "ops.pack",
     "varlen_metadata": "ops.varlen_metadata",
     "VarlenMetadata": "ops.varlen_metadata",
+    # vision
+    "internvl_num_tiles": "vision",
+    "qwen2vl_grid": "vision",
+    "compute_loads": "vision",
+    "write_lengths": "vision",
+    "bucket_by_patches": "vision",
+    "mrope_position_ids": "vision",
+    "pack_vision_fields": "vision",
+    "pack_patches": "ops.patches",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
