@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--epoch", type=int, default=0)
     plan.add_argument("--json", action="store_true", help="print one JSON object (one method)")
     plan.add_argument("--out", default=None, help="write the plan to this .npz file (one method)")
+    plan.set_defaults(func=_run_plan)
+
+    from .vision import add_lengths_parser
+
+    add_lengths_parser(sub)
     return parser
 
 
@@ -117,13 +122,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "plan":
-            return _run_plan(args)
+        return int(args.func(args))
     except (ValueError, FileNotFoundError) as exc:
         print(f"omnibal-kernels: error: {exc}", file=sys.stderr)
         return 2
-    parser.error(f"unknown command {args.command!r}")
-    return 2
 
 
 if __name__ == "__main__":

@@ -281,3 +281,20 @@ def test_cost_model_default_from_flops():
     assert 0.15 < cm.vit_linear / (256 * cm.llm_linear) < 0.3
     costs = cm.sample_costs(np.array([1, 0]), np.array([256, 256]))
     assert costs[0] - costs[1] == pytest.approx(cm.vit_linear)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    target=st.floats(0.5, 50),
+    method=st.sampled_from(METHODS),
+    text_only=st.booleans(),
+    data_seed=st.integers(0, 2**32),
+)
+def test_capacity_search_terminates_and_fits_every_sample(n, target, method, text_only, data_seed):
+    from omnibal_kernels import search_capacity
+
+    lengths = _random_lengths(np.random.default_rng(data_seed), n, max_vit=0 if text_only else 6)
+    caps = search_capacity(lengths, target, method=method, world_size=2)
+    assert caps.llm_capacity >= lengths.llm.max() and caps.vit_capacity >= lengths.vit.max()
+    assert caps.predicted_batch_size >= min(target, n) * (1 - 1e-9)

@@ -77,6 +77,8 @@ def search_capacity(
     n = len(lengths)
     if n == 0:
         raise ValueError("lengths is empty")
+    # A pack cannot hold more samples than there are: aim at most at one pack of everything.
+    target = min(float(target_batch_size), float(n))
     step, vit0 = _grid_step(lengths)
     vit_total = float(lengths.vit.sum())
     llm_total = float(lengths.llm.sum())
@@ -94,22 +96,29 @@ def search_capacity(
     k_min = 1 - vit0 if has_vit else -((_BASE_TOKENS - 1) // step)
     k = k_min
     if has_vit:
-        k = max(k, math.ceil(target_batch_size * vit_total / n) - vit0)
-    k = max(k, math.ceil((target_batch_size * llm_total / n - _BASE_TOKENS) / step))
+        k = max(k, math.ceil(target * vit_total / n) - vit0)
+    k = max(k, math.ceil((target * llm_total / n - _BASE_TOKENS) / step))
     if oversize == "error":
         if has_vit:
             k = max(k, int(lengths.vit.max()) - vit0)
         k = max(k, math.ceil((int(lengths.llm.max()) - _BASE_TOKENS) / step))
-    while predicted(k) < target_batch_size:  # guards the rounding of the closed form
+    while predicted(k) < target * (1 - 1e-12):  # guards the rounding of the closed form (a step or two)
         k += 1
 
     if method == "isf":
-        k = _best_isf_candidate(lengths, k, caps, target_batch_size, world_size, oversize, seed, iterations, progress)
+        k = _best_isf_candidate(lengths, k, caps, predicted, target, world_size, oversize, seed, iterations,
+                                progress)
     qv, qt = caps(k)
     return Capacities(qv, qt, qv, max(qt - 128, 1), predicted(k))
 
 
-def _best_isf_candidate(lengths, k_first, caps, target, world_size, oversize, seed, iterations, progress) -> int:
+# At most this many ISF candidates are planned (the authors' [target, target + 1] window holds about
+# target + 1 of them when the ViT capacity binds).
+_MAX_ISF_CANDIDATES = 32
+
+
+def _best_isf_candidate(lengths, k_first, caps, predicted, target, world_size, oversize, seed, iterations,
+                        progress) -> int:
     """The authors' choice among candidates: lowest vit_dist + llm_dist with ave_bs in [target, target + 1]."""
     from .plan import plan_packs
     from .report import balance_report
@@ -125,7 +134,7 @@ def _best_isf_candidate(lengths, k_first, caps, target, world_size, oversize, se
                               iterations=iterations, oversize=oversize, seed=seed)
             rep = balance_report(plan, lengths)
             bar.update(1)
-            if rep.ave_bs > target + 1:
+            if rep.ave_bs > target + 1 or predicted(k) > target + 1 or k - k_first >= _MAX_ISF_CANDIDATES:
                 break
             if rep.ave_bs >= target and rep.vit_dist + rep.llm_dist < best_score:
                 best_k, best_score = k, rep.vit_dist + rep.llm_dist
