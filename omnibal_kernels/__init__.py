@@ -23,6 +23,8 @@ _EXPORTS: dict[str, str] = {
     "balance_report": "balance",
     "BalanceReport": "balance",
     "OversizeError": "balance",
+    # attention
+    "varlen_attention": "attention",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
