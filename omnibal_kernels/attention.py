@@ -49,7 +49,8 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # current group while its length is at least this fraction of the group's longest, so padding at most
 # doubles a query row's keys (at most 4x a segment's attention work) and the number of groups (one SDPA
 # call each) grows only with log2(longest / shortest): at most 4 for the bundled InternVL SFT token
-# lengths (293..2538).
+# lengths (293..2538). On 2 CPU cores, 16 real-length samples, fractions 0 to 0.5 timed alike (within
+# noise) and about 1.5-2x faster than one SDPA call per segment; 0.75 and above were slower.
 _GROUP_MIN_FILL = 0.5
 
 
@@ -345,7 +346,7 @@ def _segment_groups(lengths: np.ndarray) -> list[np.ndarray]:
     while start < order.size:
         floor = lengths[order[start]] * _GROUP_MIN_FILL
         # lengths[order] is non-increasing: the group ends at the first segment below the floor
-        stop = start + int(np.searchsorted(-lengths[order[start:]], -floor, side="right"))
+        stop = start + max(1, int(np.searchsorted(-lengths[order[start:]], -floor, side="right")))
         groups.append(order[start:stop])
         start = stop
     return groups
