@@ -338,7 +338,7 @@ def _torch_varlen(
 
 
 def _segment_groups(lengths: np.ndarray) -> list[np.ndarray]:
-    """Splits segment indices (longest first) into groups whose lengths stay >= _GROUP_MIN_FILL x the group's longest."""
+    """Non-empty segment indices, longest first, in groups of lengths >= _GROUP_MIN_FILL x the group's longest."""
     order = np.argsort(-lengths, kind="stable")
     order = order[lengths[order] > 0]
     groups = []
