@@ -39,6 +39,8 @@ _EXPORTS: dict[str, str] = {
     "mrope_position_ids": "vision",
     "pack_vision_fields": "vision",
     "pack_patches": "ops.patches",
+    # attention
+    "varlen_attention": "attention",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
