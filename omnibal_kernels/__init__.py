@@ -23,6 +23,10 @@ _EXPORTS: dict[str, str] = {
     "balance_report": "balance",
     "BalanceReport": "balance",
     "OversizeError": "balance",
+    # packing
+    "pack_batch": "packing",
+    "PackCollator": "packing",
+    "PackedBatch": "packing",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
