@@ -512,7 +512,12 @@ def pack_sequences(
             )
         else:
             pos_np, seq_idx_np, cu_np, seq_lens_np, max_seqlen = _numba_fill(  # type: ignore[misc]
-                seg_lens_np, num_samples, num_slots, opts.mask_first_label, opts.ignore_index, flat_labels.numpy()
+                seg_lens_np,
+                num_samples,
+                num_slots,
+                opts.mask_first_label,
+                opts.ignore_index,
+                flat_labels.numpy(),
             )
             positions_t = _from_numpy(pos_np)
             seq_idx_t = _from_numpy(seq_idx_np)

@@ -339,6 +339,9 @@ def test_static_limits() -> None:
 def test_bad_options(options: dict[str, Any], error: type) -> None:
     with pytest.raises(error):
         pack_batch(_samples([2]), **options)
+
+
+def test_unknown_option() -> None:
     with pytest.raises(TypeError):
         pack_batch(_samples([2]), no_such_option=1)
 
