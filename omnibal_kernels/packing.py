@@ -66,10 +66,12 @@ TEXT_FIELDS = (
 )
 _RESERVED = frozenset(TEXT_FIELDS) - {"input_ids", "labels"}
 
-# Sample key -> "module:function" (relative to this package) of a packer that consumes that key and adds
-# fields: ``fn(samples, fields, options) -> None``, mutating ``fields`` (the dict pack_batch returns as a
-# PackedBatch). Resolved lazily; a packer registered under several keys runs once per batch.
-_FIELD_PACKERS: dict[str, str] = {}
+# Sample key -> packer that consumes that key and adds output fields, as a callable or as a
+# "module:function" string imported on first use (".vision:..." is relative to this package). A packer is
+# called as ``fn(samples, fields, options) -> None`` after the text fields are built and mutates
+# ``fields`` (the dict that becomes the PackedBatch): it may add fields (pixel_values, vit_cu_seqlens, ...)
+# or replace some (mRoPE position_ids). A packer registered under several keys runs once per batch.
+_FIELD_PACKERS: dict[str, str | Callable[..., None]] = {}
 
 
 def _is_int(value: object) -> bool:
@@ -609,6 +611,13 @@ def _pack_token_field(
     return torch.cat(parts)[None]
 
 
+def _resolve_packer(spec: str | Callable[..., None]) -> Callable[..., None]:
+    if callable(spec):
+        return spec
+    module, _, function = spec.partition(":")
+    return getattr(importlib.import_module(module, __package__), function)
+
+
 def _add_extra_fields(
     samples: Sequence[Mapping[str, Any]], fields: dict[str, Any], opts: PackOptions
 ) -> None:
@@ -627,8 +636,7 @@ def _add_extra_fields(
         if key in opts.token_fields:
             continue
         if key in _FIELD_PACKERS:
-            module, _, function = _FIELD_PACKERS[key].partition(":")
-            packers[getattr(importlib.import_module(f".{module}", __package__), function)] = None
+            packers[_resolve_packer(_FIELD_PACKERS[key])] = None
             continue
         if key == "attention_mask":
             # Packing drops padding-free attention masks: the segment boundaries replace them.

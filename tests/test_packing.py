@@ -386,6 +386,26 @@ def test_extra_field_errors() -> None:
         pack_batch(samples, token_fields=("w",))
 
 
+def _count_images(samples: list, fields: dict, options: PackOptions) -> None:
+    fields["num_images"] = torch.tensor([len(s.get("pixel_values", ())) for s in samples])
+    fields["packer_calls"] = fields.get("packer_calls", 0) + 1
+
+
+def test_field_packer_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnibal_kernels import packing
+
+    monkeypatch.setitem(packing._FIELD_PACKERS, "pixel_values", _count_images)
+    monkeypatch.setitem(packing._FIELD_PACKERS, "image_grid_thw", f"{__name__}:_count_images")
+    samples = _samples([3, 2, 4])
+    samples[0]["pixel_values"] = [torch.zeros(3, 4, 4)] * 2
+    samples[0]["image_grid_thw"] = [(1, 2, 2)] * 2
+    samples[2]["pixel_values"] = [torch.zeros(3, 4, 4)]
+    batch = pack_batch(samples)
+    assert batch["num_images"].tolist() == [2, 0, 1] and batch["packer_calls"] == 1
+    assert "pixel_values" not in batch and "image_grid_thw" not in batch
+    _assert_same(batch, reference_pack_batch(samples))
+
+
 # --------------------------------------------------------------------------------------- PackedBatch
 
 
