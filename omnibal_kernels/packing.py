@@ -108,7 +108,8 @@ class PackOptions:
     token_fields: names of extra per-sample fields that hold one value per token; they are concatenated
         like ``input_ids`` into ``(1, T)`` (padding 0) instead of being collected per sample.
     backend: ``"numba"`` (fused one-pass kernel), ``"torch"`` (vectorized torch ops) or ``"auto"`` (numba
-        when importable).
+        when importable). Measured on 16 samples of real lengths (17k tokens): about 20 us with numba,
+        about 90 us with torch on one thread and far more when torch's threads compete for cores.
     """
 
     mask_first_label: bool = True
