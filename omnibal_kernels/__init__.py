@@ -41,6 +41,10 @@ _EXPORTS: dict[str, str] = {
     "pack_patches": "ops.patches",
     # attention
     "varlen_attention": "attention",
+    # packing
+    "pack_batch": "packing",
+    "PackCollator": "packing",
+    "PackedBatch": "packing",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -1,0 +1,114 @@
+"""Per-token fields of a packed batch, fused in one numba pass (the CPU side of ``pack_batch``).
+
+From the segment lengths of a packed sequence, :func:`varlen_fields_into` writes, in one pass over the tokens:
+``position_ids`` (restarting at 0 per segment), ``seq_idx`` (segment index per token), ``cu_seqlens`` and
+``seq_lens`` (padded with zero-length segments up to their allocated size), and ``ignore_index`` on the first
+label of every sample segment. It matches ``omnibal_kernels.testing.reference_pack_batch``.
+
+Compiled on first call (about a second) or loaded from numba's on-disk cache (``cache=True``, tens of
+milliseconds); :func:`warmup` does it ahead of time, e.g. in the main process before DataLoader workers fork.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True, nogil=True)
+def varlen_fields_into(
+    seg_lens: np.ndarray,
+    num_samples: int,
+    mask_first_label: bool,
+    ignore_index: int,
+    labels: np.ndarray,
+    position_ids: np.ndarray,
+    seq_idx: np.ndarray,
+    cu_seqlens: np.ndarray,
+    seq_lens: np.ndarray,
+) -> int:
+    """Fill the per-token and per-segment fields in place; return the longest segment length.
+
+    seg_lens: (num_segments,) int64, the sample lengths followed by any padding segment.
+    num_samples: segments ``[0, num_samples)`` are samples whose first label is masked.
+    labels: (total_tokens,) int64, written only at the first token of each sample segment.
+    position_ids: (total_tokens,) int64; seq_idx: (total_tokens,) int32.
+    cu_seqlens: (S + 1,) int32 and seq_lens: (S,) int32 with ``S >= num_segments``; entries past the
+    real segments describe zero-length segments at the end.
+    """
+    num_segments = seg_lens.shape[0]
+    start = 0
+    max_len = 0
+    cu_seqlens[0] = 0
+    for s in range(num_segments):
+        n = seg_lens[s]
+        end = start + n
+        # Loops over a contiguous slice vectorize; indexing the whole array with start + j does not
+        # (measured: 1 us against 6 us for 19k tokens).
+        pos = position_ids[start:end]
+        for j in range(n):
+            pos[j] = j
+        idx = seq_idx[start:end]
+        for j in range(n):
+            idx[j] = s
+        if mask_first_label and s < num_samples and n > 0:
+            labels[start] = ignore_index
+        seq_lens[s] = n
+        cu_seqlens[s + 1] = end
+        if n > max_len:
+            max_len = n
+        start = end
+    for s in range(num_segments, seq_lens.shape[0]):
+        seq_lens[s] = 0
+        cu_seqlens[s + 1] = start
+    return max_len
+
+
+@numba.njit(cache=True, nogil=True)
+def varlen_fields(
+    seg_lens: np.ndarray,
+    num_samples: int,
+    num_slots: int,
+    mask_first_label: bool,
+    ignore_index: int,
+    labels: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Allocating form of :func:`varlen_fields_into` with ``S = num_slots``.
+
+    Returns position_ids (1, T) int64, seq_idx (1, T) int32, cu_seqlens (S + 1,) int32,
+    seq_lens (S,) int32 and the longest segment length. Allocating here saves the Python-side
+    allocations, which cost as much as the fill for a typical batch.
+    """
+    total = labels.shape[0]
+    position_ids = np.empty((1, total), np.int64)
+    seq_idx = np.empty((1, total), np.int32)
+    cu_seqlens = np.empty(num_slots + 1, np.int32)
+    seq_lens = np.empty(num_slots, np.int32)
+    max_len = varlen_fields_into(
+        seg_lens,
+        num_samples,
+        mask_first_label,
+        ignore_index,
+        labels,
+        position_ids[0],
+        seq_idx[0],
+        cu_seqlens,
+        seq_lens,
+    )
+    return position_ids, seq_idx, cu_seqlens, seq_lens, max_len
+
+
+def warmup() -> None:
+    """Compile (or load from cache) both kernels for the dtypes ``pack_batch`` passes."""
+    seg_lens = np.array([2, 1], dtype=np.int64)
+    varlen_fields(seg_lens, 1, 2, True, -100, np.zeros(3, dtype=np.int64))
+    varlen_fields_into(
+        seg_lens,
+        1,
+        True,
+        -100,
+        np.zeros(3, dtype=np.int64),
+        np.empty(3, dtype=np.int64),
+        np.empty(3, dtype=np.int32),
+        np.empty(4, dtype=np.int32),
+        np.empty(3, dtype=np.int32),
+    )
