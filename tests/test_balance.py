@@ -127,6 +127,7 @@ def test_oversize_samples_are_never_silently_lost(n, method, policy, seed, data_
     # make some samples oversize, the last one always (the reference code lost the last group then)
     over = rng.random(n) < 0.1
     over[-1] = True
+    over[0] = False  # at least one sample to plan
     llm = lengths.llm.copy()
     llm[over] = 5000
     lengths = Lengths(lengths.vit, llm)
@@ -141,6 +142,12 @@ def test_oversize_samples_are_never_silently_lost(n, method, policy, seed, data_
     else:
         assert set(np.flatnonzero(over).tolist()) <= set(plan.pack_samples.tolist())
         assert report.num_samples == n
+
+
+def test_all_samples_dropped_is_an_error():
+    lengths = Lengths(np.array([9, 9]), np.array([10, 10]))
+    with pytest.raises(ValueError, match="all 2 samples"):
+        plan_packs(lengths, world_size=2, vit_capacity=4, llm_capacity=100, oversize="drop")
 
 
 def test_oversize_error_gives_count_and_first_indices():

@@ -273,6 +273,9 @@ def plan_packs(
         )
     items = np.flatnonzero(~over_mask).astype(np.int64) if oversize_ids.size else np.arange(len(lengths), dtype=np.int64)
 
+    if items.size == 0 and oversize == "drop":
+        raise ValueError(f"all {len(lengths)} samples alone exceed the capacities (vit {vit_capacity}, "
+                         f"llm {llm_capacity}) and oversize='drop' leaves nothing to plan")
     C = _ext.load()
     singles = oversize_ids if oversize == "single" else np.zeros(0, np.int64)
     if method == "balanced" and singles.size == 0:
