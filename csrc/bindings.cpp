@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -36,7 +37,14 @@ Loads as_loads(const IntArray& vit, const IntArray& llm) {
   return Loads{vit.data(), llm.data()};
 }
 
-std::vector<int64_t> as_items(const IntArray& items, py::ssize_t num_samples) {
+// The sample ids to pack; None means every sample, in order.
+std::vector<int64_t> as_items(const py::object& items_obj, py::ssize_t num_samples) {
+  if (items_obj.is_none()) {
+    std::vector<int64_t> all(static_cast<size_t>(num_samples));
+    for (py::ssize_t i = 0; i < num_samples; ++i) all[static_cast<size_t>(i)] = i;
+    return all;
+  }
+  const IntArray items = items_obj.cast<IntArray>();
   if (items.ndim() != 1) throw std::invalid_argument("items must be a 1-D array");
   std::vector<int64_t> out(items.data(), items.data() + items.shape(0));
   for (const int64_t id : out) {
@@ -67,7 +75,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "random_next_fit",
-      [](const IntArray& vit, const IntArray& llm, const IntArray& items, int64_t vit_capacity,
+      [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
          int64_t llm_capacity, uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
         std::vector<int64_t> ids = as_items(items, vit.shape(0));
@@ -83,7 +91,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "isf",
-      [](const IntArray& vit, const IntArray& llm, const IntArray& items, int64_t vit_capacity,
+      [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
          int64_t llm_capacity, int64_t vit_threshold, int64_t llm_threshold, int iterations, uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
         std::vector<int64_t> ids = as_items(items, vit.shape(0));
@@ -101,7 +109,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "best_fit_packs",
-      [](const IntArray& vit, const IntArray& llm, const IntArray& items, int64_t vit_capacity,
+      [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
          int64_t llm_capacity, int rounds, uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
         std::vector<int64_t> ids = as_items(items, vit.shape(0));
@@ -153,7 +161,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "plan_balanced",
-      [](const IntArray& vit, const IntArray& llm, const IntArray& items, int64_t vit_capacity,
+      [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
          int64_t llm_capacity, std::vector<double> cost_terms, int rounds, int64_t world_size, bool drop_last,
          uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
@@ -205,4 +213,26 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("values"), py::arg("seed"),
       "The engine's shuffle of `values` with Rng(seed) (for references/tests).");
+
+  m.def(
+      "load_stats",
+      [](const IntArray& vit, const IntArray& llm, int64_t llm_bin) {
+        const Loads loads = as_loads(vit, llm);
+        if (llm_bin < 1) throw std::invalid_argument("llm_bin must be >= 1");
+        const py::ssize_t n = vit.shape(0);
+        int64_t vit_sum = 0, llm_sum = 0, vit_max = 0, llm_max = 0, llm_binned_sum = 0;
+        {
+          py::gil_scoped_release release;
+          for (py::ssize_t i = 0; i < n; ++i) {
+            vit_sum += loads.vit[i];
+            llm_sum += loads.llm[i];
+            vit_max = std::max(vit_max, loads.vit[i]);
+            llm_max = std::max(llm_max, loads.llm[i]);
+            llm_binned_sum += (loads.llm[i] + llm_bin - 1) / llm_bin;
+          }
+        }
+        return py::make_tuple(vit_sum, llm_sum, vit_max, llm_max, llm_binned_sum * llm_bin);
+      },
+      py::arg("vit"), py::arg("llm"), py::arg("llm_bin"),
+      "One pass over the loads: (vit_sum, llm_sum, vit_max, llm_max, sum of llm rounded up to llm_bin).");
 }

@@ -21,6 +21,10 @@ constexpr uint64_t kStreamRagged = 5;
 // 0.0006 and 0.9993, 16 steps 0.0008 and 0.9995; 8 keeps both near their floor.
 constexpr int64_t kCostBlockSteps = 8;
 
+// best_fit_rounds packs a round's shuffled pool in chunks of this many samples (64k items = 1 MiB, which
+// stays in L2 while it is packed and grouped).
+constexpr size_t kChunkItems = size_t{1} << 16;
+
 // Above this many distinct load values the pack sort falls back from counting sort to a comparison sort.
 constexpr int64_t kMaxCountingRange = int64_t{1} << 22;
 
@@ -99,7 +103,7 @@ struct BestFitPass {
   std::vector<int64_t> room_primary, room_secondary;
 };
 
-BestFitPass best_fit_pass(const std::vector<Item>& order, bool vit_binds, Capacity cap, int64_t min_primary,
+BestFitPass best_fit_pass(const Item* order, size_t count, bool vit_binds, Capacity cap, int64_t min_primary,
                           int64_t min_secondary) {
   const int64_t primary_cap = vit_binds ? cap.vit : cap.llm;
   const int64_t secondary_cap = vit_binds ? cap.llm : cap.vit;
@@ -115,59 +119,64 @@ BestFitPass best_fit_pass(const std::vector<Item>& order, bool vit_binds, Capaci
   constexpr int64_t kTriesPerBucket = 16;
   constexpr int64_t kTriesPerItem = 64;
 
+  // An open pack, kept by value in its bucket so that a scan reads one contiguous array.
+  struct Open {
+    int64_t room_primary;
+    int64_t room_secondary;
+    int64_t pack;
+  };
   BestFitPass res;
-  res.pack_of.resize(order.size());
-  auto& room_p = res.room_primary;
-  auto& room_s = res.room_secondary;
-  std::vector<int64_t> slot_in_bucket;
-  std::vector<std::vector<int32_t>> buckets(static_cast<size_t>(num_buckets));
+  res.pack_of.resize(count);
+  std::vector<std::vector<Open>> buckets(static_cast<size_t>(num_buckets));
   BucketBits nonempty(num_buckets);
+  int64_t num_packs = 0;
+  auto close = [&](const Open& o) {
+    res.room_primary[static_cast<size_t>(o.pack)] = o.room_primary;
+    res.room_secondary[static_cast<size_t>(o.pack)] = o.room_secondary;
+  };
+  res.room_primary.reserve(count / 2 + 1);
+  res.room_secondary.reserve(count / 2 + 1);
 
-  for (size_t k = 0; k < order.size(); ++k) {
+  for (size_t k = 0; k < count; ++k) {
     const int64_t need = vit_binds ? order[k].vit : order[k].llm;
     const int64_t need2 = vit_binds ? order[k].llm : order[k].vit;
-    int32_t chosen = -1;
-    int64_t chosen_slot = -1;
+    Open chosen{primary_cap, secondary_cap, -1};
     int64_t tries = 0;
     for (int64_t b = nonempty.next(bucket_of(need)); b < num_buckets && tries < kTriesPerItem;
          b = nonempty.next(b + 1)) {
-      const auto& vec = buckets[static_cast<size_t>(b)];
-      const int64_t stop = std::max<int64_t>(0, static_cast<int64_t>(vec.size()) - kTriesPerBucket);
-      for (int64_t s = static_cast<int64_t>(vec.size()) - 1; s >= stop; --s, ++tries) {
-        const int32_t p = vec[static_cast<size_t>(s)];
-        if (room_p[static_cast<size_t>(p)] >= need && room_s[static_cast<size_t>(p)] >= need2) {
-          chosen = p;
-          chosen_slot = s;
+      auto& bucket = buckets[static_cast<size_t>(b)];
+      const int64_t stop = std::max<int64_t>(0, static_cast<int64_t>(bucket.size()) - kTriesPerBucket);
+      for (int64_t s = static_cast<int64_t>(bucket.size()) - 1; s >= stop; --s, ++tries) {
+        const Open& o = bucket[static_cast<size_t>(s)];
+        if (o.room_primary >= need && o.room_secondary >= need2) {
+          chosen = o;
+          bucket[static_cast<size_t>(s)] = bucket.back();  // take it out of its bucket
+          bucket.pop_back();
+          if (bucket.empty()) nonempty.clear(b);
           break;
         }
       }
-      if (chosen >= 0) {  // take it out of its bucket
-        auto& bucket = buckets[static_cast<size_t>(b)];
-        bucket[static_cast<size_t>(chosen_slot)] = bucket.back();
-        slot_in_bucket[static_cast<size_t>(bucket[static_cast<size_t>(chosen_slot)])] = chosen_slot;
-        bucket.pop_back();
-        if (bucket.empty()) nonempty.clear(b);
-        break;
-      }
+      if (chosen.pack >= 0) break;
     }
-    if (chosen < 0) {
-      chosen = static_cast<int32_t>(room_p.size());
-      room_p.push_back(primary_cap);
-      room_s.push_back(secondary_cap);
-      slot_in_bucket.push_back(-1);
+    if (chosen.pack < 0) {
+      chosen.pack = num_packs++;
+      res.room_primary.push_back(0);
+      res.room_secondary.push_back(0);
     }
-    room_p[static_cast<size_t>(chosen)] -= need;
-    room_s[static_cast<size_t>(chosen)] -= need2;
-    res.pack_of[k] = chosen;
+    chosen.room_primary -= need;
+    chosen.room_secondary -= need2;
+    res.pack_of[k] = static_cast<int32_t>(chosen.pack);
     // A pack that no sample can join any more leaves the buckets for good.
-    if (room_p[static_cast<size_t>(chosen)] < min_primary || room_s[static_cast<size_t>(chosen)] < min_secondary) {
+    if (chosen.room_primary < min_primary || chosen.room_secondary < min_secondary) {
+      close(chosen);
       continue;
     }
-    const int64_t b = bucket_of(room_p[static_cast<size_t>(chosen)]);
-    auto& bucket = buckets[static_cast<size_t>(b)];
-    slot_in_bucket[static_cast<size_t>(chosen)] = static_cast<int64_t>(bucket.size());
-    bucket.push_back(chosen);
+    const int64_t b = bucket_of(chosen.room_primary);
+    buckets[static_cast<size_t>(b)].push_back(chosen);
     nonempty.set(b);
+  }
+  for (const auto& bucket : buckets) {
+    for (const Open& o : bucket) close(o);
   }
   return res;
 }
@@ -193,58 +202,63 @@ Packs best_fit_rounds(std::vector<Item> pool, Capacity cap, int rounds, uint64_t
     min_vit = std::min<int64_t>(min_vit, it.vit);
     min_llm = std::min<int64_t>(min_llm, it.llm);
   }
-  std::vector<Item> grouped, rest;
-  std::vector<int64_t> start;
+  std::vector<Item> scratch;  // shuffle and grouping buffer, reused by every round
+  std::vector<int64_t> start, fill;
   for (int r = 0; r < rounds && !pool.empty(); ++r) {
     Rng rng(derive_seed(seed, kStreamBestFit, static_cast<uint64_t>(r)));
-    shuffle(pool, rng);
-    const BestFitPass pass = best_fit_pass(pool, vit_binds, cap, vit_binds ? min_vit : min_llm,
-                                           vit_binds ? min_llm : min_vit);
-    const size_t num_packs = pass.room_primary.size();
-    // A pack no sample could join is final; the others go back to the pool, unless this is the last
-    // round or no pack at all became final (then more rounds would not help).
-    auto is_final = [&](size_t p) {
-      const int64_t room_vit = vit_binds ? pass.room_primary[p] : pass.room_secondary[p];
-      const int64_t room_llm = vit_binds ? pass.room_secondary[p] : pass.room_primary[p];
-      return room_vit < min_vit || room_llm < min_llm;
-    };
-    bool keep_all = r + 1 == rounds;
-    if (!keep_all) {
-      keep_all = true;
-      for (size_t p = 0; p < num_packs && keep_all; ++p) keep_all = !is_final(p);
-    }
-    // Group the pass's items by pack (counting sort on pack id), then keep or pool each pack.
-    start.assign(num_packs + 1, 0);
-    for (const int32_t p : pass.pack_of) ++start[static_cast<size_t>(p) + 1];
-    for (size_t p = 0; p < num_packs; ++p) start[p + 1] += start[p];
-    grouped.resize(pool.size());
-    {
-      std::vector<int64_t> fill(start.begin(), start.end() - 1);
-      for (size_t k = 0; k < pool.size(); ++k) grouped[static_cast<size_t>(fill[pass.pack_of[k]]++)] = pool[k];
-    }
-    rest.clear();
-    for (size_t p = 0; p < num_packs; ++p) {
-      const Item* first = grouped.data() + start[p];
-      const Item* last = grouped.data() + start[p + 1];
-      if (!(keep_all || is_final(p))) {
-        rest.insert(rest.end(), first, last);
-        continue;
+    shuffle(pool, rng, scratch);
+    // The shuffled pool is cut into chunks packed independently: each chunk is a uniformly random subset,
+    // small enough that packing and grouping it stay in cache; packs left open go back to the pool anyway.
+    size_t pooled = 0;
+    for (size_t chunk = 0; chunk < pool.size(); chunk += kChunkItems) {
+      const size_t count = std::min(kChunkItems, pool.size() - chunk);
+      const Item* items = pool.data() + chunk;
+      const BestFitPass pass = best_fit_pass(items, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
+                                             vit_binds ? min_llm : min_vit);
+      const size_t num_packs = pass.room_primary.size();
+      // A pack no sample could join is final; the others go back to the pool, unless this is the last
+      // round or no pack at all became final (then more rounds would not help).
+      auto is_final = [&](size_t p) {
+        const int64_t room_vit = vit_binds ? pass.room_primary[p] : pass.room_secondary[p];
+        const int64_t room_llm = vit_binds ? pass.room_secondary[p] : pass.room_primary[p];
+        return room_vit < min_vit || room_llm < min_llm;
+      };
+      bool keep_all = r + 1 == rounds;
+      if (!keep_all) {
+        keep_all = true;
+        for (size_t p = 0; p < num_packs && keep_all; ++p) keep_all = !is_final(p);
       }
-      append_pack(packs, first, last);
-      if (stats != nullptr) {
-        int64_t v = 0, t = 0;
-        double c = 0.0;
-        for (const Item* it = first; it != last; ++it) {
-          v += it->vit;
-          t += it->llm;
-          c += cost->sample_cost(it->vit, it->llm);
+      // Group the chunk's items by pack (counting sort on pack id) into scratch, then keep each pack or
+      // return its items to the front of the pool, which holds nothing unread before this chunk's end.
+      start.assign(num_packs + 1, 0);
+      for (const int32_t p : pass.pack_of) ++start[static_cast<size_t>(p) + 1];
+      for (size_t p = 0; p < num_packs; ++p) start[p + 1] += start[p];
+      scratch.resize(count);
+      fill.assign(start.begin(), start.end() - 1);
+      for (size_t k = 0; k < count; ++k) scratch[static_cast<size_t>(fill[pass.pack_of[k]]++)] = items[k];
+      for (size_t p = 0; p < num_packs; ++p) {
+        const Item* first = scratch.data() + start[p];
+        const Item* last = scratch.data() + start[p + 1];
+        if (!(keep_all || is_final(p))) {
+          for (const Item* it = first; it != last; ++it) pool[pooled++] = *it;
+          continue;
         }
-        stats->vit.push_back(v);
-        stats->llm.push_back(t);
-        stats->cost.push_back(c);
+        append_pack(packs, first, last);
+        if (stats != nullptr) {
+          int64_t v = 0, t = 0;
+          double c = 0.0;
+          for (const Item* it = first; it != last; ++it) {
+            v += it->vit;
+            t += it->llm;
+            c += cost->sample_cost(it->vit, it->llm);
+          }
+          stats->vit.push_back(v);
+          stats->llm.push_back(t);
+          stats->cost.push_back(c);
+        }
       }
     }
-    pool.swap(rest);
+    pool.resize(pooled);
   }
   return packs;
 }

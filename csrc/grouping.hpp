@@ -65,7 +65,8 @@ Packs isf(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, i
 // Randomized two-dimensional best fit, in rounds: each round places the pooled samples in a fresh random
 // order, each into the open pack with the least room left in the binding dimension (the one whose total
 // over capacity is larger) that still fits it in both; packs with no room left for any sample are final,
-// the samples of the others are pooled for the next round; the last round keeps all its packs.
+// the samples of the others are pooled for the next round; the last round keeps all its packs. A round's
+// shuffled pool is packed in chunks of 64k samples (random subsets that stay in cache).
 Packs best_fit_packs(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, int rounds,
                      uint64_t seed);
 

@@ -96,9 +96,9 @@ void fisher_yates(T* a, size_t n, Rng& rng) {
 // Uniform random permutation of v. Large inputs use Rao's two-pass method: every element goes to a
 // uniformly random bin (a sequential scatter), then each bin, small enough to stay in cache, gets a
 // Fisher-Yates shuffle. The result is uniform like a plain Fisher-Yates, and on a million elements several
-// times faster, since a plain shuffle misses the cache on almost every swap.
+// times faster, since a plain shuffle misses the cache on almost every swap. `scratch` is reused memory.
 template <typename T>
-void shuffle(std::vector<T>& v, Rng& rng) {
+void shuffle(std::vector<T>& v, Rng& rng, std::vector<T>& scratch) {
   const size_t n = v.size();
   constexpr size_t kBinElements = 4096;  // elements per bin on average: fits L1/L2 while shuffled
   if (n <= 8 * kBinElements) {
@@ -108,18 +108,30 @@ void shuffle(std::vector<T>& v, Rng& rng) {
   int bits = 1;
   while ((size_t{1} << bits) * kBinElements < n && bits < 16) ++bits;
   const size_t num_bins = size_t{1} << bits;
-  std::vector<uint16_t> bin(n);
+  // Bins come 4 to a 64-bit draw; the scatter pass replays the counting pass's stream from a copy.
+  auto for_each_bin = [&](Rng& r, auto&& f) {
+    uint64_t word = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if ((i & 3) == 0) word = r.next();
+      f(i, static_cast<size_t>((word >> (16 * (i & 3))) & 0xFFFF) >> (16 - bits));
+    }
+  };
+  const Rng replay = rng;
   std::vector<size_t> start(num_bins + 1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    bin[i] = static_cast<uint16_t>(rng.next() >> (64 - bits));
-    ++start[bin[i] + 1];
-  }
+  for_each_bin(rng, [&](size_t, size_t b) { ++start[b + 1]; });
   for (size_t b = 0; b < num_bins; ++b) start[b + 1] += start[b];
-  std::vector<T> out(n);
+  scratch.resize(n);
   std::vector<size_t> fill(start.begin(), start.end() - 1);
-  for (size_t i = 0; i < n; ++i) out[fill[bin[i]]++] = v[i];
-  for (size_t b = 0; b < num_bins; ++b) fisher_yates(out.data() + start[b], start[b + 1] - start[b], rng);
-  v.swap(out);
+  Rng again = replay;
+  for_each_bin(again, [&](size_t i, size_t b) { scratch[fill[b]++] = v[i]; });
+  for (size_t b = 0; b < num_bins; ++b) fisher_yates(scratch.data() + start[b], start[b + 1] - start[b], rng);
+  v.swap(scratch);
+}
+
+template <typename T>
+void shuffle(std::vector<T>& v, Rng& rng) {
+  std::vector<T> scratch;
+  shuffle(v, rng, scratch);
 }
 
 }  // namespace omnibal

@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import Iterable, NamedTuple, Sequence, Union
 
 import numpy as np
 
@@ -33,6 +33,16 @@ __all__ = ["Lengths", "load_lengths", "default_lengths"]
 
 # Loads are stored as int64; one sample's load must stay below 2**31 (the extension packs them as int32).
 _MAX_LOAD = 2**31 - 1
+
+
+class LoadStats(NamedTuple):
+    """Totals and maxima of both loads, and the LLM total with every sample rounded up to 256 tokens."""
+
+    vit_sum: int
+    llm_sum: int
+    vit_max: int
+    llm_max: int
+    llm_sum_binned: int
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,14 @@ class Lengths:
 
     def __len__(self) -> int:
         return int(self.vit.shape[0])
+
+    def stats(self) -> LoadStats:
+        """Totals and maxima (one pass in C++, computed once per ``Lengths``)."""
+        cached = self.__dict__.get("_stats")
+        if cached is None:
+            cached = LoadStats(*_ext.load().load_stats(self.vit, self.llm, 256))
+            object.__setattr__(self, "_stats", cached)
+        return cached
 
     def __getitem__(self, index: slice | np.ndarray | Sequence[int]) -> "Lengths":
         """A subset of samples (by slice, index array or boolean mask), keeping their sources."""

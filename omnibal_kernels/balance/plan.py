@@ -263,17 +263,22 @@ def plan_packs(
         raise ValueError("vit_threshold/llm_threshold apply to method='isf' only")
 
     vit, llm = lengths.vit, lengths.llm
-    over_mask = (vit > vit_capacity) | (llm > llm_capacity)
-    oversize_ids = np.flatnonzero(over_mask).astype(np.int64)
+    stats = lengths.stats()
+    if stats.vit_max > vit_capacity or stats.llm_max > llm_capacity:
+        over_mask = (vit > vit_capacity) | (llm > llm_capacity)
+        oversize_ids = np.flatnonzero(over_mask).astype(np.int64)
+    else:
+        over_mask, oversize_ids = None, np.zeros(0, np.int64)
     if oversize_ids.size and oversize == "error":
         first = ", ".join(str(int(i)) for i in oversize_ids[:10])
         raise OversizeError(
             f"{oversize_ids.size} sample(s) alone exceed the capacities (vit {vit_capacity}, llm {llm_capacity}); "
             f"first: {first}. Raise the capacities, or pass oversize='single' or 'drop'."
         )
-    items = np.flatnonzero(~over_mask).astype(np.int64) if oversize_ids.size else np.arange(len(lengths), dtype=np.int64)
+    # None: every sample (the extension enumerates them without an index array)
+    items = np.flatnonzero(~over_mask).astype(np.int64) if oversize_ids.size else None
 
-    if items.size == 0 and oversize == "drop":
+    if items is not None and items.size == 0 and oversize == "drop":
         raise ValueError(f"all {len(lengths)} samples alone exceed the capacities (vit {vit_capacity}, "
                          f"llm {llm_capacity}) and oversize='drop' leaves nothing to plan")
     C = _ext.load()

@@ -17,8 +17,6 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Optional
 
-import numpy as np
-
 from ..lengths import Lengths
 
 __all__ = ["Capacities", "search_capacity"]
@@ -38,9 +36,9 @@ class Capacities(NamedTuple):
 
 def _grid_step(lengths: Lengths) -> tuple[int, int]:
     """(tokens per ViT unit step, ViT capacity at 4096 tokens) of the authors' grid."""
-    mean_vit = float(lengths.vit.mean())
-    binned = np.ceil(lengths.llm / _BIN) * _BIN
-    mean_binned = float(binned.mean())
+    stats = lengths.stats()
+    mean_vit = stats.vit_sum / len(lengths)
+    mean_binned = stats.llm_sum_binned / len(lengths)  # lengths rounded up to 256 tokens, as the authors
     step = int(((mean_binned // max(mean_vit, 1.0) + 1) // _ALIGN) * _ALIGN)
     step = max(step, _ALIGN)
     return step, max(_BASE_TOKENS // step, 1)
@@ -80,8 +78,9 @@ def search_capacity(
     # A pack cannot hold more samples than there are: aim at most at one pack of everything.
     target = min(float(target_batch_size), float(n))
     step, vit0 = _grid_step(lengths)
-    vit_total = float(lengths.vit.sum())
-    llm_total = float(lengths.llm.sum())
+    stats = lengths.stats()
+    vit_total = float(stats.vit_sum)
+    llm_total = float(stats.llm_sum)
     has_vit = vit_total > 0
 
     def caps(k: int) -> tuple[int, int]:
@@ -100,8 +99,8 @@ def search_capacity(
     k = max(k, math.ceil((target * llm_total / n - _BASE_TOKENS) / step))
     if oversize == "error":
         if has_vit:
-            k = max(k, int(lengths.vit.max()) - vit0)
-        k = max(k, math.ceil((int(lengths.llm.max()) - _BASE_TOKENS) / step))
+            k = max(k, stats.vit_max - vit0)
+        k = max(k, math.ceil((stats.llm_max - _BASE_TOKENS) / step))
     while predicted(k) < target * (1 - 1e-12):  # guards the rounding of the closed form (a step or two)
         k += 1
 
