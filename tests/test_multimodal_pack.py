@@ -317,3 +317,15 @@ def test_dataloader_workers() -> None:
                 _assert_equal(batch[key], value, key)
             else:
                 assert batch[key] == value, key
+
+
+@pytest.mark.gpu
+def test_to_cuda() -> None:
+    batch = pack_batch(_batch(12, n=4), image_token_id=IMG, video_token_id=VID).pin_memory()
+    moved = batch.to("cuda", non_blocking=True)
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            assert moved[key].is_cuda, key
+            _assert_equal(moved[key].cpu(), value, key)
+        else:
+            assert moved[key] == value, key
