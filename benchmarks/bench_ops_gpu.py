@@ -47,23 +47,32 @@ def _lengths(n: int, seed: int) -> tuple[list[int], str]:
 
 
 class Bench:
-    """Timing helpers; every number comes from ``do_bench`` medians in this process."""
+    """Timing helpers; every number comes from ``do_bench`` medians in this process.
 
-    def __init__(self) -> None:
-        from triton.testing import do_bench
+    ``device`` and ``time_fn`` (``fn -> ms``) exist so that the CPU test of the benchmark code can run it
+    on tiny shapes with a plain timer; a real run keeps the defaults.
+    """
 
-        self._do_bench = do_bench
+    def __init__(self, device: str = "cuda", time_fn: Callable[[Callable[[], object]], float] | None = None) -> None:
+        if time_fn is None:
+            from triton.testing import do_bench
+
+            def time_fn(fn: Callable[[], object]) -> float:
+                return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+        self.device = device
+        self._time_fn = time_fn
         self._copy_ms: dict[int, float] = {}
         self.rows: list[dict[str, Any]] = []
 
     def time_ms(self, fn: Callable[[], object]) -> float:
-        return float(self._do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return self._time_fn(fn)
 
     def copy_ms(self, bytes_moved: int) -> float:
         """A device-to-device copy that reads and writes ``bytes_moved`` bytes in total."""
         n = max(bytes_moved // 2, 1)
         if n not in self._copy_ms:
-            src = torch.empty(n, dtype=torch.uint8, device="cuda")
+            src = torch.empty(n, dtype=torch.uint8, device=self.device)
             dst = torch.empty_like(src)
             self._copy_ms[n] = self.time_ms(lambda: dst.copy_(src))
             del src, dst
@@ -179,15 +188,18 @@ def bench_varlen_metadata(b: Bench) -> None:
 BENCHMARKS: list[Callable[[Bench], None]] = [bench_pack, bench_varlen_metadata]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(script: str, benchmarks: list[Callable[[Bench], None]], description: str,
+        argv: list[str] | None = None) -> int:
+    """Command line of a GPU benchmark script: run ``benchmarks`` and write ``--json`` (rows, errors,
+    environment), or ``{"skipped": ...}`` without CUDA. Exit status 1 when a benchmark raised."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--json", type=Path, required=True, help="where to write the results")
     args = parser.parse_args(argv)
-    result: dict[str, Any] = dict(script="bench_ops_gpu", skipped=None, rows=[], errors=[])
+    result: dict[str, Any] = dict(script=script, skipped=None, rows=[], errors=[])
     if not torch.cuda.is_available():
         result["skipped"] = "no CUDA device"
         args.json.write_text(json.dumps(result, indent=1))
-        print("bench_ops_gpu: skipped (no CUDA device)")
+        print(f"{script}: skipped (no CUDA device)")
         return 0
     import triton
 
@@ -199,16 +211,21 @@ def main(argv: list[str] | None = None) -> int:
         python=platform.python_version(),
     )
     bench = Bench()
-    for fn in BENCHMARKS:
+    for fn in benchmarks:
         try:
             fn(bench)
         except Exception as exc:  # one failing benchmark must not hide the others' numbers
             result["errors"].append(f"{fn.__name__}: {type(exc).__name__}: {exc}")
-            print(f"bench_ops_gpu: {fn.__name__} failed: {exc}", file=sys.stderr)
+            print(f"{script}: {fn.__name__} failed: {exc}", file=sys.stderr)
+        torch.cuda.empty_cache()
     result["rows"] = bench.rows
     args.json.write_text(json.dumps(result, indent=1))
-    print(f"bench_ops_gpu: {len(bench.rows)} rows, {len(result['errors'])} errors -> {args.json}")
+    print(f"{script}: {len(bench.rows)} rows, {len(result['errors'])} errors -> {args.json}")
     return 1 if result["errors"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run("bench_ops_gpu", BENCHMARKS, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "pack_batch": "packing",
     "PackCollator": "packing",
     "PackedBatch": "packing",
+    "unpack_batch": "packing",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

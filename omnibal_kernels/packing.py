@@ -29,6 +29,24 @@ Static shapes: ``pad_to_length`` + ``max_num_seqs`` + ``max_seqlen_buckets`` fix
 limit ``max_seqlen`` to a few values. The padding is one segment, so attention over it costs like a
 sample of that length: choose ``pad_to_length`` close to the planned pack capacity.
 
+Multimodal samples (``pixel_values`` as tiles ``(n, C, H, W)`` or patches ``(n_patches, D)``, optional
+``image_grid_thw`` ``(k, 3)``; ``pixel_values_videos``/``video_grid_thw``/``second_per_grid_ts`` for videos)
+add, in sample order, text-only samples contributing nothing::
+
+    pixel_values     (sum n, C, H, W) or (sum n_patches, D)   all samples' pixels, concatenated
+    vit_cu_seqlens   (S_vit + 1,) int32   ViT segments: one per tile, or per frame group of each image grid
+    vit_max_seqlen   int
+    image_to_sample  (I,) int32           the sample of every image (tile)
+    num_images       (B,) int32           images (tiles) per sample
+    image_grid_thw   (I, 3) int64         when the samples give grids
+    (videos: pixel_values_videos, video_grid_thw, video_vit_cu_seqlens, video_vit_max_seqlen,
+    video_to_sample, num_videos, second_per_grid_ts)
+
+With ``image_token_id`` set (Qwen2-VL style models), every batch gets mRoPE positions: ``position_ids``
+``(3, 1, T)`` numbered per sample as the model's ``get_rope_index`` does, and ``text_position_ids``
+``(1, T)``, the 1-D positions restarting per sample (see :class:`PackOptions`). :func:`unpack_batch`
+splits a packed batch back into its samples.
+
 Extension point: ``_FIELD_PACKERS`` maps a sample key to a packer that adds its own output fields (the
 multimodal fields of ``omnibal_kernels.vision`` plug in there); :func:`pack_sequences` is the text core
 that returns the text fields as a plain dict.
@@ -44,7 +62,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-__all__ = ["PackOptions", "PackedBatch", "PackCollator", "pack_batch", "pack_sequences", "warmup"]
+__all__ = ["PackOptions", "PackedBatch", "PackCollator", "pack_batch", "pack_sequences", "unpack_batch", "warmup"]
 
 # cu_seqlens is int32 (flash-attention's convention), so a batch holds at most 2**31 - 1 tokens.
 _INT32_MAX = 2**31 - 1
@@ -79,7 +97,12 @@ _RESERVED = frozenset(TEXT_FIELDS) - {"input_ids", "labels"}
 # called as ``fn(samples, fields, options) -> None`` after the text fields are built and mutates
 # ``fields`` (the dict that becomes the PackedBatch): it may add fields (pixel_values, vit_cu_seqlens, ...)
 # or replace some (mRoPE position_ids). A packer registered under several keys runs once per batch.
-_FIELD_PACKERS: dict[str, str | Callable[..., None]] = {}
+_FIELD_PACKERS: dict[str, str | Callable[..., None]] = {
+    key: ".vision:_pack_batch_vision"
+    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+}
+# The packer that also runs on batches without any of its keys when mRoPE is on (PackOptions.mrope).
+_MROPE_PACKER = ".vision:_pack_batch_vision"
 
 
 def _is_int(value: object) -> bool:
@@ -110,6 +133,23 @@ class PackOptions:
     backend: ``"numba"`` (fused one-pass kernel), ``"torch"`` (vectorized torch ops) or ``"auto"`` (numba
         when importable). Measured on 16 samples of real lengths (17k tokens): about 20 us with numba,
         about 90 us with torch on one thread and far more when torch's threads compete for cores.
+
+    Multimodal samples (``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``,
+    ``second_per_grid_ts``) are packed by :mod:`omnibal_kernels.vision`; these options are for them:
+
+    image_token_id: the image placeholder token (Qwen2-VL's ``<|image_pad|>``). Setting it turns on
+        Qwen2-VL mRoPE for every batch, text-only ones included, so the shape of ``position_ids`` never
+        changes between batches: ``position_ids`` becomes ``(3, 1, T)`` (each sample as ``get_rope_index``
+        numbers it, restarting per sample; padding like text) and ``text_position_ids`` ``(1, T)`` keeps
+        the 1-D positions that packed-sequence detection reads. None: no mRoPE, ``position_ids`` ``(1, T)``.
+    video_token_id: the video placeholder token (``<|video_pad|>``); needs ``image_token_id``.
+    spatial_merge_size: the vision tower's spatial merge (2 for Qwen2-VL/2.5-VL): an image of grid
+        ``(t, h, w)`` takes ``t * h * w / merge**2`` placeholder tokens.
+    tokens_per_second: Qwen2.5-VL videos: temporal positions ``floor(k * second_per_grid_t *
+        tokens_per_second)`` from the samples' ``second_per_grid_ts`` (missing ones count as 1.0, as
+        transformers does); None: Qwen2-VL's ``0..t-1``.
+    mrope_text_row: make ``position_ids`` ``(4, 1, T)`` with ``text_position_ids`` as row 0, the layout in
+        which recent transformers Qwen-VL text models take the text positions for packed sequences.
     """
 
     mask_first_label: bool = True
@@ -122,6 +162,11 @@ class PackOptions:
     allow_empty: bool = False
     token_fields: tuple[str, ...] = ()
     backend: str = "auto"
+    image_token_id: int | None = None
+    video_token_id: int | None = None
+    spatial_merge_size: int = 2
+    tokens_per_second: float | None = None
+    mrope_text_row: bool = False
 
     def __post_init__(self) -> None:
         for name in ("mask_first_label", "allow_empty"):
@@ -169,6 +214,26 @@ class PackOptions:
         object.__setattr__(self, "token_fields", token_fields)
         if self.backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
+        for name in ("image_token_id", "video_token_id"):
+            value = getattr(self, name)
+            if value is not None and not _is_int(value):
+                raise TypeError(f"{name} must be an int or None, got {value!r}")
+        if self.video_token_id is not None and self.image_token_id is None:
+            raise ValueError("video_token_id needs image_token_id (mRoPE numbers images and videos together)")
+        if not _is_int(self.spatial_merge_size) or self.spatial_merge_size < 1:
+            raise ValueError(f"spatial_merge_size must be a positive int, got {self.spatial_merge_size!r}")
+        tps = self.tokens_per_second
+        if tps is not None and (
+            isinstance(tps, bool) or not isinstance(tps, numbers.Real) or not tps > 0
+        ):
+            raise ValueError(f"tokens_per_second must be a positive number or None, got {tps!r}")
+        if not isinstance(self.mrope_text_row, bool):
+            raise TypeError(f"mrope_text_row must be a bool, got {self.mrope_text_row!r}")
+
+    @property
+    def mrope(self) -> bool:
+        """Whether batches get Qwen2-VL mRoPE ``position_ids`` (``image_token_id`` is set)."""
+        return self.image_token_id is not None
 
 
 _DEFAULT_OPTIONS = PackOptions()
@@ -641,6 +706,8 @@ def _add_extra_fields(
     for name in opts.token_fields:
         fields[name] = _pack_token_field(samples, name, lens, padded)
     packers: dict[Callable[..., None], None] = {}
+    if opts.mrope:
+        packers[_resolve_packer(_MROPE_PACKER)] = None
     for key in keys:
         if key in opts.token_fields:
             continue
@@ -685,7 +752,7 @@ def _pack_samples(samples: Sequence[Mapping[str, Any]], opts: PackOptions) -> Pa
         if all(y is None for y in labs):
             labs = None
     fields = pack_sequences(ids, labs, options=opts)
-    if opts.token_fields or sum(map(len, samples)) != num_keys:
+    if opts.token_fields or opts.mrope or sum(map(len, samples)) != num_keys:
         _add_extra_fields(samples, fields, opts)
     return PackedBatch._wrap(fields)
 
@@ -701,14 +768,64 @@ def pack_batch(samples: Sequence[Mapping[str, Any]], **options: Any) -> PackedBa
     Extra sample fields: names in ``token_fields`` are concatenated to ``(1, T)``; an ``attention_mask``
     without zeros is dropped (one with zeros raises, packing needs unpadded samples); a field that every
     sample holds as a number or 0-d tensor becomes a ``(B,)`` tensor; any other field becomes a list of
-    its B per-sample values (None where a sample lacks it); a field named like an output raises.
+    its B per-sample values (None where a sample lacks it); a field named like an output raises. Vision
+    fields (``pixel_values``, ``image_grid_thw``, videos) are packed as the module docstring says, with
+    mRoPE ``position_ids`` when ``image_token_id`` is set.
 
     Errors (ValueError/TypeError naming the sample): empty batch, a sample that is not a mapping or has
     no ``input_ids``, input_ids or labels that are not 1-D or not integers, labels of another length, an
-    empty sample (unless ``allow_empty=True``: a zero-length segment), more than 2**31 - 1 tokens.
+    empty sample (unless ``allow_empty=True``: a zero-length segment), more than 2**31 - 1 tokens; for
+    vision: pixels of mixed layouts or dtypes, grids that do not cover the pixels, placeholder runs that
+    do not match their grid (mRoPE), a ``video_grid_thw`` without ``video_token_id``.
     """
     opts = _DEFAULT_OPTIONS if not options else PackOptions(**options)
     return _pack_samples(samples, opts)
+
+
+_VISION_KEYS = ("num_images", "num_videos", "second_per_grid_ts")
+
+
+def unpack_batch(batch: Mapping[str, Any], num_samples: int | None = None) -> list[dict[str, Any]]:
+    """Split a packed batch back into its samples: the inverse of :func:`pack_batch`.
+
+    batch: a :class:`PackedBatch` (or its dict) from :func:`pack_batch`.
+    num_samples: ``B``; needed only when the batch has no ``num_images``/``num_videos`` field (then it
+        cannot tell a trailing padding segment from a sample).
+
+    Returns B dicts of views into the packed tensors: ``input_ids`` ``(n_i,)``, ``labels`` ``(n_i,)`` (as
+    packed: the first is ``ignore_index`` when ``mask_first_label``), ``position_ids`` ``(1, n_i)`` or, with
+    mRoPE, ``(3, 1, n_i)`` / ``(4, 1, n_i)`` (what packing the sample alone gives), ``text_position_ids``
+    ``(1, n_i)`` when present, and the sample's vision fields (``pixel_values``, ``image_grid_thw``,
+    ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``; absent for a text-only sample).
+    Other fields (token fields, per-sample values) are not split.
+    """
+    if num_samples is None:
+        for key in ("num_images", "num_videos"):
+            if key in batch:
+                num_samples = int(batch[key].shape[0])
+                break
+        else:
+            raise ValueError("num_samples is needed to unpack a batch without num_images/num_videos")
+    if not _is_int(num_samples) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    cu = batch["cu_seqlens"].tolist()
+    if num_samples >= len(cu):
+        raise ValueError(f"num_samples={num_samples} but the batch has {len(cu) - 1} segments")
+    ids, labels, positions = batch["input_ids"], batch["labels"], batch["position_ids"]
+    text_positions = batch.get("text_position_ids")
+    out: list[dict[str, Any]] = []
+    for i in range(num_samples):
+        a, b = cu[i], cu[i + 1]
+        sample = {"input_ids": ids[0, a:b], "labels": labels[0, a:b], "position_ids": positions[..., a:b]}
+        if text_positions is not None:
+            sample["text_position_ids"] = text_positions[:, a:b]
+        out.append(sample)
+    if any(key in batch for key in _VISION_KEYS):
+        from .vision import _unpack_batch_vision
+
+        for sample, vision in zip(out, _unpack_batch_vision(batch, num_samples)):
+            sample.update(vision)
+    return out
 
 
 class PackCollator:

@@ -909,7 +909,8 @@ def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, vid
 # --------------------------------------------------------------------------------------------- multimodal fields
 
 
-def _pixel_layout(samples: Sequence[Mapping[str, Any]]) -> tuple[list[int], str | None]:
+def _pixel_layout(samples: Sequence[Mapping[str, Any]], pixel_key: str = "pixel_values",
+                  grid_key: str = "image_grid_thw") -> tuple[list[int], str | None]:
     """Indices of samples with pixels and the common layout: ``"tiles"`` (n, C, H, W) or ``"patches"`` (n, D)."""
     import torch
 
@@ -920,32 +921,34 @@ def _pixel_layout(samples: Sequence[Mapping[str, Any]]) -> tuple[list[int], str 
     for i, s in enumerate(samples):
         if not isinstance(s, Mapping):
             raise TypeError(f"sample {i}: expected a mapping, got {type(s).__name__}")
-        pv = s.get("pixel_values")
+        pv = s.get(pixel_key)
         if pv is None:
-            if s.get("image_grid_thw") is not None and len(s["image_grid_thw"]) > 0:
-                raise ValueError(f"sample {i}: image_grid_thw without pixel_values")
+            if s.get(grid_key) is not None and len(s[grid_key]) > 0:
+                raise ValueError(f"sample {i}: {grid_key} without {pixel_key}")
             continue
         if not isinstance(pv, torch.Tensor):
-            raise TypeError(f"sample {i}: pixel_values must be a torch tensor, got {type(pv).__name__}")
+            raise TypeError(f"sample {i}: {pixel_key} must be a torch tensor, got {type(pv).__name__}")
         if pv.dim() == 4:
             this = "tiles"
         elif pv.dim() == 2:
             this = "patches"
         else:
-            raise ValueError(f"sample {i}: pixel_values must be (n, C, H, W) tiles or (n_patches, D) patches, "
+            raise ValueError(f"sample {i}: {pixel_key} must be (n, C, H, W) tiles or (n_patches, D) patches, "
                              f"got shape {tuple(pv.shape)}")
         if layout is None:
             layout, ref_shape, ref_dtype = this, tuple(pv.shape[1:]), pv.dtype
         elif this != layout or tuple(pv.shape[1:]) != ref_shape:
-            raise ValueError(f"sample {i}: pixel_values shape {tuple(pv.shape)} does not match the batch's "
+            raise ValueError(f"sample {i}: {pixel_key} shape {tuple(pv.shape)} does not match the batch's "
                              f"(n, {', '.join(map(str, ref_shape))})")
         elif pv.dtype != ref_dtype:
-            raise ValueError(f"sample {i}: pixel_values dtype {pv.dtype} differs from the batch's {ref_dtype}")
+            raise ValueError(f"sample {i}: {pixel_key} dtype {pv.dtype} differs from the batch's {ref_dtype}")
         with_pixels.append(i)
     return with_pixels, layout
 
 
-def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_size: int | None = None) -> dict:
+def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_size: int | None = None,
+                       shared: bool = False, pixel_key: str = "pixel_values",
+                       grid_key: str = "image_grid_thw") -> dict:
     """Concatenate the vision fields of a batch of samples (the multimodal half of packing).
 
     A sample may carry ``pixel_values`` as InternVL-style tiles ``(n, C, H, W)`` (each tile one ViT sequence)
@@ -962,6 +965,11 @@ def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_si
         each image (tile); ``num_images`` int32 ``(B,)``: images (tiles) per sample; and ``image_grid_thw``
         int64 ``(I, 3)`` when the samples give grids.
 
+    ``spatial_merge_size``: check that grid heights and widths are multiples of it. ``shared``: allocate
+    ``pixel_values`` in shared memory (inside DataLoader workers, so handing it over copies nothing).
+    ``pixel_key``/``grid_key``: read these sample keys instead (``"pixel_values_videos"``/``"video_grid_thw"``
+    for videos); the output keys stay the same.
+
     Raises:
         ValueError/TypeError: mixed layouts or dtypes, grids that do not cover the patches, naming the sample.
     """
@@ -969,7 +977,7 @@ def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_si
 
     if len(samples) == 0:
         raise ValueError("empty batch: no samples")
-    with_pixels, layout = _pixel_layout(samples)
+    with_pixels, layout = _pixel_layout(samples, pixel_key, grid_key)
     if layout is None:
         return {}
     b = len(samples)
@@ -979,12 +987,12 @@ def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_si
     grids: list[np.ndarray] = []
     has_grid: bool | None = None
     for i in with_pixels:
-        pv = samples[i]["pixel_values"]
+        pv = samples[i][pixel_key]
         n = int(pv.shape[0])
-        grid = samples[i].get("image_grid_thw")
+        grid = samples[i].get(grid_key)
         if layout == "tiles":
             if grid is not None:
-                raise ValueError(f"sample {i}: image_grid_thw given with (n, C, H, W) tiles")
+                raise ValueError(f"sample {i}: {grid_key} given with (n, C, H, W) tiles")
             num_images[i] = n
             image_rows.append(np.ones(n, dtype=np.int64))
             segment_rows.append(np.ones(n, dtype=np.int64))
@@ -993,18 +1001,18 @@ def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_si
         if has_grid is None:
             has_grid = this_has
         elif has_grid != this_has:
-            raise ValueError(f"sample {i}: image_grid_thw must be given for all image samples or none")
+            raise ValueError(f"sample {i}: {grid_key} must be given for all samples with {pixel_key} or none")
         if not this_has:
             num_images[i] = 1
             image_rows.append(np.array([n], dtype=np.int64))
             segment_rows.append(np.array([n], dtype=np.int64))
             continue
-        rows = _grid_rows(grid, f"sample {i}: image_grid_thw")
+        rows = _grid_rows(grid, f"sample {i}: {grid_key}")
         if spatial_merge_size is not None and ((rows[:, 1:] % spatial_merge_size) != 0).any():
-            raise ValueError(f"sample {i}: image_grid_thw h/w must be multiples of {spatial_merge_size}")
+            raise ValueError(f"sample {i}: {grid_key} h/w must be multiples of {spatial_merge_size}")
         per_image = rows[:, 0] * rows[:, 1] * rows[:, 2]
         if int(per_image.sum()) != n:
-            raise ValueError(f"sample {i}: image_grid_thw covers {int(per_image.sum())} patches but pixel_values "
+            raise ValueError(f"sample {i}: {grid_key} covers {int(per_image.sum())} patches but {pixel_key} "
                              f"has {n}")
         num_images[i] = rows.shape[0]
         image_rows.append(per_image)
@@ -1015,8 +1023,15 @@ def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_si
     np.cumsum(seg, out=cu[1:])
     if cu[-1] >= 2**31:
         raise ValueError(f"{int(cu[-1])} pixel rows overflow int32 vit_cu_seqlens")
+    parts = [samples[i][pixel_key] for i in with_pixels]
+    if shared:
+        rows_total = sum(int(p.shape[0]) for p in parts)
+        pixels = _shared_empty((rows_total, *parts[0].shape[1:]), parts[0].dtype)
+        torch.cat(parts, dim=0, out=pixels)
+    else:
+        pixels = torch.cat(parts, dim=0)
     out = {
-        "pixel_values": torch.cat([samples[i]["pixel_values"] for i in with_pixels], dim=0),
+        "pixel_values": pixels,
         "vit_cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
         "vit_max_seqlen": int(seg.max()) if seg.size else 0,
         "image_to_sample": torch.from_numpy(np.repeat(np.arange(b, dtype=np.int32), num_images)),
@@ -1057,6 +1072,137 @@ def unpack_vision_fields(fields: Mapping[str, Any], batch_size: int | None = Non
         if grid is not None:
             d["image_grid_thw"] = grid[a:b]
         out.append(d)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- pack_batch hook
+
+# Sample keys the hook consumes (omnibal_kernels.packing._FIELD_PACKERS sends them here) and the keys it adds.
+_VIDEO_RENAME = {
+    "pixel_values": "pixel_values_videos",
+    "image_grid_thw": "video_grid_thw",
+    "vit_cu_seqlens": "video_vit_cu_seqlens",
+    "vit_max_seqlen": "video_vit_max_seqlen",
+    "image_to_sample": "video_to_sample",
+    "num_images": "num_videos",
+}
+_PRODUCED = frozenset(
+    ("vit_cu_seqlens", "vit_max_seqlen", "image_to_sample", "num_images", "text_position_ids",
+     *(v for k, v in _VIDEO_RENAME.items() if k not in ("pixel_values", "image_grid_thw")))
+)
+
+
+def _shared_empty(shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialized contiguous tensor in shared memory (what DataLoader workers hand over without a copy)."""
+    import torch
+
+    numel = int(np.prod(shape, dtype=np.int64))
+    storage = torch.UntypedStorage._new_shared(max(numel, 1) * torch.empty(0, dtype=dtype).element_size())
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
+def _sample_seconds(samples: Sequence[Mapping[str, Any]], video_rows: list[np.ndarray]) -> list[np.ndarray]:
+    """Per sample ``(V_b,)`` float64 ``second_per_grid_ts``; 1.0 for videos of samples without the field."""
+    out = []
+    for i, (s, rows) in enumerate(zip(samples, video_rows)):
+        value = s.get("second_per_grid_ts")
+        if value is None:
+            out.append(np.ones(rows.shape[0], dtype=np.float64))
+            continue
+        arr = np.asarray(value.detach().cpu() if _is_torch(value) else value, dtype=np.float64).reshape(-1)
+        if arr.shape[0] != rows.shape[0]:
+            raise ValueError(f"sample {i}: second_per_grid_ts has {arr.shape[0]} entries for {rows.shape[0]} "
+                             "videos (video_grid_thw rows)")
+        out.append(arr)
+    return out
+
+
+def _pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, options: Any) -> None:
+    """``pack_batch``'s multimodal packer: adds the vision fields and, when ``options.mrope``, mRoPE positions.
+
+    Called by :func:`omnibal_kernels.packing.pack_batch` after the text fields are built (``fields`` holds
+    them); see :class:`omnibal_kernels.packing.PackOptions` for the options and :func:`pack_vision_fields`
+    for the fields.
+    """
+    import warnings
+
+    import torch
+
+    for key in _PRODUCED:
+        for i, s in enumerate(samples):
+            if key in s:
+                raise ValueError(f"sample {i} has a {key!r} field, which pack_batch produces itself")
+    shared = torch.utils.data.get_worker_info() is not None
+    merge = options.spatial_merge_size if options.mrope else None
+    images = pack_vision_fields(samples, spatial_merge_size=merge, shared=shared)
+    fields.update(images)
+    has_videos = any(s.get("pixel_values_videos") is not None or s.get("video_grid_thw") is not None
+                     for s in samples)
+    if has_videos:
+        videos = pack_vision_fields(samples, spatial_merge_size=merge, shared=shared,
+                                    pixel_key="pixel_values_videos", grid_key="video_grid_thw")
+        fields.update({_VIDEO_RENAME[k]: v for k, v in videos.items()})
+    video_rows = [_grid_rows(s.get("video_grid_thw"), f"sample {i}: video_grid_thw") for i, s in enumerate(samples)]
+    if any("second_per_grid_ts" in s for s in samples):
+        seconds = _sample_seconds(samples, video_rows)
+        fields["second_per_grid_ts"] = torch.from_numpy(np.concatenate(seconds).astype(np.float32))
+    if not options.mrope:
+        if "image_grid_thw" in fields or "video_grid_thw" in fields:
+            warnings.warn("samples carry image_grid_thw/video_grid_thw but image_token_id is not set: "
+                          "position_ids stay 1-D text positions, not Qwen2-VL mRoPE (pass image_token_id)",
+                          stacklevel=5)
+        return
+
+    num_samples = len(samples)
+    lens = fields["seq_lens"][:num_samples].tolist()
+    total = sum(lens)
+    text_pos = fields["position_ids"]  # (1, T), restarting per segment, padding included
+    ids = fields["input_ids"][0, :total].split(lens)
+    image_rows = [_grid_rows(s.get("image_grid_thw"), f"sample {i}: image_grid_thw") for i, s in enumerate(samples)]
+    if options.video_token_id is None:
+        for i, rows in enumerate(video_rows):
+            if rows.shape[0]:
+                raise ValueError(f"sample {i}: has video_grid_thw but video_token_id is not set")
+    seconds = None
+    if options.tokens_per_second is not None and any(rows.shape[0] for rows in video_rows):
+        seconds = np.concatenate(_sample_seconds(samples, video_rows))
+    mrope = mrope_position_ids(
+        ids, image_rows, video_rows if options.video_token_id is not None else None,
+        image_token_id=options.image_token_id, video_token_id=options.video_token_id,
+        spatial_merge_size=options.spatial_merge_size, second_per_grid_ts=seconds,
+        tokens_per_second=options.tokens_per_second if seconds is not None else None,
+    )
+    rows = 4 if options.mrope_text_row else 3
+    padded = text_pos.shape[1]
+    position_ids = torch.empty((rows, 1, padded), dtype=torch.int64)
+    position_ids[rows - 3:, 0, :total] = mrope.position_ids[:, 0]
+    position_ids[rows - 3:, 0, total:] = text_pos[0, total:]  # padding: positions of its own segment
+    if rows == 4:
+        position_ids[0] = text_pos
+    fields["position_ids"] = position_ids
+    fields["text_position_ids"] = text_pos
+
+
+def _unpack_batch_vision(batch: Mapping[str, Any], num_samples: int) -> list[dict]:
+    """Per-sample vision fields of a packed batch (images, videos, ``second_per_grid_ts``); see ``unpack_batch``."""
+    out: list[dict] = [{} for _ in range(num_samples)]
+    if "num_images" in batch:
+        images = {k: batch[k] for k in ("pixel_values", "num_images", "image_grid_thw", "vit_cu_seqlens")
+                  if k in batch}
+        for d, u in zip(out, unpack_vision_fields(images)):
+            d.update(u)
+    if "num_videos" in batch:
+        videos = {k: batch[v] for k, v in _VIDEO_RENAME.items()
+                  if k in ("pixel_values", "num_images", "image_grid_thw", "vit_cu_seqlens") and v in batch}
+        for d, u in zip(out, unpack_vision_fields(videos)):
+            d.update({_VIDEO_RENAME[k]: v for k, v in u.items()})
+    if "second_per_grid_ts" in batch:
+        counts = [0 if "video_grid_thw" not in d else int(d["video_grid_thw"].shape[0]) for d in out]
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        seconds = batch["second_per_grid_ts"]
+        for i, d in enumerate(out):
+            if counts[i]:
+                d["second_per_grid_ts"] = seconds[int(bounds[i]):int(bounds[i + 1])]
     return out
 
 
