@@ -37,20 +37,17 @@ Loads as_loads(const IntArray& vit, const IntArray& llm) {
   return Loads{vit.data(), llm.data()};
 }
 
-// The sample ids to pack; None means every sample, in order.
-std::vector<int64_t> as_items(const py::object& items_obj, py::ssize_t num_samples) {
-  if (items_obj.is_none()) {
-    std::vector<int64_t> all(static_cast<size_t>(num_samples));
-    for (py::ssize_t i = 0; i < num_samples; ++i) all[static_cast<size_t>(i)] = i;
-    return all;
+// The sample ids to pack, checked in place; None means every sample, in order (no index array).
+// `keep` holds the converted array alive while the ItemSet points into it.
+omnibal::ItemSet as_items(const py::object& items_obj, py::ssize_t num_samples, IntArray& keep) {
+  if (items_obj.is_none()) return omnibal::ItemSet{nullptr, static_cast<int64_t>(num_samples)};
+  keep = items_obj.cast<IntArray>();
+  if (keep.ndim() != 1) throw std::invalid_argument("items must be a 1-D array");
+  const int64_t* ids = keep.data();
+  for (py::ssize_t k = 0; k < keep.shape(0); ++k) {
+    if (ids[k] < 0 || ids[k] >= num_samples) throw std::out_of_range("item id out of range: " + std::to_string(ids[k]));
   }
-  const IntArray items = items_obj.cast<IntArray>();
-  if (items.ndim() != 1) throw std::invalid_argument("items must be a 1-D array");
-  std::vector<int64_t> out(items.data(), items.data() + items.shape(0));
-  for (const int64_t id : out) {
-    if (id < 0 || id >= num_samples) throw std::out_of_range("item id out of range: " + std::to_string(id));
-  }
-  return out;
+  return omnibal::ItemSet{ids, static_cast<int64_t>(keep.shape(0))};
 }
 
 omnibal::CostModel as_cost(const std::vector<double>& terms) {
@@ -78,7 +75,8 @@ PYBIND11_MODULE(_C, m) {
       [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
          int64_t llm_capacity, uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
-        std::vector<int64_t> ids = as_items(items, vit.shape(0));
+        IntArray keep;
+        const omnibal::ItemSet ids = as_items(items, vit.shape(0), keep);
         Packs packs;
         {
           py::gil_scoped_release release;
@@ -94,7 +92,8 @@ PYBIND11_MODULE(_C, m) {
       [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
          int64_t llm_capacity, int64_t vit_threshold, int64_t llm_threshold, int iterations, uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
-        std::vector<int64_t> ids = as_items(items, vit.shape(0));
+        IntArray keep;
+        const omnibal::ItemSet ids = as_items(items, vit.shape(0), keep);
         Packs packs;
         {
           py::gil_scoped_release release;
@@ -112,7 +111,8 @@ PYBIND11_MODULE(_C, m) {
       [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
          int64_t llm_capacity, int rounds, uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
-        std::vector<int64_t> ids = as_items(items, vit.shape(0));
+        IntArray keep;
+        const omnibal::ItemSet ids = as_items(items, vit.shape(0), keep);
         Packs packs;
         {
           py::gil_scoped_release release;
@@ -165,7 +165,8 @@ PYBIND11_MODULE(_C, m) {
          int64_t llm_capacity, std::vector<double> cost_terms, int rounds, int64_t world_size, bool drop_last,
          uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
-        std::vector<int64_t> ids = as_items(items, vit.shape(0));
+        IntArray keep;
+        const omnibal::ItemSet ids = as_items(items, vit.shape(0), keep);
         const omnibal::CostModel cost = as_cost(cost_terms);
         if (world_size < 1) throw std::invalid_argument("world_size must be >= 1");
         omnibal::BalancedPlan plan;

@@ -35,12 +35,15 @@ struct Item {
   int32_t llm;
 };
 
-std::vector<Item> gather(const Loads& loads, const std::vector<int64_t>& items) {
-  std::vector<Item> out(items.size());
-  for (size_t k = 0; k < items.size(); ++k) {
-    const int64_t id = items[k];
-    out[k] = Item{id, static_cast<int32_t>(loads.vit[id]), static_cast<int32_t>(loads.llm[id])};
-  }
+Item item_of(const Loads& loads, int64_t id) {
+  return Item{id, static_cast<int32_t>(loads.vit[id]), static_cast<int32_t>(loads.llm[id])};
+}
+
+// The items in uniformly random order, gathered while shuffling (one pass over the loads).
+std::vector<Item> shuffled_items(const Loads& loads, ItemSet items, Rng& rng) {
+  std::vector<Item> out;
+  shuffle_from(static_cast<size_t>(items.count), [&](size_t k) { return item_of(loads, items.id(static_cast<int64_t>(k))); },
+               rng, out);
   return out;
 }
 
@@ -181,32 +184,32 @@ BestFitPass best_fit_pass(const Item* order, size_t count, bool vit_binds, Capac
   return res;
 }
 
-bool vit_is_binding(const std::vector<Item>& items, Capacity cap) {
-  double vit_total = 0.0, llm_total = 0.0;
-  for (const Item& it : items) {
-    vit_total += it.vit;
-    llm_total += it.llm;
-  }
-  return cap.vit > 0 &&
-         vit_total * static_cast<double>(cap.llm) >= llm_total * static_cast<double>(cap.vit);
-}
-
-Packs best_fit_rounds(std::vector<Item> pool, Capacity cap, int rounds, uint64_t seed, const CostModel* cost,
-                      PackStats* stats) {
+Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed,
+                      const CostModel* cost, PackStats* stats) {
   Packs packs;
-  packs.samples.reserve(pool.size());
-  if (pool.empty()) return packs;
-  const bool vit_binds = vit_is_binding(pool, cap);
+  packs.samples.reserve(static_cast<size_t>(items.count));
+  if (items.count == 0 || rounds < 1) return packs;
+  double vit_total = 0.0, llm_total = 0.0;
   int64_t min_vit = INT64_MAX, min_llm = INT64_MAX;
-  for (const Item& it : pool) {
-    min_vit = std::min<int64_t>(min_vit, it.vit);
-    min_llm = std::min<int64_t>(min_llm, it.llm);
+  for (int64_t k = 0; k < items.count; ++k) {
+    const int64_t id = items.id(k);
+    vit_total += static_cast<double>(loads.vit[id]);
+    llm_total += static_cast<double>(loads.llm[id]);
+    min_vit = std::min(min_vit, loads.vit[id]);
+    min_llm = std::min(min_llm, loads.llm[id]);
   }
-  std::vector<Item> scratch;  // shuffle and grouping buffer, reused by every round
+  // The binding dimension is the one whose total needs more packs.
+  const bool vit_binds = cap.vit > 0 && vit_total * static_cast<double>(cap.llm) >=
+                                            llm_total * static_cast<double>(cap.vit);
+  std::vector<Item> pool, scratch;  // scratch: shuffle and grouping buffer, reused by every round
   std::vector<int64_t> start, fill;
-  for (int r = 0; r < rounds && !pool.empty(); ++r) {
+  for (int r = 0; r < rounds && (r == 0 || !pool.empty()); ++r) {
     Rng rng(derive_seed(seed, kStreamBestFit, static_cast<uint64_t>(r)));
-    shuffle(pool, rng, scratch);
+    if (r == 0) {
+      pool = shuffled_items(loads, items, rng);
+    } else {
+      shuffle(pool, rng, scratch);
+    }
     // The shuffled pool is cut into chunks packed independently: each chunk is a uniformly random subset,
     // small enough that packing and grouping it stay in cache; packs left open go back to the pool anyway.
     size_t pooled = 0;
@@ -371,10 +374,9 @@ Assignment assign_from_stats(const PackStats& stats, int64_t world_size, bool dr
 
 }  // namespace
 
-Packs random_next_fit(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, uint64_t seed) {
-  std::vector<Item> order = gather(loads, items);
+Packs random_next_fit(const Loads& loads, ItemSet items, Capacity cap, uint64_t seed) {
   Rng rng(derive_seed(seed, kStreamNextFit));
-  shuffle(order, rng);
+  const std::vector<Item> order = shuffled_items(loads, items, rng);
   const std::vector<int64_t> offsets = next_fit_offsets(order, cap);
   Packs packs;
   packs.samples.reserve(order.size());
@@ -382,14 +384,14 @@ Packs random_next_fit(const Loads& loads, const std::vector<int64_t>& items, Cap
   return packs;
 }
 
-Packs isf(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, int64_t vit_threshold,
+Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold,
           int64_t llm_threshold, int iterations, uint64_t seed) {
   Packs out;
-  out.samples.reserve(items.size());
-  std::vector<Item> round = gather(loads, items), pool;
+  out.samples.reserve(static_cast<size_t>(items.count));
+  std::vector<Item> round, pool;
   {
     Rng rng(derive_seed(seed, kStreamIsfRound, 0));
-    shuffle(round, rng);
+    round = shuffled_items(loads, items, rng);
   }
   std::vector<int64_t> offsets = next_fit_offsets(round, cap);
   for (int r = 1; r < iterations; ++r) {
@@ -419,9 +421,9 @@ Packs isf(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, i
   return out;
 }
 
-Packs best_fit_packs(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, int rounds,
+Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds,
                      uint64_t seed) {
-  return best_fit_rounds(gather(loads, items), cap, rounds, seed, nullptr, nullptr);
+  return best_fit_rounds(loads, items, cap, rounds, seed, nullptr, nullptr);
 }
 
 Assignment assign_random(int64_t num_packs, int64_t world_size, bool drop_last, uint64_t seed) {
@@ -458,12 +460,12 @@ Assignment assign_balanced(const Packs& packs, const Loads& loads, const CostMod
   return assign_from_stats(stats, world_size, drop_last, seed);
 }
 
-BalancedPlan plan_balanced(const Loads& loads, const std::vector<int64_t>& items, Capacity cap,
+BalancedPlan plan_balanced(const Loads& loads, ItemSet items, Capacity cap,
                            const CostModel& cost, int rounds, int64_t world_size, bool drop_last,
                            uint64_t seed) {
   BalancedPlan plan;
   PackStats stats;
-  plan.packs = best_fit_rounds(gather(loads, items), cap, rounds, seed, &cost, &stats);
+  plan.packs = best_fit_rounds(loads, items, cap, rounds, seed, &cost, &stats);
   plan.assignment = assign_from_stats(stats, world_size, drop_last, seed);
   return plan;
 }

@@ -17,6 +17,14 @@ struct Loads {
   const int64_t* llm;
 };
 
+// The samples to group: ids[0:count], or 0 .. count - 1 when ids is null (a whole dataset, no index array).
+struct ItemSet {
+  const int64_t* ids;
+  int64_t count;
+
+  int64_t id(int64_t k) const { return ids != nullptr ? ids[k] : k; }
+};
+
 struct Capacity {
   int64_t vit;
   int64_t llm;
@@ -53,13 +61,13 @@ struct Assignment {
 };
 
 // Plain random next-fit: shuffle, then close the open pack whenever the next sample does not fit.
-Packs random_next_fit(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, uint64_t seed);
+Packs random_next_fit(const Loads& loads, ItemSet items, Capacity cap, uint64_t seed);
 
 // The OmniBal paper's Iterative Sampling and Filtering. Round 0 packs all items by random next-fit; each of
 // the following rounds keeps the packs whose ViT sum reaches vit_threshold or whose LLM sum reaches
 // llm_threshold, pools the samples of the others and packs the pool again by random next-fit with a fresh
 // seed; after `iterations` rounds in all, the last packing of the pool is kept whole.
-Packs isf(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, int64_t vit_threshold,
+Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold,
           int64_t llm_threshold, int iterations, uint64_t seed);
 
 // Randomized two-dimensional best fit, in rounds: each round places the pooled samples in a fresh random
@@ -67,7 +75,7 @@ Packs isf(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, i
 // over capacity is larger) that still fits it in both; packs with no room left for any sample are final,
 // the samples of the others are pooled for the next round; the last round keeps all its packs. A round's
 // shuffled pool is packed in chunks of 64k samples (random subsets that stay in cache).
-Packs best_fit_packs(const Loads& loads, const std::vector<int64_t>& items, Capacity cap, int rounds,
+Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds,
                      uint64_t seed);
 
 // Packs to slots in random order (what a random sampler over packs does).
@@ -86,7 +94,7 @@ struct BalancedPlan {
   Packs packs;
   Assignment assignment;
 };
-BalancedPlan plan_balanced(const Loads& loads, const std::vector<int64_t>& items, Capacity cap,
+BalancedPlan plan_balanced(const Loads& loads, ItemSet items, Capacity cap,
                            const CostModel& cost, int rounds, int64_t world_size, bool drop_last,
                            uint64_t seed);
 

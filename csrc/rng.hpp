@@ -93,16 +93,18 @@ void fisher_yates(T* a, size_t n, Rng& rng) {
   }
 }
 
-// Uniform random permutation of v. Large inputs use Rao's two-pass method: every element goes to a
-// uniformly random bin (a sequential scatter), then each bin, small enough to stay in cache, gets a
-// Fisher-Yates shuffle. The result is uniform like a plain Fisher-Yates, and on a million elements several
-// times faster, since a plain shuffle misses the cache on almost every swap. `scratch` is reused memory.
-template <typename T>
-void shuffle(std::vector<T>& v, Rng& rng, std::vector<T>& scratch) {
-  const size_t n = v.size();
+// Writes a uniform random permutation of source(0), ..., source(n - 1) into `out`. Large inputs use Rao's
+// two-pass method: every element goes to a uniformly random bin (a sequential scatter), then each bin,
+// small enough to stay in cache, gets a Fisher-Yates shuffle. The result is uniform like a plain
+// Fisher-Yates, and on a million elements several times faster, since a plain shuffle misses the cache on
+// almost every swap.
+template <typename T, typename Source>
+void shuffle_from(size_t n, Source source, Rng& rng, std::vector<T>& out) {
+  out.resize(n);
   constexpr size_t kBinElements = 4096;  // elements per bin on average: fits L1/L2 while shuffled
   if (n <= 8 * kBinElements) {
-    fisher_yates(v.data(), n, rng);
+    for (size_t i = 0; i < n; ++i) out[i] = source(i);
+    fisher_yates(out.data(), n, rng);
     return;
   }
   int bits = 1;
@@ -120,11 +122,16 @@ void shuffle(std::vector<T>& v, Rng& rng, std::vector<T>& scratch) {
   std::vector<size_t> start(num_bins + 1, 0);
   for_each_bin(rng, [&](size_t, size_t b) { ++start[b + 1]; });
   for (size_t b = 0; b < num_bins; ++b) start[b + 1] += start[b];
-  scratch.resize(n);
   std::vector<size_t> fill(start.begin(), start.end() - 1);
   Rng again = replay;
-  for_each_bin(again, [&](size_t i, size_t b) { scratch[fill[b]++] = v[i]; });
-  for (size_t b = 0; b < num_bins; ++b) fisher_yates(scratch.data() + start[b], start[b + 1] - start[b], rng);
+  for_each_bin(again, [&](size_t i, size_t b) { out[fill[b]++] = source(i); });
+  for (size_t b = 0; b < num_bins; ++b) fisher_yates(out.data() + start[b], start[b + 1] - start[b], rng);
+}
+
+// Shuffles v in place (uniformly); `scratch` is reused memory.
+template <typename T>
+void shuffle(std::vector<T>& v, Rng& rng, std::vector<T>& scratch) {
+  shuffle_from(v.size(), [&](size_t i) { return v[i]; }, rng, scratch);
   v.swap(scratch);
 }
 
