@@ -45,6 +45,9 @@ _EXPORTS: dict[str, str] = {
     "pack_batch": "packing",
     "PackCollator": "packing",
     "PackedBatch": "packing",
+    # sampler
+    "BalancedBatchSampler": "sampler",
+    "SamplerReport": "sampler",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
