@@ -48,6 +48,9 @@ _EXPORTS: dict[str, str] = {
     # sampler
     "BalancedBatchSampler": "sampler",
     "SamplerReport": "sampler",
+    "BalancedPacker": "streaming",
+    "StreamingReport": "streaming",
+    "streaming_report": "streaming",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
