@@ -54,6 +54,14 @@ def test_one_group_is_plan_packs_columns(real):
     assert len(s) == plan.num_steps
 
 
+def test_accumulation_takes_consecutive_virtual_ranks(real):
+    s = BalancedBatchSampler(real, world_size=3, rank=1, micro_steps_per_step=2, seed=2)
+    qv, qt = s.capacities[0]
+    plan = plan_packs(real, world_size=6, vit_capacity=qv, llm_capacity=qt, seed=2)
+    expected = [plan.pack(int(plan.step_packs[step, 2 + j])).tolist() for step in range(plan.num_steps) for j in (0, 1)]
+    assert list(s) == expected
+
+
 def test_len_is_exact_and_batches_are_int_lists(real):
     s = BalancedBatchSampler(real, world_size=3, rank=0, micro_steps_per_step=2)
     batches = list(s)
