@@ -46,6 +46,12 @@ _EXPORTS: dict[str, str] = {
     "PackCollator": "packing",
     "PackedBatch": "packing",
     "unpack_batch": "packing",
+    # sampler
+    "BalancedBatchSampler": "sampler",
+    "SamplerReport": "sampler",
+    "BalancedPacker": "streaming",
+    "StreamingReport": "streaming",
+    "streaming_report": "streaming",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

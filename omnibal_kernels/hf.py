@@ -1,0 +1,99 @@
+"""Hugging Face ``Trainer`` integration: balanced packs as the training DataLoader.
+
+Recipe::
+
+    from transformers import Trainer
+    from omnibal_kernels import PackCollator
+    from omnibal_kernels.hf import BalancedTrainerMixin
+
+    class BalancedTrainer(BalancedTrainerMixin, Trainer):
+        pass
+
+    trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset, data_collator=PackCollator(),
+                              train_lengths=lengths, sampler_options={"target_batch_size": 4})
+    trainer.train()
+
+The model receives packed batches (``input_ids (1, T)``, ``position_ids``, ``cu_seqlens``/``cu_seq_lens_q``,
+``max_seqlen``/``max_length_q``, ...): use a model whose attention reads them (flash-attention varlen, or
+:func:`omnibal_kernels.varlen_attention`). ``per_device_train_batch_size`` is ignored (a pack is one batch);
+``gradient_accumulation_steps`` becomes ``micro_steps_per_step``, so each optimizer step is balanced; world
+size, rank and seed come from the ``TrainingArguments``. The DataLoader is not passed through
+``accelerator.prepare`` (that would shard the already per-rank batches again); the Trainer moves batches to
+the device itself, and its ``set_epoch`` call reaches the sampler. Resuming from a checkpoint skips the
+consumed micro-steps of the same deterministic plan, so it continues exactly.
+
+Nothing here imports ``transformers``; the module is importable without it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch.utils.data
+
+from .sampler import BalancedBatchSampler
+
+__all__ = ["BalancedTrainerMixin", "balanced_train_dataloader"]
+
+
+class _EpochDataLoader(torch.utils.data.DataLoader):
+    """A DataLoader whose ``set_epoch`` re-plans its :class:`BalancedBatchSampler`."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+
+def balanced_train_dataloader(
+    trainer: Any, lengths: Any, *, collate_fn: Optional[Callable[..., Any]] = None, **sampler_options: Any
+) -> torch.utils.data.DataLoader:
+    """The training DataLoader of ``trainer`` (a ``transformers.Trainer``) over a :class:`BalancedBatchSampler`.
+
+    Args:
+        trainer: supplies ``train_dataset``, ``data_collator`` and ``args`` (``world_size``, ``process_index``,
+            ``gradient_accumulation_steps``, ``seed``, ``dataloader_num_workers``, ``dataloader_pin_memory``,
+            ``dataloader_persistent_workers``, ``dataloader_prefetch_factor``).
+        lengths: per-sample loads of ``train_dataset`` (see :class:`BalancedBatchSampler`).
+        collate_fn: default ``trainer.data_collator`` (pass ``data_collator=PackCollator()`` to the Trainer).
+        **sampler_options: more :class:`BalancedBatchSampler` options (``target_batch_size``, capacities,
+            ``groups``, ``method``, ...); they override the values taken from ``args``.
+
+    Returns:
+        A DataLoader yielding one packed batch per micro-step, with ``set_epoch``.
+    """
+    args = trainer.args
+    dataset = trainer.train_dataset
+    if dataset is None:
+        raise ValueError("the Trainer has no train_dataset")
+    options = {
+        "world_size": args.world_size,
+        "rank": args.process_index,
+        "micro_steps_per_step": args.gradient_accumulation_steps,
+        "seed": args.seed,
+        "dataset": dataset,
+    }
+    options.update(sampler_options)
+    sampler = BalancedBatchSampler(lengths, **options)
+    workers = args.dataloader_num_workers
+    extra: dict[str, Any] = {}
+    if workers > 0:
+        extra["persistent_workers"] = args.dataloader_persistent_workers
+        if args.dataloader_prefetch_factor is not None:
+            extra["prefetch_factor"] = args.dataloader_prefetch_factor
+    return _EpochDataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn or trainer.data_collator,
+                            num_workers=workers, pin_memory=args.dataloader_pin_memory, **extra)
+
+
+class BalancedTrainerMixin:
+    """Put before ``transformers.Trainer`` in the bases: ``class T(BalancedTrainerMixin, Trainer)``.
+
+    Extra constructor arguments: ``train_lengths`` (per-sample loads of ``train_dataset``, required) and
+    ``sampler_options`` (a dict of :class:`BalancedBatchSampler` options).
+    """
+
+    def __init__(self, *args: Any, train_lengths: Any, sampler_options: Optional[dict[str, Any]] = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.train_lengths = train_lengths
+        self.sampler_options = dict(sampler_options or {})
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        return balanced_train_dataloader(self, self.train_lengths, **self.sampler_options)

@@ -1,0 +1,265 @@
+"""Balanced packs from a stream of samples (webdataset / streaming style), with a bounded buffer.
+
+``BalancedPacker`` reads samples from a re-iterable source in a fixed order and cuts the stream into buffers
+of ``buffer_size`` samples. Each buffer, together with the samples left over from the previous one, is
+planned with :func:`omnibal_kernels.balance.plan_packs` for ``world_size`` ranks (``drop_last=True``): full
+steps are emitted, the samples of a ragged last step are carried into the next buffer (so fewer than
+``world_size`` packs are ever held back), and the final buffer is planned with the packer's own ``drop_last``.
+
+Sharding without duplicates: DataLoader worker ``w`` of ``num_workers`` owns the buffers ``w, w + num_workers,
+...`` and skips the samples of the others; every rank reads the same stream, plans the same buffers (the plan
+depends only on the buffer's loads, the options, ``seed``, the buffer index and the epoch) and keeps its own
+column of every step. So every sample lands in exactly one pack on one rank (ragged tail and oversize drops
+reported), and rank ``r``'s ``k``-th batch belongs to the same step as every other rank's ``k``-th batch, also
+behind a DataLoader that interleaves its workers. The price: each rank and worker reads the whole stream
+(cheap when samples are decoded lazily; ``lengths_fn`` should only look at metadata).
+
+:func:`streaming_report` replays the packer on known loads and returns its balance report next to the
+offline plan's of the same data.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+import torch.utils.data
+
+from .balance.cost import CostModel
+from .balance.plan import METHODS, OVERSIZE_POLICIES, Plan, _check_positive_int, epoch_seed, plan_packs
+from .balance.report import BalanceReport, balance_report
+from .lengths import Lengths
+from .sampler import default_world
+
+__all__ = ["BalancedPacker", "StreamingReport", "streaming_report"]
+
+
+@dataclass(frozen=True)
+class _StreamOptions:
+    vit_capacity: int
+    llm_capacity: int
+    buffer_size: int
+    world_size: int
+    method: str
+    seed: int
+    drop_last: bool
+    oversize: str
+    cost_model: Optional[CostModel]
+
+
+def _plan_stream(
+    items: Iterable[tuple[Any, int, int]], opts: _StreamOptions, epoch: int, worker: int, num_workers: int
+) -> Iterator[tuple[Plan, list[Any]]]:
+    """``(plan, payloads)`` for each buffer that worker ``worker`` owns: ``plan``'s sample ids index ``payloads``.
+
+    ``items``: ``(payload, vit, llm)`` in stream order. Plans hold whole steps only; what a plan drops with
+    ``drop_last`` (other than oversize samples) is carried into the worker's next buffer.
+    """
+    carried: list[tuple[Any, int, int]] = []
+    current: list[tuple[Any, int, int]] = []
+    buffer_index = -1
+
+    def flush(batch: list[tuple[Any, int, int]], index: int, final: bool):
+        if not batch:
+            return None, []
+        lengths = Lengths(np.array([b[1] for b in batch], np.int64), np.array([b[2] for b in batch], np.int64))
+        try:
+            plan = plan_packs(lengths, world_size=opts.world_size, method=opts.method,
+                              vit_capacity=opts.vit_capacity, llm_capacity=opts.llm_capacity,
+                              oversize=opts.oversize, drop_last=opts.drop_last if final else True,
+                              seed=epoch_seed(opts.seed, index), epoch=epoch, cost_model=opts.cost_model)
+        except ValueError as err:
+            if "pack(s) for" not in str(err):
+                raise
+            # fewer packs than ranks: wait for more samples, or (at the end, with drop_last) drop them
+            return None, ([] if final else batch)
+        if final:
+            return plan, []
+        carry_ids = np.setdiff1d(plan.dropped_samples, plan.oversize_samples)
+        return plan, [batch[i] for i in carry_ids.tolist()]
+
+    for position, item in enumerate(items):
+        index = position // opts.buffer_size
+        if index % num_workers != worker:
+            continue
+        if index != buffer_index and current:
+            batch = carried + current
+            plan, carried = flush(batch, buffer_index, final=False)
+            current = []
+            if plan is not None:
+                yield plan, [b[0] for b in batch]
+        buffer_index = index
+        current.append(item)
+    batch = carried + current
+    plan, _ = flush(batch, max(buffer_index, 0), final=True)
+    if plan is not None:
+        yield plan, [b[0] for b in batch]
+
+
+class BalancedPacker(torch.utils.data.IterableDataset):
+    """Yields this rank's packs (lists of samples) from a stream: ``DataLoader(packer, batch_size=None,
+    collate_fn=pack_batch)``.
+
+    Args:
+        source: a re-iterable of samples (list, webdataset pipeline, ...) giving the same order on every
+            rank and worker each time it is iterated; do not shard it per worker or rank yourself.
+        lengths_fn: ``sample -> (vit, llm)``, the sample's loads.
+        vit_capacity, llm_capacity: capacities of a pack (tiles/patches, tokens).
+        buffer_size: samples per buffer (memory bound: a worker holds at most one buffer plus fewer than
+            ``world_size`` packs carried over).
+        world_size, rank: default torch.distributed's when initialized, else 1 and 0.
+        method, oversize, cost_model: as :func:`plan_packs`.
+        seed: plans depend only on the buffers' loads, the options, ``seed``, the buffer index and the epoch.
+        drop_last: at the end of the stream, drop a ragged last step (reported by :func:`streaming_report`)
+            instead of reusing packs to fill it.
+
+    Yields:
+        One ``list`` of samples per micro-step, for this rank.
+    """
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        lengths_fn: Callable[[Any], tuple[int, int]],
+        *,
+        vit_capacity: int,
+        llm_capacity: int,
+        buffer_size: int = 4096,
+        world_size: Optional[int] = None,
+        rank: Optional[int] = None,
+        method: str = "balanced",
+        seed: int = 0,
+        drop_last: bool = False,
+        oversize: str = "error",
+        cost_model: Optional[CostModel] = None,
+    ) -> None:
+        if not callable(lengths_fn):
+            raise TypeError("lengths_fn must be a callable sample -> (vit, llm)")
+        if not hasattr(source, "__iter__"):
+            raise TypeError(f"source must be iterable, got {type(source).__name__}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if oversize not in OVERSIZE_POLICIES:
+            raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
+        self.source = source
+        self.lengths_fn = lengths_fn
+        self.world_size, self.rank = default_world(world_size, rank)
+        self.options = _StreamOptions(
+            vit_capacity=_check_positive_int("vit_capacity", vit_capacity, minimum=0),
+            llm_capacity=_check_positive_int("llm_capacity", llm_capacity),
+            buffer_size=_check_positive_int("buffer_size", buffer_size),
+            world_size=self.world_size, method=method, seed=int(seed), drop_last=bool(drop_last),
+            oversize=oversize, cost_model=cost_model,
+        )
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """New packs for a new epoch (the stream order is the source's)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self.epoch = int(epoch)
+
+    def _items(self) -> Iterator[tuple[Any, int, int]]:
+        for position, sample in enumerate(self.source):
+            loads = self.lengths_fn(sample)
+            try:
+                vit, llm = (int(x) for x in loads)
+            except (TypeError, ValueError):
+                raise TypeError(f"sample {position}: lengths_fn must return (vit, llm) integers, got {loads!r}") from None
+            if vit < 0 or llm < 0:
+                raise ValueError(f"sample {position}: negative load (vit {vit}, llm {llm})")
+            yield sample, vit, llm
+
+    def iter_shard(self, worker: int = 0, num_workers: int = 1) -> Iterator[list[Any]]:
+        """The packs of DataLoader worker ``worker`` of ``num_workers`` on this rank (``__iter__`` picks them)."""
+        if not 0 <= worker < num_workers:
+            raise ValueError(f"worker must be in [0, {num_workers}), got {worker}")
+        for plan, payloads in _plan_stream(self._items(), self.options, self.epoch, worker, num_workers):
+            for pack in plan.step_packs[:, self.rank]:
+                yield [payloads[i] for i in plan.pack(int(pack)).tolist()]
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return self.iter_shard(0, 1)
+        return self.iter_shard(info.id, info.num_workers)
+
+
+class StreamingReport(NamedTuple):
+    """Balance of the streaming packer next to the offline plan of the same samples."""
+
+    streaming: BalanceReport
+    offline: BalanceReport
+    num_buffers: int
+
+
+def _merge(plans: list[tuple[Plan, list[int]]], world_size: int, opts: _StreamOptions, n: int) -> Plan:
+    """The streamed plans as one Plan over stream positions (steps one after another)."""
+    offsets, samples, steps, slotted, base, total, duplicated = [np.zeros(1, np.int64)], [], [], [], 0, 0, 0
+    for plan, payloads in plans:
+        ids = np.asarray(payloads, np.int64)
+        samples.append(ids[plan.pack_samples])
+        offsets.append(plan.pack_offsets[1:] + total)
+        total += int(plan.pack_offsets[-1])
+        steps.append(plan.step_packs + base)
+        slotted.append(ids[plan.slot_samples()])
+        base += plan.num_packs
+        duplicated += plan.duplicated_slots
+    scheduled = np.concatenate(samples) if samples else np.zeros(0, np.int64)
+    # samples in no slot: carried to a worker's last buffer and dropped there (drop_last), or oversize-dropped;
+    # a sample carried out of a buffer's plan shows up in a later plan
+    lost = np.setdiff1d(np.arange(n), np.concatenate(slotted) if slotted else np.zeros(0, np.int64))
+    return Plan(
+        method=opts.method,
+        pack_offsets=np.concatenate(offsets),
+        pack_samples=scheduled,
+        step_packs=np.concatenate(steps) if steps else np.zeros((0, world_size), np.int64),
+        world_size=world_size,
+        vit_capacity=opts.vit_capacity,
+        llm_capacity=opts.llm_capacity,
+        seed=opts.seed,
+        dropped_samples=lost,
+        duplicated_slots=duplicated,
+        num_input_samples=n,
+        seconds=float(sum(p.seconds for p, _ in plans)),
+    )
+
+
+def streaming_report(
+    lengths: Lengths,
+    *,
+    vit_capacity: int,
+    llm_capacity: int,
+    buffer_size: int = 4096,
+    world_size: int = 8,
+    num_workers: int = 1,
+    method: str = "balanced",
+    seed: int = 0,
+    epoch: int = 0,
+    drop_last: bool = False,
+    oversize: str = "error",
+    cost_model: Optional[CostModel] = None,
+) -> StreamingReport:
+    """Plans ``lengths`` as a stream (in order, ``buffer_size`` at a time, over ``num_workers`` workers) and
+    offline (all at once), and reports both with :func:`balance_report` (fill, dist ratios, efficiency).
+
+    Returns:
+        ``StreamingReport(streaming, offline, num_buffers)``.
+    """
+    opts = _StreamOptions(
+        vit_capacity=_check_positive_int("vit_capacity", vit_capacity, minimum=0),
+        llm_capacity=_check_positive_int("llm_capacity", llm_capacity),
+        buffer_size=_check_positive_int("buffer_size", buffer_size),
+        world_size=_check_positive_int("world_size", world_size), method=method, seed=int(seed),
+        drop_last=bool(drop_last), oversize=oversize, cost_model=cost_model,
+    )
+    n = len(lengths)
+    items = list(zip(range(n), lengths.vit.tolist(), lengths.llm.tolist()))
+    plans = [pp for w in range(num_workers) for pp in _plan_stream(items, opts, epoch, w, num_workers)]
+    merged = _merge(plans, world_size, opts, n)
+    offline = plan_packs(lengths, world_size=world_size, method=method, vit_capacity=vit_capacity,
+                         llm_capacity=llm_capacity, oversize=oversize, drop_last=drop_last, seed=seed, epoch=epoch,
+                         cost_model=cost_model)
+    return StreamingReport(balance_report(merged, lengths, cost_model), balance_report(offline, lengths, cost_model),
+                           len(plans))

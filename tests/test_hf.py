@@ -1,0 +1,58 @@
+"""The Hugging Face Trainer recipe: balanced packs per micro-step, re-planned every epoch (needs transformers)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from omnibal_kernels.hf import BalancedTrainerMixin  # noqa: E402
+from omnibal_kernels.lengths import Lengths  # noqa: E402
+from omnibal_kernels.packing import PackCollator  # noqa: E402
+from omnibal_kernels.sampler import BalancedBatchSampler  # noqa: E402
+from omnibal_kernels.testing import TinyCausalLM, causal_lm_loss  # noqa: E402
+
+
+class PackedLM(nn.Module):
+    """TinyCausalLM taking a packed batch; records the sample ids it was fed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = TinyCausalLM(vocab_size=64, hidden=16, layers=1, heads=2, kv_heads=1, mlp_hidden=32)
+        self.seen: list[list[int]] = []
+
+    def forward(self, input_ids, labels, position_ids, cu_seqlens, max_seqlen, sample_id, **_):
+        self.seen.append(sample_id.tolist())
+        logits = self.lm(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        return {"loss": causal_lm_loss(logits, labels)}
+
+
+class BalancedTrainer(BalancedTrainerMixin, transformers.Trainer):
+    pass
+
+
+def test_trainer_recipe(tmp_path):
+    rng = np.random.default_rng(0)
+    llm = rng.integers(4, 60, 120)
+    vit = rng.integers(0, 4, 120)
+    data = [{"input_ids": torch.randint(0, 64, (int(n),)), "sample_id": i} for i, n in enumerate(llm)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), num_train_epochs=2, gradient_accumulation_steps=2, learning_rate=1e-3,
+        report_to=[], save_strategy="no", logging_steps=1, use_cpu=True, remove_unused_columns=False,
+        dataloader_num_workers=0, seed=5,
+    )
+    model = PackedLM()
+    options = {"vit_capacity": 8, "llm_capacity": 160}
+    trainer = BalancedTrainer(model=model, args=args, train_dataset=data, data_collator=PackCollator(),
+                              train_lengths=Lengths(vit, llm), sampler_options=options)
+    trainer.train()
+
+    reference = BalancedBatchSampler(Lengths(vit, llm), world_size=1, rank=0, micro_steps_per_step=2, seed=5,
+                                     **options)
+    expected = reference.rank_batches(epoch=0) + reference.rank_batches(epoch=1)
+    assert reference.rank_batches(epoch=0) != reference.rank_batches(epoch=1)
+    assert model.seen == expected  # every micro-step one balanced pack; epoch 1 re-planned
+    assert trainer.state.global_step == len(expected) // 2

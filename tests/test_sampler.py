@@ -1,0 +1,356 @@
+"""BalancedBatchSampler: coverage, determinism, resume, gradient accumulation balance, groups, errors."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from omnibal_kernels.balance import plan_packs
+from omnibal_kernels.lengths import Lengths, default_lengths
+from omnibal_kernels.sampler import BalancedBatchSampler
+
+
+@pytest.fixture(scope="module")
+def real() -> Lengths:
+    lengths = default_lengths()
+    rng = np.random.default_rng(5)
+    return lengths[np.sort(rng.choice(len(lengths), 4000, replace=False))]
+
+
+def _all_ranks(make, world_size: int) -> list[BalancedBatchSampler]:
+    return [make(rank) for rank in range(world_size)]
+
+
+def _check_coverage(samplers: list[BalancedBatchSampler], n: int) -> None:
+    """Every sample exactly once over the ranks, except the reported drops (0) and duplicates (extra)."""
+    counts = Counter()
+    for s in samplers:
+        for batch in s:
+            counts.update(batch)
+    report = samplers[0].balance_report()
+    expected = Counter({i: 1 for i in range(n)})
+    for i in report.dropped_samples.tolist():
+        expected[i] -= 1
+    for i in report.duplicated_samples.tolist():
+        expected[i] += 1
+    expected = +expected  # drop zero entries
+    assert counts == expected
+    assert report.num_samples == n - report.dropped_samples.size
+
+
+# ------------------------------------------------------------------------------------------- basics
+
+
+def test_one_group_is_plan_packs_columns(real):
+    s = BalancedBatchSampler(real, world_size=4, rank=2, seed=7)
+    s.set_epoch(3)
+    plan = plan_packs(real, world_size=4, vit_capacity=s.capacities[0][0], llm_capacity=s.capacities[0][1],
+                      seed=7, epoch=3)
+    assert [list(b) for b in s] == [b.tolist() for b in plan.rank_batches(2)]
+    assert len(s) == plan.num_steps
+
+
+def test_accumulation_takes_consecutive_virtual_ranks(real):
+    s = BalancedBatchSampler(real, world_size=3, rank=1, micro_steps_per_step=2, seed=2)
+    qv, qt = s.capacities[0]
+    plan = plan_packs(real, world_size=6, vit_capacity=qv, llm_capacity=qt, seed=2)
+    expected = [plan.pack(int(plan.step_packs[step, 2 + j])).tolist() for step in range(plan.num_steps) for j in (0, 1)]
+    assert list(s) == expected
+
+
+def test_len_is_exact_and_batches_are_int_lists(real):
+    s = BalancedBatchSampler(real, world_size=3, rank=0, micro_steps_per_step=2)
+    batches = list(s)
+    assert len(batches) == len(s) == s.balance_report().num_micro_steps
+    assert len(s) % 2 == 0
+    assert all(type(i) is int for b in batches for i in b)
+
+
+def test_capacities_held(real):
+    s = BalancedBatchSampler(real, world_size=4, rank=0)
+    qv, qt = s.capacities[0]
+    vit, llm, _ = s.micro_step_loads()
+    assert vit.max() <= qv and llm.max() <= qt
+
+
+def test_same_seed_same_batches_new_epoch_new_batches(real):
+    a = BalancedBatchSampler(real, world_size=2, rank=1, seed=3)
+    b = BalancedBatchSampler(real, world_size=2, rank=1, seed=3)
+    assert list(a) == list(b) and a.fingerprint() == b.fingerprint()
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first and a.fingerprint() != b.fingerprint()
+    c = BalancedBatchSampler(real, world_size=2, rank=1, seed=4)
+    assert list(c) != first
+
+
+def test_fingerprint_equal_on_all_ranks(real):
+    prints = {BalancedBatchSampler(real, world_size=4, rank=r, seed=1).fingerprint() for r in range(4)}
+    assert len(prints) == 1
+
+
+def test_dataloader_batch_sampler(real):
+    s = BalancedBatchSampler(real, world_size=2, rank=0)
+    dataset = list(range(len(real)))
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=s, collate_fn=list)
+    assert len(loader) == len(s)
+    assert [list(b) for b in loader] == s.rank_batches()
+
+
+# ------------------------------------------------------------------------------------------- gradient accumulation
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_micro_steps_balance_micro_and_optimizer_steps(real, m):
+    world = 4
+    balanced = BalancedBatchSampler(real, world_size=world, rank=0, micro_steps_per_step=m)
+    rnd = BalancedBatchSampler(real, world_size=world, rank=0, micro_steps_per_step=m, method="random",
+                               vit_capacity=balanced.capacities[0][0], llm_capacity=balanced.capacities[0][1])
+    b, r = balanced.balance_report(), rnd.balance_report()
+    assert b.num_micro_steps == b.num_steps * m
+    # per micro-step and per optimizer step, the balanced plan is at least 20x more even than random packing
+    for name in ("micro_vit_dist", "micro_llm_dist", "step_vit_dist", "step_llm_dist"):
+        assert getattr(b, name) < 0.05 * getattr(r, name), name
+        assert getattr(b, name) < 0.005, name
+    assert b.step_efficiency > 0.99 and b.micro_step_efficiency > 0.99
+
+    # per-optimizer-step sums, recomputed from the batches themselves
+    samplers = _all_ranks(lambda rk: BalancedBatchSampler(real, world_size=world, rank=rk, micro_steps_per_step=m),
+                          world)
+    per_rank = [[int(real.llm[batch].sum()) for batch in s] for s in samplers]
+    loads = np.array(per_rank).T  # (micro_steps, world)
+    step_loads = loads.reshape(-1, m, world).sum(axis=1)
+    _, llm, _ = balanced.micro_step_loads()
+    np.testing.assert_array_equal(loads, llm)
+    waste = (step_loads.max(axis=1, keepdims=True) - step_loads).sum(axis=1) / (step_loads.max(axis=1) * world)
+    assert waste.mean() == pytest.approx(b.step_llm_dist)
+
+
+def test_micro_steps_ragged_tail_follows_drop_last(real):
+    subset = real[np.arange(203)]
+    for drop_last in (False, True):
+        samplers = _all_ranks(lambda rk: BalancedBatchSampler(subset, world_size=3, rank=rk, micro_steps_per_step=4,
+                                                              drop_last=drop_last, target_batch_size=2), 3)
+        assert len(samplers[0]) % 4 == 0
+        report = samplers[0].balance_report()
+        if drop_last:
+            assert report.duplicated_samples.size == 0
+        else:
+            assert report.dropped_samples.size == 0
+        _check_coverage(samplers, len(subset))
+
+
+# ------------------------------------------------------------------------------------------- groups
+
+
+def test_groups_separate_capacities_and_one_group_per_step(real):
+    text = (real.llm < np.median(real.llm)).astype(np.int64)  # two groups by size
+    m, world = 2, 2
+    samplers = _all_ranks(lambda rk: BalancedBatchSampler(real, world_size=world, rank=rk, micro_steps_per_step=m,
+                                                          groups=text, llm_capacity=[8192, 3072],
+                                                          vit_capacity=[24, 12]), world)
+    s = samplers[0]
+    assert s.capacities == [(24, 8192), (12, 3072)]
+    _check_coverage(samplers, len(real))
+    owner = text
+    batches = [s.rank_batches(rk) for rk in range(world)]
+    seen_order = []
+    for step in range(len(s) // m):
+        group_ids = {int(owner[i]) for rk in range(world) for j in range(m) for i in batches[rk][step * m + j]}
+        assert len(group_ids) == 1, f"step {step} mixes groups {group_ids}"
+        seen_order.append(group_ids.pop())
+        for rk in range(world):
+            for j in range(m):
+                batch = batches[rk][step * m + j]
+                qv, qt = s.capacities[seen_order[-1]]
+                assert real.vit[batch].sum() <= qv and real.llm[batch].sum() <= qt
+    # interleaved, not one group after the other
+    switches = sum(a != b for a, b in zip(seen_order, seen_order[1:]))
+    assert switches > len(seen_order) // 4
+    # index-array form gives the same schedule as the id form
+    as_lists = BalancedBatchSampler(real, world_size=world, rank=0, micro_steps_per_step=m,
+                                    groups=[np.flatnonzero(text == 0), np.flatnonzero(text == 1)],
+                                    llm_capacity=[8192, 3072], vit_capacity=[24, 12])
+    assert as_lists.fingerprint() == s.fingerprint()
+
+
+def test_groups_must_partition(real):
+    n = len(real)
+    with pytest.raises(ValueError, match="sample 5 is in more than one group"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(0, 10), np.arange(5, n)])
+    with pytest.raises(ValueError, match="in no group; first: sample 10"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(0, 10), np.arange(11, n)])
+    with pytest.raises(ValueError, match="group ids for"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=np.zeros(n - 1, np.int64))
+    with pytest.raises(ValueError, match="llm_capacity has 3 entries for 2 groups"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=np.arange(n) % 2, vit_capacity=[30, 30],
+                             llm_capacity=[9000, 9000, 9000])
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def test_bad_arguments(real):
+    with pytest.raises(ValueError, match="rank must be in"):
+        BalancedBatchSampler(real, world_size=4, rank=4)
+    with pytest.raises(ValueError, match="the dataset has 10"):
+        BalancedBatchSampler(real, world_size=1, rank=0, dataset=list(range(10)))
+    with pytest.raises(ValueError, match="num_samples is 3"):
+        BalancedBatchSampler(real, world_size=1, rank=0, num_samples=3)
+    with pytest.raises(ValueError, match=r"only \d+ pack\(s\) for 8 ranks.*world_size 4 x micro_steps_per_step 2"):
+        BalancedBatchSampler(real[np.arange(6)], world_size=4, rank=0, micro_steps_per_step=2, drop_last=True)
+    with pytest.raises(ValueError, match="micro_steps_per_step must be >= 1"):
+        BalancedBatchSampler(real, world_size=1, rank=0, micro_steps_per_step=0)
+    with pytest.raises(ValueError, match="method must be one of"):
+        BalancedBatchSampler(real, world_size=1, rank=0, method="greedy")
+
+
+def test_few_packs_without_drop_last_duplicate(real):
+    subset = real[np.arange(6)]
+    samplers = _all_ranks(lambda rk: BalancedBatchSampler(subset, world_size=4, rank=rk, micro_steps_per_step=2), 4)
+    assert samplers[0].balance_report().duplicated_samples.size > 0
+    _check_coverage(samplers, len(subset))
+
+
+# ------------------------------------------------------------------------------------------- resume
+
+
+def test_resume_mid_epoch(real):
+    make = lambda: BalancedBatchSampler(real, world_size=2, rank=1, micro_steps_per_step=2, seed=9)  # noqa: E731
+    full = make()
+    full.set_epoch(2)
+    expected = list(full)
+    run = make()
+    run.set_epoch(2)
+    it = iter(run)
+    head = [next(it) for _ in range(37)]
+    state = run.state_dict()
+    assert state["micro_steps"] == 37 and state["epoch"] == 2
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)  # the usual loop calls set_epoch again: it keeps the position
+    assert len(resumed) == len(expected) - 37
+    assert head + list(resumed) == expected
+    # the next pass (or epoch) starts from the beginning again
+    assert list(resumed) == expected
+    resumed.set_epoch(3)
+    full.set_epoch(3)
+    assert len(resumed) == len(full) and list(resumed) == list(full)
+
+
+def test_resume_with_prefetching_consumed_count(real):
+    s = BalancedBatchSampler(real, world_size=2, rank=0)
+    expected = list(s)
+    it = iter(s)
+    for _ in range(10):  # a prefetching loader ran 10 ahead, the loop consumed 4
+        next(it)
+    state = s.state_dict(consumed=4)
+    resumed = BalancedBatchSampler(real, world_size=2, rank=0)
+    resumed.load_state_dict(state)
+    assert list(resumed) == expected[4:]
+    with pytest.raises(ValueError, match="runs past"):
+        s.state_dict(consumed=len(s) + 1)
+
+
+def test_state_at_epoch_end_yields_nothing_until_next_epoch(real):
+    s = BalancedBatchSampler(real, world_size=2, rank=0)
+    list(s)
+    state = s.state_dict()
+    resumed = BalancedBatchSampler(real, world_size=2, rank=0)
+    resumed.load_state_dict(state)
+    assert len(resumed) == 0 and list(resumed) == []
+    resumed.set_epoch(1)
+    s.set_epoch(1)
+    assert list(resumed) == list(s)
+
+
+def test_state_mismatch_raises(real):
+    s = BalancedBatchSampler(real, world_size=2, rank=0)
+    state = s.state_dict()
+    other_lengths = Lengths(real.vit, real.llm + 1)
+    with pytest.raises(ValueError, match="other lengths or options"):
+        BalancedBatchSampler(other_lengths, world_size=2, rank=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="other lengths or options"):
+        BalancedBatchSampler(real, world_size=2, rank=0, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="world_size 2"):
+        BalancedBatchSampler(real, world_size=4, rank=0).load_state_dict(state)
+    # any rank may load any rank's state
+    BalancedBatchSampler(real, world_size=2, rank=1).load_state_dict(state)
+    bad = dict(state, plan_fingerprint="0" * 16)
+    with pytest.raises(ValueError, match="plans differently"):
+        BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict(bad)
+
+
+# ------------------------------------------------------------------------------------------- properties
+
+
+@st.composite
+def _setups(draw):
+    n = draw(st.integers(1, 60))
+    vit = np.array(draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)), np.int64)
+    llm = np.array(draw(st.lists(st.integers(1, 400), min_size=n, max_size=n)), np.int64)
+    world = draw(st.integers(1, 4))
+    m = draw(st.integers(1, 3))
+    drop_last = draw(st.booleans())
+    method = draw(st.sampled_from(["balanced", "isf", "random"]))
+    num_groups = draw(st.integers(1, 2)) if n >= 2 else 1
+    groups = None
+    if num_groups == 2:
+        groups = np.array(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)), np.int64)
+        if np.unique(groups).size < 2:
+            groups = None
+    seed = draw(st.integers(0, 2**32))
+    epoch = draw(st.integers(0, 3))
+    return Lengths(vit, llm), world, m, drop_last, method, groups, seed, epoch
+
+
+def _make(setup, rank):
+    lengths, world, m, drop_last, method, groups, seed, epoch = setup
+    s = BalancedBatchSampler(lengths, world_size=world, rank=rank, micro_steps_per_step=m, drop_last=drop_last,
+                             method=method, groups=groups, seed=seed, vit_capacity=8, llm_capacity=600)
+    s.set_epoch(epoch)
+    return s
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_setups())
+def test_property_every_sample_once_over_ranks(setup):
+    lengths, world = setup[0], setup[1]
+    try:
+        samplers = [_make(setup, rank) for rank in range(world)]
+    except ValueError as err:  # drop_last with fewer packs than slots of one optimizer step
+        assert setup[3] and "pack(s) for" in str(err)
+        return
+    _check_coverage(samplers, len(lengths))
+    assert len({s.fingerprint() for s in samplers}) == 1
+    assert len({len(s) for s in samplers}) == 1
+    assert len(samplers[0]) % setup[2] == 0
+    # same seed, same batches on a fresh sampler of the same rank
+    assert list(_make(setup, world - 1)) == list(samplers[-1])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_setups(), st.floats(0, 1))
+def test_property_resume_anywhere(setup, where):
+    world = setup[1]
+    try:
+        full = _make(setup, world - 1)
+    except ValueError:
+        return
+    expected = list(full)
+    k = int(round(where * len(expected)))
+    run = _make(setup, world - 1)
+    it = iter(run)
+    head = [next(it) for _ in range(k)]
+    state = run.state_dict()
+    resumed = _make(setup, 0 if world > 1 else world - 1)
+    resumed.load_state_dict(state)
+    if world > 1:  # a state saved on one rank resumes another rank at the same position
+        assert len(resumed) == len(expected) - k
+        resumed = _make(setup, world - 1)
+        resumed.load_state_dict(state)
+    assert head + list(resumed) == expected

@@ -1,0 +1,123 @@
+"""BalancedPacker: sharding over ranks and workers without duplicates, lockstep steps, report vs offline."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from omnibal_kernels.balance import dist_ratio, plan_packs, balance_report
+from omnibal_kernels.lengths import Lengths, default_lengths
+from omnibal_kernels.packing import pack_batch
+from omnibal_kernels.streaming import BalancedPacker, streaming_report
+
+
+def _lengths(n: int, seed: int) -> Lengths:
+    full = default_lengths()
+    return full[np.random.default_rng(seed).choice(len(full), n, replace=False)]
+
+
+def _source(lengths: Lengths) -> list[dict]:
+    return [{"id": i, "vit": int(v), "llm": int(t)} for i, (v, t) in enumerate(zip(lengths.vit, lengths.llm))]
+
+
+def _loads(sample: dict) -> tuple[int, int]:
+    return sample["vit"], sample["llm"]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_every_sample_once_over_ranks_and_workers(drop_last, num_workers):
+    lengths = _lengths(1500, 0)
+    source = _source(lengths)
+    world = 4
+    kwargs = dict(vit_capacity=16, llm_capacity=5376, buffer_size=400, world_size=world, drop_last=drop_last, seed=3)
+    # random packing of the same data, the balance baseline
+    rnd = balance_report(plan_packs(lengths, world_size=world, method="random", vit_capacity=16, llm_capacity=5376),
+                         lengths)
+    counts: Counter = Counter()
+    for worker in range(num_workers):
+        per_rank = [list(BalancedPacker(source, _loads, rank=r, **kwargs).iter_shard(worker, num_workers))
+                    for r in range(world)]
+        assert len({len(p) for p in per_rank}) == 1  # lockstep: every rank the same number of packs
+        llm = np.array([[sum(s["llm"] for s in pack) for pack in packs] for packs in per_rank]).T
+        vit = np.array([[sum(s["vit"] for s in pack) for pack in packs] for packs in per_rank]).T
+        assert vit.max() <= 16 and llm.max() <= 5376
+        # the k-th packs of the ranks form one balanced step (buffers of 400 samples)
+        assert dist_ratio(llm) < 0.25 * rnd.llm_dist
+        for packs in per_rank:
+            counts.update(s["id"] for pack in packs for s in pack)
+    report = streaming_report(lengths, num_workers=num_workers, **{k: v for k, v in kwargs.items()}).streaming
+    extra = sum(c - 1 for c in counts.values())
+    missing = len(lengths) - len(counts)
+    assert extra == report.duplicated and missing == report.dropped
+    assert set(counts) <= set(range(len(lengths)))
+    if drop_last:
+        assert extra == 0
+    else:
+        assert missing == 0
+
+
+def test_dataloader_workers_and_pack_batch():
+    lengths = _lengths(240, 1)
+    source = [dict(s, input_ids=torch.full((s["llm"] // 64 + 1,), s["id"])) for s in _source(lengths)]
+    seen: Counter = Counter()
+    per_rank_counts = []
+    for rank in range(2):
+        packer = BalancedPacker(source, _loads, vit_capacity=16, llm_capacity=5376, buffer_size=50, world_size=2,
+                                rank=rank, drop_last=True)
+        loader = torch.utils.data.DataLoader(packer, batch_size=None, num_workers=2, collate_fn=pack_batch)
+        batches = list(loader)
+        per_rank_counts.append(len(batches))
+        for batch in batches:
+            ids = batch["id"].tolist()
+            seen.update(ids)
+            # the packed row is the samples' tokens in pack order
+            assert batch["input_ids"][0].tolist() == [i for i in ids for _ in range(lengths.llm[i] // 64 + 1)]
+    assert per_rank_counts[0] == per_rank_counts[1]
+    assert max(seen.values()) == 1
+    report = streaming_report(lengths, vit_capacity=16, llm_capacity=5376, buffer_size=50, world_size=2,
+                              num_workers=2, drop_last=True).streaming
+    assert len(seen) == len(lengths) - report.dropped
+
+
+def test_report_on_bundled_lengths_close_to_offline():
+    full = default_lengths()
+    shuffled = full[np.random.default_rng(0).permutation(len(full))]
+    rep = streaming_report(shuffled, vit_capacity=16, llm_capacity=5376, buffer_size=4096, world_size=8, num_workers=2)
+    s, o = rep.streaming, rep.offline
+    assert s.num_samples == o.num_samples == len(full)
+    assert rep.num_buffers == -(-len(full) // 4096)
+    rnd = balance_report(plan_packs(shuffled, world_size=8, method="random", vit_capacity=16, llm_capacity=5376),
+                         shuffled)
+    assert s.vit_fill > 0.99 and s.vit_fill > o.vit_fill - 0.01
+    assert s.llm_dist < 0.1 * rnd.llm_dist and s.vit_dist < 0.1 * rnd.vit_dist
+    assert s.step_efficiency > 0.99
+    # a bigger buffer gets closer to the offline plan
+    small = streaming_report(shuffled, vit_capacity=16, llm_capacity=5376, buffer_size=512, world_size=8).streaming
+    assert small.num_packs >= s.num_packs >= o.num_packs
+
+
+def test_epoch_changes_packs_and_seed_is_deterministic():
+    source = _source(_lengths(400, 2))
+    make = lambda: BalancedPacker(source, _loads, vit_capacity=16, llm_capacity=5376, buffer_size=100,  # noqa: E731
+                                  world_size=2, rank=0)
+    ids = lambda p: [[s["id"] for s in pack] for pack in p]  # noqa: E731
+    a, b = make(), make()
+    assert ids(a) == ids(b)
+    b.set_epoch(1)
+    assert ids(a) != ids(b)
+
+
+def test_bad_input():
+    source = _source(_lengths(50, 3))
+    with pytest.raises(TypeError, match="sample 0: lengths_fn must return"):
+        list(BalancedPacker(source, lambda s: s["llm"], vit_capacity=16, llm_capacity=5376, world_size=1, rank=0))
+    with pytest.raises(ValueError, match="rank must be in"):
+        BalancedPacker(source, _loads, vit_capacity=16, llm_capacity=5376, world_size=2, rank=2)
+    with pytest.raises(ValueError, match="buffer_size must be >= 1"):
+        BalancedPacker(source, _loads, vit_capacity=16, llm_capacity=5376, buffer_size=0, world_size=1, rank=0)
+    big = source + [{"id": 50, "vit": 99, "llm": 10}]
+    with pytest.raises(ValueError, match="alone exceed"):
+        list(BalancedPacker(big, _loads, vit_capacity=16, llm_capacity=5376, world_size=1, rank=0))
