@@ -8,8 +8,8 @@ InternVL-Chat SFT loads (``omnibal_kernels.lengths.default_lengths()``) scaled b
 (256 LLM tokens) becomes a 16x16 tile of 16 4x4 patches (16 LLM tokens), and the text tokens are divided
 by 16 as well. The path is the real one:
 
-    BalancedBatchSampler -> DataLoader(num_workers=2, pin_memory=True, batch_sampler=...) -> pack_batch +
-    pack_vision_fields in the workers -> ViT over tiles (varlen_attention, one sequence per tile) ->
+    BalancedBatchSampler -> DataLoader(num_workers=2, pin_memory=True, batch_sampler=...) -> pack_batch
+    (text and tiles) in the workers -> ViT over tiles (varlen_attention, one sequence per tile) ->
     image embeddings scattered into the token embeddings -> causal LM (varlen_attention per sample).
 
 Every rank builds the same plan on its own; rank 0 prints each optimizer step's planned per-rank loads, the
@@ -23,18 +23,16 @@ import math
 import os
 import time
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from omnibal_kernels import BalancedBatchSampler, pack_batch, varlen_attention
 from omnibal_kernels.lengths import Lengths, default_lengths
 from omnibal_kernels.testing import RMSNorm, TinyBlock, causal_lm_loss
-from omnibal_kernels.vision import pack_vision_fields
 
 TILE = 16  # tile side in pixels (a 448px tile, scaled down)
 PATCH = 4  # patch side: 16 patches per tile
@@ -74,13 +72,6 @@ class SyntheticVLMData(torch.utils.data.Dataset):
         labels[:num_image_tokens] = -100  # no loss on image positions
         return {"input_ids": input_ids, "labels": labels,
                 "pixel_values": torch.randn(tiles, 3, TILE, TILE, generator=g)}
-
-
-def collate(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Text fields by ``pack_batch`` (one row, ``cu_seqlens``), tiles by ``pack_vision_fields``."""
-    batch = dict(pack_batch([{"input_ids": s["input_ids"], "labels": s["labels"]} for s in samples]))
-    batch.update(pack_vision_fields(samples))
-    return batch
 
 
 class TinyViTBlock(nn.Module):
@@ -157,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     dataset = SyntheticVLMData(lengths, args.seed)
     sampler = BalancedBatchSampler(lengths, target_batch_size=args.target_batch_size, seed=args.seed,
                                    micro_steps_per_step=args.micro_steps, dataset=dataset)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=pack_batch,
                                          num_workers=args.workers, pin_memory=True)
     model = TinyVLM()
     if distributed:

@@ -7,7 +7,6 @@ import tempfile
 from collections import Counter
 
 import numpy as np
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
