@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -23,9 +24,11 @@ namespace {
 using IntArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 // Hands a vector to numpy without copying: the array owns the vector through a capsule.
-py::array_t<int64_t> to_numpy(std::vector<int64_t>&& v, std::vector<py::ssize_t> shape = {}) {
-  auto* owned = new std::vector<int64_t>(std::move(v));
-  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<int64_t>*>(p); });
+template <typename Vector>
+py::array_t<int64_t> to_numpy(Vector&& v, std::vector<py::ssize_t> shape = {}) {
+  using Owned = std::decay_t<Vector>;
+  auto* owned = new Owned(std::move(v));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<Owned*>(p); });
   if (shape.empty()) shape = {static_cast<py::ssize_t>(owned->size())};
   return py::array_t<int64_t>(shape, owned->data(), free_when_done);
 }

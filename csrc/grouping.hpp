@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "buffers.hpp"
+
 namespace omnibal {
 
 // Per-sample loads, indexed by sample id.
@@ -45,8 +47,8 @@ struct CostModel {
 
 // Packs in CSR form: the samples of pack p are samples[offsets[p] : offsets[p + 1]].
 struct Packs {
-  std::vector<int64_t> offsets{0};
-  std::vector<int64_t> samples;
+  LargeVector<int64_t> offsets{0};
+  LargeVector<int64_t> samples;
 
   int64_t size() const { return static_cast<int64_t>(offsets.size()) - 1; }
   void close_pack() { offsets.push_back(static_cast<int64_t>(samples.size())); }
@@ -54,7 +56,7 @@ struct Packs {
 
 // Where every (step, rank) slot's pack comes from.
 struct Assignment {
-  std::vector<int64_t> step_packs;     // num_steps * world_size pack ids, step-major
+  LargeVector<int64_t> step_packs;     // num_steps * world_size pack ids, step-major
   int64_t num_steps = 0;
   int64_t duplicated_slots = 0;        // slots of the ragged last step filled by reusing packs
   std::vector<int64_t> dropped_packs;  // packs left out by drop_last

@@ -98,8 +98,8 @@ void fisher_yates(T* a, size_t n, Rng& rng) {
 // small enough to stay in cache, gets a Fisher-Yates shuffle. The result is uniform like a plain
 // Fisher-Yates, and on a million elements several times faster, since a plain shuffle misses the cache on
 // almost every swap.
-template <typename T, typename Source>
-void shuffle_from(size_t n, Source source, Rng& rng, std::vector<T>& out) {
+template <typename Vector, typename Source>
+void shuffle_from(size_t n, Source source, Rng& rng, Vector& out) {
   out.resize(n);
   constexpr size_t kBinElements = 4096;  // elements per bin on average: fits L1/L2 while shuffled
   if (n <= 8 * kBinElements) {
@@ -129,15 +129,15 @@ void shuffle_from(size_t n, Source source, Rng& rng, std::vector<T>& out) {
 }
 
 // Shuffles v in place (uniformly); `scratch` is reused memory.
-template <typename T>
-void shuffle(std::vector<T>& v, Rng& rng, std::vector<T>& scratch) {
+template <typename Vector>
+void shuffle(Vector& v, Rng& rng, Vector& scratch) {
   shuffle_from(v.size(), [&](size_t i) { return v[i]; }, rng, scratch);
   v.swap(scratch);
 }
 
-template <typename T>
-void shuffle(std::vector<T>& v, Rng& rng) {
-  std::vector<T> scratch;
+template <typename Vector>
+void shuffle(Vector& v, Rng& rng) {
+  Vector scratch;
   shuffle(v, rng, scratch);
 }
 
