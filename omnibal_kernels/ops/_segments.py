@@ -30,6 +30,17 @@ class Segments(NamedTuple):
     batch: int
 
 
+def _check_total_tokens(total_tokens: object, fn: str) -> int | None:
+    """``total_tokens`` as an int in ``[0, INT32_MAX]``, or None."""
+    if total_tokens is None:
+        return None
+    if isinstance(total_tokens, bool) or not isinstance(total_tokens, (int, np.integer)):
+        raise TypeError(f"{fn}: total_tokens must be an int, got {type(total_tokens).__name__}")
+    if not 0 <= int(total_tokens) <= INT32_MAX:
+        raise ValueError(f"{fn}: total_tokens must be in [0, {INT32_MAX}], got {total_tokens}")
+    return int(total_tokens)
+
+
 def is_host(x: object) -> bool:
     """True for lists, tuples, numpy arrays and CPU tensors."""
     return not isinstance(x, torch.Tensor) or x.device.type == "cpu"
@@ -105,12 +116,7 @@ def resolve_segments(
     """
     if (seq_lens is None) == (cu_seqlens is None):
         raise TypeError(f"{fn}: pass exactly one of seq_lens or cu_seqlens")
-    if total_tokens is not None:
-        if isinstance(total_tokens, bool) or not isinstance(total_tokens, (int, np.integer)):
-            raise TypeError(f"{fn}: total_tokens must be an int, got {type(total_tokens).__name__}")
-        total_tokens = int(total_tokens)
-        if not 0 <= total_tokens <= INT32_MAX:
-            raise ValueError(f"{fn}: total_tokens must be in [0, {INT32_MAX}], got {total_tokens}")
+    total_tokens = _check_total_tokens(total_tokens, fn)
 
     if seq_lens is not None:
         if is_host(seq_lens):
@@ -328,12 +334,7 @@ def check_varlen_args(
         raise TypeError(f"{fn}: seq_lens must have dtype torch.int32 or torch.int64, got {seq_lens.dtype}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
         raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
-    if total_tokens is not None:
-        if isinstance(total_tokens, bool) or not isinstance(total_tokens, (int, np.integer)):
-            raise TypeError(f"{fn}: total_tokens must be an int, got {type(total_tokens).__name__}")
-        total_tokens = int(total_tokens)
-        if not 0 <= total_tokens <= INT32_MAX:
-            raise ValueError(f"{fn}: total_tokens must be in [0, {INT32_MAX}], got {total_tokens}")
+    total_tokens = _check_total_tokens(total_tokens, fn)
     if labels is not None:
         if not isinstance(labels, torch.Tensor):
             raise TypeError(f"{fn}: labels must be a torch.Tensor or None, got {type(labels).__name__}")
