@@ -83,11 +83,11 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
 // Packs to slots in random order (what a random sampler over packs does).
 Assignment assign_random(int64_t num_packs, int64_t world_size, bool drop_last, uint64_t seed);
 
-// Packs to slots so that the packs of one step carry near-equal loads. Packs are sorted by ViT load, then
-// LLM load; within runs of equal ViT load, blocks of kCostBlockSteps * world_size consecutive packs are
-// re-sorted by cost, and consecutive chunks of world_size packs form the steps. So the packs of a step
-// share their ViT load, their LLM loads lie within a block's narrow range, and their costs are adjacent.
-// Step order and rank order within a step are then shuffled, so training order stays random.
+// Packs to slots so that the packs of one step carry near-equal loads. Packs are sorted by the load that
+// varies more across them (ViT or LLM, relative to its mean); blocks of consecutive packs are re-sorted by
+// the other load, smaller blocks by cost; consecutive chunks of world_size packs form the steps. So the
+// packs of a step have near-equal loads in both dimensions and adjacent costs. Step order and rank order
+// within a step are then shuffled, so training order stays random.
 Assignment assign_balanced(const Packs& packs, const Loads& loads, const CostModel& cost, int64_t world_size,
                            bool drop_last, uint64_t seed);
 
