@@ -215,7 +215,7 @@ def test_plan_is_bit_identical_to_the_recorded_one():
     assert fingerprints == RECORDED_FINGERPRINTS
 
 
-RECORDED_FINGERPRINTS = ["2a1de2ae6b0e2c79", "3c16f94c6e71302e", "6d615355d8880184"]
+RECORDED_FINGERPRINTS = ["247d3a4369f4fc5c", "a79773806ba305ed", "5935cc84cf837bbb"]
 
 
 def test_ragged_tail_reused_or_dropped_and_reported():
