@@ -292,6 +292,20 @@ def test_non_integer_labels() -> None:
         pack_batch(samples)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("field", ["input_ids", "labels"])
+@pytest.mark.parametrize("which", [[1], [0, 1]])
+def test_non_cpu_tensors(backend: str, field: str, which: list[int]) -> None:
+    # "meta" stands in for an accelerator: the error names the first sample off the CPU, for one or all
+    samples = _samples([3, 2])
+    for i in which:
+        samples[i][field] = samples[i][field].to("meta")
+    with pytest.raises(ValueError, match=f"sample {which[0]}: {field} is on meta"):
+        pack_batch(samples, backend=backend)
+    with pytest.raises(ValueError, match=f"sample {which[0]}: {field} is on meta"):
+        pack_sequences([s["input_ids"] for s in samples], [s["labels"] for s in samples], shared=True)
+
+
 def test_bad_samples() -> None:
     with pytest.raises(TypeError, match="sample 1 must be a mapping"):
         pack_batch([{"input_ids": [1, 2]}, [3, 4]])

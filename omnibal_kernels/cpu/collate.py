@@ -63,46 +63,10 @@ def varlen_fields_into(
     return max_len
 
 
-@numba.njit(cache=True, nogil=True)
-def varlen_fields(
-    seg_lens: np.ndarray,
-    num_samples: int,
-    num_slots: int,
-    mask_first_label: bool,
-    ignore_index: int,
-    labels: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """Allocating form of :func:`varlen_fields_into` with ``S = num_slots``.
-
-    Returns position_ids (1, T) int64, seq_idx (1, T) int32, cu_seqlens (S + 1,) int32,
-    seq_lens (S,) int32 and the longest segment length. Allocating here saves the Python-side
-    allocations, which cost as much as the fill for a typical batch.
-    """
-    total = labels.shape[0]
-    position_ids = np.empty((1, total), np.int64)
-    seq_idx = np.empty((1, total), np.int32)
-    cu_seqlens = np.empty(num_slots + 1, np.int32)
-    seq_lens = np.empty(num_slots, np.int32)
-    max_len = varlen_fields_into(
-        seg_lens,
-        num_samples,
-        mask_first_label,
-        ignore_index,
-        labels,
-        position_ids[0],
-        seq_idx[0],
-        cu_seqlens,
-        seq_lens,
-    )
-    return position_ids, seq_idx, cu_seqlens, seq_lens, max_len
-
-
 def warmup() -> None:
-    """Compile (or load from cache) both kernels for the dtypes ``pack_batch`` passes."""
-    seg_lens = np.array([2, 1], dtype=np.int64)
-    varlen_fields(seg_lens, 1, 2, True, -100, np.zeros(3, dtype=np.int64))
+    """Compile (or load from cache) the kernel for the dtypes ``pack_batch`` passes."""
     varlen_fields_into(
-        seg_lens,
+        np.array([2, 1], dtype=np.int64),
         1,
         True,
         -100,
