@@ -12,6 +12,8 @@ from ..ops._segments import (
     LengthsLike,
     PackedTokens,
     check_attention_mask,
+    check_packed,
+    check_padded,
     mask_segments,
     resolve_segments,
     unpack_segments,
@@ -37,10 +39,7 @@ def pack(
 ) -> torch.Tensor:
     """``padded (B, S, *rest)`` + lengths -> ``packed (T, *rest)``; see ``omnibal_kernels.ops.pack.pack``."""
     fn = "pack"
-    if not isinstance(padded, torch.Tensor):
-        raise TypeError(f"{fn}: padded must be a torch.Tensor, got {type(padded).__name__}")
-    if padded.dim() < 2:
-        raise ValueError(f"{fn}: padded must be (batch, padded_len, ...), got shape {tuple(padded.shape)}")
+    padded = check_padded(padded, fn)
     _check_cpu(padded, fn)
     seg = resolve_segments(
         seq_lens,
@@ -64,10 +63,7 @@ def unpack(
 ) -> torch.Tensor:
     """``packed (T, *rest)`` + lengths -> ``(B, S, *rest)``; see ``omnibal_kernels.ops.pack.unpack``."""
     fn = "unpack"
-    if not isinstance(packed, torch.Tensor):
-        raise TypeError(f"{fn}: packed must be a torch.Tensor, got {type(packed).__name__}")
-    if packed.dim() < 1:
-        raise ValueError(f"{fn}: packed must be (total_tokens, ...), got a 0-d tensor")
+    packed = check_packed(packed, fn)
     _check_cpu(packed, fn)
     seg = unpack_segments(packed, seq_lens, cu_seqlens, padded_len, fill_value, fn)
     if padded_len is None:
@@ -80,10 +76,7 @@ def unpack(
 def pack_from_mask(padded: torch.Tensor, attention_mask: torch.Tensor) -> PackedTokens:
     """``pack`` with lengths from a right-padded ``(B, S)`` mask; see ``omnibal_kernels.ops.pack``."""
     fn = "pack_from_mask"
-    if not isinstance(padded, torch.Tensor):
-        raise TypeError(f"{fn}: padded must be a torch.Tensor, got {type(padded).__name__}")
-    if padded.dim() < 2:
-        raise ValueError(f"{fn}: padded must be (batch, padded_len, ...), got shape {tuple(padded.shape)}")
+    padded = check_padded(padded, fn)
     _check_cpu(padded, fn)
     mask = check_attention_mask(padded, attention_mask, fn)
     seq_lens, cu_seqlens, _, longest = mask_segments(mask, fn)

@@ -219,6 +219,24 @@ def batch_from(seq_lens: LengthsLike | None, cu_seqlens: LengthsLike | None, fn:
     return shape[0] - 1
 
 
+def check_padded(padded: object, fn: str) -> torch.Tensor:
+    """``padded`` is a tensor of at least 2 dims ``(batch, padded_len, ...)``."""
+    if not isinstance(padded, torch.Tensor):
+        raise TypeError(f"{fn}: padded must be a torch.Tensor, got {type(padded).__name__}")
+    if padded.dim() < 2:
+        raise ValueError(f"{fn}: padded must be (batch, padded_len, ...), got shape {tuple(padded.shape)}")
+    return padded
+
+
+def check_packed(packed: object, fn: str) -> torch.Tensor:
+    """``packed`` is a tensor of at least 1 dim ``(total_tokens, ...)``."""
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"{fn}: packed must be a torch.Tensor, got {type(packed).__name__}")
+    if packed.dim() < 1:
+        raise ValueError(f"{fn}: packed must be (total_tokens, ...), got a 0-d tensor")
+    return packed
+
+
 def check_fill_value(fill_value: object, dtype: torch.dtype, fn: str) -> None:
     """A Python number that ``dtype`` holds exactly (no silent truncation of 0.5 into an integer tensor)."""
     if not isinstance(fill_value, (bool, int, float, np.integer, np.floating)):

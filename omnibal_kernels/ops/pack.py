@@ -29,6 +29,8 @@ from ._segments import (
     PackedTokens,
     check_attention_mask,
     check_backend,
+    check_packed,
+    check_padded,
     mask_segments,
     resolve_segments,
     unpack_segments,
@@ -339,14 +341,6 @@ def _use_cpu_twin(x: torch.Tensor, backend: str, fn: str) -> bool:
     return backend == "auto" and x.device.type == "cpu"
 
 
-def _check_padded(padded: object, fn: str) -> torch.Tensor:
-    if not isinstance(padded, torch.Tensor):
-        raise TypeError(f"{fn}: padded must be a torch.Tensor, got {type(padded).__name__}")
-    if padded.dim() < 2:
-        raise ValueError(f"{fn}: padded must be (batch, padded_len, ...), got shape {tuple(padded.shape)}")
-    return padded
-
-
 def pack(
     padded: torch.Tensor,
     seq_lens: LengthsLike | None = None,
@@ -373,7 +367,7 @@ def pack(
         Differentiable; the backward is ``unpack`` with zeros in the padding.
     """
     fn = "pack"
-    padded = _check_padded(padded, fn)
+    padded = check_padded(padded, fn)
     if _use_cpu_twin(padded, backend, fn):
         from ..cpu.pack import pack as pack_cpu
 
@@ -409,10 +403,7 @@ def unpack(
         ``padded: (B, S, *rest)``. Differentiable in ``packed``; the backward is ``pack``.
     """
     fn = "unpack"
-    if not isinstance(packed, torch.Tensor):
-        raise TypeError(f"{fn}: packed must be a torch.Tensor, got {type(packed).__name__}")
-    if packed.dim() < 1:
-        raise ValueError(f"{fn}: packed must be (total_tokens, ...), got a 0-d tensor")
+    packed = check_packed(packed, fn)
     if _use_cpu_twin(packed, backend, fn):
         from ..cpu.pack import unpack as unpack_cpu
 
@@ -445,7 +436,7 @@ def pack_from_mask(padded: torch.Tensor, attention_mask: torch.Tensor, *, backen
         flash-attention's ``unpad_input`` syncs too (``nonzero`` and ``max().item()``).
     """
     fn = "pack_from_mask"
-    padded = _check_padded(padded, fn)
+    padded = check_padded(padded, fn)
     mask = check_attention_mask(padded, attention_mask, fn)
     if _use_cpu_twin(padded, backend, fn):
         from ..cpu.pack import pack_from_mask as pack_from_mask_cpu
