@@ -67,7 +67,7 @@ if [ "$has_cuda" = 1 ]; then
     case $rc in
         0) status=passed ;;
         5) status=none ;;  # no test collected
-        124) status=failed ;;
+        124) status=timeout ;;
         *) status=failed ;;
     esac
     record gpu_tests "$status" $((SECONDS - start)) "rc=$rc, $(tail -n 1 "$OUTDIR/pytest_gpu.log" | cut -c1-200)"

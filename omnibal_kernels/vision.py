@@ -923,7 +923,8 @@ def _pixel_layout(samples: Sequence[Mapping[str, Any]], pixel_key: str = "pixel_
             raise TypeError(f"sample {i}: expected a mapping, got {type(s).__name__}")
         pv = s.get(pixel_key)
         if pv is None:
-            if s.get(grid_key) is not None and len(s[grid_key]) > 0:
+            grid = s.get(grid_key)
+            if grid is not None and (grid.numel() if isinstance(grid, torch.Tensor) else len(grid)) > 0:
                 raise ValueError(f"sample {i}: {grid_key} without {pixel_key}")
             continue
         if not isinstance(pv, torch.Tensor):

@@ -56,7 +56,7 @@ def pack_patches(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_
     as_int = getattr(torch, _ELEMENT_VIEW[out.element_size()])
     out_np = out.view(as_int).numpy()
     for i, v in enumerate(plan.views):
-        src = v.view(as_int).numpy()
+        src = v.detach().view(as_int).numpy()  # pixels are data: no gradient flows through patchify
         t, h, w = (int(x) for x in plan.grid[i])
         _patchify_image(src, out_np, pos, int(plan.first_patch[i]), t, h, w, temporal_patch_size, patch_size,
                         merge_size)
