@@ -29,6 +29,7 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch.utils.data
 
+from . import _ext
 from .balance.cost import CostModel
 from .balance.plan import METHODS, OVERSIZE_POLICIES, Plan, _as_lengths, _check_positive_int, epoch_seed, plan_packs
 from .balance.report import BalanceReport, balance_report, dist_ratio
@@ -38,7 +39,9 @@ from .lengths import Lengths
 __all__ = ["BalancedBatchSampler", "SamplerReport", "default_world"]
 
 _STATE_VERSION = 1
-_MASK64 = np.uint64((1 << 64) - 1)
+# Stream id of the interleaved step order of several groups, for the engine's derive_seed (the engine's own
+# streams in csrc/grouping.cpp are 1-5).
+_STREAM_GROUP_STEPS = 16
 
 
 def default_world(world_size: Optional[int] = None, rank: Optional[int] = None) -> tuple[int, int]:
@@ -59,21 +62,6 @@ def default_world(world_size: Optional[int] = None, rank: Optional[int] = None) 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     return world_size, int(rank)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer on a uint64 array (wrapping arithmetic): a portable hash for shuffling."""
-    with np.errstate(over="ignore"):
-        z = x + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
-def _seeded_permutation(n: int, seed: int) -> np.ndarray:
-    """A permutation of ``range(n)`` that depends only on ``seed`` (same on every platform and numpy)."""
-    keys = _splitmix64(np.arange(n, dtype=np.uint64) ^ np.uint64(seed & ((1 << 64) - 1)))
-    return np.argsort(keys, kind="stable").astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -327,7 +315,11 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             base += plan.num_packs
         steps = np.concatenate(blocks)  # (total optimizer steps, m, world), groups one after another
         if len(plans) > 1:
-            steps = steps[_seeded_permutation(steps.shape[0], epoch_seed(self.seed, epoch) ^ 0x5EED)]
+            # the engine's shuffle: integer-only, so the interleaving is the same on every rank and platform
+            C = _ext.load()
+            order = C.shuffle(np.arange(steps.shape[0], dtype=np.int64),
+                              C.derive_seed(epoch_seed(self.seed, epoch), _STREAM_GROUP_STEPS, 0))
+            steps = steps[order]
         micro_packs = np.ascontiguousarray(steps.reshape(-1, world))
         pack_offsets = np.concatenate(offsets)
         pack_samples = np.concatenate(samples)
