@@ -354,3 +354,38 @@ def test_property_resume_anywhere(setup, where):
         resumed = _make(setup, world - 1)
         resumed.load_state_dict(state)
     assert head + list(resumed) == expected
+
+
+# ------------------------------------------------------------------------------------------- planning work
+
+
+def test_inspecting_other_epochs_does_not_replan_the_current_one(real, monkeypatch):
+    import omnibal_kernels.sampler as sampler_module
+
+    s = BalancedBatchSampler(real, world_size=2, rank=0, seed=4)
+    s.set_epoch(1)
+    current = list(s)
+    calls = []
+    original = sampler_module.plan_packs
+    monkeypatch.setattr(sampler_module, "plan_packs", lambda *a, **k: calls.append(k["epoch"]) or original(*a, **k))
+    for other in (0, 2, 3):
+        s.fingerprint(other)
+        s.balance_report(other)
+    assert list(s) == current and len(s) == len(current)
+    s.state_dict()
+    s.balance_report()
+    assert calls == [0, 2, 3]  # each other epoch planned once; the current one never again
+    assert s.balance_report() is s.balance_report()  # the report is made once per planned epoch
+
+
+def test_load_state_dict_rejects_bad_fields(real):
+    s = BalancedBatchSampler(real, world_size=2, rank=0)
+    state = s.state_dict()
+    with pytest.raises(ValueError, match="version 2 is newer"):
+        BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict(dict(state, version=2))
+    with pytest.raises(ValueError, match="epoch must be a non-negative int"):
+        BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict(dict(state, epoch=-1))
+    with pytest.raises(TypeError, match="micro_steps must be an int"):
+        BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict(dict(state, micro_steps=1.5))
+    with pytest.raises(ValueError, match="lacks"):
+        BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict({"epoch": 0})
