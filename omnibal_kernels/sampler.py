@@ -143,7 +143,7 @@ def _parse_groups(groups: Any, n: int) -> list[np.ndarray]:
     """Groups as sorted arrays of sample ids that partition ``range(n)``."""
     if groups is None:
         return [np.arange(n, dtype=np.int64)]
-    if isinstance(groups, np.ndarray) and groups.ndim == 1 or (
+    if (isinstance(groups, np.ndarray) and groups.ndim == 1) or (
         isinstance(groups, Sequence) and len(groups) > 0 and all(np.ndim(g) == 0 for g in groups)
     ):
         ids = np.asarray(groups)
@@ -167,10 +167,14 @@ def _parse_groups(groups: Any, n: int) -> list[np.ndarray]:
         parts.append(np.sort(arr.astype(np.int64)))
     owner = np.full(n, -1, dtype=np.int64)
     for g, arr in enumerate(parts):
+        twice = np.flatnonzero(np.diff(arr) == 0)  # arr is sorted
+        if twice.size:
+            raise ValueError(f"group {g} lists sample {int(arr[twice[0]])} more than once")
         seen = owner[arr]
-        if (seen >= 0).any() or np.unique(arr).size != arr.size:
-            i = int(arr[seen >= 0][0]) if (seen >= 0).any() else int(arr[np.flatnonzero(np.diff(arr) == 0)[0]])
-            raise ValueError(f"sample {i} is in more than one group (group {g} and an earlier one)")
+        if (seen >= 0).any():
+            first = int(np.flatnonzero(seen >= 0)[0])
+            raise ValueError(f"sample {int(arr[first])} is in more than one group (group {int(seen[first])} "
+                             f"and group {g})")
         owner[arr] = g
     missing = np.flatnonzero(owner < 0)
     if missing.size:
@@ -267,6 +271,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._config_fingerprint = self._make_config_fingerprint()
         self._epoch = 0
         self._start = 0  # micro-step the next pass starts at (a resumed position)
+        self._pass_start = 0  # micro-step the current (or last) pass started at: what `consumed` counts from
         self._position = 0  # micro-steps of the epoch handed out so far
         self._schedules: dict[int, _Schedule] = {}  # the current epoch's and the last other one asked for
         self._sample_costs: Optional[np.ndarray] = None
@@ -345,7 +350,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         epoch = _check_epoch(epoch)
         if epoch != self._epoch:
             self._epoch = epoch
-            self._start = self._position = 0
+            self._start = self._pass_start = self._position = 0
 
     def _epoch_or_current(self, epoch: Optional[int]) -> int:
         return self._epoch if epoch is None else _check_epoch(epoch)
@@ -361,7 +366,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         schedule = self._schedule_for(self._epoch)
         total = schedule.micro_packs.shape[0]
         start = self._start
-        self._position = start
+        self._pass_start = self._position = start
         for i in range(start, total):
             self._position = i + 1
             yield schedule.batch(i, self.rank)
@@ -378,7 +383,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         """The position in the epoch, to resume from (the same on every rank).
 
         Args:
-            consumed: micro-steps the training loop consumed in the current pass. Default: all batches this
+            consumed: micro-steps the training loop consumed in the current (or just finished) pass, counted
+                from where that pass started (a resumed position included). Default: all batches this
                 sampler handed out, which is exact when batches are fetched on demand (``num_workers=0``); a
                 DataLoader with workers prefetches, so pass the loop's count then.
         """
@@ -386,10 +392,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             position = self._position
         else:
             consumed = _check_positive_int("consumed", consumed, minimum=0)
-            position = self._start + consumed
+            position = self._pass_start + consumed
             if position > self._num_micro_steps():
                 raise ValueError(f"consumed={consumed} runs past the epoch's {self._num_micro_steps()} micro-steps "
-                                 f"(pass started at {self._start})")
+                                 f"(pass started at {self._pass_start})")
         return {
             "version": _STATE_VERSION,
             "epoch": self._epoch,
@@ -426,7 +432,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         if not 0 <= position <= total:
             raise ValueError(f"micro_steps {position} is outside [0, {total}]")
         self._epoch = epoch
-        self._start = self._position = position
+        self._start = self._pass_start = self._position = position
 
     # ------------------------------------------------------------------------------------------ inspection
 

@@ -186,6 +186,16 @@ def test_groups_must_partition(real):
         BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(0, 10), np.arange(11, n)])
     with pytest.raises(ValueError, match="group ids for"):
         BalancedBatchSampler(real, world_size=1, rank=0, groups=np.zeros(n - 1, np.int64))
+    with pytest.raises(ValueError, match=r"sample 5 is in more than one group \(group 0 and group 1\)"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(0, 10), np.arange(5, n)])
+    with pytest.raises(ValueError, match="group 1 lists sample 12 more than once"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(0, 10), np.r_[np.arange(10, n), 12]])
+    with pytest.raises(ValueError, match="group 1 is empty"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(n), []])
+    with pytest.raises(TypeError, match="group 0 must be a 1-D array"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(n, dtype=float), []])
+    with pytest.raises(ValueError, match=r"group 1 holds sample id -1, outside"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(n), [-1]])
     with pytest.raises(ValueError, match="llm_capacity has 3 entries for 2 groups"):
         BalancedBatchSampler(real, world_size=1, rank=0, groups=np.arange(n) % 2, vit_capacity=[30, 30],
                              llm_capacity=[9000, 9000, 9000])
@@ -389,3 +399,21 @@ def test_load_state_dict_rejects_bad_fields(real):
         BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict(dict(state, micro_steps=1.5))
     with pytest.raises(ValueError, match="lacks"):
         BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict({"epoch": 0})
+
+
+def test_consumed_counts_from_the_resumed_pass_start_also_after_it_finished(real):
+    s = BalancedBatchSampler(real, world_size=2, rank=1, seed=6)
+    total = len(s)
+    s.load_state_dict(dict(s.state_dict(consumed=5)))
+    assert len(s) == total - 5
+    rest = list(s)  # the pass runs to the epoch's end
+    assert len(rest) == total - 5
+    # a loop that counted its consumed batches saves the epoch's end, not 5 short of it
+    end = s.state_dict(consumed=len(rest))
+    assert end["micro_steps"] == total
+    with pytest.raises(ValueError, match="runs past"):
+        s.state_dict(consumed=len(rest) + 1)
+    # the next pass replays the epoch from its start; consumed then counts from 0
+    it = iter(s)
+    next(it)
+    assert s.state_dict(consumed=1)["micro_steps"] == 1
