@@ -25,7 +25,7 @@ from .. import _ext
 from ..lengths import Lengths
 from .cost import CostModel
 
-__all__ = ["Plan", "OversizeError", "plan_packs", "METHODS", "OVERSIZE_POLICIES"]
+__all__ = ["Plan", "OversizeError", "TooFewPacksError", "plan_packs", "METHODS", "OVERSIZE_POLICIES"]
 
 Method = Literal["balanced", "isf", "random"]
 OversizePolicy = Literal["error", "single", "drop"]
@@ -45,6 +45,10 @@ _MASK64 = (1 << 64) - 1
 
 class OversizeError(ValueError):
     """Some samples alone exceed a capacity (with ``oversize="error"``)."""
+
+
+class TooFewPacksError(ValueError):
+    """Fewer packs than ranks with ``drop_last=True``: not one whole step is left."""
 
 
 def _check_int(name: str, value: object) -> int:
@@ -245,6 +249,11 @@ def plan_packs(
 
     Returns:
         A ``Plan``.
+
+    Raises:
+        OversizeError: a sample alone exceeds a capacity and ``oversize="error"`` (naming the samples).
+        TooFewPacksError: ``drop_last=True`` and fewer packs than ``world_size`` (no whole step).
+        ValueError/TypeError: bad options, naming the argument.
     """
     start = time.perf_counter()
     lengths = _as_lengths(lengths)
@@ -318,7 +327,7 @@ def plan_packs(
             step_packs, duplicated, dropped_packs = C.assign_random(len(offsets) - 1, world_size, drop_last, plan_seed)
 
     if step_packs.shape[0] == 0:
-        raise ValueError(
+        raise TooFewPacksError(
             f"only {len(offsets) - 1} pack(s) for {world_size} ranks: with drop_last=True no step is left "
             "(use drop_last=False, fewer ranks or smaller capacities)"
         )
