@@ -312,10 +312,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 plan = plan_packs(group_lengths, world_size=world * m, method=self.method, vit_capacity=qv,
                                   llm_capacity=qt, oversize=self.oversize, drop_last=self.drop_last,
                                   seed=self._group_seed(g), epoch=epoch, cost_model=self.cost_model)
-            except ValueError as err:
+            except ValueError as err:  # the same error type (OversizeError, TooFewPacksError), with context
                 where = f"group {g}: " if len(self.groups) > 1 else ""
-                raise ValueError(f"{where}{err} [world_size {world} x micro_steps_per_step {m} = {world * m} "
-                                 "packs per optimizer step]") from err
+                raise type(err)(f"{where}{err} [world_size {world} x micro_steps_per_step {m} = {world * m} "
+                                "packs per optimizer step]") from err
             plans.append(plan)
 
         offsets, samples, blocks, base = [np.zeros(1, np.int64)], [], [], 0

@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels.balance import plan_packs
+from omnibal_kernels.balance import OversizeError, TooFewPacksError, plan_packs
 from omnibal_kernels.lengths import Lengths, default_lengths
 from omnibal_kernels.sampler import BalancedBatchSampler
 
@@ -213,6 +213,10 @@ def test_bad_arguments(real):
         BalancedBatchSampler(real, world_size=1, rank=0, num_samples=3)
     with pytest.raises(ValueError, match=r"only \d+ pack\(s\) for 8 ranks.*world_size 4 x micro_steps_per_step 2"):
         BalancedBatchSampler(real[np.arange(6)], world_size=4, rank=0, micro_steps_per_step=2, drop_last=True)
+    with pytest.raises(TooFewPacksError):  # the engine's error type survives the added context
+        BalancedBatchSampler(real[np.arange(6)], world_size=4, rank=0, micro_steps_per_step=2, drop_last=True)
+    with pytest.raises(OversizeError, match="alone exceed"):
+        BalancedBatchSampler(real, world_size=1, rank=0, vit_capacity=1, llm_capacity=10)
     with pytest.raises(ValueError, match="micro_steps_per_step must be >= 1"):
         BalancedBatchSampler(real, world_size=1, rank=0, micro_steps_per_step=0)
     with pytest.raises(ValueError, match="method must be one of"):
