@@ -13,7 +13,7 @@ so the epoch always holds a whole number of optimizer steps.
 
 Groups (the OmniBal multi-group mode): samples may be split into groups (e.g. text-only and image-text data)
 that are packed separately, each under its own capacities; every optimizer step holds packs of one group,
-and the steps of all groups are interleaved in a seeded random order.
+and the groups' steps are interleaved in a seeded random order that keeps each group's own step order.
 
 Resuming: ``state_dict()`` records the epoch, the micro-steps already handed out and fingerprints of the
 options and of the epoch's plan; ``load_state_dict`` continues with exactly the remaining batches and
@@ -327,10 +327,14 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             base += plan.num_packs
         steps = np.concatenate(blocks)  # (total optimizer steps, m, world), groups one after another
         if len(plans) > 1:
-            # the engine's shuffle: integer-only, so the interleaving is the same on every rank and platform
+            # Interleave the groups at random but keep each group's own step order (the engine lays a group's
+            # steps out with no load trend over the epoch; a shuffle of all steps would undo that). The
+            # engine's shuffle is integer-only, so the interleaving is the same on every rank and platform.
             C = _ext.load()
-            order = C.shuffle(np.arange(steps.shape[0], dtype=np.int64),
-                              C.derive_seed(epoch_seed(self.seed, epoch), _STREAM_GROUP_STEPS, 0))
+            labels = np.repeat(np.arange(len(plans), dtype=np.int64), [p.num_steps for p in plans])
+            labels = C.shuffle(labels, C.derive_seed(epoch_seed(self.seed, epoch), _STREAM_GROUP_STEPS, 0))
+            order = np.empty(labels.shape[0], dtype=np.int64)
+            order[np.argsort(labels, kind="stable")] = np.arange(labels.shape[0])  # k-th slot of g: its k-th step
             steps = steps[order]
         micro_packs = np.ascontiguousarray(steps.reshape(-1, world))
         pack_offsets = np.concatenate(offsets)

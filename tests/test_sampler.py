@@ -421,3 +421,16 @@ def test_consumed_counts_from_the_resumed_pass_start_also_after_it_finished(real
     it = iter(s)
     next(it)
     assert s.state_dict(consumed=1)["micro_steps"] == 1
+
+
+def test_groups_interleave_keeps_each_groups_step_order(real):
+    groups = (real.source % 2).astype(np.int64)
+    s = BalancedBatchSampler(real, world_size=2, rank=1, groups=groups, vit_capacity=[16, 16],
+                             llm_capacity=[5376, 5376], seed=8)
+    s.set_epoch(1)
+    batches = list(s)
+    owner = [int(groups[b[0]]) for b in batches]
+    for g, plan in enumerate(s.plans()):
+        expected = [s.groups[g][pack].tolist() for pack in plan.rank_batches(1)]
+        assert [b for b, o in zip(batches, owner) if o == g] == expected
+    assert sum(a != b for a, b in zip(owner, owner[1:])) > len(owner) // 4  # interleaved, not one after the other

@@ -3,8 +3,10 @@
 Methods:
 
 * ``"balanced"`` (default): randomized two-dimensional best fit in rounds (packs at the physical limit of
-  the binding capacity), then packs sorted by (ViT load, LLM load) with blocks re-sorted by cost and cut
-  into steps, so the ranks of a step get near-equal ViT load, LLM load and cost; step order is shuffled.
+  the binding capacity), then packs sorted by the load that varies more across them, blocks re-sorted by
+  the other load and smaller blocks by cost, and cut into steps, so the ranks of a step get near-equal ViT
+  load, LLM load and cost; steps are laid out in a stratified random order (no load trend over the epoch)
+  and ranks are shuffled within a step.
 * ``"isf"``: the OmniBal paper's Iterative Sampling and Filtering, packs to ranks in random order.
 * ``"random"``: random next-fit packs, in random order (the baseline).
 
