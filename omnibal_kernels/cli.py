@@ -27,6 +27,9 @@ _REPORT_ROWS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .balance.plan import METHODS, OVERSIZE_POLICIES
+    from .vision import add_lengths_parser
+
     parser = argparse.ArgumentParser(
         prog="omnibal-kernels",
         description="Balance variable-length (vision-)language training data across data-parallel ranks.",
@@ -45,10 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="mean samples per pack for the capacity search (default 4)")
     plan.add_argument("--vit-capacity", type=int, default=None, help="ViT tiles/patches per pack")
     plan.add_argument("--llm-capacity", type=int, default=None, help="LLM tokens per pack")
-    plan.add_argument("--method", choices=("balanced", "isf", "random"), default=None,
+    plan.add_argument("--method", choices=METHODS, default=None,
                       help="planning method (default: all three side by side without PATH or --json, "
                       "else balanced)")
-    plan.add_argument("--oversize", choices=("error", "single", "drop"), default="error",
+    plan.add_argument("--oversize", choices=OVERSIZE_POLICIES, default="error",
                       help="samples over a capacity: error (default), own pack, or drop")
     plan.add_argument("--drop-last", action="store_true", help="drop a ragged last step instead of reusing packs")
     plan.add_argument("--seed", type=int, default=0)
@@ -56,9 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print one JSON object (one method)")
     plan.add_argument("--out", default=None, help="write the plan to this .npz file (one method)")
     plan.set_defaults(func=_run_plan)
-
-    from .vision import add_lengths_parser
-
     add_lengths_parser(sub)
     return parser
 

@@ -17,7 +17,7 @@ The model receives packed batches (``input_ids (1, T)``, ``position_ids``, ``cu_
 ``max_seqlen``/``max_length_q``, ...): use a model whose attention reads them (flash-attention varlen, or
 :func:`omnibal_kernels.varlen_attention`). ``per_device_train_batch_size`` is ignored (a pack is one batch);
 ``gradient_accumulation_steps`` becomes ``micro_steps_per_step``, so each optimizer step is balanced; world
-size, rank and seed come from the ``TrainingArguments``. The DataLoader is not passed through
+size, rank, seed and ``dataloader_drop_last`` (the sampler's ``drop_last``) come from the ``TrainingArguments``. The DataLoader is not passed through
 ``accelerator.prepare`` (that would shard the already per-rank batches again); the Trainer moves batches to
 the device itself, and its ``set_epoch`` call reaches the sampler. Resuming from a checkpoint skips the
 consumed micro-steps of the same deterministic plan, so it continues exactly.
@@ -49,8 +49,8 @@ def balanced_train_dataloader(
 
     Args:
         trainer: supplies ``train_dataset``, ``data_collator`` and ``args`` (``world_size``, ``process_index``,
-            ``gradient_accumulation_steps``, ``seed``, ``dataloader_num_workers``, ``dataloader_pin_memory``,
-            ``dataloader_persistent_workers``, ``dataloader_prefetch_factor``).
+            ``gradient_accumulation_steps``, ``seed``, ``dataloader_drop_last``, ``dataloader_num_workers``,
+            ``dataloader_pin_memory``, ``dataloader_persistent_workers``, ``dataloader_prefetch_factor``).
         lengths: per-sample loads of ``train_dataset`` (see :class:`BalancedBatchSampler`).
         collate_fn: default ``trainer.data_collator`` (pass ``data_collator=PackCollator()`` to the Trainer).
         **sampler_options: more :class:`BalancedBatchSampler` options (``target_batch_size``, capacities,
@@ -68,6 +68,7 @@ def balanced_train_dataloader(
         "rank": args.process_index,
         "micro_steps_per_step": args.gradient_accumulation_steps,
         "seed": args.seed,
+        "drop_last": args.dataloader_drop_last,
         "dataset": dataset,
     }
     options.update(sampler_options)

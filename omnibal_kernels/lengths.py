@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple, Sequence, Union
+from typing import Iterable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -152,17 +152,18 @@ def _read_records(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return vit, llm
 
 
-def _is_meta_file(path: Path) -> bool:
-    """An OmniBal meta file is a JSON object (not a list) whose values hold ``token_lengths``."""
+def _read_meta(path: Path) -> Optional[dict]:
+    """The OmniBal meta file at ``path`` (a JSON object whose values hold ``token_lengths``), else None."""
     with open(path, "rb") as f:
         head = f.read(4096).lstrip()
     if not head.startswith(b"{"):
-        return False
+        return None
     try:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError:
-        return False  # JSON Lines: several objects
-    return isinstance(meta, dict) and any(isinstance(v, dict) and "token_lengths" in v for v in meta.values())
+        return None  # JSON Lines: several objects
+    is_meta = isinstance(meta, dict) and any(isinstance(v, dict) and "token_lengths" in v for v in meta.values())
+    return meta if is_meta else None
 
 
 def _load_one(path: Path) -> Lengths:
@@ -193,18 +194,16 @@ def _load_one(path: Path) -> Lengths:
             raise ValueError(f"{path}: vit has {vit.shape[0]} samples, llm has {llm.shape[0]}")
         return Lengths(vit, llm, sources=(str(path),))
     if suffix in (".json", ".jsonl") or suffix == "":
-        if suffix == ".json" and _is_meta_file(path):
-            meta = json.loads(path.read_text())
-            parts = []
-            for name, entry in meta.items():
+        meta = _read_meta(path) if suffix == ".json" else None
+        if meta is not None:
+            parts = []  # _read_meta only returns files that list at least one path
+            for entry in meta.values():
                 if not isinstance(entry, dict) or "token_lengths" not in entry:
                     continue
                 sub = Path(entry["token_lengths"])
                 if not sub.is_absolute():
                     sub = path.parent / sub
                 parts.append(_load_one(sub))
-            if not parts:
-                raise ValueError(f"{path}: meta file lists no 'token_lengths' paths")
             return Lengths.concat(parts)
         vit, llm = _read_records(path)
         return Lengths(vit, llm, sources=(str(path),))

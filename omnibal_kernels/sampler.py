@@ -13,7 +13,7 @@ so the epoch always holds a whole number of optimizer steps.
 
 Groups (the OmniBal multi-group mode): samples may be split into groups (e.g. text-only and image-text data)
 that are packed separately, each under its own capacities; every optimizer step holds packs of one group,
-and the steps of all groups are interleaved in a seeded random order.
+and the groups' steps are interleaved in a seeded random order that keeps each group's own step order.
 
 Resuming: ``state_dict()`` records the epoch, the micro-steps already handed out and fingerprints of the
 options and of the epoch's plan; ``load_state_dict`` continues with exactly the remaining batches and
@@ -29,16 +29,20 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch.utils.data
 
+from . import _ext
 from .balance.cost import CostModel
-from .balance.plan import METHODS, OVERSIZE_POLICIES, Plan, _as_lengths, _check_positive_int, epoch_seed, plan_packs
-from .balance.report import BalanceReport, balance_report, dist_ratio
+from .balance.plan import (METHODS, OVERSIZE_POLICIES, Plan, _as_lengths, _check_epoch, _check_int,
+                           _check_positive_int, _hash_arrays, epoch_seed, plan_packs)
+from .balance.report import BalanceReport, _mean_over_max, _pack_sums, balance_report, dist_ratio
 from .balance.search import search_capacity
 from .lengths import Lengths
 
 __all__ = ["BalancedBatchSampler", "SamplerReport", "default_world"]
 
 _STATE_VERSION = 1
-_MASK64 = np.uint64((1 << 64) - 1)
+# Stream id of the interleaved step order of several groups, for the engine's derive_seed (the engine's own
+# streams in csrc/grouping.cpp are 1-5).
+_STREAM_GROUP_STEPS = 16
 
 
 def default_world(world_size: Optional[int] = None, rank: Optional[int] = None) -> tuple[int, int]:
@@ -54,26 +58,10 @@ def default_world(world_size: Optional[int] = None, rank: Optional[int] = None) 
     if rank is None:
         rank = dist.get_rank() if initialized else 0
     world_size = _check_positive_int("world_size", world_size)
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
-        raise TypeError(f"rank must be an int, got {type(rank).__name__}")
+    rank = _check_int("rank", rank)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-    return world_size, int(rank)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer on a uint64 array (wrapping arithmetic): a portable hash for shuffling."""
-    with np.errstate(over="ignore"):
-        z = x + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
-def _seeded_permutation(n: int, seed: int) -> np.ndarray:
-    """A permutation of ``range(n)`` that depends only on ``seed`` (same on every platform and numpy)."""
-    keys = _splitmix64(np.arange(n, dtype=np.uint64) ^ np.uint64(seed & ((1 << 64) - 1)))
-    return np.argsort(keys, kind="stable").astype(np.int64)
+    return world_size, rank
 
 
 @dataclass(frozen=True)
@@ -124,7 +112,7 @@ class SamplerReport:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Schedule:
     """One epoch in global sample ids: packs of all groups and the (micro_step, rank) table of pack ids."""
 
@@ -134,6 +122,7 @@ class _Schedule:
     pack_samples: np.ndarray  # global sample ids, pack after pack
     micro_packs: np.ndarray  # (num_micro_steps, world_size) int64
     fingerprint: str
+    report: Optional["SamplerReport"] = None  # made on the first balance_report() of the epoch
 
     def batch(self, micro_step: int, rank: int) -> list[int]:
         p = int(self.micro_packs[micro_step, rank])
@@ -154,7 +143,7 @@ def _parse_groups(groups: Any, n: int) -> list[np.ndarray]:
     """Groups as sorted arrays of sample ids that partition ``range(n)``."""
     if groups is None:
         return [np.arange(n, dtype=np.int64)]
-    if isinstance(groups, np.ndarray) and groups.ndim == 1 or (
+    if (isinstance(groups, np.ndarray) and groups.ndim == 1) or (
         isinstance(groups, Sequence) and len(groups) > 0 and all(np.ndim(g) == 0 for g in groups)
     ):
         ids = np.asarray(groups)
@@ -178,10 +167,14 @@ def _parse_groups(groups: Any, n: int) -> list[np.ndarray]:
         parts.append(np.sort(arr.astype(np.int64)))
     owner = np.full(n, -1, dtype=np.int64)
     for g, arr in enumerate(parts):
+        twice = np.flatnonzero(np.diff(arr) == 0)  # arr is sorted
+        if twice.size:
+            raise ValueError(f"group {g} lists sample {int(arr[twice[0]])} more than once")
         seen = owner[arr]
-        if (seen >= 0).any() or np.unique(arr).size != arr.size:
-            i = int(arr[seen >= 0][0]) if (seen >= 0).any() else int(arr[np.flatnonzero(np.diff(arr) == 0)[0]])
-            raise ValueError(f"sample {i} is in more than one group (group {g} and an earlier one)")
+        if (seen >= 0).any():
+            first = int(np.flatnonzero(seen >= 0)[0])
+            raise ValueError(f"sample {int(arr[first])} is in more than one group (group {int(seen[first])} "
+                             f"and group {g})")
         owner[arr] = g
     missing = np.flatnonzero(owner < 0)
     if missing.size:
@@ -251,10 +244,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if oversize not in OVERSIZE_POLICIES:
             raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         self.method = method
-        self.seed = int(seed)
+        self.seed = _check_int("seed", seed)
         self.drop_last = bool(drop_last)
         self.micro_steps_per_step = _check_positive_int("micro_steps_per_step", micro_steps_per_step)
         self.oversize = oversize
@@ -280,8 +271,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._config_fingerprint = self._make_config_fingerprint()
         self._epoch = 0
         self._start = 0  # micro-step the next pass starts at (a resumed position)
+        self._pass_start = 0  # micro-step the current (or last) pass started at: what `consumed` counts from
         self._position = 0  # micro-steps of the epoch handed out so far
-        self._schedule: Optional[_Schedule] = None
+        self._schedules: dict[int, _Schedule] = {}  # the current epoch's and the last other one asked for
+        self._sample_costs: Optional[np.ndarray] = None
         self._schedule_for(0)  # plan now: bad options fail at construction, not in the first DataLoader pass
 
     # ------------------------------------------------------------------------------------------ planning
@@ -303,8 +296,15 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         return self.seed if len(self.groups) == 1 else epoch_seed(self.seed, g)
 
     def _schedule_for(self, epoch: int) -> _Schedule:
-        if self._schedule is not None and self._schedule.epoch == epoch:
-            return self._schedule
+        schedule = self._schedules.get(epoch)
+        if schedule is None:
+            schedule = self._plan_epoch(epoch)
+            # inspecting another epoch (a report, a fingerprint, a state to load) must not evict the current one
+            self._schedules = {e: s for e, s in self._schedules.items() if e == self._epoch}
+            self._schedules[epoch] = schedule
+        return schedule
+
+    def _plan_epoch(self, epoch: int) -> _Schedule:
         m, world = self.micro_steps_per_step, self.world_size
         plans = []
         for g, (group_lengths, (qv, qt)) in enumerate(zip(self._group_lengths, self.capacities)):
@@ -312,10 +312,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 plan = plan_packs(group_lengths, world_size=world * m, method=self.method, vit_capacity=qv,
                                   llm_capacity=qt, oversize=self.oversize, drop_last=self.drop_last,
                                   seed=self._group_seed(g), epoch=epoch, cost_model=self.cost_model)
-            except ValueError as err:
+            except ValueError as err:  # the same error type (OversizeError, TooFewPacksError), with context
                 where = f"group {g}: " if len(self.groups) > 1 else ""
-                raise ValueError(f"{where}{err} [world_size {world} x micro_steps_per_step {m} = {world * m} "
-                                 "packs per optimizer step]") from err
+                raise type(err)(f"{where}{err} [world_size {world} x micro_steps_per_step {m} = {world * m} "
+                                "packs per optimizer step]") from err
             plans.append(plan)
 
         offsets, samples, blocks, base = [np.zeros(1, np.int64)], [], [], 0
@@ -327,16 +327,20 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             base += plan.num_packs
         steps = np.concatenate(blocks)  # (total optimizer steps, m, world), groups one after another
         if len(plans) > 1:
-            steps = steps[_seeded_permutation(steps.shape[0], epoch_seed(self.seed, epoch) ^ 0x5EED)]
+            # Interleave the groups at random but keep each group's own step order (the engine lays a group's
+            # steps out with no load trend over the epoch; a shuffle of all steps would undo that). The
+            # engine's shuffle is integer-only, so the interleaving is the same on every rank and platform.
+            C = _ext.load()
+            labels = np.repeat(np.arange(len(plans), dtype=np.int64), [p.num_steps for p in plans])
+            labels = C.shuffle(labels, C.derive_seed(epoch_seed(self.seed, epoch), _STREAM_GROUP_STEPS, 0))
+            order = np.empty(labels.shape[0], dtype=np.int64)
+            order[np.argsort(labels, kind="stable")] = np.arange(labels.shape[0])  # k-th slot of g: its k-th step
+            steps = steps[order]
         micro_packs = np.ascontiguousarray(steps.reshape(-1, world))
         pack_offsets = np.concatenate(offsets)
         pack_samples = np.concatenate(samples)
-        h = hashlib.sha256()
-        for arr in (pack_offsets, pack_samples, micro_packs):
-            h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
-        self._schedule = _Schedule(epoch, tuple(plans), pack_offsets, pack_samples, micro_packs,
-                                   h.hexdigest()[:16])
-        return self._schedule
+        return _Schedule(epoch, tuple(plans), pack_offsets, pack_samples, micro_packs,
+                         _hash_arrays(pack_offsets, pack_samples, micro_packs))
 
     # ------------------------------------------------------------------------------------------ sampling
 
@@ -347,11 +351,13 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch to sample (a new plan per epoch). Setting the current epoch again keeps a
         resumed position, so ``load_state_dict`` followed by the usual ``set_epoch(e)`` continues mid-epoch."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        if int(epoch) != self._epoch:
-            self._epoch = int(epoch)
-            self._start = self._position = 0
+        epoch = _check_epoch(epoch)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._start = self._pass_start = self._position = 0
+
+    def _epoch_or_current(self, epoch: Optional[int]) -> int:
+        return self._epoch if epoch is None else _check_epoch(epoch)
 
     def _num_micro_steps(self) -> int:
         return int(self._schedule_for(self._epoch).micro_packs.shape[0])
@@ -364,7 +370,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         schedule = self._schedule_for(self._epoch)
         total = schedule.micro_packs.shape[0]
         start = self._start
-        self._position = start
+        self._pass_start = self._position = start
         for i in range(start, total):
             self._position = i + 1
             yield schedule.batch(i, self.rank)
@@ -375,13 +381,14 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def fingerprint(self, epoch: Optional[int] = None) -> str:
         """Hash of the epoch's schedule over all ranks (equal on every rank; default: the current epoch)."""
-        return self._schedule_for(self._epoch if epoch is None else epoch).fingerprint
+        return self._schedule_for(self._epoch_or_current(epoch)).fingerprint
 
     def state_dict(self, consumed: Optional[int] = None) -> dict[str, Any]:
         """The position in the epoch, to resume from (the same on every rank).
 
         Args:
-            consumed: micro-steps the training loop consumed in the current pass. Default: all batches this
+            consumed: micro-steps the training loop consumed in the current (or just finished) pass, counted
+                from where that pass started (a resumed position included). Default: all batches this
                 sampler handed out, which is exact when batches are fetched on demand (``num_workers=0``); a
                 DataLoader with workers prefetches, so pass the loop's count then.
         """
@@ -389,10 +396,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             position = self._position
         else:
             consumed = _check_positive_int("consumed", consumed, minimum=0)
-            position = self._start + consumed
+            position = self._pass_start + consumed
             if position > self._num_micro_steps():
                 raise ValueError(f"consumed={consumed} runs past the epoch's {self._num_micro_steps()} micro-steps "
-                                 f"(pass started at {self._start})")
+                                 f"(pass started at {self._pass_start})")
         return {
             "version": _STATE_VERSION,
             "epoch": self._epoch,
@@ -411,66 +418,66 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         missing = {"epoch", "micro_steps", "config_fingerprint", "plan_fingerprint"} - set(state)
         if missing:
             raise ValueError(f"state_dict lacks {sorted(missing)}")
+        if state.get("version", _STATE_VERSION) > _STATE_VERSION:
+            raise ValueError(f"state_dict version {state['version']} is newer than this sampler's ({_STATE_VERSION})")
         if state.get("world_size", self.world_size) != self.world_size:
             raise ValueError(f"state was saved with world_size {state['world_size']}, this sampler has "
                              f"{self.world_size}")
         if state["config_fingerprint"] != self._config_fingerprint:
             raise ValueError("state was saved by a sampler with other lengths or options (config fingerprint "
                              f"{state['config_fingerprint']} != {self._config_fingerprint})")
-        epoch = int(state["epoch"])
-        plan_fp = self._schedule_for(epoch).fingerprint
-        if state["plan_fingerprint"] != plan_fp:
+        epoch = _check_epoch(state["epoch"])
+        schedule = self._schedule_for(epoch)
+        if state["plan_fingerprint"] != schedule.fingerprint:
             raise ValueError(f"epoch {epoch} plans differently now (plan fingerprint {state['plan_fingerprint']} "
-                             f"!= {plan_fp}); the planning engine or its inputs changed")
-        position = int(state["micro_steps"])
-        total = self._schedule_for(epoch).micro_packs.shape[0]
+                             f"!= {schedule.fingerprint}); the planning engine or its inputs changed")
+        position = _check_int("micro_steps", state["micro_steps"])
+        total = schedule.micro_packs.shape[0]
         if not 0 <= position <= total:
             raise ValueError(f"micro_steps {position} is outside [0, {total}]")
         self._epoch = epoch
-        self._start = self._position = position
+        self._start = self._pass_start = self._position = position
 
     # ------------------------------------------------------------------------------------------ inspection
 
     def plans(self, epoch: Optional[int] = None) -> tuple[Plan, ...]:
         """Every group's :class:`Plan` of the epoch (over ``world_size * micro_steps_per_step`` virtual ranks);
         sample ids inside are group-local (``sampler.groups[g][id]`` is the dataset index)."""
-        return self._schedule_for(self._epoch if epoch is None else epoch).plans
+        return self._schedule_for(self._epoch_or_current(epoch)).plans
 
     def rank_batches(self, rank: Optional[int] = None, epoch: Optional[int] = None) -> list[list[int]]:
         """All batches of ``rank`` (default this one) for the epoch, from its start."""
-        rank = self.rank if rank is None else rank
+        rank = self.rank if rank is None else _check_int("rank", rank)
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
-        schedule = self._schedule_for(self._epoch if epoch is None else epoch)
+        schedule = self._schedule_for(self._epoch_or_current(epoch))
         return [schedule.batch(i, rank) for i in range(schedule.micro_packs.shape[0])]
 
     def micro_step_loads(self, epoch: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step."""
-        schedule = self._schedule_for(self._epoch if epoch is None else epoch)
-        sizes = np.diff(schedule.pack_offsets)
-        costs = self.cost_model.sample_costs(self.lengths.vit, self.lengths.llm)
-        out = []
-        for values in (self.lengths.vit, self.lengths.llm, costs):
-            per_pack = np.zeros(sizes.shape[0], dtype=values.dtype)
-            nonempty = sizes > 0
-            per_pack[nonempty] = np.add.reduceat(values[schedule.pack_samples], schedule.pack_offsets[:-1][nonempty])
-            out.append(per_pack[schedule.micro_packs])
-        return out[0], out[1], out[2]
+        schedule = self._schedule_for(self._epoch_or_current(epoch))
+        if self._sample_costs is None:
+            self._sample_costs = self.cost_model.sample_costs(self.lengths.vit, self.lengths.llm)
+        vit, llm, cost = (_pack_sums(schedule.pack_offsets, schedule.pack_samples, values)[schedule.micro_packs]
+                          for values in (self.lengths.vit, self.lengths.llm, self._sample_costs))
+        return vit, llm, cost
 
     def balance_report(self, epoch: Optional[int] = None) -> SamplerReport:
-        """The :class:`SamplerReport` of the epoch (default: the current one)."""
-        epoch = self._epoch if epoch is None else epoch
+        """The :class:`SamplerReport` of the epoch (default: the current one; made once per planned epoch)."""
+        epoch = self._epoch_or_current(epoch)
         schedule = self._schedule_for(epoch)
+        if schedule.report is None:
+            schedule.report = self._make_report(schedule)
+        return schedule.report
+
+    def _make_report(self, schedule: _Schedule) -> SamplerReport:
+        epoch = schedule.epoch
         m, world = self.micro_steps_per_step, self.world_size
         vit, llm, cost = self.micro_step_loads(epoch)
         steps = vit.shape[0] // m
         step_vit = vit.reshape(steps, m, world).sum(axis=1)
         step_llm = llm.reshape(steps, m, world).sum(axis=1)
         step_cost = cost.reshape(steps, m, world).sum(axis=1)
-
-        def efficiency(c: np.ndarray) -> float:
-            peak = c.max(axis=1)
-            return float(np.mean(np.where(peak > 0, c.mean(axis=1) / np.where(peak > 0, peak, 1.0), 1.0)))
 
         dropped, duplicated = [], []
         for g, plan in enumerate(schedule.plans):
@@ -491,8 +498,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             micro_llm_dist=dist_ratio(llm),
             step_vit_dist=dist_ratio(step_vit, min_denominator=1.0),
             step_llm_dist=dist_ratio(step_llm),
-            micro_step_efficiency=efficiency(cost),
-            step_efficiency=efficiency(step_cost),
+            micro_step_efficiency=_mean_over_max(cost),
+            step_efficiency=_mean_over_max(step_cost),
             groups=group_reports,
             dropped_samples=np.sort(np.concatenate(dropped)) if dropped else np.zeros(0, np.int64),
             duplicated_samples=np.sort(np.concatenate(duplicated)) if duplicated else np.zeros(0, np.int64),

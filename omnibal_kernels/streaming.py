@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 import torch.utils.data
 
 from .balance.cost import CostModel
-from .balance.plan import METHODS, OVERSIZE_POLICIES, Plan, _check_positive_int, epoch_seed, plan_packs
+from .balance.plan import (METHODS, OVERSIZE_POLICIES, Plan, TooFewPacksError, _as_lengths, _check_epoch,
+                           _check_int, _check_positive_int, epoch_seed, plan_packs)
 from .balance.report import BalanceReport, balance_report
 from .lengths import Lengths
 from .sampler import default_world
@@ -48,6 +49,22 @@ class _StreamOptions:
     cost_model: Optional[CostModel]
 
 
+def _stream_options(*, vit_capacity: int, llm_capacity: int, buffer_size: int, world_size: int, method: str,
+                    seed: int, drop_last: bool, oversize: str, cost_model: Optional[CostModel]) -> _StreamOptions:
+    """Checked options, shared by the packer and the report (errors name the argument)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if oversize not in OVERSIZE_POLICIES:
+        raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
+    return _StreamOptions(
+        vit_capacity=_check_positive_int("vit_capacity", vit_capacity, minimum=0),
+        llm_capacity=_check_positive_int("llm_capacity", llm_capacity),
+        buffer_size=_check_positive_int("buffer_size", buffer_size),
+        world_size=_check_positive_int("world_size", world_size), method=method, seed=_check_int("seed", seed),
+        drop_last=bool(drop_last), oversize=oversize, cost_model=cost_model,
+    )
+
+
 def _plan_stream(
     items: Iterable[tuple[Any, int, int]], opts: _StreamOptions, epoch: int, worker: int, num_workers: int
 ) -> Iterator[tuple[Plan, list[Any]]]:
@@ -64,14 +81,14 @@ def _plan_stream(
         if not batch:
             return None, []
         lengths = Lengths(np.array([b[1] for b in batch], np.int64), np.array([b[2] for b in batch], np.int64))
+        if opts.oversize == "drop" and np.all((lengths.vit > opts.vit_capacity) | (lengths.llm > opts.llm_capacity)):
+            return None, []  # nothing but oversize samples: all dropped (carried samples are never oversize)
         try:
             plan = plan_packs(lengths, world_size=opts.world_size, method=opts.method,
                               vit_capacity=opts.vit_capacity, llm_capacity=opts.llm_capacity,
                               oversize=opts.oversize, drop_last=opts.drop_last if final else True,
                               seed=epoch_seed(opts.seed, index), epoch=epoch, cost_model=opts.cost_model)
-        except ValueError as err:
-            if "pack(s) for" not in str(err):
-                raise
+        except TooFewPacksError:
             # fewer packs than ranks: wait for more samples, or (at the end, with drop_last) drop them
             return None, ([] if final else batch)
         if final:
@@ -138,35 +155,29 @@ class BalancedPacker(torch.utils.data.IterableDataset):
             raise TypeError("lengths_fn must be a callable sample -> (vit, llm)")
         if not hasattr(source, "__iter__"):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if oversize not in OVERSIZE_POLICIES:
-            raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
         self.source = source
         self.lengths_fn = lengths_fn
         self.world_size, self.rank = default_world(world_size, rank)
-        self.options = _StreamOptions(
-            vit_capacity=_check_positive_int("vit_capacity", vit_capacity, minimum=0),
-            llm_capacity=_check_positive_int("llm_capacity", llm_capacity),
-            buffer_size=_check_positive_int("buffer_size", buffer_size),
-            world_size=self.world_size, method=method, seed=int(seed), drop_last=bool(drop_last),
-            oversize=oversize, cost_model=cost_model,
-        )
+        self.options = _stream_options(vit_capacity=vit_capacity, llm_capacity=llm_capacity, buffer_size=buffer_size,
+                                       world_size=self.world_size, method=method, seed=seed, drop_last=drop_last,
+                                       oversize=oversize, cost_model=cost_model)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         """New packs for a new epoch (the stream order is the source's)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = _check_epoch(epoch)
 
     def _items(self) -> Iterator[tuple[Any, int, int]]:
         for position, sample in enumerate(self.source):
             loads = self.lengths_fn(sample)
             try:
-                vit, llm = (int(x) for x in loads)
-            except (TypeError, ValueError):
-                raise TypeError(f"sample {position}: lengths_fn must return (vit, llm) integers, got {loads!r}") from None
+                vit, llm = loads
+                whole = int(vit) == vit and int(llm) == llm  # 3.0 is fine; 2.5 is not silently truncated
+                vit, llm = int(vit), int(llm)
+            except (TypeError, ValueError, OverflowError):
+                whole = False
+            if not whole:
+                raise TypeError(f"sample {position}: lengths_fn must return (vit, llm) integers, got {loads!r}")
             if vit < 0 or llm < 0:
                 raise ValueError(f"sample {position}: negative load (vit {vit}, llm {llm})")
             yield sample, vit, llm
@@ -194,7 +205,7 @@ class StreamingReport(NamedTuple):
     num_buffers: int
 
 
-def _merge(plans: list[tuple[Plan, list[int]]], world_size: int, opts: _StreamOptions, n: int) -> Plan:
+def _merge(plans: list[tuple[Plan, list[int]]], opts: _StreamOptions, n: int) -> Plan:
     """The streamed plans as one Plan over stream positions (steps one after another)."""
     offsets, samples, steps, slotted, base, total, duplicated = [np.zeros(1, np.int64)], [], [], [], 0, 0, 0
     for plan, payloads in plans:
@@ -214,8 +225,8 @@ def _merge(plans: list[tuple[Plan, list[int]]], world_size: int, opts: _StreamOp
         method=opts.method,
         pack_offsets=np.concatenate(offsets),
         pack_samples=scheduled,
-        step_packs=np.concatenate(steps) if steps else np.zeros((0, world_size), np.int64),
-        world_size=world_size,
+        step_packs=np.concatenate(steps) if steps else np.zeros((0, opts.world_size), np.int64),
+        world_size=opts.world_size,
         vit_capacity=opts.vit_capacity,
         llm_capacity=opts.llm_capacity,
         seed=opts.seed,
@@ -227,7 +238,7 @@ def _merge(plans: list[tuple[Plan, list[int]]], world_size: int, opts: _StreamOp
 
 
 def streaming_report(
-    lengths: Lengths,
+    lengths: Union[Lengths, tuple, np.ndarray],
     *,
     vit_capacity: int,
     llm_capacity: int,
@@ -247,17 +258,16 @@ def streaming_report(
     Returns:
         ``StreamingReport(streaming, offline, num_buffers)``.
     """
-    opts = _StreamOptions(
-        vit_capacity=_check_positive_int("vit_capacity", vit_capacity, minimum=0),
-        llm_capacity=_check_positive_int("llm_capacity", llm_capacity),
-        buffer_size=_check_positive_int("buffer_size", buffer_size),
-        world_size=_check_positive_int("world_size", world_size), method=method, seed=int(seed),
-        drop_last=bool(drop_last), oversize=oversize, cost_model=cost_model,
-    )
+    opts = _stream_options(vit_capacity=vit_capacity, llm_capacity=llm_capacity, buffer_size=buffer_size,
+                           world_size=world_size, method=method, seed=seed, drop_last=drop_last, oversize=oversize,
+                           cost_model=cost_model)
+    num_workers = _check_positive_int("num_workers", num_workers)
+    epoch = _check_epoch(epoch)
+    lengths = _as_lengths(lengths)
     n = len(lengths)
     items = list(zip(range(n), lengths.vit.tolist(), lengths.llm.tolist()))
     plans = [pp for w in range(num_workers) for pp in _plan_stream(items, opts, epoch, w, num_workers)]
-    merged = _merge(plans, world_size, opts, n)
+    merged = _merge(plans, opts, n)
     offline = plan_packs(lengths, world_size=world_size, method=method, vit_capacity=vit_capacity,
                          llm_capacity=llm_capacity, oversize=oversize, drop_last=drop_last, seed=seed, epoch=epoch,
                          cost_model=cost_model)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels.balance import plan_packs
+from omnibal_kernels.balance import OversizeError, TooFewPacksError, plan_packs
 from omnibal_kernels.lengths import Lengths, default_lengths
 from omnibal_kernels.sampler import BalancedBatchSampler
 
@@ -186,6 +186,16 @@ def test_groups_must_partition(real):
         BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(0, 10), np.arange(11, n)])
     with pytest.raises(ValueError, match="group ids for"):
         BalancedBatchSampler(real, world_size=1, rank=0, groups=np.zeros(n - 1, np.int64))
+    with pytest.raises(ValueError, match=r"sample 5 is in more than one group \(group 0 and group 1\)"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(0, 10), np.arange(5, n)])
+    with pytest.raises(ValueError, match="group 1 lists sample 12 more than once"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(0, 10), np.r_[np.arange(10, n), 12]])
+    with pytest.raises(ValueError, match="group 1 is empty"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(n), []])
+    with pytest.raises(TypeError, match="group 0 must be a 1-D array"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(n, dtype=float), []])
+    with pytest.raises(ValueError, match=r"group 1 holds sample id -1, outside"):
+        BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(n), [-1]])
     with pytest.raises(ValueError, match="llm_capacity has 3 entries for 2 groups"):
         BalancedBatchSampler(real, world_size=1, rank=0, groups=np.arange(n) % 2, vit_capacity=[30, 30],
                              llm_capacity=[9000, 9000, 9000])
@@ -203,6 +213,10 @@ def test_bad_arguments(real):
         BalancedBatchSampler(real, world_size=1, rank=0, num_samples=3)
     with pytest.raises(ValueError, match=r"only \d+ pack\(s\) for 8 ranks.*world_size 4 x micro_steps_per_step 2"):
         BalancedBatchSampler(real[np.arange(6)], world_size=4, rank=0, micro_steps_per_step=2, drop_last=True)
+    with pytest.raises(TooFewPacksError):  # the engine's error type survives the added context
+        BalancedBatchSampler(real[np.arange(6)], world_size=4, rank=0, micro_steps_per_step=2, drop_last=True)
+    with pytest.raises(OversizeError, match="alone exceed"):
+        BalancedBatchSampler(real, world_size=1, rank=0, vit_capacity=1, llm_capacity=10)
     with pytest.raises(ValueError, match="micro_steps_per_step must be >= 1"):
         BalancedBatchSampler(real, world_size=1, rank=0, micro_steps_per_step=0)
     with pytest.raises(ValueError, match="method must be one of"):
@@ -354,3 +368,69 @@ def test_property_resume_anywhere(setup, where):
         resumed = _make(setup, world - 1)
         resumed.load_state_dict(state)
     assert head + list(resumed) == expected
+
+
+# ------------------------------------------------------------------------------------------- planning work
+
+
+def test_inspecting_other_epochs_does_not_replan_the_current_one(real, monkeypatch):
+    import omnibal_kernels.sampler as sampler_module
+
+    s = BalancedBatchSampler(real, world_size=2, rank=0, seed=4)
+    s.set_epoch(1)
+    current = list(s)
+    calls = []
+    original = sampler_module.plan_packs
+    monkeypatch.setattr(sampler_module, "plan_packs", lambda *a, **k: calls.append(k["epoch"]) or original(*a, **k))
+    for other in (0, 2, 3):
+        s.fingerprint(other)
+        s.balance_report(other)
+    assert list(s) == current and len(s) == len(current)
+    s.state_dict()
+    s.balance_report()
+    assert calls == [0, 2, 3]  # each other epoch planned once; the current one never again
+    assert s.balance_report() is s.balance_report()  # the report is made once per planned epoch
+
+
+def test_load_state_dict_rejects_bad_fields(real):
+    s = BalancedBatchSampler(real, world_size=2, rank=0)
+    state = s.state_dict()
+    with pytest.raises(ValueError, match="version 2 is newer"):
+        BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict(dict(state, version=2))
+    with pytest.raises(ValueError, match="epoch must be a non-negative int"):
+        BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict(dict(state, epoch=-1))
+    with pytest.raises(TypeError, match="micro_steps must be an int"):
+        BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict(dict(state, micro_steps=1.5))
+    with pytest.raises(ValueError, match="lacks"):
+        BalancedBatchSampler(real, world_size=2, rank=0).load_state_dict({"epoch": 0})
+
+
+def test_consumed_counts_from_the_resumed_pass_start_also_after_it_finished(real):
+    s = BalancedBatchSampler(real, world_size=2, rank=1, seed=6)
+    total = len(s)
+    s.load_state_dict(dict(s.state_dict(consumed=5)))
+    assert len(s) == total - 5
+    rest = list(s)  # the pass runs to the epoch's end
+    assert len(rest) == total - 5
+    # a loop that counted its consumed batches saves the epoch's end, not 5 short of it
+    end = s.state_dict(consumed=len(rest))
+    assert end["micro_steps"] == total
+    with pytest.raises(ValueError, match="runs past"):
+        s.state_dict(consumed=len(rest) + 1)
+    # the next pass replays the epoch from its start; consumed then counts from 0
+    it = iter(s)
+    next(it)
+    assert s.state_dict(consumed=1)["micro_steps"] == 1
+
+
+def test_groups_interleave_keeps_each_groups_step_order(real):
+    groups = (real.source % 2).astype(np.int64)
+    s = BalancedBatchSampler(real, world_size=2, rank=1, groups=groups, vit_capacity=[16, 16],
+                             llm_capacity=[5376, 5376], seed=8)
+    s.set_epoch(1)
+    batches = list(s)
+    owner = [int(groups[b[0]]) for b in batches]
+    for g, plan in enumerate(s.plans()):
+        expected = [s.groups[g][pack].tolist() for pack in plan.rank_batches(1)]
+        assert [b for b, o in zip(batches, owner) if o == g] == expected
+    assert sum(a != b for a, b in zip(owner, owner[1:])) > len(owner) // 4  # interleaved, not one after the other

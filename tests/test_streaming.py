@@ -121,3 +121,32 @@ def test_bad_input():
     big = source + [{"id": 50, "vit": 99, "llm": 10}]
     with pytest.raises(ValueError, match="alone exceed"):
         list(BalancedPacker(big, _loads, vit_capacity=16, llm_capacity=5376, world_size=1, rank=0))
+
+
+def test_buffer_of_only_oversize_samples_is_dropped_not_an_error():
+    # buffer_size 5: the last buffer holds one sample, and it alone exceeds the ViT capacity
+    source = [{"id": i, "vit": 1, "llm": 100} for i in range(10)] + [{"id": 10, "vit": 99, "llm": 10}]
+    packer = BalancedPacker(source, _loads, vit_capacity=16, llm_capacity=500, buffer_size=5, world_size=1, rank=0,
+                            oversize="drop")
+    seen = sorted(s["id"] for pack in packer for s in pack)
+    assert seen == list(range(10))
+    lengths = Lengths(np.array([s["vit"] for s in source]), np.array([s["llm"] for s in source]))
+    report = streaming_report(lengths, vit_capacity=16, llm_capacity=500, buffer_size=5, world_size=1,
+                              oversize="drop").streaming
+    assert report.dropped == 1 and report.num_samples == 10
+
+
+def test_bad_options_name_the_argument():
+    source = _source(_lengths(20, 4))
+    caps = dict(vit_capacity=16, llm_capacity=5376)
+    with pytest.raises(TypeError, match="sample 0: lengths_fn must return"):
+        list(BalancedPacker(source, lambda s: (s["vit"] + 0.5, s["llm"]), **caps, world_size=1, rank=0))
+    assert len(list(BalancedPacker(source, lambda s: (float(s["vit"]), s["llm"]), **caps, world_size=1, rank=0))) > 0
+    with pytest.raises(TypeError, match="seed must be an int"):
+        BalancedPacker(source, _loads, **caps, world_size=1, rank=0, seed=1.5)
+    with pytest.raises(ValueError, match="method must be one of"):
+        streaming_report(_lengths(20, 4), **caps, world_size=1, method="greedy")
+    with pytest.raises(ValueError, match="num_workers must be >= 1"):
+        streaming_report(_lengths(20, 4), **caps, world_size=1, num_workers=0)
+    with pytest.raises(ValueError, match="epoch must be a non-negative int"):
+        BalancedPacker(source, _loads, **caps, world_size=1, rank=0).set_epoch(-1)

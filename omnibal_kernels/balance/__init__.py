@@ -1,6 +1,6 @@
 """Planning on the CPU: packs under two capacities, their (step, rank) schedule, capacity search, metrics."""
 from .cost import CostModel
-from .plan import METHODS, OVERSIZE_POLICIES, OversizeError, Plan, epoch_seed, plan_packs
+from .plan import METHODS, OVERSIZE_POLICIES, OversizeError, Plan, TooFewPacksError, epoch_seed, plan_packs
 from .report import BalanceReport, balance_report, dist_ratio
 from .search import Capacities, search_capacity
 
@@ -12,6 +12,7 @@ __all__ = [
     "OVERSIZE_POLICIES",
     "OversizeError",
     "Plan",
+    "TooFewPacksError",
     "balance_report",
     "dist_ratio",
     "epoch_seed",

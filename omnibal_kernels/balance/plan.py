@@ -3,8 +3,10 @@
 Methods:
 
 * ``"balanced"`` (default): randomized two-dimensional best fit in rounds (packs at the physical limit of
-  the binding capacity), then packs sorted by (ViT load, LLM load) with blocks re-sorted by cost and cut
-  into steps, so the ranks of a step get near-equal ViT load, LLM load and cost; step order is shuffled.
+  the binding capacity), then packs sorted by the load that varies more across them, blocks re-sorted by
+  the other load and smaller blocks by cost, and cut into steps, so the ranks of a step get near-equal ViT
+  load, LLM load and cost; steps are laid out in a stratified random order (no load trend over the epoch)
+  and ranks are shuffled within a step.
 * ``"isf"``: the OmniBal paper's Iterative Sampling and Filtering, packs to ranks in random order.
 * ``"random"``: random next-fit packs, in random order (the baseline).
 
@@ -13,6 +15,7 @@ without communication, on every platform.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +27,7 @@ from .. import _ext
 from ..lengths import Lengths
 from .cost import CostModel
 
-__all__ = ["Plan", "OversizeError", "plan_packs", "METHODS", "OVERSIZE_POLICIES"]
+__all__ = ["Plan", "OversizeError", "TooFewPacksError", "plan_packs", "METHODS", "OVERSIZE_POLICIES"]
 
 Method = Literal["balanced", "isf", "random"]
 OversizePolicy = Literal["error", "single", "drop"]
@@ -46,12 +49,41 @@ class OversizeError(ValueError):
     """Some samples alone exceed a capacity (with ``oversize="error"``)."""
 
 
+class TooFewPacksError(ValueError):
+    """Fewer packs than ranks with ``drop_last=True``: not one whole step is left."""
+
+
+def _check_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
+    value = _check_int(name, value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_epoch(epoch: object) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+    return int(epoch)
+
+
+def _hash_arrays(*arrays: np.ndarray) -> str:
+    """A short sha256 of the arrays' values as int64 (the same on every platform)."""
+    h = hashlib.sha256()
+    for arr in arrays:
+        h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
     """The 64-bit seed of one epoch's plan: ``seed`` and ``epoch`` mixed by two SplitMix64 steps."""
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+    seed = _check_int("seed", seed)
+    epoch = _check_epoch(epoch)
 
     def mix(z: int) -> int:
         z = (z + 0x9E3779B97F4A7C15) & _MASK64
@@ -59,7 +91,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
         return z ^ (z >> 31)
 
-    return mix(mix(int(seed) & _MASK64) ^ int(epoch))
+    return mix(mix(seed & _MASK64) ^ epoch)
 
 
 @dataclass(frozen=True)
@@ -137,12 +169,7 @@ class Plan:
 
     def fingerprint(self) -> str:
         """A short hash of the schedule: equal on every rank that computed the same plan."""
-        import hashlib
-
-        h = hashlib.sha256()
-        for arr in (self.pack_offsets, self.pack_samples, self.step_packs):
-            h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
-        return h.hexdigest()[:16]
+        return _hash_arrays(self.pack_offsets, self.pack_samples, self.step_packs)
 
     def save(self, path: Union[str, Path]) -> None:
         """Writes the plan to an ``.npz`` file (``Plan.load`` reads it back)."""
@@ -188,14 +215,6 @@ def _as_lengths(lengths: Union[Lengths, tuple, Sequence[int], np.ndarray]) -> Le
     raise TypeError("lengths must be a Lengths, a (vit, llm) tuple of arrays, or a 1-D array of token counts")
 
 
-def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def plan_packs(
     lengths: Union[Lengths, tuple, np.ndarray],
     *,
@@ -232,6 +251,11 @@ def plan_packs(
 
     Returns:
         A ``Plan``.
+
+    Raises:
+        OversizeError: a sample alone exceeds a capacity and ``oversize="error"`` (naming the samples).
+        TooFewPacksError: ``drop_last=True`` and fewer packs than ``world_size`` (no whole step).
+        ValueError/TypeError: bad options, naming the argument.
     """
     start = time.perf_counter()
     lengths = _as_lengths(lengths)
@@ -305,7 +329,7 @@ def plan_packs(
             step_packs, duplicated, dropped_packs = C.assign_random(len(offsets) - 1, world_size, drop_last, plan_seed)
 
     if step_packs.shape[0] == 0:
-        raise ValueError(
+        raise TooFewPacksError(
             f"only {len(offsets) - 1} pack(s) for {world_size} ranks: with drop_last=True no step is left "
             "(use drop_last=False, fewer ranks or smaller capacities)"
         )

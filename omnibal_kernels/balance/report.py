@@ -62,24 +62,33 @@ def dist_ratio(step_loads: np.ndarray, min_denominator: float = 0.0) -> float:
     return float(per_step.mean())
 
 
+def _pack_sums(pack_offsets: np.ndarray, pack_samples: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """(num_packs,) sum of ``values`` over each pack's samples (0 for an empty pack)."""
+    sizes = np.diff(pack_offsets)
+    out = np.zeros(sizes.shape[0], dtype=values.dtype)
+    nonempty = sizes > 0
+    if pack_samples.size:
+        out[nonempty] = np.add.reduceat(values[pack_samples], pack_offsets[:-1][nonempty])
+    return out
+
+
+def _mean_over_max(costs: np.ndarray) -> float:
+    """Mean over rows of ``mean(row) / max(row)`` (1 for an all-zero row or no rows); ``costs``: (steps, ranks)."""
+    if costs.shape[0] == 0:
+        return 1.0
+    peak = costs.max(axis=1)
+    return float(np.mean(np.where(peak > 0, costs.mean(axis=1) / np.where(peak > 0, peak, 1.0), 1.0)))
+
+
 def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel] = None) -> BalanceReport:
     """Metrics of ``plan`` over ``lengths`` (the loads it was planned from)."""
     if len(lengths) != plan.num_input_samples:
         raise ValueError(f"plan was made for {plan.num_input_samples} samples, lengths has {len(lengths)}")
     cost_model = cost_model or CostModel.internvl_7b()
-    seg = plan.pack_offsets[:-1]
-    sizes = np.diff(plan.pack_offsets)
-    samples = plan.pack_samples
-
-    def per_pack(values: np.ndarray) -> np.ndarray:
-        out = np.zeros(plan.num_packs, dtype=values.dtype)
-        nonempty = sizes > 0
-        out[nonempty] = np.add.reduceat(values[samples], seg[nonempty]) if samples.size else 0
-        return out
-
-    pack_vit = per_pack(lengths.vit)
-    pack_llm = per_pack(lengths.llm)
-    pack_cost = per_pack(cost_model.sample_costs(lengths.vit, lengths.llm))
+    sizes = plan.pack_sizes()
+    pack_vit = _pack_sums(plan.pack_offsets, plan.pack_samples, lengths.vit)
+    pack_llm = _pack_sums(plan.pack_offsets, plan.pack_samples, lengths.llm)
+    pack_cost = _pack_sums(plan.pack_offsets, plan.pack_samples, cost_model.sample_costs(lengths.vit, lengths.llm))
 
     slots = plan.step_packs
     scheduled = np.unique(slots)
@@ -87,10 +96,6 @@ def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel]
     num_samples = int(sizes[scheduled].sum())
     counts = np.bincount(slots.reshape(-1), minlength=plan.num_packs)
     duplicated = int(((counts - 1).clip(min=0) * sizes).sum())
-
-    costs = pack_cost[slots]
-    peak = costs.max(axis=1)
-    efficiency = float(np.mean(np.where(peak > 0, costs.mean(axis=1) / np.where(peak > 0, peak, 1.0), 1.0)))
 
     def fill(pack_load: np.ndarray, capacity: int) -> float:
         return float(pack_load[scheduled].sum() / (num_packs * capacity)) if capacity > 0 and num_packs else 0.0
@@ -104,7 +109,7 @@ def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel]
         llm_fill=fill(pack_llm, plan.llm_capacity),
         vit_dist=dist_ratio(pack_vit[slots], min_denominator=1.0),
         llm_dist=dist_ratio(pack_llm[slots]),
-        step_efficiency=efficiency,
+        step_efficiency=_mean_over_max(pack_cost[slots]),
         dropped=int(plan.dropped_samples.size),
         duplicated=duplicated,
         seconds=float(plan.seconds),

@@ -15,9 +15,15 @@ Unless ``oversize`` allows oversize samples, candidates are raised until the lar
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+import numbers
+from typing import NamedTuple, Optional, Union
+
+import numpy as np
 
 from ..lengths import Lengths
+from .._progress import progress_bar
+from .plan import ISF_ITERATIONS, ISF_LLM_MARGIN, METHODS, OVERSIZE_POLICIES, _as_lengths, plan_packs
+from .report import balance_report
 
 __all__ = ["Capacities", "search_capacity"]
 
@@ -27,6 +33,8 @@ _ALIGN = 16
 
 
 class Capacities(NamedTuple):
+    """Searched capacities, ISF's default thresholds for them, and the predicted mean samples per pack."""
+
     vit_capacity: int
     llm_capacity: int
     vit_threshold: int
@@ -45,20 +53,20 @@ def _grid_step(lengths: Lengths) -> tuple[int, int]:
 
 
 def search_capacity(
-    lengths: Lengths,
+    lengths: Union[Lengths, tuple, np.ndarray],
     target_batch_size: float = 4.0,
     *,
     method: str = "balanced",
     world_size: int = 8,
     oversize: str = "error",
     seed: int = 0,
-    iterations: int = 50,
+    iterations: int = ISF_ITERATIONS,
     progress: Optional[bool] = None,
 ) -> Capacities:
     """Finds capacities whose packs hold about ``target_batch_size`` samples on average.
 
     Args:
-        lengths: per-sample loads.
+        lengths: per-sample loads (``Lengths``, a ``(vit, llm)`` tuple, or a 1-D array of token counts).
         target_batch_size: wanted mean samples per pack (> 0).
         method: the planning method the capacities are for (``"isf"`` evaluates candidates by planning).
         world_size: ranks, for the ISF evaluation.
@@ -70,8 +78,14 @@ def search_capacity(
         ``Capacities(vit_capacity, llm_capacity, vit_threshold, llm_threshold, predicted_batch_size)``;
         the thresholds are ISF's defaults (``vit_capacity`` and ``llm_capacity - 128``).
     """
-    if not (isinstance(target_batch_size, (int, float)) and target_batch_size > 0 and math.isfinite(target_batch_size)):
+    if not (isinstance(target_batch_size, numbers.Real) and not isinstance(target_batch_size, bool)
+            and target_batch_size > 0 and math.isfinite(target_batch_size)):
         raise ValueError(f"target_batch_size must be a positive number, got {target_batch_size!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if oversize not in OVERSIZE_POLICIES:
+        raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
+    lengths = _as_lengths(lengths)
     n = len(lengths)
     if n == 0:
         raise ValueError("lengths is empty")
@@ -108,7 +122,7 @@ def search_capacity(
         k = _best_isf_candidate(lengths, k, caps, predicted, target, world_size, oversize, seed, iterations,
                                 progress)
     qv, qt = caps(k)
-    return Capacities(qv, qt, qv, max(qt - 128, 1), predicted(k))
+    return Capacities(qv, qt, qv, max(qt - ISF_LLM_MARGIN, 1), predicted(k))
 
 
 # At most this many ISF candidates are planned (the authors' [target, target + 1] window holds about
@@ -119,10 +133,6 @@ _MAX_ISF_CANDIDATES = 32
 def _best_isf_candidate(lengths, k_first, caps, predicted, target, world_size, oversize, seed, iterations,
                         progress) -> int:
     """The authors' choice among candidates: lowest vit_dist + llm_dist with ave_bs in [target, target + 1]."""
-    from .plan import plan_packs
-    from .report import balance_report
-    from .._progress import progress_bar
-
     best_k, best_score = k_first, math.inf
     k = k_first
     bar = progress_bar(total=None, desc="capacity search (isf)", enabled=progress)

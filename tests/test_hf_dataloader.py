@@ -1,0 +1,50 @@
+"""balanced_train_dataloader on a stand-in Trainer (runs without transformers; the real Trainer is in test_hf.py)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from omnibal_kernels.hf import balanced_train_dataloader
+from omnibal_kernels.lengths import Lengths
+from omnibal_kernels.sampler import BalancedBatchSampler
+
+
+def _trainer(n: int, **args):
+    defaults = dict(world_size=2, process_index=1, gradient_accumulation_steps=2, seed=3, dataloader_drop_last=False,
+                    dataloader_num_workers=0, dataloader_pin_memory=False, dataloader_persistent_workers=False,
+                    dataloader_prefetch_factor=None)
+    defaults.update(args)
+    return SimpleNamespace(args=SimpleNamespace(**defaults), train_dataset=list(range(n)), data_collator=list)
+
+
+def _lengths(n: int) -> Lengths:
+    rng = np.random.default_rng(1)
+    return Lengths(rng.integers(0, 4, n), rng.integers(4, 60, n))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_options_come_from_the_training_arguments(drop_last):
+    lengths = _lengths(101)
+    loader = balanced_train_dataloader(_trainer(101, dataloader_drop_last=drop_last), lengths, vit_capacity=8,
+                                       llm_capacity=160)
+    sampler = loader.batch_sampler
+    assert (sampler.world_size, sampler.rank, sampler.micro_steps_per_step, sampler.seed, sampler.drop_last) == (
+        2, 1, 2, 3, drop_last)
+    reference = BalancedBatchSampler(lengths, world_size=2, rank=1, micro_steps_per_step=2, seed=3,
+                                     drop_last=drop_last, vit_capacity=8, llm_capacity=160)
+    assert list(loader) == reference.rank_batches(epoch=0)
+    loader.set_epoch(1)
+    assert list(loader) == reference.rank_batches(epoch=1)
+
+
+def test_sampler_options_override_and_dataset_size_is_checked():
+    loader = balanced_train_dataloader(_trainer(50), _lengths(50), vit_capacity=8, llm_capacity=160, rank=0, seed=9)
+    assert (loader.batch_sampler.rank, loader.batch_sampler.seed) == (0, 9)
+    with pytest.raises(ValueError, match="lengths has 49 samples but the dataset has 50"):
+        balanced_train_dataloader(_trainer(50), _lengths(49), vit_capacity=8, llm_capacity=160)
+    trainer = _trainer(50)
+    trainer.train_dataset = None
+    with pytest.raises(ValueError, match="no train_dataset"):
+        balanced_train_dataloader(trainer, _lengths(50))
