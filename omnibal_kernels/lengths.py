@@ -166,7 +166,7 @@ def _read_meta(path: Path) -> Optional[dict]:
     return meta if is_meta else None
 
 
-def _load_one(path: Path) -> Lengths:
+def _load_one(path: Path, _meta_chain: tuple[Path, ...] = ()) -> Lengths:
     if not path.exists():
         raise FileNotFoundError(f"length file not found: {path}")
     suffix = path.suffix.lower()
@@ -203,7 +203,10 @@ def _load_one(path: Path) -> Lengths:
                 sub = Path(entry["token_lengths"])
                 if not sub.is_absolute():
                     sub = path.parent / sub
-                parts.append(_load_one(sub))
+                chain = (*_meta_chain, path.resolve())
+                if sub.resolve() in chain:
+                    raise ValueError(f"{path}: meta file lists {sub}, which leads back to itself")
+                parts.append(_load_one(sub, chain))
             return Lengths.concat(parts)
         vit, llm = _read_records(path)
         return Lengths(vit, llm, sources=(str(path),))

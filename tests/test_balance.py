@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from omnibal_kernels import Lengths, OversizeError, balance_report, plan_packs
 from omnibal_kernels._ext import load as load_ext
-from omnibal_kernels.balance import CostModel, Plan, epoch_seed
+from omnibal_kernels.balance import CostModel, Plan, TooFewPacksError, epoch_seed
 from omnibal_kernels.balance.report import dist_ratio
 from omnibal_kernels.testing import dist_ratio_reference, isf_reference, random_next_fit_reference
 
@@ -226,7 +226,7 @@ def test_ragged_tail_reused_or_dropped_and_reported():
     drop = plan_packs(lengths, world_size=4, method="random", vit_capacity=1, llm_capacity=100, drop_last=True)
     assert drop.num_steps == 2 and drop.dropped_samples.size == 2
     assert balance_report(drop, lengths).dropped == 2
-    with pytest.raises(ValueError, match="no step is left"):
+    with pytest.raises(TooFewPacksError, match="no step is left"):
         plan_packs(Lengths(np.ones(3, np.int64), np.full(3, 100)), world_size=4, vit_capacity=1, llm_capacity=100,
                    drop_last=True)
 

@@ -41,6 +41,16 @@ def test_paths_out_and_errors(tmp_path, capsys):
     assert "not found" in err and "exceed the capacities" in err
 
 
+def test_choices_follow_the_library():
+    from omnibal_kernels.balance import METHODS, OVERSIZE_POLICIES
+    from omnibal_kernels.cli import build_parser
+
+    plan = build_parser()._subparsers._group_actions[0].choices["plan"]
+    actions = {a.dest: a for a in plan._actions}
+    assert tuple(actions["method"].choices) == METHODS
+    assert tuple(actions["oversize"].choices) == OVERSIZE_POLICIES
+
+
 def test_module_entry_point():
     result = subprocess.run([sys.executable, "-m", "omnibal_kernels", "plan", "--json"], capture_output=True,
                             text=True, check=True)

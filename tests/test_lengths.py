@@ -46,6 +46,20 @@ def test_meta_file_relative_paths_in_order(tmp_path):
     assert lengths.source.tolist() == [0, 1, 1]
 
 
+def test_meta_file_that_lists_itself_is_an_error(tmp_path):
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"loop": {"token_lengths": "meta.json"}}))
+    with pytest.raises(ValueError, match="leads back to itself"):
+        load_lengths(meta)
+
+
+def test_a_json_object_without_token_lengths_reads_as_one_record(tmp_path):
+    p = tmp_path / "one.json"
+    p.write_text(json.dumps({"vit_num": 2, "token_num": 30}))
+    lengths = load_lengths(p)
+    assert lengths.vit.tolist() == [2] and lengths.llm.tolist() == [30]
+
+
 def test_npy_and_npz(tmp_path):
     np.save(tmp_path / "tok.npy", np.array([5, 6, 7], np.int32))
     np.save(tmp_path / "pairs.npy", np.array([[1, 10], [2, 20]], np.int64))
