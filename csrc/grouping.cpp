@@ -84,25 +84,44 @@ struct PackStats {
   LargeVector<double> cost;
 };
 
-// Bit set over bucket indices with "first set bit at or after i".
+// Bit set over bucket indices with "first set bit at or after i". A second level marks the non-empty
+// words, so a search skips 4,096 empty buckets per step (a capacity of 16k tokens has 16k buckets, and with
+// one level the search for a pack with room dominated the whole plan).
 class BucketBits {
  public:
-  explicit BucketBits(int64_t n) : words_(static_cast<size_t>((n + 63) / 64), 0), n_(n) {}
-  void set(int64_t i) { words_[static_cast<size_t>(i >> 6)] |= (uint64_t{1} << (i & 63)); }
-  void clear(int64_t i) { words_[static_cast<size_t>(i >> 6)] &= ~(uint64_t{1} << (i & 63)); }
+  explicit BucketBits(int64_t n)
+      : words_(static_cast<size_t>((n + 63) / 64), 0), summary_((words_.size() + 63) / 64, 0), n_(n) {}
+  void set(int64_t i) {
+    const size_t w = static_cast<size_t>(i >> 6);
+    words_[w] |= (uint64_t{1} << (i & 63));
+    summary_[w >> 6] |= (uint64_t{1} << (w & 63));
+  }
+  void clear(int64_t i) {
+    const size_t w = static_cast<size_t>(i >> 6);
+    words_[w] &= ~(uint64_t{1} << (i & 63));
+    if (words_[w] == 0) summary_[w >> 6] &= ~(uint64_t{1} << (w & 63));
+  }
   int64_t next(int64_t i) const {  // n when no set bit is at or after i
     if (i >= n_) return n_;
     size_t w = static_cast<size_t>(i >> 6);
-    uint64_t word = words_[w] & (~uint64_t{0} << (i & 63));
-    while (word == 0) {
-      if (++w >= words_.size()) return n_;
-      word = words_[w];
+    const uint64_t word = words_[w] & (~uint64_t{0} << (i & 63));
+    if (word != 0) return static_cast<int64_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(word)));
+    // the next non-empty word after w, from the summary
+    ++w;
+    size_t s = w >> 6;
+    if (s >= summary_.size()) return n_;
+    uint64_t bits = summary_[s] & (~uint64_t{0} << (w & 63));
+    while (bits == 0) {
+      if (++s >= summary_.size()) return n_;
+      bits = summary_[s];
     }
-    return static_cast<int64_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(word)));
+    w = s * 64 + static_cast<size_t>(__builtin_ctzll(bits));
+    return static_cast<int64_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(words_[w])));
   }
 
  private:
   std::vector<uint64_t> words_;
+  std::vector<uint64_t> summary_;
   int64_t n_;
 };
 
@@ -115,56 +134,95 @@ struct BestFitPass {
   std::vector<int64_t> room_primary, room_secondary;
 };
 
+// An open pack, kept by value in its bucket so that a scan reads one contiguous array.
+struct OpenPack {
+  int64_t room_primary;
+  int64_t room_secondary;
+  int64_t pack;
+};
+
+// The buckets of open packs, allocated once per plan and left empty by every pass (with a capacity of 32k
+// tokens there are 32k buckets: allocating them per 16k-sample chunk cost more than the packing).
+class OpenPacks {
+ public:
+  OpenPacks(int64_t primary_cap)
+      : primary_cap_(primary_cap),
+        num_buckets_(std::min<int64_t>(primary_cap + 1, int64_t{1} << 16)),
+        exact_(num_buckets_ == primary_cap + 1),
+        buckets_(static_cast<size_t>(num_buckets_)),
+        nonempty_(num_buckets_) {}
+
+  int64_t num_buckets() const { return num_buckets_; }
+  int64_t bucket_of(int64_t room) const {
+    return exact_ ? room
+                  : static_cast<int64_t>(static_cast<double>(room) * static_cast<double>(num_buckets_) /
+                                         static_cast<double>(primary_cap_ + 1));
+  }
+  int64_t next_nonempty(int64_t b) const { return nonempty_.next(b); }
+  std::vector<OpenPack>& bucket(int64_t b) { return buckets_[static_cast<size_t>(b)]; }
+  void add(const OpenPack& o) {
+    const int64_t b = bucket_of(o.room_primary);
+    buckets_[static_cast<size_t>(b)].push_back(o);
+    nonempty_.set(b);
+  }
+  void take(int64_t b, size_t slot) {
+    auto& bucket = buckets_[static_cast<size_t>(b)];
+    bucket[slot] = bucket.back();
+    bucket.pop_back();
+    if (bucket.empty()) nonempty_.clear(b);
+  }
+  // Calls f on every open pack and empties all buckets.
+  template <typename F>
+  void drain(F f) {
+    for (int64_t b = nonempty_.next(0); b < num_buckets_; b = nonempty_.next(b + 1)) {
+      for (const OpenPack& o : buckets_[static_cast<size_t>(b)]) f(o);
+      buckets_[static_cast<size_t>(b)].clear();
+      nonempty_.clear(b);
+    }
+  }
+
+ private:
+  int64_t primary_cap_;
+  int64_t num_buckets_;
+  bool exact_;
+  std::vector<std::vector<OpenPack>> buckets_;
+  BucketBits nonempty_;
+};
+
 BestFitPass best_fit_pass(const Item* order, size_t count, bool vit_binds, Capacity cap, int64_t min_primary,
-                          int64_t min_secondary) {
+                          int64_t min_secondary, OpenPacks& open) {
   const int64_t primary_cap = vit_binds ? cap.vit : cap.llm;
   const int64_t secondary_cap = vit_binds ? cap.llm : cap.vit;
-  const int64_t num_buckets = std::min<int64_t>(primary_cap + 1, int64_t{1} << 16);
-  const bool exact = num_buckets == primary_cap + 1;
-  auto bucket_of = [&](int64_t room) {
-    return exact ? room
-                 : static_cast<int64_t>(static_cast<double>(room) * static_cast<double>(num_buckets) /
-                                        static_cast<double>(primary_cap + 1));
-  };
   // Packs checked per item for room in the second dimension, per bucket and in all; past that a new pack
   // opens. Bounds the work per item when the second dimension is nearly full everywhere.
   constexpr int64_t kTriesPerBucket = 16;
   constexpr int64_t kTriesPerItem = 64;
 
-  // An open pack, kept by value in its bucket so that a scan reads one contiguous array.
-  struct Open {
-    int64_t room_primary;
-    int64_t room_secondary;
-    int64_t pack;
-  };
   BestFitPass res;
   res.pack_of.resize(count);
-  std::vector<std::vector<Open>> buckets(static_cast<size_t>(num_buckets));
-  BucketBits nonempty(num_buckets);
+  res.room_primary.reserve(count / 2 + 1);
+  res.room_secondary.reserve(count / 2 + 1);
   int64_t num_packs = 0;
-  auto close = [&](const Open& o) {
+  auto close = [&](const OpenPack& o) {
     res.room_primary[static_cast<size_t>(o.pack)] = o.room_primary;
     res.room_secondary[static_cast<size_t>(o.pack)] = o.room_secondary;
   };
-  res.room_primary.reserve(count / 2 + 1);
-  res.room_secondary.reserve(count / 2 + 1);
+  const int64_t num_buckets = open.num_buckets();
 
   for (size_t k = 0; k < count; ++k) {
     const int64_t need = vit_binds ? order[k].vit : order[k].llm;
     const int64_t need2 = vit_binds ? order[k].llm : order[k].vit;
-    Open chosen{primary_cap, secondary_cap, -1};
+    OpenPack chosen{primary_cap, secondary_cap, -1};
     int64_t tries = 0;
-    for (int64_t b = nonempty.next(bucket_of(need)); b < num_buckets && tries < kTriesPerItem;
-         b = nonempty.next(b + 1)) {
-      auto& bucket = buckets[static_cast<size_t>(b)];
+    for (int64_t b = open.next_nonempty(open.bucket_of(need)); b < num_buckets && tries < kTriesPerItem;
+         b = open.next_nonempty(b + 1)) {
+      auto& bucket = open.bucket(b);
       const int64_t stop = std::max<int64_t>(0, static_cast<int64_t>(bucket.size()) - kTriesPerBucket);
       for (int64_t s = static_cast<int64_t>(bucket.size()) - 1; s >= stop; --s, ++tries) {
-        const Open& o = bucket[static_cast<size_t>(s)];
+        const OpenPack& o = bucket[static_cast<size_t>(s)];
         if (o.room_primary >= need && o.room_secondary >= need2) {
           chosen = o;
-          bucket[static_cast<size_t>(s)] = bucket.back();  // take it out of its bucket
-          bucket.pop_back();
-          if (bucket.empty()) nonempty.clear(b);
+          open.take(b, static_cast<size_t>(s));
           break;
         }
       }
@@ -183,13 +241,9 @@ BestFitPass best_fit_pass(const Item* order, size_t count, bool vit_binds, Capac
       close(chosen);
       continue;
     }
-    const int64_t b = bucket_of(chosen.room_primary);
-    buckets[static_cast<size_t>(b)].push_back(chosen);
-    nonempty.set(b);
+    open.add(chosen);
   }
-  for (const auto& bucket : buckets) {
-    for (const Open& o : bucket) close(o);
-  }
+  open.drain(close);
   return res;
 }
 
@@ -212,6 +266,7 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
                                             llm_total * static_cast<double>(cap.vit);
   ItemVector pool, scratch;  // scratch: shuffle and grouping buffer, reused by every round
   std::vector<int64_t> start, fill;
+  OpenPacks open(vit_binds ? cap.vit : cap.llm);
   for (int r = 0; r < rounds && (r == 0 || !pool.empty()); ++r) {
     Rng rng(derive_seed(seed, kStreamBestFit, static_cast<uint64_t>(r)));
     if (r == 0) {
@@ -226,7 +281,7 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
       const size_t count = std::min(kChunkItems, pool.size() - chunk);
       const Item* items = pool.data() + chunk;
       const BestFitPass pass = best_fit_pass(items, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
-                                             vit_binds ? min_llm : min_vit);
+                                             vit_binds ? min_llm : min_vit, open);
       const size_t num_packs = pass.room_primary.size();
       // A pack no sample could join is final; the others go back to the pool, unless this is the last
       // round or no pack at all became final (then more rounds would not help).
