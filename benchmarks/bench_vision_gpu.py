@@ -36,7 +36,7 @@ if str(_HERE) not in sys.path:
 from bench_ops_gpu import Bench, run  # noqa: E402
 
 SEED = 0
-# The target for pack_patches: at least this fraction of copy bandwidth.
+# The target for pack_patches: at least this fraction of copy bandwidth.
 PACK_PATCHES_TARGET = 0.8
 # Full-size shapes (a few hundred MB to ~2 GB moved per call, so kernel time, not launch overhead, is
 # measured) and tiny ones for the CPU test of this file (Triton interpreter).
