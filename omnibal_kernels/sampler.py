@@ -31,7 +31,7 @@ import torch.utils.data
 
 from . import _ext
 from .balance.cost import CostModel
-from .balance.plan import (METHODS, OVERSIZE_POLICIES, Plan, _as_lengths, _check_epoch, _check_int,
+from .balance.plan import (METHODS, OVERSIZE_POLICIES, TooFewPacksError, Plan, _as_lengths, _check_epoch, _check_int,
                            _check_positive_int, _hash_arrays, epoch_seed, plan_packs)
 from .balance.report import BalanceReport, _mean_over_max, _pack_sums, balance_report, dist_ratio
 from .balance.search import search_capacity
@@ -316,6 +316,15 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 where = f"group {g}: " if len(self.groups) > 1 else ""
                 raise type(err)(f"{where}{err} [world_size {world} x micro_steps_per_step {m} = {world * m} "
                                 "packs per optimizer step]") from err
+            if plan.num_packs < world * m:
+                # Filling a step by reusing packs only covers a ragged tail: with fewer packs than slots in
+                # one step, ranks would train on copies of the same samples.
+                where = f"group {g}: " if len(self.groups) > 1 else ""
+                raise TooFewPacksError(
+                    f"{where}only {plan.num_packs} pack(s) for world_size {world} x micro_steps_per_step {m} = "
+                    f"{world * m} packs per optimizer step; use fewer ranks, fewer micro-steps or smaller "
+                    "capacities"
+                )
             plans.append(plan)
 
         offsets, samples, blocks, base = [np.zeros(1, np.int64)], [], [], 0

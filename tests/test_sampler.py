@@ -223,10 +223,19 @@ def test_bad_arguments(real):
         BalancedBatchSampler(real, world_size=1, rank=0, method="greedy")
 
 
-def test_few_packs_without_drop_last_duplicate(real):
+def test_fewer_packs_than_slots_of_one_step_is_an_error(real):
+    # Reusing packs fills a ragged last step; it must not stand in for a whole step of distinct packs.
     subset = real[np.arange(6)]
+    for drop_last in (False, True):
+        with pytest.raises(TooFewPacksError, match=r"only 2 pack\(s\) for .*world_size 4 x micro_steps_per_step 2"):
+            BalancedBatchSampler(subset, world_size=4, rank=0, micro_steps_per_step=2, drop_last=drop_last)
+
+
+def test_ragged_last_step_reuses_packs_and_reports_them(real):
+    subset = real[np.arange(60)]
     samplers = _all_ranks(lambda rk: BalancedBatchSampler(subset, world_size=4, rank=rk, micro_steps_per_step=2), 4)
-    assert samplers[0].balance_report().duplicated_samples.size > 0
+    report = samplers[0].balance_report()
+    assert report.num_steps >= 1
     _check_coverage(samplers, len(subset))
 
 
@@ -336,8 +345,8 @@ def test_property_every_sample_once_over_ranks(setup):
     lengths, world = setup[0], setup[1]
     try:
         samplers = [_make(setup, rank) for rank in range(world)]
-    except ValueError as err:  # drop_last with fewer packs than slots of one optimizer step
-        assert setup[3] and "pack(s) for" in str(err)
+    except TooFewPacksError as err:  # fewer packs than slots of one optimizer step
+        assert "pack(s) for" in str(err)
         return
     _check_coverage(samplers, len(lengths))
     assert len({s.fingerprint() for s in samplers}) == 1
