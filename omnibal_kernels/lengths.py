@@ -213,11 +213,13 @@ def _load_one(path: Path, _meta_chain: tuple[Path, ...] = ()) -> Lengths:
     raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
 
 
-def load_lengths(*paths: PathLike) -> Lengths:
+def load_lengths(*paths: PathLike, progress: bool | None = None) -> Lengths:
     """Reads per-sample loads from one or more files, concatenated in the order given.
 
     Args:
         *paths: OmniBal JSON lists, OmniBal meta files, ``.jsonl``, ``.npy`` or ``.npz`` files.
+        progress: a progress bar over the files on stderr (default: when stderr is a terminal and there is
+            more than one file).
 
     Returns:
         A ``Lengths`` with ``vit``/``llm`` (int64, one entry per sample) and each sample's source file.
@@ -229,7 +231,19 @@ def load_lengths(*paths: PathLike) -> Lengths:
     """
     if not paths:
         raise ValueError("load_lengths needs at least one path")
-    return Lengths.concat(_load_one(Path(p)) for p in paths)
+    from ._progress import progress_bar
+
+    if progress is None and len(paths) == 1:
+        progress = False  # one file: nothing to count
+    bar = progress_bar(total=len(paths), desc="reading length files", enabled=progress)
+    parts = []
+    try:
+        for p in paths:
+            parts.append(_load_one(Path(p)))
+            bar.update(1)
+    finally:
+        bar.close()
+    return Lengths.concat(parts)
 
 
 def default_lengths() -> Lengths:

@@ -111,6 +111,16 @@ def test_unknown_format_missing_file_and_no_paths(tmp_path):
         load_lengths(tmp_path / "open.json")
 
 
+def test_progress_bar_over_files_goes_to_stderr(tmp_path, capsys):
+    pytest.importorskip("tqdm")
+    for name in ("a", "b"):
+        _write_json(tmp_path / f"{name}.json", [{"vit_num": 1, "token_num": 10}])
+    lengths = load_lengths(tmp_path / "a.json", tmp_path / "b.json", progress=True)
+    assert len(lengths) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "reading length files" in captured.err
+
+
 def test_lengths_validation_and_subsets():
     with pytest.raises(ValueError, match="same length"):
         Lengths(np.array([1, 2]), np.array([3]))
