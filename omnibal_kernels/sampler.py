@@ -268,6 +268,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 qv, qt = caps.vit_capacity, caps.llm_capacity
             self.capacities.append((_check_positive_int("vit_capacity", qv, minimum=0),
                                     _check_positive_int("llm_capacity", qt)))
+            self._check_enough_packs(g, virtual)
         self._config_fingerprint = self._make_config_fingerprint()
         self._epoch = 0
         self._start = 0  # micro-step the next pass starts at (a resumed position)
@@ -290,6 +291,31 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                    self.micro_steps_per_step, self.oversize, self.cost_model.terms())
         h.update(repr(options).encode())
         return h.hexdigest()[:16]
+
+    def _check_enough_packs(self, g: int, slots: int) -> None:
+        """Raise TooFewPacksError unless every epoch's plan of group ``g`` fills ``slots`` with distinct packs.
+
+        Packs are drawn anew each epoch, so their count varies; but no packing needs fewer packs than its
+        loads over the capacities, ``max(sum(vit) / Qv, sum(llm) / Qt)`` (plus one per oversize sample kept
+        alone). Checking that bound decides once, at construction, instead of failing in a later epoch.
+        """
+        lengths, (qv, qt) = self._group_lengths[g], self.capacities[g]
+        fits = (lengths.vit <= qv) & (lengths.llm <= qt)
+        if (self.oversize == "error" and not fits.all()) or (self.oversize == "drop" and not fits.any()):
+            return  # planning raises the clearer error (oversize samples, or nothing left to plan)
+        bound = 0
+        if qv > 0:
+            bound = max(bound, -(-int(lengths.vit[fits].sum()) // qv))
+        bound = max(bound, -(-int(lengths.llm[fits].sum()) // qt))
+        if self.oversize == "single":
+            bound += int((~fits).sum())
+        if bound < slots:
+            where = f"group {g}: " if len(self.groups) > 1 else ""
+            raise TooFewPacksError(
+                f"{where}the samples fill at least {bound} pack(s), fewer than world_size {self.world_size} x "
+                f"micro_steps_per_step {self.micro_steps_per_step} = {slots} packs per optimizer step; use fewer "
+                "ranks, fewer micro-steps or smaller capacities"
+            )
 
     def _group_seed(self, g: int) -> int:
         # one group: exactly plan_packs(..., seed=seed); several: an independent seed per group
@@ -316,15 +342,6 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 where = f"group {g}: " if len(self.groups) > 1 else ""
                 raise type(err)(f"{where}{err} [world_size {world} x micro_steps_per_step {m} = {world * m} "
                                 "packs per optimizer step]") from err
-            if plan.num_packs < world * m:
-                # Filling a step by reusing packs only covers a ragged tail: with fewer packs than slots in
-                # one step, ranks would train on copies of the same samples.
-                where = f"group {g}: " if len(self.groups) > 1 else ""
-                raise TooFewPacksError(
-                    f"{where}only {plan.num_packs} pack(s) for world_size {world} x micro_steps_per_step {m} = "
-                    f"{world * m} packs per optimizer step; use fewer ranks, fewer micro-steps or smaller "
-                    "capacities"
-                )
             plans.append(plan)
 
         offsets, samples, blocks, base = [np.zeros(1, np.int64)], [], [], 0
