@@ -24,9 +24,10 @@ constexpr uint64_t kStreamRagged = 5;
 // load first gave an LLM dist of 0.044; text-only up to 8k tokens, 32k: 0, 0.0001, 0.9947 (0.984 without
 // the cost blocks, whose attention term matters there).
 constexpr int64_t kSecondaryBlockSteps = 8;
+constexpr int64_t kCostBlockSteps = 4;
+
 // Segments of the epoch that each get one step of every run of this many similar-load steps (stratified_order).
 constexpr int64_t kEpochSegments = 16;
-constexpr int64_t kCostBlockSteps = 4;
 
 // best_fit_rounds packs a round's shuffled pool in chunks of this many samples (16k items = 256 KiB, which
 // stays in L2 while it is packed and grouped; measured on 1.2M samples: 2^14 to 2^17 items per chunk are
