@@ -247,6 +247,8 @@ def test_bad_arguments():
         plan_packs(lengths, world_size=0)
     with pytest.raises(TypeError, match="world_size"):
         plan_packs(lengths, world_size=2.0)
+    with pytest.raises(ValueError, match="world_size must be at most"):
+        plan_packs(lengths, world_size=10**9, vit_capacity=4, llm_capacity=40)
     with pytest.raises(ValueError, match="both"):
         plan_packs(lengths, world_size=2, vit_capacity=4)
     with pytest.raises(ValueError, match="empty"):

@@ -41,6 +41,8 @@ BEST_FIT_ROUNDS = 16
 # The ISF thresholds of the authors' scripts: ViT threshold = ViT capacity, LLM threshold = capacity - 128.
 ISF_LLM_MARGIN = 128
 ISF_ITERATIONS = 50
+# Far above any data-parallel world; bounds the slots a schedule allocates (world_size per step).
+MAX_WORLD_SIZE = 1 << 24
 
 _MASK64 = (1 << 64) - 1
 
@@ -260,6 +262,8 @@ def plan_packs(
     start = time.perf_counter()
     lengths = _as_lengths(lengths)
     world_size = _check_positive_int("world_size", world_size)
+    if world_size > MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be at most {MAX_WORLD_SIZE:,}, got {world_size:,}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if oversize not in OVERSIZE_POLICIES:
