@@ -247,6 +247,10 @@ def test_bad_arguments():
         plan_packs(lengths, world_size=0)
     with pytest.raises(TypeError, match="world_size"):
         plan_packs(lengths, world_size=2.0)
+    with pytest.raises(ValueError, match="must not exceed the capacities"):
+        plan_packs(lengths, world_size=2, method="isf", vit_capacity=4, llm_capacity=40, llm_threshold=41)
+    with pytest.raises(ValueError, match="iterations must be at most"):
+        plan_packs(lengths, world_size=2, method="isf", vit_capacity=4, llm_capacity=40, iterations=10**7)
     with pytest.raises(ValueError, match="world_size must be at most"):
         plan_packs(lengths, world_size=10**9, vit_capacity=4, llm_capacity=40)
     with pytest.raises(ValueError, match="both"):

@@ -43,6 +43,8 @@ ISF_LLM_MARGIN = 128
 ISF_ITERATIONS = 50
 # Far above any data-parallel world; bounds the slots a schedule allocates (world_size per step).
 MAX_WORLD_SIZE = 1 << 24
+# ISF rounds re-pack the pool each time; the authors use 50. Bounds a mistyped value's running time.
+MAX_ISF_ITERATIONS = 100_000
 
 _MASK64 = (1 << 64) - 1
 
@@ -269,6 +271,8 @@ def plan_packs(
     if oversize not in OVERSIZE_POLICIES:
         raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
     iterations = _check_positive_int("iterations", iterations)
+    if iterations > MAX_ISF_ITERATIONS:
+        raise ValueError(f"iterations must be at most {MAX_ISF_ITERATIONS:,}, got {iterations:,}")
     if len(lengths) == 0:
         raise ValueError("lengths is empty: nothing to plan")
     cost_model = cost_model or CostModel.internvl_7b()
@@ -287,6 +291,13 @@ def plan_packs(
     if method == "isf":
         vit_threshold = vit_capacity if vit_threshold is None else vit_threshold
         llm_threshold = max(llm_capacity - ISF_LLM_MARGIN, 1) if llm_threshold is None else llm_threshold
+        vit_threshold = _check_positive_int("vit_threshold", vit_threshold, minimum=0)
+        llm_threshold = _check_positive_int("llm_threshold", llm_threshold, minimum=0)
+        if vit_threshold > vit_capacity or llm_threshold > llm_capacity:
+            raise ValueError(
+                f"ISF thresholds (vit {vit_threshold}, llm {llm_threshold}) must not exceed the capacities "
+                f"(vit {vit_capacity}, llm {llm_capacity}): a pack could never reach them"
+            )
     elif vit_threshold is not None or llm_threshold is not None:
         raise ValueError("vit_threshold/llm_threshold apply to method='isf' only")
 
