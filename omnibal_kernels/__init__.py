@@ -9,9 +9,10 @@ triton, numba nor the compiled extension; each name is imported from its module 
 """
 from __future__ import annotations
 
-import importlib
 import warnings
 from typing import Any
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "pack_batch": "packing",
     "PackCollator": "packing",
     "PackedBatch": "packing",
+    "PackOptions": "packing",
     "unpack_batch": "packing",
     # vision: loads, counts, multimodal fields
     "compute_loads": "vision",
@@ -73,19 +75,13 @@ _DEPRECATED: dict[str, str] = {
 __all__ = ["__version__", *_EXPORTS]
 
 
+_export, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
+
 def __getattr__(name: str) -> Any:
     if name in _DEPRECATED:
         new = _DEPRECATED[name]
         warnings.warn(f"omnibal_kernels.{name} is deprecated; use omnibal_kernels.{new}", DeprecationWarning,
                       stacklevel=2)
-        return __getattr__(new)
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'omnibal_kernels' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+        return _export(new)
+    return _export(name)
