@@ -46,6 +46,9 @@ def add_parsers(sub: Any) -> None:
     part.add_argument("--pack-samples", type=int, default=4, help="--config: samples per micro-batch")
     part.add_argument("--tflops", type=float, default=312.0, help="--config: device peak TFLOP/s (default 312)")
     part.add_argument("--efficiency", type=float, default=0.5, help="--config: fraction of peak (default 0.5)")
+    part.add_argument("--static-bytes-per-param", type=float, default=16.0,
+                      help="--config: weights + gradients + optimizer bytes per parameter (default 16, mixed-"
+                      "precision Adam; 4 + 12 / DP with a distributed optimizer over DP ranks)")
     part.add_argument("--json", action="store_true", help="print one JSON object")
     part.set_defaults(func=_run_partition)
 
@@ -61,6 +64,7 @@ def add_parsers(sub: Any) -> None:
     prof.add_argument("--pack-tiles", type=float, default=16.0)
     prof.add_argument("--pack-tokens", type=float, default=5376.0)
     prof.add_argument("--pack-samples", type=int, default=4)
+    prof.add_argument("--static-bytes-per-param", type=float, default=16.0)
     prof.add_argument("--repeats", type=int, default=3, help="timed runs per layer (median)")
     prof.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring")
     prof.add_argument("--out", default=None, help="write the profile to this JSON file")
@@ -78,7 +82,8 @@ def _config_profile(args: argparse.Namespace) -> Any:
         raise ValueError("--pack-samples must be >= 1, --pack-tiles >= 0 and --pack-tokens > 0")
     pack = (np.full(n, args.pack_tiles / n), np.full(n, args.pack_tokens / n))
     return profile_from_config(args.config, [pack], tflops=getattr(args, "tflops", 312.0),
-                               efficiency=getattr(args, "efficiency", 0.5))
+                               efficiency=getattr(args, "efficiency", 0.5),
+                               static_bytes_per_param=args.static_bytes_per_param)
 
 
 def _fixed_starts(args: argparse.Namespace, profile: Any) -> dict[int, int]:

@@ -57,6 +57,13 @@ def _detached(value: Any) -> Any:
     return tree_map(leaf, value)
 
 
+def _cloned(value: Any) -> Any:
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, value)
+
+
 def _call(layer: Any, x: Any) -> Any:
     return layer(*x) if isinstance(x, tuple) else layer(x)
 
@@ -133,8 +140,9 @@ def measure_profile(
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
     profiles = []
-    x = _detached(inputs)
-    input_bytes = _nbytes(inputs)
+    # Own copies: a micro-batch sliced from a larger batch would otherwise count the whole batch's storage.
+    x = _detached(_cloned(inputs))
+    input_bytes = _nbytes(x)
     for i, layer in enumerate(mods):
         own = {p.untyped_storage().data_ptr() for p in list(layer.parameters()) + list(layer.buffers())}
         fwd_times, bwd_times = [], []

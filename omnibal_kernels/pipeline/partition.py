@@ -45,7 +45,8 @@ class PipelinePlan:
     ``stages``: ``(first, last)`` layer indices per stage, inclusive, contiguous, covering the chain;
     ``recompute``: per stage, the (global) indices of recomputed layers; ``step_ms``, ``bubble``: the simulated
     step; ``peak_bytes``: per stage; ``stage_ms``: per stage and micro-batch, forward + backward + recompute +
-    communication; ``fits``: every stage within its budget.
+    communication; ``activation_bytes``: per stage, the bytes one micro-batch keeps for backward under the
+    recompute choice; ``fits``: every stage within its budget.
     """
 
     stages: tuple[tuple[int, int], ...]
@@ -57,6 +58,7 @@ class PipelinePlan:
     forward_ms: tuple[float, ...]
     backward_ms: tuple[float, ...]
     comm_ms: tuple[float, ...]
+    activation_bytes: tuple[int, ...]
     fits: bool
     method: str
     schedule: str
@@ -85,7 +87,8 @@ class PipelinePlan:
             "method": self.method, "schedule": self.schedule, "micro_batches": self.micro_batches,
             "stages": [list(s) for s in self.stages], "recompute": [list(r) for r in self.recompute],
             "step_ms": self.step_ms, "bubble": self.bubble, "peak_bytes": list(self.peak_bytes),
-            "stage_ms": list(self.stage_ms), "bottleneck_ms": self.bottleneck_ms, "fits": self.fits,
+            "stage_ms": list(self.stage_ms), "bottleneck_ms": self.bottleneck_ms,
+            "activation_bytes": list(self.activation_bytes), "fits": self.fits,
         }
 
 
@@ -390,7 +393,8 @@ def _plan_for(costs: _Costs, stages: list[tuple[int, int]], method: str, link_gb
     return PipelinePlan(
         stages=tuple((int(a), int(b)) for a, b in stages), recompute=tuple(recs), step_ms=sim.step_ms,
         bubble=sim.bubble, peak_bytes=sim.peak_bytes, stage_ms=tuple(stage_ms), forward_ms=tuple(fwd),
-        backward_ms=tuple(bwd), comm_ms=tuple(comm_out), fits=fits, method=method, schedule=costs.schedule,
+        backward_ms=tuple(bwd), comm_ms=tuple(comm_out), activation_bytes=tuple(int(round(k)) for k in act),
+        fits=fits, method=method, schedule=costs.schedule,
         micro_batches=costs.m, names=tuple(prof.names))
 
 
