@@ -15,7 +15,9 @@
    stage alone: forward + backward time and the bytes its forward keeps alive (``measure_saved_bytes``), printed
    next to the prediction.
 
-Timings come from a shared CPU and are noisy; the saved bytes are exact.
+Times are CPU times of each process's one torch thread (the profile, each stage alone, each rank's busy time
+per step), so other work on the machine does not enter them; the step's wall time is printed too, and on a
+busy machine it is as noisy as the machine. The saved bytes are exact.
 """
 from __future__ import annotations
 
@@ -103,7 +105,7 @@ def reference_losses(batches: dict[str, torch.Tensor], micro_batches: int, steps
 
 def _stage_alone(model: torch.nn.Module, plan: PipelinePlan, rank: int, batches: dict[str, torch.Tensor],
                  repeats: int = 3) -> tuple[float, int]:
-    """This rank's stage on micro-batch 0, alone: median forward + backward ms, bytes kept by its forward."""
+    """This rank's stage on micro-batch 0, alone: median forward + backward CPU ms, bytes kept by its forward."""
     first, last = plan.stages[rank]
     layers = list(model)
     stage = stage_modules(model, plan)[rank]
@@ -119,11 +121,11 @@ def _stage_alone(model: torch.nn.Module, plan: PipelinePlan, rank: int, batches:
     times = []
     for _ in range(repeats + 1):
         args = fresh()
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = stage(*args)
         loss = loss_fn(out, batches["labels"][:1]) if last == len(layers) - 1 else out.float().square().mean()
         loss.backward()
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append((time.process_time() - t0) * 1e3)
     _, kept = measure_saved_bytes(lambda: stage(*fresh()))
     return statistics.median(times[1:]), kept
 
@@ -147,17 +149,18 @@ def _worker(rank: int, port: int, plans: dict[str, PipelinePlan], batches: dict[
             kind = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
             sched = kind(stage, n_microbatches=micro_batches, loss_fn=loss_fn)
             opt = torch.optim.SGD(module.parameters(), lr=LR)
-            losses, step_ms = [], []
+            losses, step_ms, busy_ms = [], [], []
             for step in range(steps):
                 rows = slice(step * micro_batches, (step + 1) * micro_batches)
                 dist.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 if rank == 0:
                     sched.step(batches["patches"][rows], batches["ids"][rows])
                 else:
                     mb_losses: list = []
                     sched.step(target=batches["labels"][rows], losses=mb_losses)
                     losses.append(float(torch.stack(mb_losses).mean()))
+                busy_ms.append((time.process_time() - c0) * 1e3)
                 dist.barrier()
                 step_ms.append((time.perf_counter() - t0) * 1e3)
                 opt.step()
@@ -167,7 +170,8 @@ def _worker(rank: int, port: int, plans: dict[str, PipelinePlan], batches: dict[
                 dist.barrier()
                 if turn == rank:
                     alone_ms, kept = _stage_alone(model, plan, rank, batches)
-            result[label] = {"losses": losses, "step_ms": step_ms, "alone_ms": alone_ms, "saved_bytes": kept}
+            result[label] = {"losses": losses, "step_ms": step_ms, "busy_ms": busy_ms, "alone_ms": alone_ms,
+                             "saved_bytes": kept}
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -185,8 +189,9 @@ def run(steps: int = 3, micro_batches: int = 4, schedule: str = "1f1b", memory_f
     torch.set_num_threads(1)
     batches = make_batches(micro_batches, steps, c)
     model = build_tiny_vlm(c, seed=0)
+    # CPU time of the one torch thread: what the layer costs, not what other processes on the machine take.
     profile = measure_profile(model, (batches["patches"][:1], batches["ids"][:1]), kinds=tiny_vlm_kinds(model),
-                              repeats=repeats)
+                              repeats=repeats, timer=time.process_time)
     free = partition(profile, 2, micro_batches=micro_batches, schedule=schedule)
     budget = memory_fraction * max(free.peak_bytes)
     plans = {
@@ -214,6 +219,9 @@ def run(steps: int = 3, micro_batches: int = 4, schedule: str = "1f1b", memory_f
         entry["measured_saved_bytes"] = [ranks[r][label]["saved_bytes"] for r in range(2)]
         entry["losses"] = ranks[1][label]["losses"]
         entry["measured_step_ms"] = [max(a, b) for a, b in zip(ranks[0][label]["step_ms"], ranks[1][label]["step_ms"])]
+        entry["predicted_busy_ms"] = [micro_batches * t for t in entry["predicted_compute_ms"]]
+        entry["measured_busy_ms"] = [statistics.median(ranks[r][label]["busy_ms"][1:] or ranks[r][label]["busy_ms"])
+                                     for r in range(2)]
         report["plans"][label] = entry
     return report
 
@@ -242,12 +250,14 @@ def main(argv: Any = None) -> int:
         timed = p["measured_step_ms"][1:] or p["measured_step_ms"]  # the first step sets up the pipeline
         print(f"\n{label}: losses {', '.join(f'{x:.5f}' for x in p['losses'])}; predicted step "
               f"{p['step_ms']:.1f} ms, measured {statistics.median(timed):.1f} ms (median after the first)")
-        print(f"  stage  layers                 recompute        compute ms pred/meas   saved MiB pred/meas")
+        print("  stage  layers               recomputed  micro-batch CPU ms   step CPU ms       saved MiB")
+        print("                                              pred / alone     pred / in pipe    pred / meas")
         for s, (a, b) in enumerate(p["stages"]):
-            rec = ",".join(p["recompute_names"][s]) or "-"
-            print(f"  {s:>5}  {names[a] + ' .. ' + names[b]:<22} {rec:<16} {p['predicted_compute_ms'][s]:>8.1f} / "
-                  f"{p['measured_compute_ms'][s]:<8.1f}  {p['activation_bytes'][s] / 2**20:>8.2f} / "
-                  f"{p['measured_saved_bytes'][s] / 2**20:.2f}")
+            print(f"  {s:>5}  {names[a] + ' .. ' + names[b]:<20} {len(p['recompute_names'][s]):>10}  "
+                  f"{p['predicted_compute_ms'][s]:>6.1f} / {p['measured_compute_ms'][s]:<6.1f}  "
+                  f"{p['predicted_busy_ms'][s]:>6.1f} / {p['measured_busy_ms'][s]:<6.1f}  "
+                  f"{p['activation_bytes'][s] / 2**20:>6.2f} / {p['measured_saved_bytes'][s] / 2**20:.2f}")
+        print(f"  recomputed: {p['recompute_names']}")
     return 0
 
 

@@ -113,6 +113,7 @@ def measure_profile(
     repeats: int = 3,
     warmup: int = 1,
     optimizer_bytes_per_param: float = 8.0,
+    timer: Callable[[], float] = time.perf_counter,
 ) -> ModelProfile:
     """Measures a per-layer profile of a chain of modules on one micro-batch.
 
@@ -126,6 +127,8 @@ def measure_profile(
         repeats, warmup: timed and untimed runs per layer; the median is reported.
         optimizer_bytes_per_param: optimizer state per parameter element (8 for Adam's two fp32 moments);
             static bytes = parameters + gradients (the parameters' dtype) + this.
+        timer: the clock, in seconds (default wall time; on a shared CPU with one torch thread,
+            ``time.process_time`` measures the work without the time other processes take).
     """
     import torch
 
@@ -151,13 +154,13 @@ def measure_profile(
         for r in range(warmup + repeats):
             x = _detached(x)
             _sync(x)
-            t0 = time.perf_counter()
+            t0 = timer()
             out = _call(layer, x)
             _sync(out)
-            t1 = time.perf_counter()
+            t1 = timer()
             _backward(out)
             _sync(x)
-            t2 = time.perf_counter()
+            t2 = timer()
             if r >= warmup:
                 fwd_times.append((t1 - t0) * 1e3)
                 bwd_times.append((t2 - t1) * 1e3)
