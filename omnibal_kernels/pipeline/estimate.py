@@ -18,7 +18,6 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from ..balance.cost import CostModel
 from .profile import LayerProfile, ModelProfile
 
 __all__ = ["TransformerShape", "VLMConfig", "CONFIGS", "load_config", "profile_from_config", "packs_from_plan"]
@@ -156,13 +155,17 @@ def load_config(config: Union[str, Path, VLMConfig, Mapping[str, Any]]) -> VLMCo
     )
 
 
-def _vit_cost(params: float, layers: int, hidden: int, tokens_per_tile: int) -> CostModel:
+def _vit_cost(params: float, layers: int, hidden: int, tokens_per_tile: int) -> Any:
+    from ..balance.cost import CostModel
+
     return CostModel.from_shapes(vit_params=params, vit_layers=layers, vit_hidden=hidden,
                                  vit_tokens_per_unit=tokens_per_tile, vit_units_attend_jointly=False,
                                  llm_params=0.0, llm_layers=0, llm_hidden=0)
 
 
-def _llm_cost(params: float, layers: int, hidden: int) -> CostModel:
+def _llm_cost(params: float, layers: int, hidden: int) -> Any:
+    from ..balance.cost import CostModel
+
     return CostModel.from_shapes(vit_params=0.0, vit_layers=0, vit_hidden=0, vit_tokens_per_unit=1,
                                  vit_units_attend_jointly=False, llm_params=params, llm_layers=layers,
                                  llm_hidden=hidden)

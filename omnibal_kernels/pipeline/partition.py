@@ -20,7 +20,6 @@ none if every stage fits, else every layer), ``"all"``, ``"none"``.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -211,6 +210,15 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
+def _check_choices(recompute: str, schedule: str, link_gb_per_s: float) -> None:
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if not link_gb_per_s >= 0:
+        raise ValueError(f"link_gb_per_s must be >= 0, got {link_gb_per_s}")
+
+
 def _budgets(memory_bytes: Union[None, float, Sequence[float]], stages: int) -> Optional[list[float]]:
     if memory_bytes is None:
         return None
@@ -358,7 +366,7 @@ def _paper_candidates(costs: _Costs, fixed: dict[int, int], radius: int, top_k: 
 
 def _plan_for(costs: _Costs, stages: list[tuple[int, int]], method: str, link_gb_per_s: float) -> PipelinePlan:
     prof = costs.profile
-    fwd, bwd, comm_out, peaks, recs, stage_ms, act, static = [], [], [], [], [], [], [], []
+    fwd, bwd, comm_out, recs, stage_ms, act, static = [], [], [], [], [], [], []
     fits = True
     for s, (a, b) in enumerate(stages):
         k = costs.held(s)
@@ -415,6 +423,8 @@ def evaluate_partition(
 ) -> PipelinePlan:
     """The recompute choice and simulated step of a given partition (``stages`` as ``(first, last)`` pairs)."""
     profile = as_profile(profile)
+    micro_batches = _check_int("micro_batches", micro_batches, 1)
+    _check_choices(recompute, schedule, link_gb_per_s)
     stage_list = [(int(a), int(b)) for a, b in stages]
     L = len(profile)
     if not stage_list or stage_list[0][0] != 0 or stage_list[-1][1] != L - 1 or any(
@@ -469,12 +479,7 @@ def partition(
         raise ValueError(f"stages ({P}) must not exceed the number of layers ({L})")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if not link_gb_per_s >= 0:
-        raise ValueError(f"link_gb_per_s must be >= 0, got {link_gb_per_s}")
+    _check_choices(recompute, schedule, link_gb_per_s)
     radius = _check_int("radius", radius, 0)
     top_k = _check_int("top_k", top_k, 1)
     budgets = _budgets(memory_bytes, P)
