@@ -6,9 +6,9 @@
    micro-batch of at most 16 tiles (16 patches each) and 128 text tokens, padded to that fixed shape.
 2. ``measure_profile`` measures the tiny VLM (ViT layers of width 96, LLM layers of width 128) layer by layer on
    one micro-batch: forward/backward time and the bytes each layer saves for backward.
-3. ``partition`` searches the 2-stage split and the per-stage recompute plan under a memory budget (a fraction
-   of the unconstrained plan's peak); the uniform split (equal layer counts, one recompute setting) is the
-   baseline.
+3. ``partition`` searches the 2-stage split and the per-stage recompute plan under a memory budget (90% of the
+   least peak any 2-stage split reaches without recomputation, so something must be recomputed); the uniform
+   split (equal layer counts, one recompute setting for both stages) is the baseline.
 4. Both run under ``torch.distributed.pipelining`` (``PipelineStage`` per rank from ``stage_modules``, the
    recomputed layers wrapped by ``apply_recompute``, ``Schedule1F1B`` or ``ScheduleGPipe``) for a few SGD
    steps; the losses are checked against the unsplit model trained the same way. Each rank then measures its
@@ -43,6 +43,7 @@ from omnibal_kernels.lengths import default_lengths
 from omnibal_kernels.pipeline import (
     PipelinePlan,
     apply_recompute,
+    evaluate_partition,
     measure_profile,
     measure_saved_bytes,
     partition,
@@ -183,7 +184,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(steps: int = 3, micro_batches: int = 4, schedule: str = "1f1b", memory_fraction: float = 0.8,
+def run(steps: int = 3, micro_batches: int = 4, schedule: str = "1f1b", memory_fraction: float = 0.9,
         repeats: int = 3, c: TinyVLMConfig = CONFIG) -> dict[str, Any]:
     """Profiles, plans, runs both partitions on 2 processes and returns everything measured."""
     torch.set_num_threads(1)
@@ -192,8 +193,12 @@ def run(steps: int = 3, micro_batches: int = 4, schedule: str = "1f1b", memory_f
     # CPU time of the one torch thread: what the layer costs, not what other processes on the machine take.
     profile = measure_profile(model, (batches["patches"][:1], batches["ids"][:1]), kinds=tiny_vlm_kinds(model),
                               repeats=repeats, timer=time.process_time)
-    free = partition(profile, 2, micro_batches=micro_batches, schedule=schedule)
-    budget = memory_fraction * max(free.peak_bytes)
+    # A budget below the least peak any 2-stage split reaches without recomputation: memory must be balanced
+    # by recomputing, not by moving layers alone.
+    L = len(profile)
+    least = min(max(evaluate_partition(profile, [(0, cut - 1), (cut, L - 1)], micro_batches=micro_batches,
+                                       schedule=schedule, recompute="none").peak_bytes) for cut in range(1, L))
+    budget = memory_fraction * least
     plans = {
         "searched": partition(profile, 2, micro_batches=micro_batches, schedule=schedule, memory_bytes=budget),
         "uniform": partition(profile, 2, micro_batches=micro_batches, schedule=schedule, memory_bytes=budget,
@@ -231,8 +236,9 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
-    parser.add_argument("--memory-fraction", type=float, default=0.8,
-                        help="memory budget per stage, as a fraction of the unconstrained plan's peak")
+    parser.add_argument("--memory-fraction", type=float, default=0.9,
+                        help="memory budget per stage, as a fraction of the least peak any split reaches without "
+                        "recomputation (default 0.9)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per layer when profiling")
     parser.add_argument("--small", action="store_true", help="a narrower model (quick check)")
     parser.add_argument("--json", action="store_true")

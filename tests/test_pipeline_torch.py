@@ -1,10 +1,7 @@
 """Measured profiles, apply_recompute, the torch.distributed.pipelining forms, and a real 2-process pipeline."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import importlib
 from pathlib import Path
 
 import pytest
@@ -93,19 +90,18 @@ def test_split_spec_with_the_pipelining_tracer(small_profile):
         assert [n for n, _ in pipe.get_stage_module(s).named_children()] == plan.layer_names(s)
     # Manual stages hold the same layers and compute the same output.
     stages = stage_modules(model, plan)
+    assert [[n for n, _ in st.named_children()] for st in stages] == [plan.layer_names(s) for s in range(2)]
     x = _batch(SMALL, 1)
     torch.testing.assert_close(stages[1](stages[0](*x)), model(*x))
 
 
 @pytest.mark.slow
-def test_real_two_process_pipeline_matches_the_unsplit_model():
+def test_real_two_process_pipeline_matches_the_unsplit_model(monkeypatch):
     """The example: the searched and the uniform split on 2 gloo processes under torch.distributed.pipelining."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "pipeline_tiny_vlm.py"), "--steps", "2",
-                           "--micro-batches", "3", "--small", "--repeats", "1", "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # Spawned workers import the example by name: they get this sys.path.
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    example = importlib.import_module("pipeline_tiny_vlm")
+    report = example.run(steps=2, micro_batches=3, repeats=1, c=example.SMALL)
     ref = report["reference_losses"]
     assert len(ref) == 2
     for label in ("searched", "uniform"):

@@ -39,12 +39,19 @@ def stage_modules(layers: Any, plan: PipelinePlan) -> list[Any]:
     ``layers`` is an ``nn.Sequential``, ``nn.ModuleList`` or list of modules, one per profiled layer; the
     stages share the layers' parameters (no copy).
     """
+    from collections import OrderedDict
+
+    import torch
+
     from .chain import Chain
 
-    mods = list(layers)
-    if len(mods) != plan.stages[-1][1] + 1:
-        raise ValueError(f"layers: {len(mods)} modules for {plan.stages[-1][1] + 1} profiled layers")
-    return [Chain(*mods[a:b + 1]) for a, b in plan.stages]
+    if isinstance(layers, torch.nn.Module):
+        items = list(layers.named_children())  # keep the names, so apply_recompute and state dicts match
+    else:
+        items = [(str(i), m) for i, m in enumerate(layers)]
+    if len(items) != plan.stages[-1][1] + 1:
+        raise ValueError(f"layers: {len(items)} modules for {plan.stages[-1][1] + 1} profiled layers")
+    return [Chain(OrderedDict(items[a:b + 1])) for a, b in plan.stages]
 
 
 def megatron_layout(plan: PipelinePlan, profile: ModelProfile) -> dict[str, Any]:
