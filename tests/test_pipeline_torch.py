@@ -114,3 +114,25 @@ def test_real_two_process_pipeline_matches_the_unsplit_model(monkeypatch):
     searched = report["plans"]["searched"]
     assert searched["fits"] and any(searched["recompute"])  # the budget makes the plan recompute something
     assert searched["bottleneck_ms"] <= report["plans"]["uniform"]["bottleneck_ms"]
+
+
+def linear_chain():
+    """A factory for ``omnibal-kernels profile --model``: three layers and a batch."""
+    layers = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    return layers, torch.randn(16, 8), ["llm", "llm", "head"]
+
+
+def test_cli_profile_measures_a_model_factory(tmp_path, capsys, monkeypatch):
+    from omnibal_kernels.cli import main
+    from omnibal_kernels.pipeline import load_profile
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    out = tmp_path / "measured.json"
+    assert main(["profile", "--model", "test_pipeline_torch:linear_chain", "--repeats", "1", "--out", str(out)]) == 0
+    prof = load_profile(out)
+    assert prof.names == ["0", "1", "2"] and prof.layers[2].kind == "head"
+    assert prof.layers[0].output_bytes == 16 * 32 * 4 and prof.input_bytes == 16 * 8 * 4
+    # GELU keeps its input (16 x 32 floats); the first Linear keeps its input (16 x 8 floats).
+    assert prof.layers[1].activation_bytes == 16 * 32 * 4 and prof.layers[0].activation_bytes == 16 * 8 * 4
+    assert "0" in capsys.readouterr().out
+    assert main(["profile", "--model", "test_pipeline_torch:missing"]) == 2
