@@ -36,6 +36,7 @@ _REPORT_ROWS = (
 
 def build_parser() -> argparse.ArgumentParser:
     from .balance.packs import METHODS, OVERSIZE_POLICIES
+    from .pipeline.cli import add_parsers as add_pipeline_parsers
 
     parser = argparse.ArgumentParser(
         prog="omnibal-kernels",
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--out", default=None, help="write the plan to this .npz file (one method)")
     plan.set_defaults(func=_run_plan)
     add_lengths_parser(sub)
+    add_pipeline_parsers(sub)
     return parser
 
 

@@ -23,10 +23,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("lengths",),  # per-sample loads
     ("vision",),  # counts, loads, buckets, mrope, batch fields (calls ops/ and cpu/)
     ("balance",),  # planning
-    ("synthetic",),  # load distributions for benchmarks and tests
+    ("synthetic", "pipeline"),  # load distributions; model and memory balance (pipeline partitions)
     ("sampler", "streaming"),  # samplers over plans
     ("packing",),  # pack_batch (calls vision.fields and cpu.collate)
-    ("hf", "pipeline", "bench", "raw_lengths", "models", "testing", "cli"),  # integrations, tools, the CLI
+    ("hf", "testing", "raw_lengths"),  # integrations, references and tiny models, length files from raw data
+    ("bench",),  # the benchmarks suite (measures everything below)
+    ("cli",),  # every subcommand
     ("__main__", "__init__"),  # entry points
 ]
 

@@ -1,0 +1,236 @@
+"""Per-layer profiles of a model seen as a chain of layers (ViT layers, projector, LLM layers, head).
+
+A profile gives, per micro-batch and per layer: forward and backward time, the bytes the layer keeps for its
+backward pass (``activation_bytes``; with recomputation it keeps only its input, the ``output_bytes`` of the
+layer before it, or the profile's ``input_bytes`` for the first layer), its parameter + gradient + optimizer
+bytes (``static_bytes``) and the bytes it sends to the next layer (``output_bytes``).
+
+JSON form (``load_profile`` / ``ModelProfile.save``)::
+
+    {"input_bytes": 0,                       # optional: bytes of the chain's input (default 0)
+     "meta": {...},                          # optional: free-form description (source, loads, device)
+     "layers": [{"name": "vit.0", "forward_ms": 1.2, "backward_ms": 2.4, "activation_bytes": 123,
+                 "static_bytes": 456, "output_bytes": 78, "kind": "vit"}, ...]}
+
+``kind`` is optional (``"vit"``, ``"projector"``, ``"llm"``, ``"head"``, ...); the engine forms use it to count
+decoder layers per stage.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import numpy as np
+
+__all__ = ["LayerProfile", "ModelProfile", "PROFILE_FIELDS", "as_profile", "load_profile"]
+
+# The JSON schema of one layer: field -> meaning.
+PROFILE_FIELDS: dict[str, str] = {
+    "name": "layer name (str)",
+    "forward_ms": "forward time per micro-batch in ms (float >= 0)",
+    "backward_ms": "backward time per micro-batch in ms (float >= 0)",
+    "activation_bytes": "bytes kept for backward without recomputation (int >= 0)",
+    "static_bytes": "parameter + gradient + optimizer-state bytes (int >= 0)",
+    "output_bytes": "bytes of the output sent to the next layer (int >= 0)",
+}
+_TIME_FIELDS = ("forward_ms", "backward_ms")
+_BYTE_FIELDS = ("activation_bytes", "static_bytes", "output_bytes")
+
+
+def _check_time(where: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where}: {name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: {name} must be finite and >= 0, got {value}")
+    return value
+
+
+def _check_bytes(where: str, name: str, value: object) -> int:
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where}: {name} must be an integer number of bytes, got {type(value).__name__}")
+    value = int(value)
+    if value < 0:
+        raise ValueError(f"{where}: {name} must be >= 0, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer of a chain, per micro-batch (see the module docstring for each field)."""
+
+    name: str
+    forward_ms: float
+    backward_ms: float
+    activation_bytes: int
+    static_bytes: int
+    output_bytes: int
+    kind: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"layer {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"layer name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.kind, str):
+            raise TypeError(f"{where}: kind must be a str, got {type(self.kind).__name__}")
+        for key in _TIME_FIELDS:
+            object.__setattr__(self, key, _check_time(where, key, getattr(self, key)))
+        for key in _BYTE_FIELDS:
+            object.__setattr__(self, key, _check_bytes(where, key, getattr(self, key)))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"name": self.name, "forward_ms": self.forward_ms, "backward_ms": self.backward_ms,
+               "activation_bytes": self.activation_bytes, "static_bytes": self.static_bytes,
+               "output_bytes": self.output_bytes}
+        if self.kind:
+            out["kind"] = self.kind
+        return out
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A model as a chain of ``LayerProfile`` s, per micro-batch; the input of layer ``i`` is the output of
+    layer ``i - 1`` and the input of layer 0 has ``input_bytes`` bytes."""
+
+    layers: tuple[LayerProfile, ...]
+    input_bytes: int = 0
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        layers = tuple(self.layers)
+        if not layers:
+            raise ValueError("profile: layers must not be empty")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, LayerProfile):
+                raise TypeError(f"profile: layers[{i}] must be a LayerProfile, got {type(layer).__name__}")
+        names = [layer.name for layer in layers]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"profile: layer name {dup!r} appears more than once")
+        object.__setattr__(self, "layers", layers)
+        object.__setattr__(self, "input_bytes", _check_bytes("profile", "input_bytes", self.input_bytes))
+        object.__setattr__(self, "meta", dict(self.meta))
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def _column(self, key: str) -> np.ndarray:
+        return np.array([getattr(layer, key) for layer in self.layers], dtype=np.float64)
+
+    @property
+    def forward_ms(self) -> np.ndarray:
+        """(L,) float64."""
+        return self._column("forward_ms")
+
+    @property
+    def backward_ms(self) -> np.ndarray:
+        """(L,) float64."""
+        return self._column("backward_ms")
+
+    @property
+    def activation_bytes(self) -> np.ndarray:
+        """(L,) float64 (byte counts; exact below 2**53)."""
+        return self._column("activation_bytes")
+
+    @property
+    def static_bytes(self) -> np.ndarray:
+        """(L,) float64."""
+        return self._column("static_bytes")
+
+    @property
+    def output_bytes(self) -> np.ndarray:
+        """(L,) float64."""
+        return self._column("output_bytes")
+
+    @property
+    def input_bytes_per_layer(self) -> np.ndarray:
+        """(L,) float64: what each layer keeps when it is recomputed (its input)."""
+        out = self.output_bytes
+        return np.concatenate([[float(self.input_bytes)], out[:-1]])
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"input_bytes": self.input_bytes, "layers": [layer.to_dict() for layer in self.layers]}
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "profile") -> "ModelProfile":
+        """Builds a profile from its JSON form; a missing or bad field raises ``ValueError`` naming ``source``
+        and the layer index."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{source}: expected a JSON object with 'layers', got {type(data).__name__}")
+        rows = data.get("layers")
+        if not isinstance(rows, list) or not rows:
+            raise ValueError(f"{source}: 'layers' must be a non-empty list")
+        layers = []
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise ValueError(f"{source}: layers[{i}] must be an object, got {type(row).__name__}")
+            missing = [key for key in PROFILE_FIELDS if key not in row]
+            if missing:
+                raise ValueError(f"{source}: layers[{i}] misses {', '.join(missing)} "
+                                 f"(each layer needs {', '.join(PROFILE_FIELDS)})")
+            try:
+                layers.append(LayerProfile(name=row["name"], forward_ms=row["forward_ms"],
+                                           backward_ms=row["backward_ms"], activation_bytes=row["activation_bytes"],
+                                           static_bytes=row["static_bytes"], output_bytes=row["output_bytes"],
+                                           kind=row.get("kind", "")))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{source}: layers[{i}]: {exc}") from None
+        meta = data.get("meta", {})
+        if not isinstance(meta, Mapping):
+            raise ValueError(f"{source}: 'meta' must be an object")
+        try:
+            return cls(tuple(layers), input_bytes=data.get("input_bytes", 0), meta=meta)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: {exc}") from None
+
+    def save(self, path: Union[str, Path]) -> Path:
+        """Writes the JSON form atomically (temporary file, then rename)."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f, indent=1)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+
+def load_profile(path: Union[str, Path]) -> ModelProfile:
+    """Reads a JSON profile (schema in the module docstring); errors name the file and the layer index."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"profile file not found: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    return ModelProfile.from_dict(data, source=str(path))
+
+
+def as_profile(profile: Union[ModelProfile, Mapping[str, Any], Sequence[LayerProfile]]) -> ModelProfile:
+    """A ``ModelProfile`` from a profile, its dict form, or a sequence of layers."""
+    if isinstance(profile, ModelProfile):
+        return profile
+    if isinstance(profile, Mapping):
+        return ModelProfile.from_dict(profile)
+    if isinstance(profile, (list, tuple)):
+        return ModelProfile(tuple(profile))
+    raise TypeError(f"profile must be a ModelProfile, a dict or a list of LayerProfile, got {type(profile).__name__}")
+
