@@ -27,7 +27,7 @@ import numpy as np
 from ..balance.plan import Plan
 from ..lengths import Lengths
 
-__all__ = ["random_padded_plan", "length_grouped_plan", "ffd_tokens_plan", "over_vit_capacity"]
+__all__ = ["random_padded_plan", "length_grouped_plan", "ffd_tokens_plan", "over_vit_capacity", "warmup"]
 
 
 def _check(lengths: Lengths, world_size: int, batch_size: int) -> None:
@@ -155,6 +155,11 @@ def _first_fit(sizes: np.ndarray, capacity: int) -> np.ndarray:  # pragma: no co
             tree[node] = max(tree[2 * node], tree[2 * node + 1])
             node //= 2
     return out
+
+
+def warmup() -> None:
+    """Compiles (or loads from numba's cache) the first-fit kernel, so timed calls do not pay for it."""
+    _first_fit(np.ones(2, np.int64), 2)
 
 
 def ffd_tokens_plan(lengths: Lengths, *, world_size: int, llm_capacity: int, vit_capacity: int = 0,

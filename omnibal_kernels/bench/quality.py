@@ -23,7 +23,7 @@ import numpy as np
 from ..balance import CostModel, balance_report, plan_packs
 from ..lengths import Lengths
 from ..synthetic import synthetic_lengths
-from .baselines import ffd_tokens_plan, length_grouped_plan, over_vit_capacity, random_padded_plan
+from .baselines import ffd_tokens_plan, length_grouped_plan, over_vit_capacity, random_padded_plan, warmup
 from .runner import Config, register
 from .simulate import epoch_time, ideal_time, pack_loads, padding_fraction, rank_costs
 
@@ -124,6 +124,7 @@ def _histograms(plans: dict[str, Any], lengths: Lengths, cost: CostModel) -> dic
 def run(config: Config) -> dict[str, Any]:
     """Balance quality of every method, data set and world size, and the simulated speed-ups."""
     sizes = QUICK if config.quick else FULL
+    warmup()
     rows: list[dict[str, Any]] = []
     speedup: dict[str, dict[str, float]] = {}
     extras: dict[str, Any] = {}
