@@ -28,7 +28,7 @@ from .runner import Config, register
 WORLD_SIZE = 8
 FULL_SIZES = (None, 1_200_000, 10_000_000)  # None: the 70,706 bundled samples as they are
 QUICK_SIZES = (None,)
-SAMPLER_FULL, SAMPLER_QUICK = 10_000_000, 1_200_000
+SAMPLER_FULL, SAMPLER_QUICK = 10_000_000, 200_000
 
 
 def _methods(lengths: Any, seed: int) -> dict[str, Callable[[], object]]:
