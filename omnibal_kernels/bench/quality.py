@@ -4,7 +4,9 @@ Methods: the planner's ``random``, ``isf`` and ``balanced`` (whatever ``plan_pac
 baselines of :mod:`.baselines`: ``random_padded`` (the yardstick), ``length_grouped`` (LLaVA) and
 ``ffd_tokens`` (1-D first-fit decreasing). Capacities come from ``plan_packs``' own search for a target of
 ``TARGET`` samples per pack (``isf`` searches its own, as the authors do); the baselines use the balanced
-plan's capacities, and the padded ones micro-batches of ``TARGET`` samples.
+plan's capacities, and the padded ones micro-batches of the balanced packs' mean size (rounded), so both
+take about as many steps: where the largest sample forces large capacities (long text) that is more than
+``TARGET``.
 
 Data: the bundled real loads (``"bundled"``, 70,706 samples), the same resampled to 1.2M
 (``"bundled_1.2M"``) and the synthetic classes of :mod:`omnibal_kernels.synthetic`. Each data set is costed
@@ -64,7 +66,8 @@ def make_plans(lengths: Lengths, cost: CostModel, world_size: int, seed: int) ->
         plans[method] = plan_packs(lengths, world_size=world_size, method=method, target_batch_size=TARGET,
                                    cost_model=cost, seed=seed)
     caps = (plans["balanced"].vit_capacity, plans["balanced"].llm_capacity)
-    batch = int(round(TARGET))
+    # padded micro-batches of the balanced packs' mean size, so both take about as many steps
+    batch = max(1, int(round(plans["balanced"].num_input_samples / plans["balanced"].num_packs)))
     plans["random_padded"] = random_padded_plan(lengths, world_size=world_size, batch_size=batch,
                                                 capacities=caps, seed=seed)
     plans["length_grouped"] = length_grouped_plan(lengths, world_size=world_size, batch_size=batch,
