@@ -93,8 +93,11 @@ def _pack_loads(report: Mapping[str, Any], path: Path) -> Path:
         ax.set_ylabel("share of packs")
     ax_v.set_xlabel("ViT load per pack (tiles)")
     ax_t.set_xlabel("LLM load per pack (tokens)")
+    # start the axes where the packs start: empty packs are rare and the range below says nothing
     lo = edges[:-1][np.any([np.asarray(m["llm"]) > 0 for m in h["methods"].values()], axis=0)].min()
     ax_t.set_xlim(lo * 0.95, edges[-1])
+    vit_lo = min(int(np.flatnonzero(np.asarray(m["vit"]))[0]) for m in h["methods"].values())
+    ax_v.set_xlim(max(vit_lo - 1, 0), len(next(iter(h["methods"].values()))["vit"]))
     ax_v.legend(fontsize=8, loc="center left")
     isf = h["isf_capacities"]
     fig.suptitle(f"Pack loads against the capacities (bundled data, {report['headline_world_size']} ranks; "
