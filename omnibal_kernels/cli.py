@@ -36,6 +36,7 @@ _REPORT_ROWS = (
 
 def build_parser() -> argparse.ArgumentParser:
     from .balance.packs import METHODS, OVERSIZE_POLICIES
+    from .bench.cli import add_bench_parser
     from .pipeline.cli import add_parsers as add_pipeline_parsers
 
     parser = argparse.ArgumentParser(
@@ -66,9 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--epoch", type=int, default=0)
     plan.add_argument("--json", action="store_true", help="print one JSON object (one method)")
     plan.add_argument("--out", default=None, help="write the plan to this .npz file (one method)")
+    plan.add_argument("--plot", default=None, metavar="DIR",
+                      help="draw each rank's load per step, random vs balanced, into DIR (needs matplotlib)")
     plan.set_defaults(func=_run_plan)
     add_lengths_parser(sub)
     add_pipeline_parsers(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -89,7 +93,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     else:
         methods = ["random", "isf", "balanced"]
 
-    rows = []
+    rows, plans = [], {}
     for method in methods:
         plan = plan_packs(
             lengths,
@@ -107,8 +111,19 @@ def _run_plan(args: argparse.Namespace) -> int:
         report.update(method=method, vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity,
                       world_size=plan.world_size)
         rows.append(report)
+        plans[method] = plan
         if args.out:
             plan.save(args.out)
+    if args.plot:
+        from .bench.cli import check_plot_dependency
+        from .bench.plots import plot_plans
+
+        check_plot_dependency()
+        options = dict(world_size=args.world_size, target_batch_size=args.target_batch_size, seed=args.seed,
+                       vit_capacity=args.vit_capacity, llm_capacity=args.llm_capacity, oversize=args.oversize,
+                       drop_last=args.drop_last, epoch=args.epoch)
+        drawn = {m: plans.get(m) or plan_packs(lengths, method=m, **options) for m in ("random", "balanced")}
+        print(f"picture written to {plot_plans(drawn, lengths, args.plot)}", file=sys.stderr)
 
     if args.json:
         print(json.dumps(rows[0]))

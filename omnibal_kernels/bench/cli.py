@@ -1,0 +1,75 @@
+"""``omnibal-kernels bench``: runs the suite, prints the Markdown report, writes JSON, Markdown and PNGs."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .runner import PROVIDER_NAMES
+
+__all__ = ["add_bench_parser", "write_atomic", "check_plot_dependency"]
+
+
+def add_bench_parser(sub: Any) -> None:
+    """Adds the ``bench`` subcommand to the CLI's subparsers."""
+    bench = sub.add_parser(
+        "bench",
+        help="run the benchmark suite: balance quality, simulated and measured training speed-up, planning, "
+        "collate, GPU kernels",
+        description="Run the benchmark suite and print its Markdown report (progress goes to stderr).",
+    )
+    bench.add_argument("--quick", action="store_true", help="small sizes: within 3 minutes on 2 CPU cores")
+    bench.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the report as JSON")
+    bench.add_argument("--markdown", default=None, metavar="PATH", help="write the Markdown report")
+    bench.add_argument("--plot", default=None, metavar="DIR", help="write PNG pictures (needs matplotlib)")
+    bench.add_argument("--only", nargs="+", choices=PROVIDER_NAMES, default=None, metavar="NAME",
+                       help=f"run only these parts ({', '.join(PROVIDER_NAMES)})")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.set_defaults(func=run_bench)
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file in the same folder, then renames it."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def check_plot_dependency() -> None:
+    """Raises ``ValueError`` (a one-line CLI error) when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install 'omnibal_kernels[plot]'") from None
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .markdown import to_markdown
+    from .runner import run_suite
+
+    if args.plot:
+        check_plot_dependency()  # before minutes of benchmarks, not after
+    report = run_suite(args.only, quick=args.quick, seed=args.seed, log=lambda line: print(line, file=sys.stderr))
+    text = to_markdown(report)
+    if args.json_path:
+        write_atomic(args.json_path, json.dumps(report, indent=1))
+    if args.markdown:
+        write_atomic(args.markdown, text)
+    if args.plot:
+        from .plots import plot_report
+
+        for path in plot_report(report, args.plot):
+            print(f"[bench] wrote {path}", file=sys.stderr)
+    print(text)
+    return 0

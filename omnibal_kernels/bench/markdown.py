@@ -1,0 +1,141 @@
+"""The suite's report as Markdown tables (``omnibal-kernels bench --markdown``)."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+__all__ = ["to_markdown"]
+
+# the paper's data-balance gain (arXiv 2407.20761): 61.8 -> 51.9 GPU days
+PAPER_GAIN = 61.8 / 51.9
+_METHOD_ORDER = ("random_padded", "length_grouped", "ffd_tokens", "random", "isf", "balanced", "limit")
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str = "") -> list[str]:
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = ["---:" if a == "r" else "---" for a in align]
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def _n(n: int) -> str:
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n:,}"
+
+
+def _environment(report: dict[str, Any]) -> list[str]:
+    env = report["environment"]
+    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+    mode = "`omnibal-kernels bench --quick`" if report.get("quick") else "`omnibal-kernels bench`"
+    seconds = sum(report.get("seconds", {}).values())
+    commit = f", commit {env['commit']}" if env.get("commit") else ""
+    return [f"{mode}, {env['date']}, {env['machine']} ({env['cpu']}), device {env['device']}{commit}; "
+            f"{versions}; {seconds:.0f} s.", ""]
+
+
+def _simulated(report: dict[str, Any]) -> list[str]:
+    speedup = report["simulated_speedup"]
+    sizes = {r["data"]: r for r in report["balance"] if r["method"] == "balanced"}
+    methods = [m for m in _METHOD_ORDER if any(m in v for v in speedup.values())]
+    out = [f"### Simulated training time ({report['headline_world_size']} ranks)", "",
+           "Epoch time of random padded micro-batches over the epoch time of each method (cost model: every "
+           "step lasts as long as its slowest rank; padded methods pay for their padding). `limit`: no "
+           f"padding and perfect balance. The paper's data-balance gain is {PAPER_GAIN:.2f}x "
+           "(61.8 -> 51.9 GPU days).", ""]
+    rows = []
+    for data, values in speedup.items():
+        ave = sizes.get(data, {}).get("ave_bs")
+        rows.append([data, f"{ave:.2f}" if ave else "-"] + [f"{values[m]:.3f}" if m in values else "-" for m in methods])
+    return out + _table(["data", "samples/pack (balanced)", *methods], rows)
+
+
+def _ddp(report: dict[str, Any]) -> list[str]:
+    d = report["measured_ddp"]
+    out = ["### Measured DDP training (tiny VLM, 2 CPU processes, gloo, 1 thread each)", "",
+           f"{d['samples']:,} samples ({d['input_tokens']:,} tokens) sized like the bundled data scaled by 1/16; "
+           f"hidden {d['hidden']}; best of {d['rounds']} epoch(s) each. Caveat: {d['caveat']}.", ""]
+    rows = [
+        ["seconds per epoch", f"{d['random_s']:.2f}", f"{d['balanced_s']:.2f}"],
+        ["steps per rank", d["random_steps"], d["balanced_steps"]],
+        ["tokens per second", f"{d['random_tokens_per_s']:,.0f}", f"{d['balanced_tokens_per_s']:,.0f}"],
+        ["time in all-reduce (wait + transfer)", f"{d['wait_fraction_random']:.1%}", f"{d['wait_fraction_balanced']:.1%}"],
+    ]
+    return out + _table(["", "random padded", "balanced packs"], rows) + [
+        f"Measured speed-up (tokens/s, balanced over random padded): **{d['speedup']:.2f}x**.", ""]
+
+
+def _quality(report: dict[str, Any]) -> list[str]:
+    out = ["### Balance quality", "",
+           "Per data set, ranks and method: mean samples per pack, ViT/LLM fill of the capacities, the paper's "
+           "ViT/LLM dist ratios, step efficiency (mean over steps of mean rank time / slowest rank time, "
+           "padding included), padding share of the LLM positions, share of packs over the ViT capacity, "
+           "samples dropped and repeated, planning milliseconds, simulated speed-up over random padded.", ""]
+    rows = []
+    for r in report["balance"]:
+        if r["method"] == "limit":
+            continue
+        rows.append([r["data"], r["world_size"], r["method"], f"{r['vit_capacity']} / {r['llm_capacity']}",
+                     f"{r['ave_bs']:.2f}", f"{r['vit_fill']:.3f}", f"{r['llm_fill']:.3f}", f"{r['vit_dist']:.4f}",
+                     f"{r['llm_dist']:.4f}", f"{r['step_efficiency']:.4f}", f"{r['padding']:.3f}",
+                     f"{r['over_vit_capacity']:.3f}", r["dropped"], r["duplicated"], f"{r['seconds'] * 1e3:.1f}",
+                     f"{r['sim_speedup']:.3f}"])
+    header = ["data", "ranks", "method", "capacities", "samples/pack", "ViT fill", "LLM fill", "ViT dist",
+              "LLM dist", "step eff.", "padding", "over ViT cap.", "dropped", "repeated", "plan ms", "sim. speed-up"]
+    return out + _table(header, rows, "lrl" + "r" * (len(header) - 3))
+
+
+def _planning(report: dict[str, Any]) -> list[str]:
+    rows = report["planning"]
+    sizes = sorted({r["n"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cell = {(r["method"], r["n"]): r for r in rows}
+    out = ["### Planning time", "",
+           "Milliseconds to plan 8 ranks (capacity search included for `balanced` and `random`), and the "
+           "ratio to `numpy.argsort` of the same token counts.", ""]
+    table = [[m] + [f"{cell[m, n]['seconds'] * 1e3:.1f} ({cell[m, n]['argsort_ratio']:.1f}x)" if (m, n) in cell
+                    else "-" for n in sizes] for m in methods]
+    out += _table(["method", *[f"{_n(n)} samples" for n in sizes]], table)
+    s = report.get("sampler", {})
+    if "seconds" in s:
+        out += [f"`BalancedBatchSampler` on {_n(s['n'])} samples, 8 ranks: built in {s['seconds']:.2f} s, peak "
+                f"memory {s['peak_mib']:.0f} MiB above the process (the loads themselves: {s['loads_mib']:.0f} MiB).",
+                ""]
+    return out
+
+
+def _collate(report: dict[str, Any]) -> list[str]:
+    rows = report["collate"]
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    keys = list(dict.fromkeys((r["input"], r["where"], r["batch_size"]) for r in rows))
+    cell = {(r["input"], r["where"], r["batch_size"], r["provider"]): r for r in rows}
+    out = ["### Collate", "",
+           "Microseconds per batch, and the ratio to the `torch.cat` floor; `process`: best per call in the main "
+           "process; `worker`: per batch delivered by a one-worker DataLoader.", ""]
+    table = []
+    for key in keys:
+        cells = []
+        for p in providers:
+            r = cell.get((*key, p))
+            cells.append(f"{r['seconds'] * 1e6:,.0f} ({r['vs_floor']:.2f}x)" if r else "-")
+        table.append([key[0], key[1], key[2], *cells])
+    return out + _table(["input", "where", "batch", *providers], table, "llr" + "r" * len(providers))
+
+
+def _gpu(report: dict[str, Any]) -> list[str]:
+    g = report["gpu"]
+    out = ["### GPU kernels", ""]
+    if g.get("skipped"):
+        return out + [f"Skipped: {g['skipped']}.", ""]
+    rows = [[r["op"], r["case"], r["provider"], f"{r['ms']:.4f}", f"{r['gbps']:.0f}", f"{r['vs_copy']:.3f}",
+             "-" if r.get("vs_baseline") is None else f"{r['vs_baseline']:.2f}x"] for r in g["rows"]]
+    out += _table(["op", "case", "provider", "ms", "GB/s", "vs copy", "vs baseline"], rows, "lllrrrr")
+    return out + [f"Error: {e}" for e in g.get("errors", [])]
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    """The report of :func:`~omnibal_kernels.bench.run_suite` as Markdown (the parts it holds)."""
+    out = _environment(report)
+    for key, part in (("simulated_speedup", _simulated), ("measured_ddp", _ddp), ("balance", _quality),
+                      ("planning", _planning), ("collate", _collate), ("gpu", _gpu)):
+        if key in report:
+            out += part(report)
+    return "\n".join(out).rstrip() + "\n"

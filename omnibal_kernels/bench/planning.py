@@ -1,0 +1,119 @@
+"""Planning speed as N grows, against ``numpy.argsort`` of the same token counts, and the sampler at scale.
+
+The loads are the bundled real ones (70,706 samples) and the same resampled with a fixed seed to 1.2M and
+10M samples. ``balanced`` and ``random`` include their capacity search (the default call); ``isf`` runs at
+the capacities the authors' search finds on the real data (18 / 6016), since its search plans every
+candidate; the baselines use the balanced capacities (16 / 5376) and micro-batches of 4 samples. Each method
+is timed after a warm-up call, best of a few runs, taking turns with ``argsort`` so both see the same
+machine.
+
+The sampler's construction (capacity search and the first epoch's plan) is measured in a fresh process:
+seconds and peak resident memory above what the process held with the loads already in memory.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ..balance import plan_packs
+from ..synthetic import synthetic_lengths
+from .baselines import ffd_tokens_plan, length_grouped_plan, random_padded_plan
+from .runner import Config, register
+
+WORLD_SIZE = 8
+FULL_SIZES = (None, 1_200_000, 10_000_000)  # None: the 70,706 bundled samples as they are
+QUICK_SIZES = (None,)
+SAMPLER_FULL, SAMPLER_QUICK = 10_000_000, 200_000
+
+
+def _methods(lengths: Any, seed: int) -> dict[str, Callable[[], object]]:
+    return {
+        "balanced": lambda: plan_packs(lengths, world_size=WORLD_SIZE, target_batch_size=4.0, seed=seed),
+        "random": lambda: plan_packs(lengths, world_size=WORLD_SIZE, method="random", target_batch_size=4.0,
+                                     seed=seed),
+        "isf": lambda: plan_packs(lengths, world_size=WORLD_SIZE, method="isf", vit_capacity=18,
+                                  llm_capacity=6016, seed=seed),
+        "length_grouped": lambda: length_grouped_plan(lengths, world_size=WORLD_SIZE, batch_size=4, seed=seed),
+        "random_padded": lambda: random_padded_plan(lengths, world_size=WORLD_SIZE, batch_size=4, seed=seed),
+        "ffd_tokens": lambda: ffd_tokens_plan(lengths, world_size=WORLD_SIZE, llm_capacity=5376, vit_capacity=16,
+                                              seed=seed),
+    }
+
+
+def _once(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_methods(lengths: Any, seed: int, repeats: int) -> dict[str, float]:
+    """Best seconds of every method and of ``numpy.argsort`` (key ``"argsort"``), interleaved rounds."""
+    funcs = _methods(lengths, seed)
+    funcs["argsort"] = lambda: np.argsort(lengths.llm)
+    for fn in funcs.values():  # warm-up: lazy imports, compiled code, caches
+        fn()
+    best = {name: float("inf") for name in funcs}
+    for _ in range(repeats):
+        for name, fn in funcs.items():
+            best[name] = min(best[name], _once(fn))
+    return best
+
+
+_SAMPLER_PROBE = """
+import json, sys, time
+from omnibal_kernels.synthetic import synthetic_lengths
+from omnibal_kernels.sampler import BalancedBatchSampler
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+lengths = synthetic_lengths("bundled", int(sys.argv[1]), int(sys.argv[2]))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets the peak resident set (VmHWM) to the current one
+before = status("VmRSS")
+start = time.perf_counter()
+sampler = BalancedBatchSampler(lengths, world_size=8, rank=0, seed=int(sys.argv[2]))
+seconds = time.perf_counter() - start
+print(json.dumps({"n": len(lengths), "seconds": seconds, "peak_mib": (status("VmHWM") - before) / 1024,
+                  "loads_mib": (lengths.vit.nbytes + lengths.llm.nbytes) / 2**20, "steps": len(sampler)}))
+"""
+
+
+def sampler_cost(n: int, seed: int) -> dict[str, Any]:
+    """Construction seconds and peak memory (MiB above the loads) of ``BalancedBatchSampler`` on ``n``
+    resampled real samples, 8 ranks, measured in a fresh process (Linux: the peak resident set is reset
+    through ``/proc/self/clear_refs`` before construction and read from ``VmHWM`` after)."""
+    if not sys.platform.startswith("linux"):
+        return {"n": n, "skipped": "peak memory is read from Linux /proc"}
+    out = subprocess.run([sys.executable, "-c", _SAMPLER_PROBE, str(n), str(seed)], capture_output=True,
+                         text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"sampler probe failed: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@register("planning")
+def run(config: Config) -> dict[str, Any]:
+    """Planning seconds per method and N, their ratio to ``numpy.argsort``, and the sampler's cost."""
+    rows = []
+    for n in QUICK_SIZES if config.quick else FULL_SIZES:
+        lengths = synthetic_lengths("bundled", n, config.seed)
+        repeats = 2 if len(lengths) >= 5_000_000 else (3 if config.quick else 5)
+        best = time_methods(lengths, config.seed, repeats)
+        for method, seconds in best.items():
+            if method != "argsort":
+                rows.append({"method": method, "n": len(lengths), "seconds": seconds,
+                             "argsort_ratio": seconds / best["argsort"]})
+        config.say(f"  {len(lengths):,} samples: balanced {best['balanced'] * 1e3:.1f} ms, "
+                   f"argsort {best['argsort'] * 1e3:.1f} ms")
+    sampler = sampler_cost(SAMPLER_QUICK if config.quick else SAMPLER_FULL, config.seed)
+    if "seconds" in sampler:
+        config.say(f"  sampler on {sampler['n']:,} samples: {sampler['seconds']:.2f} s, "
+                   f"peak +{sampler['peak_mib']:.0f} MiB")
+    return {"planning": rows, "sampler": sampler}

@@ -1,0 +1,93 @@
+"""``omnibal-kernels bench --quick`` runs end to end (so the suite cannot rot) and ``plan --plot`` draws."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omnibal_kernels.bench.markdown import to_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "omnibal_kernels", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
+    start = time.perf_counter()
+    proc = _cli("bench", "--quick", "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md"),
+                "--plot", str(tmp_path / "png"), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.perf_counter() - start < 180
+    report = json.loads((tmp_path / "r.json").read_text())
+
+    speedup = report["simulated_speedup"]
+    assert "bundled" in speedup
+    for values in speedup.values():
+        assert values["random_padded"] == 1.0
+        assert {"length_grouped", "ffd_tokens", "random", "isf", "balanced", "limit"} <= set(values)
+        assert all(values[m] <= values["limit"] * (1 + 1e-9) for m in values)
+    ddp = report["measured_ddp"]
+    for key in ("random_s", "balanced_s", "speedup", "wait_fraction_random", "wait_fraction_balanced"):
+        assert isinstance(ddp[key], float) and ddp[key] >= 0, key
+    assert ddp["random_s"] > 0 and ddp["balanced_s"] > 0
+    assert ddp["speedup"] == pytest.approx(
+        (ddp["balanced_tokens"] / ddp["balanced_s"]) / (ddp["random_tokens"] / ddp["random_s"]))
+    assert report["planning"] and all({"method", "n", "seconds", "argsort_ratio"} <= set(r) for r in report["planning"])
+    assert report["collate"] and all({"provider", "batch_size", "input", "seconds"} <= set(r) for r in report["collate"])
+    assert {r["input"] for r in report["collate"]} == {"text", "tiles", "patches"}
+    assert {r["where"] for r in report["collate"]} == {"process", "worker"}
+    rows = [r for r in report["balance"] if r["method"] != "limit"]
+    assert all(r["dropped"] == 0 for r in rows)  # every input sample is scheduled by every method
+    assert report["gpu"] == {"skipped": "no CUDA device"} or report["gpu"]["rows"]
+
+    # the Markdown file and stdout are the report's rendering
+    text = (tmp_path / "r.md").read_text()
+    assert text == to_markdown(report) and proc.stdout.strip() == text.strip()
+    assert "### Measured DDP training" in text and "| bundled |" in text
+    for name in ("rank_loads", "pack_loads", "planning_time", "step_time"):
+        png = tmp_path / "png" / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC, name
+
+
+def test_plan_plot_draws_the_users_data(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    path = tmp_path / "lengths.npz"
+    vit = rng.integers(0, 6, 3000)
+    np.savez(path, vit=vit, llm=vit * 256 + rng.integers(20, 2000, 3000))
+    proc = _cli("plan", str(path), "--world-size", "4", "--plot", str(tmp_path / "png"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "png" / "rank_loads.png").read_bytes()[:8] == PNG_MAGIC
+    assert "rank_loads.png" in proc.stderr
+
+
+def test_bench_rejects_an_unknown_part() -> None:
+    proc = _cli("bench", "--only", "nothing", timeout=60)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_update_readme_splices_the_report_between_the_markers() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "benchmarks" / "update_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readme = "# B\n\n<!-- results:start -->\nold\n<!-- results:end -->\ntail\n"
+    out = module.splice(readme, "run line\n\n### Part\n\n| a |\n")
+    assert out == "# B\n\n<!-- results:start -->\nrun line\n\n#### Part\n\n| a |\n<!-- results:end -->\ntail\n"
+    assert module.splice(out, "new\n").count("new") == 1
+    with pytest.raises(ValueError, match="results:start"):
+        module.splice("# no markers\n", "x")
+    # the README of this checkout has its markers
+    module.splice((ROOT / "benchmarks" / "README.md").read_text(), "x")
