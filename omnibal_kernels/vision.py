@@ -581,9 +581,9 @@ def add_lengths_parser(subparsers: Any) -> Any:
         description="Read records (JSON list or JSON lines) with image sizes and text token counts and write the "
                     "per-sample vit/llm loads as an OmniBal .json or an .npz length file.",
     )
-    p.add_argument("input", type=Path, help="records: JSON list or JSON lines")
+    p.add_argument("input", type=Path, nargs="?", help="records: JSON list or JSON lines (raw data with --tokenizer)")
     p.add_argument("-o", "--output", type=Path, required=True, help="length file to write (.json or .npz)")
-    p.add_argument("--model", choices=_MODELS, default="internvl")
+    p.add_argument("--model", choices=(*_MODELS, "qwen2.5vl"), default="internvl")
     p.add_argument("--sizes-key", default="image_sizes",
                    help="field with [width, height] or a list of them (else 'width'/'height' fields)")
     p.add_argument("--text-key", default="text_tokens", help="field with the text token count or token list")
@@ -600,11 +600,20 @@ def add_lengths_parser(subparsers: Any) -> Any:
     p.add_argument("--max-pixels", type=int, default=28 * 28 * 1280, help="qwen2vl: smart_resize max_pixels")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=run_lengths)
+    from .raw_lengths.cli import add_arguments as add_raw_arguments
+
+    add_raw_arguments(p)
     return p
 
 
 def run_lengths(args: Any) -> int:
     """Run the ``lengths`` subcommand from parsed ``args``; prints a one-line summary, returns 0."""
+    if getattr(args, "tokenizer", None) is not None or getattr(args, "merge", None):
+        from .raw_lengths.cli import run as run_raw
+
+        return run_raw(args)
+    if args.input is None:
+        raise ValueError("lengths: give the records file (or --tokenizer to count raw data, --merge to join parts)")
     records = _read_records(Path(args.input))
     sizes, text, frames = _record_fields(records, args.sizes_key, args.text_key, args.frames_key)
     common = dict(model=args.model, num_image_token=args.num_image_token, min_num=args.min_num,
