@@ -15,6 +15,7 @@ import json
 import mmap
 import multiprocessing
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -282,7 +283,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root: Optional[str | Path] = None,
                      max_length: Optional[int] = None, on_error: str = "error", num_workers: Optional[int] = None,
                      chunk_size: int = 1024, shard: Optional[tuple[int, int]] = None,
-                     work_dir: Optional[str | Path] = None, progress: Optional[bool] = None,
+                     work_dir: Optional[str | Path] = None, stale_work_dir: str = "error",
+                     progress: Optional[bool] = None,
                      trust_remote_code: bool = False, add_special_tokens: bool = False,
                      exif_transpose: bool = False, overrides: Optional[dict] = None) -> RawLengths:
     """Count every sample's ViT load and LLM tokens of a raw data set as the model's processor would.
@@ -304,6 +306,8 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
         chunk_size: samples per chunk (the unit of work, progress and resuming).
         shard: ``(i, n)``: count only the ``i``-th of ``n`` contiguous slices of the data.
         work_dir: keep each finished chunk there; a later call with the same data and options resumes from them.
+        stale_work_dir: when ``work_dir`` holds chunks of another run (other data, options or range):
+            ``"error"`` raises, ``"restart"`` deletes them (with a note on stderr) and starts over.
         progress: a progress bar on stderr (None: when stderr is a terminal).
         trust_remote_code: passed to ``AutoTokenizer.from_pretrained`` (InternVL-Chat checkpoints need it).
         add_special_tokens: let the tokenizer add its BOS/EOS around the rendered chat (templates usually
@@ -321,6 +325,8 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
     """
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if stale_work_dir not in ("error", "restart"):
+        raise ValueError(f"stale_work_dir must be 'error' or 'restart', got {stale_work_dir!r}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     options = dict(tokenizer=str(Path(tokenizer)), model=model, trust_remote_code=bool(trust_remote_code),
@@ -347,11 +353,15 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
         wd.mkdir(parents=True, exist_ok=True)
         run_file = wd / "run.json"
         run = {"settings": settings, "start": start, "stop": stop, "chunk_size": chunk_size}
-        if run_file.is_file():
-            if json.loads(run_file.read_text()) != json.loads(json.dumps(run)):
+        if run_file.is_file() and json.loads(run_file.read_text()) != json.loads(json.dumps(run)):
+            if stale_work_dir != "restart":
                 raise ValueError(f"work_dir: {wd} holds chunks of another run (other data, options or range); "
                                  "remove it or give another folder")
-        else:
+            print(f"omnibal-kernels: {wd} holds chunks of another run; starting over", file=sys.stderr)
+            for old in wd.glob("chunk-*.npz"):
+                old.unlink()
+            run_file.unlink()
+        if not run_file.is_file():
             _atomic(run_file, lambda tmp: tmp.write_text(json.dumps(run)))
         for a, b in bounds:
             if _chunk_file(wd, a, b).is_file():

@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="join the parts of all N shards into one length file (-o)")
     g.add_argument("--work-dir", type=Path, default=None,
                    help="finished chunks are kept here, so a run that dies resumes (default: OUTPUT.chunks, "
-                        "removed after success)")
+                        "removed after success and started over when it holds another run's chunks)")
     g.add_argument("--trust-remote-code", action="store_true", help="for tokenizers with their own code")
     g.add_argument("--add-special-tokens", action="store_true",
                    help="let the tokenizer add BOS/EOS around the rendered chat")
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     result = lengths_from_raw(
         args.input, args.tokenizer, args.model, image_root=args.image_root, max_length=args.max_length,
         on_error=args.on_error, num_workers=args.workers, chunk_size=args.chunk_size, shard=shard,
-        work_dir=work_dir, progress=None if args.progress else False, trust_remote_code=args.trust_remote_code,
+        work_dir=work_dir, stale_work_dir="error" if args.work_dir is not None else "restart", progress=None if args.progress else False, trust_remote_code=args.trust_remote_code,
         add_special_tokens=args.add_special_tokens, exif_transpose=args.exif_transpose,
         overrides=_overrides(args))
     if shard is not None:

@@ -230,7 +230,9 @@ class ChunkCounter:
             if problem is not None:
                 note(j, "placeholder_mismatch", problem)
         rows = np.flatnonzero(countable)
-        enc = self.tokenizer([texts[j] for j in rows], add_special_tokens=self.add_special_tokens)["input_ids"]
+        # (transformers' batch call fails on an empty list: a chunk of problem samples only)
+        enc = self.tokenizer([texts[j] for j in rows], add_special_tokens=self.add_special_tokens)["input_ids"] \
+            if rows.size else []
         text_tokens = np.fromiter((len(ids) for ids in enc), dtype=np.int64, count=len(rows))
         vit, llm = self._loads([sizes[j] for j in rows], [videos[j] for j in rows], text_tokens)
         if self.max_length is not None:
