@@ -94,6 +94,7 @@ class ChunkCounter:
         self.max_length, self.on_error = max_length, on_error
         self.add_special_tokens, self.exif_transpose = add_special_tokens, exif_transpose
         self._as_part = {kind: self._template_renders(kind) for kind in ("image", "video")}
+        self._backend = self._fast_backend()
         self._check_atomic_image_token()
 
     # ------------------------------------------------------------------ setup probes
@@ -119,6 +120,32 @@ class ChunkCounter:
             if self._n_tokens(f"a {wrap[0]}{token * k}{wrap[1]} b") != base + k:
                 raise ValueError(f"tokenizer: {token!r} is not a single added token of this tokenizer, so image "
                                  f"tokens cannot be counted as the {spec.model} processor expands them")
+
+    def _count_tokens(self, texts: list[str]) -> np.ndarray:
+        """Token count of each text, as ``len(tokenizer(text)["input_ids"])``."""
+        if not texts:  # (transformers' batch call fails on an empty list)
+            return np.zeros(0, dtype=np.int64)
+        if self._backend is not None:
+            # The Rust tokenizer's own batch call: the same ids without building Python lists of them
+            # (a third of the tokenizing time, measured on the benchmark data).
+            enc = self._backend(texts, add_special_tokens=self.add_special_tokens)
+            return np.fromiter((len(e) for e in enc), dtype=np.int64, count=len(texts))
+        ids = self.tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
+        return np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(texts))
+
+    def _fast_backend(self) -> Any:
+        """The Rust tokenizer's batch encoder when it counts exactly as the tokenizer does, else None."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        encode = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
+        if encode is None:
+            return None
+        probe = ["Hello <|im_start|> world", "a\n b  c <img></img> 12345 \u00fcber"]
+        try:
+            fast = [len(e) for e in encode(probe, add_special_tokens=self.add_special_tokens)]
+        except Exception:  # an older tokenizers without these arguments: the wrapper counts instead
+            return None
+        slow = [len(i) for i in self.tokenizer(probe, add_special_tokens=self.add_special_tokens)["input_ids"]]
+        return encode if fast == slow else None
 
     # ------------------------------------------------------------------ one sample
 
@@ -230,10 +257,7 @@ class ChunkCounter:
             if problem is not None:
                 note(j, "placeholder_mismatch", problem)
         rows = np.flatnonzero(countable)
-        # (transformers' batch call fails on an empty list: a chunk of problem samples only)
-        enc = self.tokenizer([texts[j] for j in rows], add_special_tokens=self.add_special_tokens)["input_ids"] \
-            if rows.size else []
-        text_tokens = np.fromiter((len(ids) for ids in enc), dtype=np.int64, count=len(rows))
+        text_tokens = self._count_tokens([texts[j] for j in rows])
         vit, llm = self._loads([sizes[j] for j in rows], [videos[j] for j in rows], text_tokens)
         if self.max_length is not None:
             for r in np.flatnonzero(llm > self.max_length):
