@@ -15,6 +15,9 @@ _EXPORTS: dict[str, str] = {
     # lengths
     "Lengths": "lengths",
     "load_lengths": "lengths",
+    "lengths_from_raw": "raw_lengths",
+    "merge_length_parts": "raw_lengths",
+    "RawLengths": "raw_lengths",
     # balance
     "Plan": "balance",
     "CostModel": "balance",

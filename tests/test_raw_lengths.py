@@ -35,7 +35,7 @@ from omnibal_kernels.raw_lengths.tiny import tiny_model_folder  # noqa: E402
 
 WORDS = ["What", "is", "shown", "in", "the", "picture", "?", "A", "cat", "sits", "on", "a", "mat", ".", "Describe",
          "chart", "2021", "über", "日本", "\n", "  "]
-SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                             HealthCheck.too_slow])
 
 
@@ -81,7 +81,7 @@ def conversations(draw):
     for t in range(n_turns):
         parts = []
         for _ in range(draw(st.integers(0, 2 if t == 0 else 1))):
-            parts.append(("image", (draw(st.integers(10, 1300)), draw(st.integers(10, 1300)))))
+            parts.append(("image", (draw(st.integers(10, 1000)), draw(st.integers(10, 1000)))))
         parts.append(("text", " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=12)))))
         order = draw(st.permutations(range(len(parts))))
         turns.append(("user", [parts[i] for i in order]))
@@ -357,24 +357,27 @@ def _problem_records(image_dir):
         {"text": "no conversation"},                                                               # 5 bad record
         {"image": _image(image_dir, 2010, 10), "conversations": [{"from": "human", "value": "<image>"}]},  # 6 ratio
         {"conversations": [{"from": "human", "value": "Fine too."}]},                              # 7 fine
+        {"image": {"path": ok, "width": "wide", "height": 3},
+         "conversations": [{"from": "human", "value": "<image>"}]},                                 # 8 bad field
     ]
 
 
 def test_every_problem_is_counted_per_kind_and_listed_by_index(folders, image_dir):
     records = _problem_records(image_dir)
     kinds = {1: "missing_media", 2: "unreadable_media", 3: "placeholder_mismatch", 4: "over_max_length",
-             5: "bad_record", 6: "bad_media_size"}
+             5: "bad_record", 6: "bad_media_size", 8: "bad_record"}
     skip = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", image_root=image_dir, max_length=200,
                             on_error="skip", num_workers=0)
-    assert skip.index.tolist() == [0, 7] and skip.skipped.tolist() == [1, 2, 3, 4, 5, 6]
+    assert skip.index.tolist() == [0, 7] and skip.skipped.tolist() == [1, 2, 3, 4, 5, 6, 8]
     assert {d["index"]: d["kind"] for d in skip.issues} == kinds
     assert all(not d["kept"] for d in skip.issues)
     counts = skip.counts()
-    assert all(counts[k] == 1 for k in kinds.values()) and counts["template_error"] == 0
+    assert counts["bad_record"] == 2 and counts["template_error"] == 0
+    assert all(counts[k] == 1 for k in kinds.values() if k != "bad_record")
     report = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", image_root=image_dir, max_length=200,
                               on_error="report", num_workers=0)
     # loads stay defined for a placeholder mismatch and a sample over the maximum: kept and listed
-    assert report.index.tolist() == [0, 3, 4, 7] and report.skipped.tolist() == [1, 2, 5, 6]
+    assert report.index.tolist() == [0, 3, 4, 7] and report.skipped.tolist() == [1, 2, 5, 6, 8]
     assert report.llm[2] > 200 and {d["index"] for d in report.issues if d["kept"]} == {3, 4}
     assert np.array_equal(report.vit[[0, 1]], skip.vit[[0, 0]] * np.array([1, 2]))  # samples 0 and 3
     nothing = lengths_from_raw(records[1:3], folders["qwen2vl"], "qwen2vl", image_root=image_dir, on_error="skip",

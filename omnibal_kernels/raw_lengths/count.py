@@ -254,6 +254,9 @@ class ChunkCounter:
                 note(j, getattr(exc, "kind", "bad_record"), str(exc).split(": ", 1)[-1]
                      if isinstance(exc, RecordError) else str(exc))
                 continue
+            except (TypeError, ValueError) as exc:  # a field of the wrong type, e.g. a width that is text
+                note(j, "bad_record", f"{type(exc).__name__}: {exc}")
+                continue
             if problem is not None:
                 note(j, "placeholder_mismatch", problem)
         rows = np.flatnonzero(countable)
