@@ -531,3 +531,28 @@ def test_cli_raw_mode_shards_and_merge(folders, image_dir, tmp_path, capsys):
     assert (small.vit <= lengths.vit).all() and (small.vit < lengths.vit).any()
     assert main(["lengths", *common, "--shard", "0/2", "-o", str(tmp_path / "p.json")]) == 2
     assert main(["lengths", "-o", str(out)]) == 2
+
+
+def test_special_tokens_follow_the_processors_chat_template_call(folders, tmp_path):
+    # A tokenizer that adds a BOS token: the processor's apply_chat_template(tokenize=True) lets it add one
+    # unless the rendered chat already starts with it (a template that writes {{ bos_token }} itself).
+    from tokenizers.processors import TemplateProcessing
+
+    folder = tiny_model_folder(tmp_path / "bos", "qwen2vl")
+    tok = AutoTokenizer.from_pretrained(folder)
+    bos = "<|endoftext|>"
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.convert_tokens_to_ids(bos))])
+    tok.bos_token = bos
+    rec = [{"conversations": [{"from": "human", "value": "What is shown?"}, {"from": "gpt", "value": "A cat."}]}]
+    messages = [{"role": "user", "content": "What is shown?"}, {"role": "assistant", "content": "A cat."}]
+    for template in (tok.chat_template, "{{ bos_token }}" + tok.chat_template):
+        tok.chat_template = template
+        tok.save_pretrained(folder)
+        processor = _without_video_processor(transformers.Qwen2VLProcessor)(
+            image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder), tokenizer=tok, video_processor=None,
+            chat_template=template)
+        expected = len(processor.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"][0])
+        assert int(lengths_from_raw(rec, folder, "qwen2vl", num_workers=0).llm[0]) == expected
+        forced = lengths_from_raw(rec, folder, "qwen2vl", num_workers=0, add_special_tokens=False).llm[0]
+        assert int(forced) == len(tok.apply_chat_template(messages, tokenize=True, return_dict=False))

@@ -285,7 +285,7 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
                      chunk_size: int = 1024, shard: Optional[tuple[int, int]] = None,
                      work_dir: Optional[str | Path] = None, stale_work_dir: str = "error",
                      progress: Optional[bool] = None,
-                     trust_remote_code: bool = False, add_special_tokens: bool = False,
+                     trust_remote_code: bool = False, add_special_tokens: Optional[bool] = None,
                      exif_transpose: bool = False, overrides: Optional[dict] = None) -> RawLengths:
     """Count every sample's ViT load and LLM tokens of a raw data set as the model's processor would.
 
@@ -310,8 +310,9 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
             ``"error"`` raises, ``"restart"`` deletes them (with a note on stderr) and starts over.
         progress: a progress bar on stderr (None: when stderr is a terminal).
         trust_remote_code: passed to ``AutoTokenizer.from_pretrained`` (InternVL-Chat checkpoints need it).
-        add_special_tokens: let the tokenizer add its BOS/EOS around the rendered chat (templates usually
-            write them already; transformers' ``apply_chat_template(tokenize=True)`` does not add them).
+        add_special_tokens: whether the tokenizer adds its special tokens (BOS/EOS) to the rendered chat; None
+            (default) as a processor's ``apply_chat_template(tokenize=True)``: added unless the chat already
+            starts with the BOS token.
         exif_transpose: swap width and height of images whose EXIF orientation rotates them by 90 degrees.
         overrides: model settings to replace after reading the folder (``ModelSpec`` field names, e.g.
             ``{"max_num": 6}`` for an InternVL run trained with ``max_dynamic_patch=6``).
@@ -329,9 +330,10 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
         raise ValueError(f"stale_work_dir must be 'error' or 'restart', got {stale_work_dir!r}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    special = None if add_special_tokens is None else bool(add_special_tokens)
     options = dict(tokenizer=str(Path(tokenizer)), model=model, trust_remote_code=bool(trust_remote_code),
                    image_root=None if image_root is None else str(image_root), max_length=max_length,
-                   on_error=on_error, add_special_tokens=bool(add_special_tokens),
+                   on_error=on_error, add_special_tokens=special,
                    exif_transpose=bool(exif_transpose), overrides=dict(overrides or {}))
     # Built here first so that a bad folder, template or option fails before any worker starts.
     counter = _counter(options)

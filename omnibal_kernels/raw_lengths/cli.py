@@ -54,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="finished chunks are kept here, so a run that dies resumes (default: OUTPUT.chunks, "
                         "removed after success and started over when it holds another run's chunks)")
     g.add_argument("--trust-remote-code", action="store_true", help="for tokenizers with their own code")
-    g.add_argument("--add-special-tokens", action="store_true",
-                   help="let the tokenizer add BOS/EOS around the rendered chat")
+    g.add_argument("--add-special-tokens", choices=("auto", "yes", "no"), default="auto",
+                   help="the tokenizer adds its BOS/EOS to the rendered chat: auto (default) unless the chat "
+                        "already starts with BOS, as the processor's apply_chat_template does")
     g.add_argument("--exif-transpose", action="store_true",
                    help="swap width and height of EXIF-rotated images (as transformers' load_image)")
     parser.set_defaults(**{dest: _ParserDefault(parser.get_default(dest)) for dest in _OVERRIDABLE
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         args.input, args.tokenizer, args.model, image_root=args.image_root, max_length=args.max_length,
         on_error=args.on_error, num_workers=args.workers, chunk_size=args.chunk_size, shard=shard,
         work_dir=work_dir, stale_work_dir="error" if args.work_dir is not None else "restart", progress=None if args.progress else False, trust_remote_code=args.trust_remote_code,
-        add_special_tokens=args.add_special_tokens, exif_transpose=args.exif_transpose,
+        add_special_tokens={"auto": None, "yes": True, "no": False}[args.add_special_tokens], exif_transpose=args.exif_transpose,
         overrides=_overrides(args))
     if shard is not None:
         out = result.save_part(output)

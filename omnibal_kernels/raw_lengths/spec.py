@@ -161,6 +161,9 @@ def _qwen_spec(folder: Path, model: str) -> ModelSpec:
                          "save the processor with save_pretrained into this folder")
     vp_path = folder / "video_preprocessor_config.json"
     vp = _read_json(vp_path)
+    if ip.get("do_resize") is False:
+        raise ValueError(f"{ip_path}: do_resize is false; counting follows smart_resize, which such a processor "
+                         "skips (images must then already be multiples of the patch grid)")
     sources = [ip_path.name]
     min_px, max_px = _pixels(ip, _QWEN_IMAGE_DEFAULTS, ip_path)
     if vp is None:
