@@ -556,3 +556,24 @@ def test_special_tokens_follow_the_processors_chat_template_call(folders, tmp_pa
         assert int(lengths_from_raw(rec, folder, "qwen2vl", num_workers=0).llm[0]) == expected
         forced = lengths_from_raw(rec, folder, "qwen2vl", num_workers=0, add_special_tokens=False).llm[0]
         assert int(forced) == len(tok.apply_chat_template(messages, tokenize=True, return_dict=False))
+
+
+def test_a_bare_pad_token_between_words_counts_as_the_processor(tmp_path, image_dir):
+    # Without <|vision_start|> around it, dropping the pad token would join the words on either side.
+    folder = tiny_model_folder(tmp_path / "bare", "qwen2vl")
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = tok.chat_template.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>")
+    tok.save_pretrained(folder)
+    processor = _without_video_processor(transformers.Qwen2VLProcessor)(
+        image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder), tokenizer=tok, video_processor=None,
+        chat_template=tok.chat_template)
+    name = _image(image_dir, 400, 300)
+    rec = [{"images": [name], "messages": [{"role": "user", "content": "Descr<image>ibe it"}]}]
+    got = lengths_from_raw(rec, folder, "qwen2vl", image_root=image_dir, num_workers=0)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Descr"}, {"type": "image"},
+                                             {"type": "text", "text": "ibe it"}]}]
+    text = processor.apply_chat_template(messages, tokenize=False)
+    assert "Descr<|image_pad|>ibe" in text
+    out = processor(text=[text], images=[Image.open(image_dir / name)])
+    assert int(got.llm[0]) == len(out["input_ids"][0])
+    assert int(got.vit[0]) == int(np.prod(np.asarray(out["image_grid_thw"])[0]))

@@ -6,8 +6,9 @@ Per sample, as the model's processor would see it:
 2. the messages are rendered with the tokenizer's chat template; image / video parts are passed as parts when
    the template renders them (probed once), else as the model's inline placeholder text;
 3. the placeholders in the rendered text are counted against the media (a difference is reported);
-4. each placeholder is expanded with no image tokens (Qwen2-VL: the pad token dropped; InternVL: ``<img></img>``,
-   ``Frame1: <img></img>`` per video frame) and the chunk's texts are tokenized in one batch call;
+4. each placeholder is expanded with no image tokens (Qwen2-VL: one pad token kept and subtracted after
+   tokenizing; InternVL: ``<img></img>``, ``Frame1: <img></img>`` per video frame) and the chunk's texts are
+   tokenized in one batch call;
 5. :func:`~omnibal_kernels.vision.compute_loads` adds the image tokens and gives the ViT load from the image
    sizes (``internvl_num_tiles`` / ``qwen2vl_grid``); videos are counted the same way with the video
    processor's settings.
@@ -114,11 +115,15 @@ class ChunkCounter:
 
     def _check_atomic_image_token(self) -> None:
         spec = self.spec
-        token = spec.context_image_token if spec.family == "internvl" else spec.image_marker
-        wrap = (spec.start_image_token, spec.end_image_token) if spec.family == "internvl" else ("", "")
-        base = self._n_tokens(f"a {wrap[0]}{wrap[1]} b")
-        for k in (1, 3):
-            if self._n_tokens(f"a {wrap[0]}{token * k}{wrap[1]} b") != base + k:
+        if spec.family == "internvl":
+            # <img></img> stands for <img> + k context tokens + </img>
+            tokens = [(spec.context_image_token, spec.start_image_token, spec.end_image_token, 0)]
+        else:
+            # one pad token stands for k of them (kept in the text, so the text around it splits as it will)
+            tokens = [(spec.image_marker, "", "", 1), (spec.video_marker, "", "", 1)]
+        for token, left, right, kept in tokens:
+            base = self._n_tokens(f"a {left}{token * kept}{right} b")
+            if any(self._n_tokens(f"a {left}{token * k}{right} b") != base + k - kept for k in (1, 3)):
                 raise ValueError(f"tokenizer: {token!r} is not a single added token of this tokenizer, so image "
                                  f"tokens cannot be counted as the {spec.model} processor expands them")
 
@@ -186,10 +191,11 @@ class ChunkCounter:
         return out
 
     def _expand(self, text: str, frames: Sequence[int]) -> str:
-        """The rendered text with every placeholder expanded by the processor's rule, image tokens left out."""
+        """The rendered text with every placeholder expanded by the processor's rule, image tokens left out
+        (Qwen2-VL: each pad token is kept once and subtracted after tokenizing, see :meth:`count`)."""
         spec = self.spec
         if spec.family == "qwen2vl":
-            return text.replace(spec.image_marker, "").replace(spec.video_marker, "")
+            return text
         pair = spec.start_image_token + spec.end_image_token
         pieces = text.replace(spec.image_marker, pair).split(spec.video_marker)
         out = [pieces[0]]
@@ -212,8 +218,9 @@ class ChunkCounter:
                              f"of {QWEN2VL_MAX_RATIO}")
 
     def _prepare(self, rec: Any, index: int) -> tuple[list[tuple[int, int]], list[tuple[VideoInfo, int]], str,
-                                                     Optional[str]]:
-        """Media sizes, videos with their used frames, the text to tokenize, and a countable problem if any."""
+                                                     Optional[str], int]:
+        """Media sizes, videos with their used frames, the text to tokenize, a countable problem if any, and
+        the number of placeholders in the text."""
         sample = parse_record(rec, index)
         sizes = []
         for ref in sample.images:
@@ -238,7 +245,7 @@ class ChunkCounter:
         if n_img != len(sizes) or n_vid != len(videos):
             problem = (f"{n_img} image and {n_vid} video placeholders in the rendered text for {len(sizes)} images "
                        f"and {len(videos)} videos")
-        return sizes, videos, self._expand(rendered, [f for _, f in videos]), problem
+        return sizes, videos, self._expand(rendered, [f for _, f in videos]), problem, n_img + n_vid
 
     # ------------------------------------------------------------------ one chunk
 
@@ -254,6 +261,7 @@ class ChunkCounter:
         sizes: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         videos: list[list[tuple[VideoInfo, int]]] = [[] for _ in range(n)]
         texts: list[str] = [""] * n
+        kept_markers = np.zeros(n, dtype=np.int64)
 
         def note(j: int, kind: str, message: str) -> None:
             if self.on_error == "error":
@@ -265,7 +273,8 @@ class ChunkCounter:
 
         for j, rec in enumerate(records):
             try:
-                sizes[j], videos[j], texts[j], problem = self._prepare(rec, start + j)
+                sizes[j], videos[j], texts[j], problem, markers = self._prepare(rec, start + j)
+                kept_markers[j] = markers if self.spec.family == "qwen2vl" else 0
             except (RecordError, MediaError) as exc:
                 note(j, getattr(exc, "kind", "bad_record"), str(exc).split(": ", 1)[-1]
                      if isinstance(exc, RecordError) else str(exc))
@@ -276,7 +285,7 @@ class ChunkCounter:
             if problem is not None:
                 note(j, "placeholder_mismatch", problem)
         rows = np.flatnonzero(countable)
-        text_tokens = self._count_tokens([texts[j] for j in rows])
+        text_tokens = self._count_tokens([texts[j] for j in rows]) - kept_markers[rows]
         vit, llm = self._loads([sizes[j] for j in rows], [videos[j] for j in rows], text_tokens)
         if self.max_length is not None:
             for r in np.flatnonzero(llm > self.max_length):
