@@ -577,3 +577,36 @@ def test_a_bare_pad_token_between_words_counts_as_the_processor(tmp_path, image_
     out = processor(text=[text], images=[Image.open(image_dir / name)])
     assert int(got.llm[0]) == len(out["input_ids"][0])
     assert int(got.vit[0]) == int(np.prod(np.asarray(out["image_grid_thw"])[0]))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(["ok", "ok", "text", "missing", "mismatch", "bad"]), min_size=1, max_size=30),
+       chunk_size=st.integers(1, 7), shards=st.integers(1, 4), on_error=st.sampled_from(["skip", "report"]))
+def test_every_sample_is_kept_or_listed_once_whatever_the_chunks_and_shards(kinds, chunk_size, shards, on_error,
+                                                                          folders, tmp_path):
+    def record(i, kind):
+        image = {"path": f"{i}.png", "width": 50 + 37 * i, "height": 400 - 9 * i}
+        if kind == "text":
+            return {"conversations": [{"from": "human", "value": f"only text {i}"}]}
+        if kind == "missing":
+            return {"image": f"missing{i}.png", "conversations": [{"from": "human", "value": "<image>"}]}
+        if kind == "mismatch":
+            return {"image": [image], "conversations": [{"from": "human", "value": "no placeholder"}]}
+        if kind == "bad":
+            return {"conversations": "not a list"}
+        return {"image": [image], "conversations": [{"from": "human", "value": f"<image> sample {i}"}]}
+
+    records = [record(i, k) for i, k in enumerate(kinds)]
+    kw = dict(image_root=tmp_path, on_error=on_error, num_workers=0)
+    whole = lengths_from_raw(records, folders["internvl"], "internvl", chunk_size=31, **kw)
+    n = len(records)
+    assert sorted(whole.index.tolist() + whole.skipped.tolist()) == list(range(n))
+    assert [d["index"] for d in whole.issues] == sorted(d["index"] for d in whole.issues)
+    listed = {d["index"] for d in whole.issues if not d["kept"]}
+    assert listed == set(whole.skipped.tolist())
+    parts = [lengths_from_raw(records, folders["internvl"], "internvl", chunk_size=chunk_size, shard=(i, shards),
+                              **kw).save_part(tmp_path / f"{shards}-{i}.npz") for i in range(shards)]
+    merged = merge_length_parts(parts)
+    for name in ("index", "vit", "llm"):
+        assert np.array_equal(getattr(merged, name), getattr(whole, name))
+    assert merged.issues == whole.issues
