@@ -22,6 +22,9 @@ _EXPORTS: dict[str, str] = {
     "Lengths": "lengths",
     "load_lengths": "lengths",
     "write_lengths": "lengths",
+    "lengths_from_raw": "raw_lengths",
+    "merge_length_parts": "raw_lengths",
+    "RawLengths": "raw_lengths",
     # balance: plans, capacities, metrics
     "Plan": "balance",
     "CostModel": "balance",

@@ -178,6 +178,7 @@ def _record_fields(records: Sequence[Mapping[str, Any]], sizes_key: str, text_ke
 
 def add_lengths_parser(subparsers: Any) -> None:
     """Adds the ``lengths`` subcommand to an ``argparse`` subparsers object."""
+    from .raw_lengths.cli import add_arguments as add_raw_arguments
     from .vision.loads import MODELS
 
     p = subparsers.add_parser(
@@ -186,9 +187,9 @@ def add_lengths_parser(subparsers: Any) -> None:
         description="Read records (JSON list or JSON lines) with image sizes and text token counts and write the "
                     "per-sample vit/llm loads as an OmniBal .json or an .npz length file.",
     )
-    p.add_argument("input", type=Path, help="records: JSON list or JSON lines")
+    p.add_argument("input", type=Path, nargs="?", help="records: JSON list or JSON lines (raw data with --tokenizer)")
     p.add_argument("-o", "--output", type=Path, required=True, help="length file to write (.json or .npz)")
-    p.add_argument("--model", choices=MODELS, default="internvl")
+    p.add_argument("--model", choices=(*MODELS, "qwen2.5vl"), default="internvl")
     p.add_argument("--sizes-key", default="image_sizes",
                    help="field with [width, height] or a list of them (else 'width'/'height' fields)")
     p.add_argument("--text-key", default="text_tokens", help="field with the text token count or token list")
@@ -206,6 +207,7 @@ def add_lengths_parser(subparsers: Any) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
                    help="no progress bar (default: one when stderr is a terminal)")
     p.set_defaults(func=_run_lengths)
+    add_raw_arguments(p)
 
 
 def _run_lengths(args: argparse.Namespace) -> int:
@@ -214,6 +216,12 @@ def _run_lengths(args: argparse.Namespace) -> int:
     from .lengths import write_lengths
     from .vision.loads import compute_loads, flatten_image_sizes
 
+    if getattr(args, "tokenizer", None) is not None or getattr(args, "merge", None):
+        from .raw_lengths.cli import run as run_raw
+
+        return run_raw(args)
+    if args.input is None:
+        raise ValueError("lengths: give the records file (or --tokenizer to count raw data, --merge to join parts)")
     records = _read_lengths_records(Path(args.input))
     sizes, text, frames = _record_fields(records, args.sizes_key, args.text_key, args.frames_key)
     common = dict(model=args.model, num_image_token=args.num_image_token, min_num=args.min_num,

@@ -1,0 +1,18 @@
+"""Length files from raw data sets: each sample's exact ViT load and LLM tokens, as the model's processor
+and chat template would produce them, from image headers, video metadata and the real tokenizer.
+
+Python API::
+
+    from omnibal_kernels.raw_lengths import lengths_from_raw
+    result = lengths_from_raw("train.jsonl", "path/to/Qwen2-VL-7B-Instruct", "qwen2vl", image_root="images/",
+                              on_error="skip", max_length=8192)
+    result.write("lengths.json")          # + lengths.report.json: problems per kind, skipped indices
+
+Command line: ``omnibal-kernels lengths DATA --tokenizer PATH --model internvl|qwen2vl|qwen2.5vl -o OUT``.
+"""
+from .api import RawLengths, lengths_from_raw, merge_length_parts, parse_shard
+from .count import ISSUE_KINDS, ON_ERROR, SampleError
+from .spec import MODELS, ModelSpec, load_model_spec
+
+__all__ = ["ISSUE_KINDS", "MODELS", "ON_ERROR", "ModelSpec", "RawLengths", "SampleError", "lengths_from_raw",
+           "load_model_spec", "merge_length_parts", "parse_shard"]
