@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["Config", "PROVIDER_NAMES", "register", "run_suite", "environment"]
+__all__ = ["Config", "PROVIDER_NAMES", "register", "provider", "run_suite", "environment"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,18 @@ def _git_commit() -> Optional[str]:
     return out.stdout.strip() or None
 
 
+def _cpu_name() -> str:
+    """The CPU model (Linux ``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict[str, Any]:
     """Date, machine and versions, recorded with every report."""
     import numpy
@@ -104,7 +116,7 @@ def environment() -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores",
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_name(),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "commit": _git_commit(),
         "versions": versions,
