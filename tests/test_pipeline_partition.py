@@ -48,7 +48,7 @@ def _brute_stage(prof: ModelProfile, a: int, b: int, k: int, budget):
     return best
 
 
-def _brute_partition(prof: ModelProfile, P: int, m: int, budget, fixed=None):
+def _brute_partition(prof: ModelProfile, P: int, m: int, budget, fixed=None, schedule="1f1b"):
     L = len(prof)
     send = prof.output_bytes / (LINK * 1e9) * 1e3
     best = None
@@ -59,7 +59,7 @@ def _brute_partition(prof: ModelProfile, P: int, m: int, budget, fixed=None):
         stages = list(zip(starts, [c - 1 for c in cuts] + [L - 1]))
         times = []
         for s, (a, b) in enumerate(stages):
-            found = _brute_stage(prof, a, b, min(P - s, m), budget)
+            found = _brute_stage(prof, a, b, min(P - s, m) if schedule == "1f1b" else m, budget)
             if found is None:
                 break
             comm = (send[b] if b < L - 1 else 0.0) + (send[a - 1] if a > 0 else 0.0)
@@ -74,20 +74,20 @@ def _brute_partition(prof: ModelProfile, P: int, m: int, budget, fixed=None):
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 8), P=st.integers(1, 4), m=st.integers(1, 6),
-       tight=st.sampled_from([None, 0.9, 0.6, 0.4]))
-def test_exact_search_matches_brute_force(seed, n, P, m, tight):
+       tight=st.sampled_from([None, 0.9, 0.6, 0.4]), schedule=st.sampled_from(["1f1b", "gpipe"]))
+def test_exact_search_matches_brute_force(seed, n, P, m, tight, schedule):
     P = min(P, n)
     prof = _profile(np.random.default_rng(seed), n)
     budget = None
     if tight is not None:
-        free = partition(prof, P, micro_batches=m, link_gb_per_s=LINK)
+        free = partition(prof, P, micro_batches=m, link_gb_per_s=LINK, schedule=schedule)
         budget = max(free.peak_bytes) * tight
-    brute = _brute_partition(prof, P, m, budget)
+    brute = _brute_partition(prof, P, m, budget, schedule=schedule)
     if brute is None:
         with pytest.raises(ValueError):
-            partition(prof, P, micro_batches=m, memory_bytes=budget, link_gb_per_s=LINK)
+            partition(prof, P, micro_batches=m, memory_bytes=budget, link_gb_per_s=LINK, schedule=schedule)
         return
-    plan = partition(prof, P, micro_batches=m, memory_bytes=budget, link_gb_per_s=LINK)
+    plan = partition(prof, P, micro_batches=m, memory_bytes=budget, link_gb_per_s=LINK, schedule=schedule)
     assert plan.bottleneck_ms == pytest.approx(brute[0], rel=1e-9)
     assert sum(plan.stage_ms) == pytest.approx(brute[1], rel=1e-9)
     # contiguous, covering, within budget
