@@ -105,7 +105,7 @@ def bench_pack(b: Bench) -> None:
 
 
 def _bench_pack_case(b: Bench, case: str, n: int, hidden: int, dtype: torch.dtype) -> None:
-    from omnibal_kernels.ops import pack as ops_pack
+    from omnibal_kernels.ops import unpad as ops_pack
     from omnibal_kernels.testing import pad_input_reference, unpad_input_reference
 
     lens, source = _lengths(n, SEED)
@@ -123,31 +123,31 @@ def _bench_pack_case(b: Bench, case: str, n: int, hidden: int, dtype: torch.dtyp
 
     # correctness guard: a benchmark of wrong results is worthless
     ref, indices, _, _ = unpad_input_reference(padded, mask)
-    packed = ops_pack.pack(padded, lens)
+    packed = ops_pack.unpad(padded, lens)
     if not torch.equal(packed, ref):
         raise AssertionError(f"pack differs from unpad_input on {case}")
 
     unpad_ms = b.time_ms(lambda: unpad_input_reference(padded, mask))
     pack_bytes = 2 * total * elem
-    b.add("pack", case, "omnibal (host lengths)", b.time_ms(lambda: ops_pack.pack(padded, lens)), pack_bytes,
+    b.add("pack", case, "omnibal (host lengths)", b.time_ms(lambda: ops_pack.unpad(padded, lens)), pack_bytes,
           unpad_ms, "unpad_input", **info)
     b.add("pack", case, "omnibal (device cu_seqlens)",
-          b.time_ms(lambda: ops_pack.pack(padded, cu_seqlens=cu, total_tokens=total)), pack_bytes,
+          b.time_ms(lambda: ops_pack.unpad(padded, cu_seqlens=cu, total_tokens=total)), pack_bytes,
           unpad_ms, "unpad_input", **info)
-    b.add("pack_from_mask", case, "omnibal", b.time_ms(lambda: ops_pack.pack_from_mask(padded, mask)),
+    b.add("pack_from_mask", case, "omnibal", b.time_ms(lambda: ops_pack.unpad_from_mask(padded, mask)),
           pack_bytes, unpad_ms, "unpad_input", **info)
     b.add("pack", case, "unpad_input (nonzero + index_select)", unpad_ms, pack_bytes, None, None, **info)
 
     pad_ms = b.time_ms(lambda: pad_input_reference(ref, indices, batch, padded_len))
     unpack_bytes = total * elem + batch * padded_len * elem
     b.add("unpack", case, "omnibal (device cu_seqlens)",
-          b.time_ms(lambda: ops_pack.unpack(ref, cu_seqlens=cu, padded_len=padded_len)), unpack_bytes,
+          b.time_ms(lambda: ops_pack.pad(ref, cu_seqlens=cu, padded_len=padded_len)), unpack_bytes,
           pad_ms, "pad_input", **info)
     b.add("unpack", case, "pad_input (zeros + index_put)", pad_ms, unpack_bytes, None, None, **info)
 
     if case == HIDDEN_CASES[0][0]:
         for tile_bytes, row_bytes, num_warps in TILE_SWEEP:
-            ms = b.time_ms(lambda: ops_pack.launch_pack(padded, cu, total, tile_bytes=tile_bytes,
+            ms = b.time_ms(lambda: ops_pack.launch_unpad(padded, cu, total, tile_bytes=tile_bytes,
                                                         row_bytes=row_bytes, num_warps=num_warps))
             b.add("pack", case, f"tile {tile_bytes}/{row_bytes}/w{num_warps}", ms, pack_bytes, unpad_ms,
                   "unpad_input", **info)

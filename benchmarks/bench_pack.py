@@ -3,7 +3,7 @@
 Group "in process" (same samples, same outputs except the floor):
   omnibal_kernels         pack_batch (numba backend)
   omnibal_kernels[torch]  pack_batch with the vectorized torch backend
-  python_per_sample       omnibal_kernels.testing.reference_pack_batch: per-sample Python lists, then tensors
+  python_per_sample       omnibal_kernels.testing.pack_batch_reference: per-sample Python lists, then tensors
   hf_flattening           transformers' DataCollatorWithFlattening (skipped when transformers is missing)
   torch_cat_floor         torch.cat of the same input_ids and labels: what any collate must at least do
 
@@ -33,7 +33,7 @@ if __name__ == "__main__":  # run as a script from a checkout: import the packag
 
 from omnibal_kernels.data import DEFAULT_LENGTHS_PATH
 from omnibal_kernels.packing import PackCollator, PackedBatch, pack_batch, pack_sequences, warmup
-from omnibal_kernels.testing import reference_pack_batch
+from omnibal_kernels.testing import pack_batch_reference
 
 NUM_SAMPLES = 16
 SEED = 0
@@ -85,7 +85,7 @@ def providers() -> dict[str, Callable[[Samples], Any]]:
     out: dict[str, Callable[[Samples], Any]] = {
         OURS: pack_batch,
         f"{OURS}[torch]": PackCollator(backend="torch"),
-        PYTHON: reference_pack_batch,
+        PYTHON: pack_batch_reference,
     }
     try:
         from transformers import DataCollatorWithFlattening

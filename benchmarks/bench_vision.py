@@ -34,7 +34,7 @@ def test_internvl_tiles(benchmark, provider: str) -> None:
         fn = lambda: internvl_num_tiles(w, h)  # noqa: E731
     else:
         ws, hs = w[:2000].tolist(), h[:2000].tolist()  # per-image Python loop on a tenth of the images
-        fn = lambda: [testing.ref_internvl_tiles(a, b) for a, b in zip(ws, hs)]  # noqa: E731
+        fn = lambda: [testing.internvl_tiles_reference(a, b) for a, b in zip(ws, hs)]  # noqa: E731
     benchmark(fn)
     _info(benchmark, images=N_IMAGES if provider == "ours" else 2000)
 
@@ -47,7 +47,7 @@ def test_qwen2vl_grid(benchmark, provider: str) -> None:
         fn = lambda: qwen2vl_grid(w, h)  # noqa: E731
     else:
         ws, hs = w[:2000].tolist(), h[:2000].tolist()
-        fn = lambda: [testing.ref_qwen2vl_counts(b, a) for a, b in zip(ws, hs)]  # noqa: E731
+        fn = lambda: [testing.qwen2vl_counts_reference(b, a) for a, b in zip(ws, hs)]  # noqa: E731
     benchmark(fn)
     _info(benchmark, images=N_IMAGES if provider == "ours" else 2000)
 
@@ -62,14 +62,14 @@ def test_bucket(benchmark, provider: str) -> None:
     if provider == "ours":
         fn = lambda: bucket_by_patches(counts, bnd)  # noqa: E731
     else:
-        fn = lambda: testing.ref_bucket_sort(counts, bnd)  # noqa: E731
+        fn = lambda: testing.bucket_sort_reference(counts, bnd)  # noqa: E731
     benchmark(fn)
     _info(benchmark, images=counts.size, buckets=bnd.size + 1)
 
 
 @pytest.mark.parametrize("provider", ["ours", "reshape_permute", "copy_floor"])
 def test_pack_patches_cpu(benchmark, provider: str) -> None:
-    from omnibal_kernels.cpu.patches import pack_patches
+    from omnibal_kernels.cpu.patchify import patchify as pack_patches
 
     benchmark.group = "pack_patches_cpu"
     rng = np.random.default_rng(1)
@@ -78,7 +78,7 @@ def test_pack_patches_cpu(benchmark, provider: str) -> None:
     if provider == "ours":
         fn = lambda: pack_patches(images)  # noqa: E731
     elif provider == "reshape_permute":
-        fn = lambda: torch.cat([testing.ref_patchify(x)[0] for x in images])  # noqa: E731
+        fn = lambda: torch.cat([testing.patchify_reference(x)[0] for x in images])  # noqa: E731
     else:
         # the same bytes written once: the temporal patch doubles the output
         fn = lambda: torch.cat([torch.cat([x.flatten(), x.flatten()]) for x in images])  # noqa: E731

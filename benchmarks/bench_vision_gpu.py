@@ -73,13 +73,13 @@ def _size(b: Bench) -> dict[str, int]:
 
 
 def _reference_patches(images: list[torch.Tensor]) -> torch.Tensor:
-    from omnibal_kernels.testing import ref_patchify
+    from omnibal_kernels.testing import patchify_reference
 
-    return torch.cat([ref_patchify(x)[0] for x in images])
+    return torch.cat([patchify_reference(x)[0] for x in images])
 
 
 def bench_pack_patches(b: Bench) -> None:
-    from omnibal_kernels.ops.patches import pack_patches_triton
+    from omnibal_kernels.ops.patchify import launch_patchify as pack_patches_triton
 
     size = _size(b)
     gen = torch.Generator(device=b.device).manual_seed(SEED)
@@ -162,7 +162,8 @@ def _host_ms(fn: Callable[[], object], repeat: int = 3) -> float:
 
 
 def bench_counts(b: Bench) -> None:
-    from omnibal_kernels.ops.vision_counts import internvl_tile_grid_triton, smart_resize_triton
+    from omnibal_kernels.ops.vision_counts import internvl_tile_grid as internvl_tile_grid_triton
+    from omnibal_kernels.ops.vision_counts import smart_resize as smart_resize_triton
     from omnibal_kernels.vision import internvl_target_ratios, internvl_tile_grid, qwen2vl_smart_resize
 
     n = _size(b)["counts"]

@@ -47,8 +47,9 @@ omnibal::ItemSet as_items(const py::object& items_obj, py::ssize_t num_samples, 
   keep = items_obj.cast<IntArray>();
   if (keep.ndim() != 1) throw std::invalid_argument("items must be a 1-D array");
   const int64_t* ids = keep.data();
-  for (py::ssize_t k = 0; k < keep.shape(0); ++k) {
-    if (ids[k] < 0 || ids[k] >= num_samples) throw std::out_of_range("item id out of range: " + std::to_string(ids[k]));
+  int64_t bad = -1;
+  if (!omnibal::ids_in_range(ids, keep.shape(0), num_samples, bad)) {
+    throw std::out_of_range("item id out of range: " + std::to_string(ids[bad]));
   }
   return omnibal::ItemSet{ids, static_cast<int64_t>(keep.shape(0))};
 }
@@ -203,9 +204,18 @@ PYBIND11_MODULE(_C, m) {
       py::arg("data"), py::arg("vit_key"), py::arg("llm_key"),
       "Reads per-sample length records (JSON list or JSON Lines); returns (vit, llm, error, error_sample).");
 
+  py::dict streams;
+  streams["isf_round"] = static_cast<uint64_t>(omnibal::kStreamIsfRound);
+  streams["next_fit"] = static_cast<uint64_t>(omnibal::kStreamNextFit);
+  streams["best_fit"] = static_cast<uint64_t>(omnibal::kStreamBestFit);
+  streams["assign"] = static_cast<uint64_t>(omnibal::kStreamAssign);
+  streams["ragged"] = static_cast<uint64_t>(omnibal::kStreamRagged);
+  streams["group_steps"] = static_cast<uint64_t>(omnibal::kStreamGroupSteps);
+  m.attr("STREAMS") = streams;
+
   m.def(
       "derive_seed", [](uint64_t seed, uint64_t a, uint64_t b) { return omnibal::derive_seed(seed, a, b); },
-      py::arg("seed"), py::arg("a"), py::arg("b") = 0, "The seed of one random stream (for references/tests).");
+      py::arg("seed"), py::arg("a"), py::arg("b") = 0, "The seed of one random stream: derive_seed(seed, STREAMS[name], index).");
 
   m.def(
       "shuffle",
@@ -216,26 +226,19 @@ PYBIND11_MODULE(_C, m) {
         return to_numpy(std::move(v));
       },
       py::arg("values"), py::arg("seed"),
-      "The engine's shuffle of `values` with Rng(seed) (for references/tests).");
+      "The engine's shuffle of `values` with Rng(seed).");
 
   m.def(
       "load_stats",
       [](const IntArray& vit, const IntArray& llm, int64_t llm_bin) {
         const Loads loads = as_loads(vit, llm);
         if (llm_bin < 1) throw std::invalid_argument("llm_bin must be >= 1");
-        const py::ssize_t n = vit.shape(0);
-        int64_t vit_sum = 0, llm_sum = 0, vit_max = 0, llm_max = 0, llm_binned_sum = 0;
+        omnibal::LoadStats s;
         {
           py::gil_scoped_release release;
-          for (py::ssize_t i = 0; i < n; ++i) {
-            vit_sum += loads.vit[i];
-            llm_sum += loads.llm[i];
-            vit_max = std::max(vit_max, loads.vit[i]);
-            llm_max = std::max(llm_max, loads.llm[i]);
-            llm_binned_sum += (loads.llm[i] + llm_bin - 1) / llm_bin;
-          }
+          s = omnibal::load_stats(loads.vit, loads.llm, vit.shape(0), llm_bin);
         }
-        return py::make_tuple(vit_sum, llm_sum, vit_max, llm_max, llm_binned_sum * llm_bin);
+        return py::make_tuple(s.vit_sum, s.llm_sum, s.vit_max, s.llm_max, s.llm_sum_binned);
       },
       py::arg("vit"), py::arg("llm"), py::arg("llm_bin"),
       "One pass over the loads: (vit_sum, llm_sum, vit_max, llm_max, sum of llm rounded up to llm_bin).");

@@ -10,13 +10,6 @@
 namespace omnibal {
 namespace {
 
-// Stream ids for derive_seed, so that no two uses of one seed share a random stream.
-constexpr uint64_t kStreamIsfRound = 1;
-constexpr uint64_t kStreamNextFit = 2;
-constexpr uint64_t kStreamBestFit = 3;
-constexpr uint64_t kStreamAssign = 4;
-constexpr uint64_t kStreamRagged = 5;
-
 // assign_balanced orders packs by their more variable load, re-sorts blocks of kSecondaryBlockSteps steps
 // by the other load and blocks of kCostBlockSteps steps by cost. Measured with 8 ranks (ViT dist, LLM dist,
 // step efficiency): InternVL-Chat SFT tiles at 16/5376, (8, 4): 0.0003, 0.0002, 0.9995, where (8, 0) gives
@@ -106,7 +99,7 @@ class BucketBits {
     if (i >= n_) return n_;
     size_t w = static_cast<size_t>(i >> 6);
     const uint64_t word = words_[w] & (~uint64_t{0} << (i & 63));
-    if (word != 0) return static_cast<int64_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(word)));
+    if (word != 0) return static_cast<int64_t>(w * 64 + static_cast<size_t>(count_trailing_zeros(word)));
     // the next non-empty word after w, from the summary
     ++w;
     size_t s = w >> 6;
@@ -116,8 +109,8 @@ class BucketBits {
       if (++s >= summary_.size()) return n_;
       bits = summary_[s];
     }
-    w = s * 64 + static_cast<size_t>(__builtin_ctzll(bits));
-    return static_cast<int64_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(words_[w])));
+    w = s * 64 + static_cast<size_t>(count_trailing_zeros(bits));
+    return static_cast<int64_t>(w * 64 + static_cast<size_t>(count_trailing_zeros(words_[w])));
   }
 
  private:

@@ -1,5 +1,6 @@
 #include "length_records.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace omnibal {
@@ -157,6 +158,29 @@ LengthRecords parse_length_records(const char* text, size_t size, const std::str
     out.llm.push_back(llm);
     ++index;
   }
+}
+
+LoadStats load_stats(const int64_t* vit, const int64_t* llm, int64_t n, int64_t llm_bin) {
+  LoadStats s;
+  for (int64_t i = 0; i < n; ++i) {
+    s.vit_sum += vit[i];
+    s.llm_sum += llm[i];
+    s.vit_max = std::max(s.vit_max, vit[i]);
+    s.llm_max = std::max(s.llm_max, llm[i]);
+    s.llm_sum_binned += (llm[i] + llm_bin - 1) / llm_bin;
+  }
+  s.llm_sum_binned *= llm_bin;
+  return s;
+}
+
+bool ids_in_range(const int64_t* ids, int64_t count, int64_t num_samples, int64_t& bad) {
+  for (int64_t k = 0; k < count; ++k) {
+    if (ids[k] < 0 || ids[k] >= num_samples) {
+      bad = k;
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace omnibal

@@ -8,7 +8,33 @@
 #include <utility>
 #include <vector>
 
+#if defined(_MSC_VER)
+#include <intrin.h>
+#endif
+
 namespace omnibal {
+
+// Stream ids for derive_seed, so that no two uses of one seed share a random stream. The Python side reads
+// them from the extension (omnibal_kernels._C.STREAMS): references and the sampler use these, never copies.
+enum Stream : uint64_t {
+  kStreamIsfRound = 1,    // ISF: the shuffle of round r is derive_seed(seed, kStreamIsfRound, r)
+  kStreamNextFit = 2,     // random next-fit: its one shuffle
+  kStreamBestFit = 3,     // balanced: the shuffle of best-fit round r
+  kStreamAssign = 4,      // pack -> (step, rank) order
+  kStreamRagged = 5,      // packs reused to fill a ragged last step
+  kStreamGroupSteps = 16, // the sampler's interleaving of several groups' steps
+};
+
+// Index of the lowest set bit of a non-zero word (portable: GCC/Clang builtin or MSVC intrinsic).
+inline int count_trailing_zeros(uint64_t word) {
+#if defined(_MSC_VER)
+  unsigned long index;
+  _BitScanForward64(&index, word);
+  return static_cast<int>(index);
+#else
+  return __builtin_ctzll(word);
+#endif
+}
 
 // SplitMix64 step: used to expand seeds (Steele, Lea and Flood 2014).
 inline uint64_t splitmix64(uint64_t& state) {

@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from omnibal_kernels import BalancedBatchSampler, pack_batch, varlen_attention
 from omnibal_kernels.lengths import Lengths, default_lengths
-from omnibal_kernels.testing import RMSNorm, TinyBlock, causal_lm_loss
+from omnibal_kernels.testing.models import RMSNorm, TinyBlock, causal_lm_loss
 
 TILE = 16  # tile side in pixels (a 448px tile, scaled down)
 PATCH = 4  # patch side: 16 patches per tile

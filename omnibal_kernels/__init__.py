@@ -1,21 +1,28 @@
 """omnibal_kernels: balance and pack variable-length (vision-)language training data across GPUs.
 
-The public API is re-exported here lazily: importing the package loads neither triton, numba nor the
-compiled extension; each name is imported from its module on first use.
+The data flows one way, and so do the imports:
+
+    lengths -> balance (plan packs, C++) -> sampler / streaming -> pack_batch -> ops (Triton) -> attention
+
+The public API is re-exported here lazily, grouped by that flow: importing the package loads neither torch,
+triton, numba nor the compiled extension; each name is imported from its module on first use.
 """
 from __future__ import annotations
 
-import importlib
+import warnings
 from typing import Any
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it (relative to this package)
+# public name -> module that defines it (relative to this package), in the order of the flow
 _EXPORTS: dict[str, str] = {
-    # lengths
+    # per-sample loads
     "Lengths": "lengths",
     "load_lengths": "lengths",
-    # balance
+    "write_lengths": "lengths",
+    # balance: plans, capacities, metrics
     "Plan": "balance",
     "CostModel": "balance",
     "plan_packs": "balance",
@@ -23,48 +30,58 @@ _EXPORTS: dict[str, str] = {
     "balance_report": "balance",
     "BalanceReport": "balance",
     "OversizeError": "balance",
-    # GPU ops (Triton; CPU tensors go to the twins in cpu/)
-    "pack": "ops.pack",
-    "unpack": "ops.pack",
-    "pack_from_mask": "ops.pack",
-    "PackedTokens": "ops.pack",
-    "varlen_metadata": "ops.varlen_metadata",
-    "VarlenMetadata": "ops.varlen_metadata",
-    # vision
-    "internvl_num_tiles": "vision",
-    "qwen2vl_grid": "vision",
-    "compute_loads": "vision",
-    "write_lengths": "vision",
-    "bucket_by_patches": "vision",
-    "mrope_position_ids": "vision",
-    "pack_vision_fields": "vision",
-    "pack_patches": "ops.patches",
-    # attention
-    "varlen_attention": "attention",
-    # packing
-    "pack_batch": "packing",
-    "PackCollator": "packing",
-    "PackedBatch": "packing",
-    "unpack_batch": "packing",
-    # sampler
+    "TooFewPacksError": "balance",
+    # training: samplers over plans
     "BalancedBatchSampler": "sampler",
     "SamplerReport": "sampler",
     "BalancedPacker": "streaming",
     "StreamingReport": "streaming",
     "streaming_report": "streaming",
+    # collate: one pack -> its varlen batch
+    "pack_batch": "packing",
+    "PackCollator": "packing",
+    "PackedBatch": "packing",
+    "PackOptions": "packing",
+    "unpack_batch": "packing",
+    # vision: loads, counts, multimodal fields
+    "compute_loads": "vision",
+    "internvl_num_tiles": "vision",
+    "qwen2vl_grid": "vision",
+    "bucket_by_patches": "vision",
+    "PatchBuckets": "vision",
+    "mrope_position_ids": "vision",
+    "pack_vision_fields": "vision",
+    # GPU ops (Triton; CPU data goes to the twins in cpu/)
+    "unpad": "ops.unpad",
+    "pad": "ops.unpad",
+    "unpad_from_mask": "ops.unpad",
+    "PackedTokens": "_varlen",
+    "varlen_metadata": "ops.varlen_metadata",
+    "VarlenMetadata": "_varlen",
+    "patchify": "ops.patchify",
+    "PackedPatches": "_varlen",
+    # attention
+    "varlen_attention": "attention",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+# Old names kept for one release: old name -> new name (a DeprecationWarning on use).
+_DEPRECATED: dict[str, str] = {
+    "pack": "unpad",
+    "unpack": "pad",
+    "pack_from_mask": "unpad_from_mask",
+    "pack_patches": "patchify",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+_export, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'omnibal_kernels' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        warnings.warn(f"omnibal_kernels.{name} is deprecated; use omnibal_kernels.{new}", DeprecationWarning,
+                      stacklevel=2)
+        return _export(new)
+    return _export(name)

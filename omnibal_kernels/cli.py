@@ -1,12 +1,20 @@
-"""Command line: ``omnibal-kernels plan ...`` (also ``python -m omnibal_kernels``)."""
+"""Command line: ``omnibal-kernels plan|lengths ...`` (also ``python -m omnibal_kernels``).
+
+* ``plan``: plan packs for length files (or the bundled data) and print the balance report.
+* ``lengths``: build a length file from records of image sizes and text lengths.
+
+Errors in the input (the package's ``ValueError``/``TypeError``, a missing file) print one line on stderr and
+exit with status 2.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["main", "build_parser"]
+__all__ = ["add_lengths_parser", "build_parser", "main"]
 
 _REPORT_ROWS = (
     ("vit_capacity", "ViT capacity", "{:d}"),
@@ -27,9 +35,8 @@ _REPORT_ROWS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .balance.plan import METHODS, OVERSIZE_POLICIES
+    from .balance.packs import METHODS, OVERSIZE_POLICIES
     from .pipeline.cli import add_parsers as add_pipeline_parsers
-    from .vision import add_lengths_parser
 
     parser = argparse.ArgumentParser(
         prog="omnibal-kernels",
@@ -116,6 +123,100 @@ def _run_plan(args: argparse.Namespace) -> int:
         print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(r[key]):>10}" for r in rows))
     if args.out:
         print(f"plan written to {args.out}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ lengths
+
+
+def _read_lengths_records(path: Path) -> list[Mapping[str, Any]]:
+    text = path.read_text()
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        records = json.loads(text)
+    else:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    for i, rec in enumerate(records):
+        if not isinstance(rec, Mapping):
+            raise ValueError(f"{path}: record {i} is not a JSON object")
+    return records
+
+
+def _record_fields(records: Sequence[Mapping[str, Any]], sizes_key: str, text_key: str,
+                   frames_key: str | None) -> tuple[list[Any], list[int], list[int] | None]:
+    sizes: list[Any] = []
+    text: list[int] = []
+    frames: list[int] = [] if frames_key else None  # type: ignore[assignment]
+    for i, rec in enumerate(records):
+        entry = rec.get(sizes_key)
+        if entry is None and "width" in rec and "height" in rec:
+            entry = [rec["width"], rec["height"]]
+        sizes.append(entry)
+        if text_key not in rec:
+            raise ValueError(f"record {i}: no {text_key!r} field (text tokens, an int or a token list)")
+        value = rec[text_key]
+        text.append(len(value) if isinstance(value, (list, tuple)) else value)
+        if frames is not None:
+            frames.append(rec.get(frames_key, 1))
+    return sizes, text, frames
+
+
+def add_lengths_parser(subparsers: Any) -> None:
+    """Adds the ``lengths`` subcommand to an ``argparse`` subparsers object."""
+    from .vision.loads import MODELS
+
+    p = subparsers.add_parser(
+        "lengths",
+        help="build a length file (vit/llm loads) from image sizes and text lengths",
+        description="Read records (JSON list or JSON lines) with image sizes and text token counts and write the "
+                    "per-sample vit/llm loads as an OmniBal .json or an .npz length file.",
+    )
+    p.add_argument("input", type=Path, help="records: JSON list or JSON lines")
+    p.add_argument("-o", "--output", type=Path, required=True, help="length file to write (.json or .npz)")
+    p.add_argument("--model", choices=MODELS, default="internvl")
+    p.add_argument("--sizes-key", default="image_sizes",
+                   help="field with [width, height] or a list of them (else 'width'/'height' fields)")
+    p.add_argument("--text-key", default="text_tokens", help="field with the text token count or token list")
+    p.add_argument("--frames-key", default=None, help="qwen2vl: field with frames per record (one video each)")
+    p.add_argument("--num-image-token", type=int, default=256, help="internvl: LLM tokens per tile")
+    p.add_argument("--min-num", type=int, default=1, help="internvl: fewest tiles")
+    p.add_argument("--max-num", type=int, default=12, help="internvl: most tiles")
+    p.add_argument("--image-size", type=int, default=448, help="internvl: tile side")
+    p.add_argument("--no-thumbnail", dest="use_thumbnail", action="store_false", help="internvl: no thumbnail tile")
+    p.add_argument("--patch-size", type=int, default=14, help="qwen2vl: ViT patch side")
+    p.add_argument("--merge-size", type=int, default=2, help="qwen2vl: spatial merge")
+    p.add_argument("--temporal-patch-size", type=int, default=2, help="qwen2vl: frames per temporal patch")
+    p.add_argument("--min-pixels", type=int, default=56 * 56, help="qwen2vl: smart_resize min_pixels")
+    p.add_argument("--max-pixels", type=int, default=28 * 28 * 1280, help="qwen2vl: smart_resize max_pixels")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
+                   help="no progress bar (default: one when stderr is a terminal)")
+    p.set_defaults(func=_run_lengths)
+
+
+def _run_lengths(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .lengths import write_lengths
+    from .vision.loads import compute_loads, flatten_image_sizes
+
+    records = _read_lengths_records(Path(args.input))
+    sizes, text, frames = _record_fields(records, args.sizes_key, args.text_key, args.frames_key)
+    common = dict(model=args.model, num_image_token=args.num_image_token, min_num=args.min_num,
+                  max_num=args.max_num, image_size=args.image_size, use_thumbnail=args.use_thumbnail,
+                  patch_size=args.patch_size, merge_size=args.merge_size,
+                  temporal_patch_size=args.temporal_patch_size, min_pixels=args.min_pixels,
+                  max_pixels=args.max_pixels, progress=args.progress)
+    if frames is not None:
+        flat, owner = flatten_image_sizes(sizes, False)
+        counts = np.bincount(owner, minlength=len(sizes)) if owner.size else np.zeros(len(sizes), np.int64)
+        if (counts > 1).any():
+            raise ValueError(f"record {int(np.flatnonzero(counts > 1)[0])}: --frames-key needs one video per record")
+        loads = compute_loads(flat, text, image_to_sample=owner,
+                              num_frames=np.asarray(frames, dtype=np.int64)[owner], **common)
+    else:
+        loads = compute_loads(sizes, text, **common)
+    out = write_lengths(args.output, loads)
+    print(f"wrote {len(text)} samples to {out}: vit total {int(loads.vit.sum())}, llm total {int(loads.llm.sum())}")
     return 0
 
 

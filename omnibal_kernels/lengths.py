@@ -1,6 +1,6 @@
 """Per-sample loads: every sample's ViT load (image tiles or patches) and LLM load (tokens).
 
-``load_lengths`` reads them from the formats in use, validates them and returns one columnar ``Lengths``:
+``load_lengths`` reads them (``write_lengths`` writes them) from the formats in use, validates them and returns one columnar ``Lengths``:
 
 * the OmniBal JSON list format: ``[{"vit_num": 5, "token_num": 1420, ...}, ...]``;
 * JSON Lines with the same fields, one object per line (``.jsonl``);
@@ -21,22 +21,25 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _ext
+from ._checks import as_int_array
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-__all__ = ["Lengths", "load_lengths", "default_lengths"]
+__all__ = ["Lengths", "load_lengths", "write_lengths", "default_lengths"]
 
 # Loads are stored as int64; one sample's load must stay below 2**31 (the extension packs them as int32).
 _MAX_LOAD = 2**31 - 1
+# The OmniBal authors round sample lengths up to multiples of 256 tokens for their capacity grid's step.
+LLM_BIN = 256
 
 
 class LoadStats(NamedTuple):
-    """Totals and maxima of both loads, and the LLM total with every sample rounded up to 256 tokens."""
+    """Totals and maxima of both loads, and the LLM total with every sample rounded up to ``LLM_BIN`` tokens."""
 
     vit_sum: int
     llm_sum: int
@@ -84,7 +87,7 @@ class Lengths:
         """Totals and maxima (one pass in C++, computed once per ``Lengths``)."""
         cached = self.__dict__.get("_stats")
         if cached is None:
-            cached = LoadStats(*_ext.load().load_stats(self.vit, self.llm, 256))
+            cached = LoadStats(*_ext.load().load_stats(self.vit, self.llm, LLM_BIN))
             object.__setattr__(self, "_stats", cached)
         return cached
 
@@ -252,3 +255,40 @@ def default_lengths() -> Lengths:
 
     with np.load(DEFAULT_LENGTHS_PATH, allow_pickle=False) as z:
         return Lengths(z["vit"], z["llm"], z["source"].astype(np.int32), tuple(str(s) for s in z["source_names"]))
+
+
+def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple], *,
+                  fmt: Optional[str] = None) -> Path:
+    """Write per-sample loads as a length file.
+
+    Args:
+        path: ``.json`` for the OmniBal format (a list of ``{"vit_num": int, "token_num": int}``, one per
+            sample) or ``.npz`` for arrays ``vit`` and ``llm`` (int32 when they fit, else int64).
+        loads: :class:`Lengths` (what :func:`~omnibal_kernels.vision.compute_loads` returns), a mapping with
+            ``vit`` and ``llm`` ``(N,)``, or a ``(vit, llm)`` tuple.
+        fmt: ``"json"`` or ``"npz"`` to override the suffix.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    fmt = fmt or path.suffix.lstrip(".").lower()
+    if fmt not in ("json", "npz"):
+        raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json or .npz suffix or fmt=")
+    if isinstance(loads, Lengths):
+        vit, llm = loads.vit, loads.llm
+    else:
+        vit = as_int_array(loads[0] if isinstance(loads, tuple) else loads["vit"], "vit")
+        llm = as_int_array(loads[1] if isinstance(loads, tuple) else loads["llm"], "llm")
+    if vit.shape != llm.shape:
+        raise ValueError(f"vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
+    if fmt == "json":
+        records = [{"vit_num": int(v), "token_num": int(t)} for v, t in zip(vit.tolist(), llm.tolist())]
+        with open(path, "w") as f:
+            json.dump(records, f)
+    else:
+        big = max(int(vit.max(initial=0)), int(llm.max(initial=0))) >= 2**31
+        dtype = np.int64 if big else np.int32
+        with open(path, "wb") as f:
+            np.savez(f, vit=vit.astype(dtype), llm=llm.astype(dtype))
+    return path

@@ -48,7 +48,7 @@ With ``image_token_id`` set (Qwen2-VL style models), every batch gets mRoPE posi
 splits a packed batch back into its samples.
 
 Extension point: ``_FIELD_PACKERS`` maps a sample key to a packer that adds its own output fields (the
-multimodal fields of ``omnibal_kernels.vision`` plug in there); :func:`pack_sequences` is the text core
+multimodal fields of :mod:`omnibal_kernels.vision.fields` are registered there directly); :func:`pack_sequences` is the text core
 that returns the text fields as a plain dict.
 """
 from __future__ import annotations
@@ -61,6 +61,9 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+
+from .vision.fields import SAMPLE_KEYS as VISION_SAMPLE_KEYS
+from .vision.fields import VISION_KEYS, pack_batch_vision, unpack_batch_vision
 
 __all__ = ["PackOptions", "PackedBatch", "PackCollator", "pack_batch", "pack_sequences", "unpack_batch", "warmup"]
 
@@ -94,16 +97,13 @@ TEXT_FIELDS = (
 _RESERVED = frozenset(TEXT_FIELDS) - {"input_ids", "labels"}
 
 # Sample key -> packer that consumes that key and adds output fields, as a callable or as a
-# "module:function" string imported on first use (".vision:..." is relative to this package). A packer is
+# "module:function" string imported on first use (for packers outside this package). A packer is
 # called as ``fn(samples, fields, options) -> None`` after the text fields are built and mutates
 # ``fields`` (the dict that becomes the PackedBatch): it may add fields (pixel_values, vit_cu_seqlens, ...)
 # or replace some (mRoPE position_ids). A packer registered under several keys runs once per batch.
-_FIELD_PACKERS: dict[str, str | Callable[..., None]] = {
-    key: ".vision:_pack_batch_vision"
-    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-}
+_FIELD_PACKERS: dict[str, str | Callable[..., None]] = {key: pack_batch_vision for key in VISION_SAMPLE_KEYS}
 # The packer that also runs on batches without any of its keys when mRoPE is on (PackOptions.mrope).
-_MROPE_PACKER = ".vision:_pack_batch_vision"
+_MROPE_PACKER = pack_batch_vision
 
 
 def _is_int(value: object) -> bool:
@@ -789,7 +789,6 @@ def pack_batch(samples: Sequence[Mapping[str, Any]], **options: Any) -> PackedBa
     return _pack_samples(samples, opts)
 
 
-_VISION_KEYS = ("num_images", "num_videos", "second_per_grid_ts")
 
 
 def unpack_batch(batch: Mapping[str, Any], num_samples: int | None = None) -> list[dict[str, Any]]:
@@ -827,10 +826,8 @@ def unpack_batch(batch: Mapping[str, Any], num_samples: int | None = None) -> li
         if text_positions is not None:
             sample["text_position_ids"] = text_positions[:, a:b]
         out.append(sample)
-    if any(key in batch for key in _VISION_KEYS):
-        from .vision import _unpack_batch_vision
-
-        for sample, vision in zip(out, _unpack_batch_vision(batch, num_samples)):
+    if any(key in batch for key in VISION_KEYS):
+        for sample, vision in zip(out, unpack_batch_vision(batch, num_samples)):
             sample.update(vision)
     return out
 

@@ -29,39 +29,18 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch.utils.data
 
-from . import _ext
+from ._checks import check_epoch, check_int, check_positive_int, default_world
 from .balance.cost import CostModel
-from .balance.plan import (METHODS, OVERSIZE_POLICIES, TooFewPacksError, Plan, _as_lengths, _check_epoch, _check_int,
-                           _check_positive_int, _hash_arrays, epoch_seed, plan_packs)
-from .balance.report import BalanceReport, _mean_over_max, _pack_sums, balance_report, dist_ratio
+from .balance.packs import METHODS, OVERSIZE_POLICIES, Plan, TooFewPacksError, as_lengths, epoch_seed, hash_arrays
+from .balance.plan import plan_packs
+from .balance.report import BalanceReport, balance_report, dist_ratio, mean_over_max, pack_sums
+from .balance.schedule import concat_plans, interleave_steps, micro_step_packs
 from .balance.search import search_capacity
 from .lengths import Lengths
 
-__all__ = ["BalancedBatchSampler", "SamplerReport", "default_world"]
+__all__ = ["BalancedBatchSampler", "SamplerReport"]
 
 _STATE_VERSION = 1
-# Stream id of the interleaved step order of several groups, for the engine's derive_seed (the engine's own
-# streams in csrc/grouping.cpp are 1-5).
-_STREAM_GROUP_STEPS = 16
-
-
-def default_world(world_size: Optional[int] = None, rank: Optional[int] = None) -> tuple[int, int]:
-    """``(world_size, rank)``: the given values, else torch.distributed's when initialized, else ``(1, 0)``.
-
-    Raises ValueError when ``rank`` is not in ``[0, world_size)``.
-    """
-    import torch.distributed as dist
-
-    initialized = dist.is_available() and dist.is_initialized()
-    if world_size is None:
-        world_size = dist.get_world_size() if initialized else 1
-    if rank is None:
-        rank = dist.get_rank() if initialized else 0
-    world_size = _check_positive_int("world_size", world_size)
-    rank = _check_int("rank", rank)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-    return world_size, rank
 
 
 @dataclass(frozen=True)
@@ -228,7 +207,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         dataset: Any = None,
         num_samples: Optional[int] = None,
     ) -> None:
-        self.lengths = _as_lengths(lengths)
+        self.lengths = as_lengths(lengths)
         n = len(self.lengths)
         if n == 0:
             raise ValueError("lengths is empty: nothing to sample")
@@ -245,9 +224,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         if oversize not in OVERSIZE_POLICIES:
             raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
         self.method = method
-        self.seed = _check_int("seed", seed)
+        self.seed = check_int("seed", seed)
         self.drop_last = bool(drop_last)
-        self.micro_steps_per_step = _check_positive_int("micro_steps_per_step", micro_steps_per_step)
+        self.micro_steps_per_step = check_positive_int("micro_steps_per_step", micro_steps_per_step)
         self.oversize = oversize
         self.cost_model = cost_model or CostModel.internvl_7b()
         self.groups = _parse_groups(groups, n)
@@ -266,8 +245,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 caps = search_capacity(self._group_lengths[g], target, method=method, world_size=virtual,
                                        oversize=oversize, seed=self.seed)
                 qv, qt = caps.vit_capacity, caps.llm_capacity
-            self.capacities.append((_check_positive_int("vit_capacity", qv, minimum=0),
-                                    _check_positive_int("llm_capacity", qt)))
+            self.capacities.append((check_positive_int("vit_capacity", qv, minimum=0),
+                                    check_positive_int("llm_capacity", qt)))
             self._check_enough_packs(g, virtual)
         self._config_fingerprint = self._make_config_fingerprint()
         self._epoch = 0
@@ -344,29 +323,14 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                                 "packs per optimizer step]") from err
             plans.append(plan)
 
-        offsets, samples, blocks, base = [np.zeros(1, np.int64)], [], [], 0
-        for g, plan in enumerate(plans):
-            samples.append(self.groups[g][plan.pack_samples])
-            offsets.append(plan.pack_offsets[1:] + offsets[-1][-1])
-            # planned step s, virtual rank r*m + j -> micro-step j of that step on rank r
-            blocks.append((plan.step_packs + base).reshape(plan.num_steps, world, m).transpose(0, 2, 1))
-            base += plan.num_packs
-        steps = np.concatenate(blocks)  # (total optimizer steps, m, world), groups one after another
+        stacked = concat_plans(plans, self.groups)
+        steps = np.concatenate([micro_step_packs(s, world, m) for s in stacked.step_packs])  # (steps, m, world)
         if len(plans) > 1:
-            # Interleave the groups at random but keep each group's own step order (the engine lays a group's
-            # steps out with no load trend over the epoch; a shuffle of all steps would undo that). The
-            # engine's shuffle is integer-only, so the interleaving is the same on every rank and platform.
-            C = _ext.load()
-            labels = np.repeat(np.arange(len(plans), dtype=np.int64), [p.num_steps for p in plans])
-            labels = C.shuffle(labels, C.derive_seed(epoch_seed(self.seed, epoch), _STREAM_GROUP_STEPS, 0))
-            order = np.empty(labels.shape[0], dtype=np.int64)
-            order[np.argsort(labels, kind="stable")] = np.arange(labels.shape[0])  # k-th slot of g: its k-th step
-            steps = steps[order]
+            steps = steps[interleave_steps([p.num_steps for p in plans], self.seed, epoch)]
         micro_packs = np.ascontiguousarray(steps.reshape(-1, world))
-        pack_offsets = np.concatenate(offsets)
-        pack_samples = np.concatenate(samples)
+        pack_offsets, pack_samples = stacked.pack_offsets, stacked.pack_samples
         return _Schedule(epoch, tuple(plans), pack_offsets, pack_samples, micro_packs,
-                         _hash_arrays(pack_offsets, pack_samples, micro_packs))
+                         hash_arrays(pack_offsets, pack_samples, micro_packs))
 
     # ------------------------------------------------------------------------------------------ sampling
 
@@ -377,13 +341,13 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch to sample (a new plan per epoch). Setting the current epoch again keeps a
         resumed position, so ``load_state_dict`` followed by the usual ``set_epoch(e)`` continues mid-epoch."""
-        epoch = _check_epoch(epoch)
+        epoch = check_epoch(epoch)
         if epoch != self._epoch:
             self._epoch = epoch
             self._start = self._pass_start = self._position = 0
 
     def _epoch_or_current(self, epoch: Optional[int]) -> int:
-        return self._epoch if epoch is None else _check_epoch(epoch)
+        return self._epoch if epoch is None else check_epoch(epoch)
 
     def _num_micro_steps(self) -> int:
         return int(self._schedule_for(self._epoch).micro_packs.shape[0])
@@ -421,7 +385,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         if consumed is None:
             position = self._position
         else:
-            consumed = _check_positive_int("consumed", consumed, minimum=0)
+            consumed = check_positive_int("consumed", consumed, minimum=0)
             position = self._pass_start + consumed
             if position > self._num_micro_steps():
                 raise ValueError(f"consumed={consumed} runs past the epoch's {self._num_micro_steps()} micro-steps "
@@ -452,12 +416,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         if state["config_fingerprint"] != self._config_fingerprint:
             raise ValueError("state was saved by a sampler with other lengths or options (config fingerprint "
                              f"{state['config_fingerprint']} != {self._config_fingerprint})")
-        epoch = _check_epoch(state["epoch"])
+        epoch = check_epoch(state["epoch"])
         schedule = self._schedule_for(epoch)
         if state["plan_fingerprint"] != schedule.fingerprint:
             raise ValueError(f"epoch {epoch} plans differently now (plan fingerprint {state['plan_fingerprint']} "
                              f"!= {schedule.fingerprint}); the planning engine or its inputs changed")
-        position = _check_int("micro_steps", state["micro_steps"])
+        position = check_int("micro_steps", state["micro_steps"])
         total = schedule.micro_packs.shape[0]
         if not 0 <= position <= total:
             raise ValueError(f"micro_steps {position} is outside [0, {total}]")
@@ -473,7 +437,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def rank_batches(self, rank: Optional[int] = None, epoch: Optional[int] = None) -> list[list[int]]:
         """All batches of ``rank`` (default this one) for the epoch, from its start."""
-        rank = self.rank if rank is None else _check_int("rank", rank)
+        rank = self.rank if rank is None else check_int("rank", rank)
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
         schedule = self._schedule_for(self._epoch_or_current(epoch))
@@ -484,7 +448,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         schedule = self._schedule_for(self._epoch_or_current(epoch))
         if self._sample_costs is None:
             self._sample_costs = self.cost_model.sample_costs(self.lengths.vit, self.lengths.llm)
-        vit, llm, cost = (_pack_sums(schedule.pack_offsets, schedule.pack_samples, values)[schedule.micro_packs]
+        vit, llm, cost = (pack_sums(schedule.pack_offsets, schedule.pack_samples, values)[schedule.micro_packs]
                           for values in (self.lengths.vit, self.lengths.llm, self._sample_costs))
         return vit, llm, cost
 
@@ -524,8 +488,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             micro_llm_dist=dist_ratio(llm),
             step_vit_dist=dist_ratio(step_vit, min_denominator=1.0),
             step_llm_dist=dist_ratio(step_llm),
-            micro_step_efficiency=_mean_over_max(cost),
-            step_efficiency=_mean_over_max(step_cost),
+            micro_step_efficiency=mean_over_max(cost),
+            step_efficiency=mean_over_max(step_cost),
             groups=group_reports,
             dropped_samples=np.sort(np.concatenate(dropped)) if dropped else np.zeros(0, np.int64),
             duplicated_samples=np.sort(np.concatenate(duplicated)) if duplicated else np.zeros(0, np.int64),

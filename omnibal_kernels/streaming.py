@@ -26,12 +26,13 @@ from typing import Any, NamedTuple, Optional, Union
 import numpy as np
 import torch.utils.data
 
+from ._checks import check_epoch, check_int, check_positive_int, default_world
 from .balance.cost import CostModel
-from .balance.plan import (METHODS, OVERSIZE_POLICIES, Plan, TooFewPacksError, _as_lengths, _check_epoch,
-                           _check_int, _check_positive_int, epoch_seed, plan_packs)
+from .balance.packs import METHODS, OVERSIZE_POLICIES, Plan, TooFewPacksError, as_lengths, epoch_seed
+from .balance.plan import plan_packs
 from .balance.report import BalanceReport, balance_report
+from .balance.schedule import concat_plans
 from .lengths import Lengths
-from .sampler import default_world
 
 __all__ = ["BalancedPacker", "StreamingReport", "streaming_report"]
 
@@ -57,10 +58,10 @@ def _stream_options(*, vit_capacity: int, llm_capacity: int, buffer_size: int, w
     if oversize not in OVERSIZE_POLICIES:
         raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
     return _StreamOptions(
-        vit_capacity=_check_positive_int("vit_capacity", vit_capacity, minimum=0),
-        llm_capacity=_check_positive_int("llm_capacity", llm_capacity),
-        buffer_size=_check_positive_int("buffer_size", buffer_size),
-        world_size=_check_positive_int("world_size", world_size), method=method, seed=_check_int("seed", seed),
+        vit_capacity=check_positive_int("vit_capacity", vit_capacity, minimum=0),
+        llm_capacity=check_positive_int("llm_capacity", llm_capacity),
+        buffer_size=check_positive_int("buffer_size", buffer_size),
+        world_size=check_positive_int("world_size", world_size), method=method, seed=check_int("seed", seed),
         drop_last=bool(drop_last), oversize=oversize, cost_model=cost_model,
     )
 
@@ -165,7 +166,7 @@ class BalancedPacker(torch.utils.data.IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """New packs for a new epoch (the stream order is the source's)."""
-        self.epoch = _check_epoch(epoch)
+        self.epoch = check_epoch(epoch)
 
     def _items(self) -> Iterator[tuple[Any, int, int]]:
         for position, sample in enumerate(self.source):
@@ -207,31 +208,23 @@ class StreamingReport(NamedTuple):
 
 def _merge(plans: list[tuple[Plan, list[int]]], opts: _StreamOptions, n: int) -> Plan:
     """The streamed plans as one Plan over stream positions (steps one after another)."""
-    offsets, samples, steps, slotted, base, total, duplicated = [np.zeros(1, np.int64)], [], [], [], 0, 0, 0
-    for plan, payloads in plans:
-        ids = np.asarray(payloads, np.int64)
-        samples.append(ids[plan.pack_samples])
-        offsets.append(plan.pack_offsets[1:] + total)
-        total += int(plan.pack_offsets[-1])
-        steps.append(plan.step_packs + base)
-        slotted.append(ids[plan.slot_samples()])
-        base += plan.num_packs
-        duplicated += plan.duplicated_slots
-    scheduled = np.concatenate(samples) if samples else np.zeros(0, np.int64)
+    ids = [np.asarray(payloads, np.int64) for _, payloads in plans]
+    stacked = concat_plans([plan for plan, _ in plans], ids)
+    slotted = [i[plan.slot_samples()] for (plan, _), i in zip(plans, ids)]
     # samples in no slot: carried to a worker's last buffer and dropped there (drop_last), or oversize-dropped;
     # a sample carried out of a buffer's plan shows up in a later plan
     lost = np.setdiff1d(np.arange(n), np.concatenate(slotted) if slotted else np.zeros(0, np.int64))
     return Plan(
         method=opts.method,
-        pack_offsets=np.concatenate(offsets),
-        pack_samples=scheduled,
-        step_packs=np.concatenate(steps) if steps else np.zeros((0, opts.world_size), np.int64),
+        pack_offsets=stacked.pack_offsets,
+        pack_samples=stacked.pack_samples,
+        step_packs=np.concatenate(stacked.step_packs) if plans else np.zeros((0, opts.world_size), np.int64),
         world_size=opts.world_size,
         vit_capacity=opts.vit_capacity,
         llm_capacity=opts.llm_capacity,
         seed=opts.seed,
         dropped_samples=lost,
-        duplicated_slots=duplicated,
+        duplicated_slots=sum(plan.duplicated_slots for plan, _ in plans),
         num_input_samples=n,
         seconds=float(sum(p.seconds for p, _ in plans)),
     )
@@ -261,9 +254,9 @@ def streaming_report(
     opts = _stream_options(vit_capacity=vit_capacity, llm_capacity=llm_capacity, buffer_size=buffer_size,
                            world_size=world_size, method=method, seed=seed, drop_last=drop_last, oversize=oversize,
                            cost_model=cost_model)
-    num_workers = _check_positive_int("num_workers", num_workers)
-    epoch = _check_epoch(epoch)
-    lengths = _as_lengths(lengths)
+    num_workers = check_positive_int("num_workers", num_workers)
+    epoch = check_epoch(epoch)
+    lengths = as_lengths(lengths)
     n = len(lengths)
     items = list(zip(range(n), lengths.vit.tolist(), lengths.llm.tolist()))
     plans = [pp for w in range(num_workers) for pp in _plan_stream(items, opts, epoch, w, num_workers)]

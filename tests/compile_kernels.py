@@ -22,20 +22,20 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from omnibal_kernels.ops import bucket, pack, patches, varlen_metadata, vision_counts  # noqa: E402
+from omnibal_kernels.ops import bucket, patchify, unpad, varlen_metadata, vision_counts  # noqa: E402
 
 
 def configs():
     # pack / unpack: bf16 hidden states (raw bits as int16) and int64 token ids (hidden 1)
     for name, bits, hidden, itemsize in (("bf16 x 4096", "*i16", 4096, 2), ("int64 ids", "*i64", 1, 8)):
         aligned = ("hidden", "stride_pad_b", "stride_pad_s", "stride_packed_t") if hidden % 16 == 0 else ()
-        block_h, block_rows = pack._tile(hidden, itemsize, pack.TILE_BYTES, pack.ROW_BYTES)
-        yield (f"pack[{name}]", pack._pack_kernel,
+        block_h, block_rows = unpad._tile(hidden, itemsize, unpad.TILE_BYTES, unpad.ROW_BYTES)
+        yield (f"pack[{name}]", unpad._unpad_kernel,
                dict(padded_ptr=bits, packed_ptr=bits, cu_seqlens_ptr="*i32", batch="i32", padded_len="i32",
                     hidden="i32", total_tokens="i32", search_steps="i32", stride_pad_b="i64",
                     stride_pad_s="i32", stride_packed_t="i32"),
                dict(BLOCK_T=block_rows, BLOCK_H=block_h), aligned)
-        yield (f"unpack[{name}]", pack._unpack_kernel,
+        yield (f"unpack[{name}]", unpad._pad_kernel,
                dict(packed_ptr=bits, padded_ptr=bits, cu_seqlens_ptr="*i32", padded_len="i32", hidden="i32",
                     total_tokens="i32", n_seq_blocks="i32", fill_bits="i64", stride_packed_t="i32",
                     stride_pad_b="i64", stride_pad_s="i32"),
@@ -53,10 +53,10 @@ def configs():
            dict(bucket_ptr="*i32", rank_ptr="*i32", base_ptr="*i64", perm_ptr="*i64", n="i32", num_blocks="i32"),
            dict(BLOCK=bucket.BLOCK), ())
     for elem, ptr in ((2, "*i16"), (4, "*i32"), (1, "*u8")):
-        yield (f"pack_patches[{elem}-byte]", patches._pack_patches_kernel,
+        yield (f"pack_patches[{elem}-byte]", patchify._patchify_kernel,
                dict(base_ptr="*i64", meta_ptr="*i64", patch_image_ptr="*i32", out_ptr=ptr, pos_ptr="*i64"),
                dict(C=3, TP=2, PS=14, MS=2, BLOCK_CT=triton.next_power_of_2(6), BLOCK_PP=triton.next_power_of_2(196),
-                    ELEM=patches._TL_INT[elem]), ())
+                    ELEM=patchify._TL_INT[elem]), ())
     for thumbnail in (True, False):
         yield (f"internvl_tiles[thumbnail={thumbnail}]", vision_counts._internvl_tiles_kernel,
                dict(w_ptr="*i64", h_ptr="*i64", cand_cols_ptr="*i64", cand_rows_ptr="*i64", cols_ptr="*i64",

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from omnibal_kernels.balance import TooFewPacksError, plan_packs, search_capacity
-from omnibal_kernels.balance.report import _mean_over_max
+from omnibal_kernels.balance.report import mean_over_max as _mean_over_max
 from omnibal_kernels.lengths import Lengths
 
 

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels.testing import ref_bucket_sort
+from omnibal_kernels.testing import bucket_sort_reference
 from omnibal_kernels.vision import bucket_by_patches
 
 SIZES = [0, 1, 2, 97, 113, 128, 129, 1023, 1025]
 
 
 def _check(out, counts: np.ndarray, boundaries: np.ndarray) -> None:
-    perm, offsets, ids = ref_bucket_sort(counts, boundaries)
+    perm, offsets, ids = bucket_sort_reference(counts, boundaries)
     np.testing.assert_array_equal(np.asarray(out.perm), perm)
     np.testing.assert_array_equal(np.asarray(out.offsets), offsets)
     np.testing.assert_array_equal(np.asarray(out.bucket_ids), ids)

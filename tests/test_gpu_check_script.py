@@ -113,15 +113,15 @@ def test_gpu_tests_cover_every_kernel_module() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = {line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line}
     expected = {
-        "tests/test_ops_pack.py",  # ops/pack.py
+        "tests/test_ops_unpad.py",  # ops/unpad.py
         "tests/test_ops_varlen_metadata.py",  # ops/varlen_metadata.py
-        "tests/test_patches.py",  # ops/patches.py
+        "tests/test_patchify.py",  # ops/patchify.py
         "tests/test_bucket.py",  # ops/bucket.py
         "tests/test_vision_counts.py",  # ops/vision_counts.py
         "tests/test_attention.py",  # attention.py
     }
     assert expected <= files, sorted(files)
     kernel_modules = {p.stem for p in (ROOT / "omnibal_kernels" / "ops").glob("*.py") if not p.stem.startswith("_")}
-    assert kernel_modules == {"pack", "varlen_metadata", "patches", "bucket", "vision_counts"}, (
+    assert kernel_modules == {"unpad", "varlen_metadata", "patchify", "bucket", "vision_counts"}, (
         "a new Triton op needs a gpu-marked test listed here"
     )

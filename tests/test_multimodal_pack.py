@@ -11,7 +11,7 @@ import torch
 
 from omnibal_kernels import PackCollator, PackedBatch, pack_batch
 from omnibal_kernels.packing import PackOptions, unpack_batch
-from omnibal_kernels.testing import ref_mrope_positions, reference_pack_batch
+from omnibal_kernels.testing import mrope_positions_reference, pack_batch_reference
 
 IMG, VID, START, END = 151655, 151656, 151652, 151653
 PATCH_DIM = 12  # small stand-in for Qwen2-VL's 3 * 2 * 14 * 14
@@ -64,7 +64,7 @@ def _ref_positions(sample: dict[str, Any], tokens_per_second: float | None = Non
     seconds = None
     if tokens_per_second is not None:
         seconds = sample.get("second_per_grid_ts", torch.ones(len(videos))).tolist()
-    pos = ref_mrope_positions(sample["input_ids"].tolist(), images, videos, IMG, VID, 2, seconds, tokens_per_second)
+    pos = mrope_positions_reference(sample["input_ids"].tolist(), images, videos, IMG, VID, 2, seconds, tokens_per_second)
     return torch.tensor(pos, dtype=torch.int64).T.reshape(3, 1, -1)
 
 
@@ -92,7 +92,7 @@ def test_unpack_gives_back_every_sample(seed: int, pad: int | None) -> None:
         _assert_equal(got["position_ids"], _ref_positions(sample), f"sample {i} reference")
         _assert_equal(got["text_position_ids"], torch.arange(len(sample["input_ids"]))[None], f"sample {i}")
     # the text fields are those of plain text packing; text_position_ids is its 1-D position_ids
-    text = reference_pack_batch(_text_only(samples), mask_first_label=False, pad_to_multiple_of=pad)
+    text = pack_batch_reference(_text_only(samples), mask_first_label=False, pad_to_multiple_of=pad)
     for key, value in text.items():
         if key == "position_ids":
             _assert_equal(batch["text_position_ids"], value, key)
@@ -140,7 +140,7 @@ def test_text_only_batch_with_mrope_keeps_the_shape() -> None:
     batch = pack_batch(samples, image_token_id=IMG, pad_to_multiple_of=8)
     total = batch["input_ids"].shape[1]
     assert batch["position_ids"].shape == (3, 1, total)
-    text = reference_pack_batch(samples, pad_to_multiple_of=8)["position_ids"]
+    text = pack_batch_reference(samples, pad_to_multiple_of=8)["position_ids"]
     assert torch.equal(batch["position_ids"], text[None].expand(3, 1, total))
     _assert_equal(batch["text_position_ids"], text, "text_position_ids")
     assert "num_images" not in batch and "pixel_values" not in batch
@@ -186,7 +186,7 @@ def test_internvl_tiles() -> None:
     assert batch["vit_cu_seqlens"].tolist() == list(range(12))
     assert batch["num_images"].tolist() == [3, 0, 7, 1]
     assert batch["image_to_sample"].tolist() == [0] * 3 + [2] * 7 + [3]
-    _assert_same_text(batch, reference_pack_batch(samples))
+    _assert_same_text(batch, pack_batch_reference(samples))
     for sample, got in zip(samples, unpack_batch(batch)):
         _assert_equal(got["input_ids"], sample["input_ids"], "input_ids")
         if "pixel_values" in sample:

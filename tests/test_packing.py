@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from omnibal_kernels import PackCollator, PackedBatch, pack_batch
 from omnibal_kernels.packing import TEXT_FIELDS, PackOptions, pack_sequences
-from omnibal_kernels.testing import reference_pack_batch
+from omnibal_kernels.testing import pack_batch_reference
 
 BACKENDS = ["numba", "torch"]
 
@@ -55,7 +55,7 @@ def _options(**kw: Any) -> dict[str, Any]:
 
 def test_reference_by_hand() -> None:
     samples = [{"input_ids": [5, 6, 7], "labels": [15, 16, 17]}, {"input_ids": [8, 9]}]
-    ref = reference_pack_batch(samples, pad_to_multiple_of=4)
+    ref = pack_batch_reference(samples, pad_to_multiple_of=4)
     assert ref["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0, 0, 0]]
     assert ref["labels"].tolist() == [[-100, 16, 17, -100, 9, -100, -100, -100]]
     assert ref["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
@@ -76,7 +76,7 @@ def test_matches_reference(lens: list[int], backend: str, shared: bool) -> None:
     got = pack_sequences(
         [s["input_ids"] for s in samples], [s["labels"] for s in samples], options=opts, shared=shared
     )
-    _assert_same(got, reference_pack_batch(samples))
+    _assert_same(got, pack_batch_reference(samples))
     assert got["input_ids"].is_shared() == shared and got["seq_idx"].is_shared() == shared
     assert got["cu_seq_lens_q"] is got["cu_seqlens"] and got["cu_seq_lens_k"] is got["cu_seqlens"]
 
@@ -95,14 +95,14 @@ def test_pack_batch_fields_and_dtypes() -> None:
     assert batch["max_length_q"] == batch["max_length_k"] == 6
     # the samples are not modified by the boundary labels
     assert samples[0]["labels"][0] != -100
-    _assert_same(batch, reference_pack_batch(samples))
+    _assert_same(batch, pack_batch_reference(samples))
 
 
 @pytest.mark.parametrize("kind", ["tensor", "numpy", "list"])
 @pytest.mark.parametrize("labels", [True, False])
 def test_input_kinds(kind: str, labels: bool) -> None:
     samples = _samples([5, 1, 9], seed=3, labels=labels, kind=kind)
-    _assert_same(pack_batch(samples), reference_pack_batch(samples))
+    _assert_same(pack_batch(samples), pack_batch_reference(samples))
 
 
 def test_int32_and_mixed_labels() -> None:
@@ -112,14 +112,14 @@ def test_int32_and_mixed_labels() -> None:
     del samples[2]["labels"]
     batch = pack_batch(samples)
     assert batch["input_ids"].dtype == torch.int64 and batch["labels"].dtype == torch.int64
-    _assert_same(batch, reference_pack_batch(samples))
+    _assert_same(batch, pack_batch_reference(samples))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_boundary_mask(backend: str) -> None:
     samples = _samples([3, 4], seed=5)
     batch = pack_batch(samples, mask_first_label=False, ignore_index=-1, backend=backend)
-    _assert_same(batch, reference_pack_batch(samples, mask_first_label=False, ignore_index=-1))
+    _assert_same(batch, pack_batch_reference(samples, mask_first_label=False, ignore_index=-1))
     assert batch["labels"][0, 0] == samples[0]["labels"][0]
 
 
@@ -144,7 +144,7 @@ def test_static_shapes(backend: str) -> None:
     for lens in ([5, 6], [10, 20, 3], [1, 1, 1, 1, 1]):
         samples = _samples(lens, seed=len(lens))
         batch = pack_batch(samples, backend=backend, **opts)
-        _assert_same(batch, reference_pack_batch(samples, **opts))
+        _assert_same(batch, pack_batch_reference(samples, **opts))
         shapes.add(tuple((k, tuple(v.shape)) for k, v in batch.items() if isinstance(v, torch.Tensor)))
         assert batch["max_seqlen"] in (16, 32, 64)
     assert len(shapes) == 1
@@ -158,7 +158,7 @@ def test_static_shapes(backend: str) -> None:
 def test_allow_empty(backend: str) -> None:
     samples = _samples([0, 3, 0, 2, 0], seed=7)
     batch = pack_batch(samples, allow_empty=True, backend=backend)
-    _assert_same(batch, reference_pack_batch(samples))
+    _assert_same(batch, pack_batch_reference(samples))
     assert batch["cu_seqlens"].tolist() == [0, 0, 3, 3, 5, 5]
     all_empty = pack_batch(_samples([0, 0]), allow_empty=True, pad_to_multiple_of=4, backend=backend)
     assert all_empty["input_ids"].shape == (1, 0) and all_empty["max_seqlen"] == 0
@@ -212,7 +212,7 @@ def test_property_matches_reference(
         options=PackOptions(backend=backend, **opts),
         shared=shared,
     )
-    _assert_same(got, reference_pack_batch(samples, **opts))
+    _assert_same(got, pack_batch_reference(samples, **opts))
     # invariants, independent of the reference
     cu = got["cu_seqlens"].tolist()
     assert cu[0] == 0 and cu[-1] == padded == got["input_ids"].shape[1]
@@ -373,7 +373,7 @@ def test_extra_fields() -> None:
         sample["loss_weight"] = torch.full((len(sample["input_ids"]),), float(i + 1))
     samples[1]["only_here"] = [1, 2]
     batch = pack_batch(samples, token_fields=("loss_weight",), pad_to_multiple_of=4)
-    _assert_same(batch, reference_pack_batch(samples, pad_to_multiple_of=4))
+    _assert_same(batch, pack_batch_reference(samples, pad_to_multiple_of=4))
     assert torch.equal(batch["weight"], torch.tensor([0.0, 0.5, 1.0]))
     assert torch.equal(batch["score"], torch.tensor([0, 1, 2]))
     assert batch["id"] == ["s0", "s1", "s2"]
@@ -417,7 +417,7 @@ def test_field_packer_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     batch = pack_batch(samples)
     assert batch["num_images"].tolist() == [2, 0, 1] and batch["packer_calls"] == 1
     assert "pixel_values" not in batch and "image_grid_thw" not in batch
-    _assert_same(batch, reference_pack_batch(samples))
+    _assert_same(batch, pack_batch_reference(samples))
 
 
 # --------------------------------------------------------------------------------------- PackedBatch
@@ -495,7 +495,7 @@ def test_dataloader_workers() -> None:
     assert len(batches) == 3
     for i, batch in enumerate(batches):
         assert isinstance(batch, PackedBatch)
-        _assert_same(batch, reference_pack_batch(data.samples[4 * i : 4 * i + 4]))
+        _assert_same(batch, pack_batch_reference(data.samples[4 * i : 4 * i + 4]))
         # written into shared memory in the worker: one storage crosses the process boundary
         storages = {v.untyped_storage().data_ptr() for v in batch.values() if isinstance(v, torch.Tensor)}
         assert len(storages) == 1
@@ -504,7 +504,7 @@ def test_dataloader_workers() -> None:
 def test_collator() -> None:
     collate = PackCollator(pad_to_multiple_of=8, warmup=False)
     samples = _samples([3, 6])
-    _assert_same(collate(samples), reference_pack_batch(samples, pad_to_multiple_of=8))
+    _assert_same(collate(samples), pack_batch_reference(samples, pad_to_multiple_of=8))
     again = pickle.loads(pickle.dumps(collate))
     assert again.options == collate.options
     with pytest.raises(ValueError):

@@ -58,7 +58,7 @@ def test_internvl_matches_published_scan(min_num: int, max_num: int, use_thumbna
     rng = np.random.default_rng(100 + 13 * min_num + max_num)
     w, h = _random_sizes(rng, 3000)
     grid = internvl_tile_grid(w, h, min_num=min_num, max_num=max_num, use_thumbnail=use_thumbnail)
-    expected = np.array([testing.ref_internvl_tiles(int(a), int(b), min_num, max_num, 448, use_thumbnail)
+    expected = np.array([testing.internvl_tiles_reference(int(a), int(b), min_num, max_num, 448, use_thumbnail)
                          for a, b in zip(w, h)])
     np.testing.assert_array_equal(grid.cols, expected[:, 0])
     np.testing.assert_array_equal(grid.rows, expected[:, 1])
@@ -68,7 +68,7 @@ def test_internvl_matches_published_scan(min_num: int, max_num: int, use_thumbna
 
 def test_internvl_ties_are_exercised() -> None:
     # (1,1) vs (2,2): same aspect; the area test picks (2,2) only above half of four tiles' area
-    assert testing.ref_internvl_tiles(448, 448)[:2] == (1, 1)
+    assert testing.internvl_tiles_reference(448, 448)[:2] == (1, 1)
     assert tuple(int(x[0]) for x in internvl_tile_grid([896], [896]))[:2] == (2, 2)
     assert tuple(int(x[0]) for x in internvl_tile_grid([448], [448]))[:2] == (1, 1)
     # 3:2 is equally far from 1:1 and 2:1 when only those exist: the later one wins on a large image
@@ -119,7 +119,7 @@ def test_smart_resize_matches_published(min_pixels: int, max_pixels: int) -> Non
     w, h = _random_sizes(rng, 4000, max_ratio=200)
     assert w.size > 3000
     rh, rw = qwen2vl_smart_resize(w, h, min_pixels=min_pixels, max_pixels=max_pixels)
-    expected = np.array([testing.ref_smart_resize(int(b), int(a), 28, min_pixels, max_pixels) for a, b in zip(w, h)])
+    expected = np.array([testing.smart_resize_reference(int(b), int(a), 28, min_pixels, max_pixels) for a, b in zip(w, h)])
     np.testing.assert_array_equal(rh, expected[:, 0])
     np.testing.assert_array_equal(rw, expected[:, 1])
     # all three branches (round, scale down, scale up) occur
@@ -132,7 +132,7 @@ def test_qwen2vl_grid_patches_tokens_video() -> None:
     w, h = _random_sizes(rng, 2000, max_ratio=200)
     frames = rng.integers(1, 9, w.size)
     g = qwen2vl_grid(w, h, frames)
-    expected = [testing.ref_qwen2vl_counts(int(b), int(a), int(f)) for a, b, f in zip(w, h, frames)]
+    expected = [testing.qwen2vl_counts_reference(int(b), int(a), int(f)) for a, b, f in zip(w, h, frames)]
     np.testing.assert_array_equal(g.grid_thw, np.array([e[0] for e in expected]))
     np.testing.assert_array_equal(g.num_patches, np.array([e[1] for e in expected]))
     np.testing.assert_array_equal(g.num_tokens, np.array([e[2] for e in expected]))
@@ -151,7 +151,8 @@ def test_torch_input_gives_torch_output() -> None:
 
 
 def test_triton_twins_match_numpy() -> None:
-    from omnibal_kernels.ops.vision_counts import internvl_tile_grid_triton, smart_resize_triton
+    from omnibal_kernels.ops.vision_counts import internvl_tile_grid as internvl_tile_grid_triton
+    from omnibal_kernels.ops.vision_counts import smart_resize as smart_resize_triton
 
     rng = np.random.default_rng(3)
     w, h = _random_sizes(rng, 600)

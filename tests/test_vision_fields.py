@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnibal_kernels.testing import ref_mrope_positions
+from omnibal_kernels.testing import mrope_positions_reference
 from omnibal_kernels.vision import mrope_position_ids, pack_vision_fields, unpack_vision_fields
 
 IMG, VID, START, END = 151655, 151656, 151652, 151653
@@ -48,7 +48,7 @@ def test_mrope_matches_reference(seed: int) -> None:
                                  image_token_id=IMG, video_token_id=VID, **kwargs)
         expected = []
         for s in samples:
-            expected += ref_mrope_positions(s[0], s[1], s[2], IMG, VID, 2, s[3] if qwen25 else None,
+            expected += mrope_positions_reference(s[0], s[1], s[2], IMG, VID, 2, s[3] if qwen25 else None,
                                             2 if qwen25 else None)
         total = sum(len(s[0]) for s in samples)
         assert out.position_ids.shape == (3, 1, total) and out.position_ids.dtype == torch.int64

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from omnibal_kernels import testing
-from omnibal_kernels.vision import add_lengths_parser, compute_loads, main_lengths, write_lengths
+from omnibal_kernels.cli import add_lengths_parser, main
+from omnibal_kernels.lengths import write_lengths
+from omnibal_kernels.vision import compute_loads
 
 
 def _dataset(rng: np.random.Generator, n: int) -> tuple[list, np.ndarray]:
@@ -37,7 +39,7 @@ def test_internvl_loads_match_per_sample_reference() -> None:
     sizes, text = _dataset(rng, 400)
     loads = compute_loads(sizes, text, model="internvl", max_num=6, progress=False)
     for i, entry in enumerate(sizes):
-        tiles = sum(testing.ref_internvl_tiles(w, h, 1, 6, 448, True)[2] for w, h in _pairs(entry))
+        tiles = sum(testing.internvl_tiles_reference(w, h, 1, 6, 448, True)[2] for w, h in _pairs(entry))
         assert loads.vit[i] == tiles
         assert loads.llm[i] == text[i] + 256 * tiles
     assert loads.vit.dtype == np.int64 and loads.vit.shape == (400,)
@@ -48,7 +50,7 @@ def test_qwen2vl_loads_match_per_sample_reference() -> None:
     sizes, text = _dataset(rng, 300)
     loads = compute_loads(sizes, text, model="qwen2vl", progress=False)
     for i, entry in enumerate(sizes):
-        counts = [testing.ref_qwen2vl_counts(h, w) for w, h in _pairs(entry)]
+        counts = [testing.qwen2vl_counts_reference(h, w) for w, h in _pairs(entry)]
         assert loads.vit[i] == sum(c[1] for c in counts)
         assert loads.llm[i] == text[i] + sum(c[2] for c in counts)
 
@@ -68,7 +70,7 @@ def test_flat_layout_with_videos_equals_nested() -> None:
     v = compute_loads(np.array(flat), text, model="qwen2vl", image_to_sample=owner, num_frames=frames, progress=False)
     expected = np.zeros(len(sizes), dtype=np.int64)
     for (w, h), o, f in zip(flat, owner, frames):
-        expected[o] += testing.ref_qwen2vl_counts(h, w, int(f))[1]
+        expected[o] += testing.qwen2vl_counts_reference(h, w, int(f))[1]
     np.testing.assert_array_equal(v.vit, expected)
 
 
@@ -114,10 +116,10 @@ def test_cli_lengths(tmp_path, capsys) -> None:
     src = tmp_path / "data.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in records))
     out = tmp_path / "lengths.json"
-    assert main_lengths([str(src), "-o", str(out), "--max-num", "6", "--no-progress"]) == 0
+    assert main(["lengths", str(src), "-o", str(out), "--max-num", "6", "--no-progress"]) == 0
     got = json.loads(out.read_text())
-    t0 = testing.ref_internvl_tiles(800, 600, 1, 6)[2] + testing.ref_internvl_tiles(448, 448, 1, 6)[2]
-    t2 = testing.ref_internvl_tiles(4000, 400, 1, 6)[2]
+    t0 = testing.internvl_tiles_reference(800, 600, 1, 6)[2] + testing.internvl_tiles_reference(448, 448, 1, 6)[2]
+    t2 = testing.internvl_tiles_reference(4000, 400, 1, 6)[2]
     assert got == [{"vit_num": t0, "token_num": 100 + 256 * t0}, {"vit_num": 0, "token_num": 3},
                    {"vit_num": t2, "token_num": 7 + 256 * t2}]
     assert "wrote 3 samples" in capsys.readouterr().out
@@ -128,11 +130,11 @@ def test_cli_lengths(tmp_path, capsys) -> None:
                               "--no-progress"])
     assert args.func(args) == 0
     with np.load(tmp_path / "q.npz") as f:
-        assert f["vit"][0] == sum(testing.ref_qwen2vl_counts(h, w)[1] for w, h in [(800, 600), (448, 448)])
+        assert f["vit"][0] == sum(testing.qwen2vl_counts_reference(h, w)[1] for w, h in [(800, 600), (448, 448)])
     # one video per record with frames
     vids = tmp_path / "videos.json"
     vids.write_text(json.dumps([{"width": 640, "height": 360, "frames": 5, "text_tokens": 3}]))
-    assert main_lengths([str(vids), "-o", str(tmp_path / "v.npz"), "--model", "qwen2vl", "--frames-key",
+    assert main(["lengths", str(vids), "-o", str(tmp_path / "v.npz"), "--model", "qwen2vl", "--frames-key",
                          "frames", "--no-progress"]) == 0
     with np.load(tmp_path / "v.npz") as f:
-        assert f["vit"][0] == testing.ref_qwen2vl_counts(360, 640, 5)[1]
+        assert f["vit"][0] == testing.qwen2vl_counts_reference(360, 640, 5)[1]

@@ -1,6 +1,20 @@
-"""Planning on the CPU: packs under two capacities, their (step, rank) schedule, capacity search, metrics."""
+"""Planning on the CPU: packs under two capacities, their (step, rank) schedule, capacity search, metrics.
+
+Modules, in the order they build on each other (no module imports one below it in this list):
+
+===========  =========================================================================================
+``cost``     the per-sample cost model the balanced method equalizes
+``packs``    what a plan is (``Plan``), the planning errors, the per-epoch seed
+``engine``   the C++ engine for given capacities (the methods: balanced, isf, random)
+``report``   balance metrics of a plan (the paper's Dist Ratio, fills, step efficiency)
+``search``   capacities from a wanted mean pack size
+``plan``     ``plan_packs``: checks, capacity search, engine
+``schedule`` several plans as one schedule: groups one after another or interleaved, micro-steps
+===========  =========================================================================================
+"""
 from .cost import CostModel
-from .plan import METHODS, OVERSIZE_POLICIES, OversizeError, Plan, TooFewPacksError, epoch_seed, plan_packs
+from .packs import METHODS, OVERSIZE_POLICIES, OversizeError, Plan, TooFewPacksError, epoch_seed
+from .plan import plan_packs
 from .report import BalanceReport, balance_report, dist_ratio
 from .search import Capacities, search_capacity
 

@@ -8,9 +8,9 @@ import numpy as np
 
 from ..lengths import Lengths
 from .cost import CostModel
-from .plan import Plan
+from .packs import Plan
 
-__all__ = ["BalanceReport", "balance_report", "dist_ratio"]
+__all__ = ["BalanceReport", "balance_report", "dist_ratio", "mean_over_max", "pack_sums"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def dist_ratio(step_loads: np.ndarray, min_denominator: float = 0.0) -> float:
     return float(per_step.mean())
 
 
-def _pack_sums(pack_offsets: np.ndarray, pack_samples: np.ndarray, values: np.ndarray) -> np.ndarray:
+def pack_sums(pack_offsets: np.ndarray, pack_samples: np.ndarray, values: np.ndarray) -> np.ndarray:
     """(num_packs,) sum of ``values`` over each pack's samples (0 for an empty pack)."""
     sizes = np.diff(pack_offsets)
     out = np.zeros(sizes.shape[0], dtype=values.dtype)
@@ -72,7 +72,7 @@ def _pack_sums(pack_offsets: np.ndarray, pack_samples: np.ndarray, values: np.nd
     return out
 
 
-def _mean_over_max(costs: np.ndarray) -> float:
+def mean_over_max(costs: np.ndarray) -> float:
     """Mean over rows of ``mean(row) / max(row)`` (1 for an all-zero row or no rows); ``costs``: (steps, ranks)."""
     if costs.shape[0] == 0:
         return 1.0
@@ -86,9 +86,9 @@ def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel]
         raise ValueError(f"plan was made for {plan.num_input_samples} samples, lengths has {len(lengths)}")
     cost_model = cost_model or CostModel.internvl_7b()
     sizes = plan.pack_sizes()
-    pack_vit = _pack_sums(plan.pack_offsets, plan.pack_samples, lengths.vit)
-    pack_llm = _pack_sums(plan.pack_offsets, plan.pack_samples, lengths.llm)
-    pack_cost = _pack_sums(plan.pack_offsets, plan.pack_samples, cost_model.sample_costs(lengths.vit, lengths.llm))
+    pack_vit = pack_sums(plan.pack_offsets, plan.pack_samples, lengths.vit)
+    pack_llm = pack_sums(plan.pack_offsets, plan.pack_samples, lengths.llm)
+    pack_cost = pack_sums(plan.pack_offsets, plan.pack_samples, cost_model.sample_costs(lengths.vit, lengths.llm))
 
     slots = plan.step_packs
     scheduled = np.unique(slots)
@@ -109,7 +109,7 @@ def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel]
         llm_fill=fill(pack_llm, plan.llm_capacity),
         vit_dist=dist_ratio(pack_vit[slots], min_denominator=1.0),
         llm_dist=dist_ratio(pack_llm[slots]),
-        step_efficiency=_mean_over_max(pack_cost[slots]),
+        step_efficiency=mean_over_max(pack_cost[slots]),
         dropped=int(plan.dropped_samples.size),
         duplicated=duplicated,
         seconds=float(plan.seconds),

@@ -22,13 +22,14 @@ import numpy as np
 
 from ..lengths import Lengths
 from .._progress import progress_bar
-from .plan import ISF_ITERATIONS, ISF_LLM_MARGIN, METHODS, OVERSIZE_POLICIES, _as_lengths, plan_packs
+from .cost import CostModel
+from .engine import ISF_ITERATIONS, ISF_LLM_MARGIN, build_plan
+from .packs import METHODS, OVERSIZE_POLICIES, as_lengths
 from .report import balance_report
 
 __all__ = ["Capacities", "search_capacity"]
 
 _BASE_TOKENS = 4096  # the authors' starting LLM capacity
-_BIN = 256  # sample lengths are binned to multiples of 256 tokens for the step size, as the authors do
 _ALIGN = 16
 
 
@@ -85,7 +86,7 @@ def search_capacity(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if oversize not in OVERSIZE_POLICIES:
         raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
-    lengths = _as_lengths(lengths)
+    lengths = as_lengths(lengths)
     n = len(lengths)
     if n == 0:
         raise ValueError("lengths is empty")
@@ -125,6 +126,8 @@ def search_capacity(
     return Capacities(qv, qt, qv, max(qt - ISF_LLM_MARGIN, 1), predicted(k))
 
 
+# ISF packs and orders without a cost model; the report of a candidate does not depend on this one.
+_ISF_COST = CostModel.internvl_7b()
 # At most this many ISF candidates are planned (the authors' [target, target + 1] window holds about
 # target + 1 of them when the ViT capacity binds).
 _MAX_ISF_CANDIDATES = 32
@@ -139,8 +142,9 @@ def _best_isf_candidate(lengths, k_first, caps, predicted, target, world_size, o
     try:
         while True:
             qv, qt = caps(k)
-            plan = plan_packs(lengths, world_size=world_size, method="isf", vit_capacity=qv, llm_capacity=qt,
-                              iterations=iterations, oversize=oversize, seed=seed)
+            plan = build_plan(lengths, world_size=world_size, method="isf", vit_capacity=qv, llm_capacity=qt,
+                              vit_threshold=None, llm_threshold=None, iterations=iterations, oversize=oversize,
+                              drop_last=False, seed=seed, epoch=0, cost_model=_ISF_COST)
             rep = balance_report(plan, lengths)
             bar.update(1)
             if rep.ave_bs > target + 1 or predicted(k) > target + 1 or k - k_first >= _MAX_ISF_CANDIDATES:

@@ -1,13 +1,13 @@
 """Numba twin of :mod:`omnibal_kernels.ops.bucket`: stable counting sort of patch counts into buckets.
 
-Same name, arguments and outputs as the Triton op; matches ``omnibal_kernels.testing.ref_bucket_sort`` exactly.
+Same name, arguments and outputs as the Triton op; matches ``omnibal_kernels.testing.references.bucket_sort_reference`` exactly.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from ..vision import PatchBuckets
+from .._varlen import PatchBuckets
 
 
 @numba.njit(nogil=True)

@@ -3,7 +3,7 @@
 From the segment lengths of a packed sequence, :func:`varlen_fields_into` writes, in one pass over the tokens:
 ``position_ids`` (restarting at 0 per segment), ``seq_idx`` (segment index per token), ``cu_seqlens`` and
 ``seq_lens`` (padded with zero-length segments up to their allocated size), and ``ignore_index`` on the first
-label of every sample segment. It matches ``omnibal_kernels.testing.reference_pack_batch``.
+label of every sample segment. It matches ``omnibal_kernels.testing.references.pack_batch_reference``.
 
 Compiled on first call (about a second) or loaded from numba's on-disk cache (``cache=True``, tens of
 milliseconds); :func:`warmup` does it ahead of time, e.g. in the main process before DataLoader workers fork.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops._segments import VarlenMetadata, check_varlen_args
+from .._varlen import VarlenMetadata, check_varlen_args
 
 
 def varlen_metadata(

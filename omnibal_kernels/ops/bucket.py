@@ -6,7 +6,7 @@ the same bucket inside its block, and the block's histogram; (2) an exclusive sc
 histogram laid out bucket-major, block-minor gives every (bucket, block) its first output slot; (3)
 ``_bucket_scatter_kernel`` writes ``perm[base[bucket, block] + rank] = index``. No atomics: the result is
 deterministic and stable. Inputs int64 on one CUDA device; outputs ``perm`` int64 ``(N,)``, ``offsets`` int64
-``(K + 1,)``, ``bucket_ids`` int32 ``(N,)``. Matches ``omnibal_kernels.testing.ref_bucket_sort`` exactly.
+``(K + 1,)``, ``bucket_ids`` int32 ``(N,)``. Matches ``omnibal_kernels.testing.references.bucket_sort_reference`` exactly.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..vision import PatchBuckets
+from .._varlen import PatchBuckets
 
 # Items per program. The in-block rank compares all pairs (BLOCK x BLOCK booleans); 128 keeps that at 128
 # values per thread with 4 warps, and the histogram at K * N / 128 int32 words.
@@ -84,7 +84,7 @@ def bucket_sort(counts: torch.Tensor, boundaries: torch.Tensor) -> PatchBuckets:
     """Stable counting sort of ``counts`` ``(N,)`` into ``len(boundaries) + 1`` buckets (see the module doc).
 
     ``boundaries``: ``(K - 1,)`` non-decreasing, same device. Returns
-    :class:`~omnibal_kernels.vision.PatchBuckets` of torch tensors.
+    :class:`~omnibal_kernels.PatchBuckets` of torch tensors.
     """
     if not isinstance(counts, torch.Tensor) or not isinstance(boundaries, torch.Tensor):
         raise TypeError("counts and boundaries must be torch tensors")
@@ -104,7 +104,7 @@ def bucket_sort(counts: torch.Tensor, boundaries: torch.Tensor) -> PatchBuckets:
     perm = torch.empty(n, dtype=torch.int64, device=device)
     if n:
         _bucket_hist_kernel[(num_blocks,)](
-            counts, boundaries, bucket_ids, rank, hist,
+            counts_ptr=counts, bnd_ptr=boundaries, bucket_ptr=bucket_ids, rank_ptr=rank, hist_ptr=hist,
             n=n, num_bnd=k - 1, num_blocks=num_blocks,
             STEPS=(k - 1).bit_length(), BLOCK=BLOCK,
         )
@@ -116,7 +116,7 @@ def bucket_sort(counts: torch.Tensor, boundaries: torch.Tensor) -> PatchBuckets:
     offsets[k] = n
     if n:
         _bucket_scatter_kernel[(num_blocks,)](
-            bucket_ids, rank, base, perm,
+            bucket_ptr=bucket_ids, rank_ptr=rank, base_ptr=base, perm_ptr=perm,
             n=n, num_blocks=num_blocks, BLOCK=BLOCK,
         )
     return PatchBuckets(perm, offsets, bucket_ids, boundaries)

@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._segments import VarlenMetadata, check_backend, check_varlen_args
+from .._checks import check_backend, use_cpu_twin
+from .._varlen import VarlenMetadata, check_varlen_args
 
 # tokens per inner step of one program: 1024 int64 positions = 8 KiB of stores per step
 BLOCK_T = 1024
@@ -158,7 +159,7 @@ def varlen_metadata(
     fn = "varlen_metadata"
     check_backend(backend, fn)
     total_tokens = check_varlen_args(seq_lens, total_tokens, labels, ignore_index, fn)
-    if backend == "cpu" or (backend == "auto" and seq_lens.device.type == "cpu"):
+    if use_cpu_twin(backend, seq_lens.device.type, fn):
         from ..cpu.varlen_metadata import varlen_metadata as varlen_metadata_cpu
 
         return varlen_metadata_cpu(seq_lens, total_tokens=total_tokens, labels=labels, ignore_index=ignore_index)

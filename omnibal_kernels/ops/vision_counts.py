@@ -7,8 +7,8 @@
 
 All float math is float64: there ``/`` and ``sqrt`` lower to the IEEE round-to-nearest instructions
 (``div.rn.f64``, ``sqrt.rn.f64``; only float32 has approximate forms), so results match Python's and numpy's.
-Both give exactly the integers of the numpy path (``omnibal_kernels.testing.ref_internvl_tiles`` and
-``ref_smart_resize`` are the per-image references). Inputs are int64 tensors of one device; outputs int64.
+Both give exactly the integers of the numpy path (``omnibal_kernels.testing.references.internvl_tiles_reference`` and
+``smart_resize_reference`` are the per-image references). Inputs are int64 tensors of one device; outputs int64.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from typing import Sequence
 import torch
 import triton
 import triton.language as tl
+
+from .._checks import MAX_IMAGE_SIDE, QWEN2VL_MAX_RATIO
 
 # Images per program: the kernels are tiny and memory bound; 256 keeps enough programs for 10^5 images.
 BLOCK = 256
@@ -110,8 +112,6 @@ def _smart_resize_kernel(
 
 
 def _sizes(widths: torch.Tensor, heights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    from ..vision import MAX_IMAGE_SIDE
-
     if not isinstance(widths, torch.Tensor) or not isinstance(heights, torch.Tensor):
         raise TypeError("widths and heights must both be torch tensors for the Triton path")
     if widths.device != heights.device:
@@ -131,7 +131,7 @@ def _sizes(widths: torch.Tensor, heights: torch.Tensor) -> tuple[torch.Tensor, t
     return w, h
 
 
-def internvl_tile_grid_triton(widths: torch.Tensor, heights: torch.Tensor, ratios: Sequence[tuple[int, int]],
+def internvl_tile_grid(widths: torch.Tensor, heights: torch.Tensor, ratios: Sequence[tuple[int, int]],
                               image_size: int, use_thumbnail: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(cols, rows, num_tiles)``, each ``(N,)`` int64 on the input's device; ``ratios`` in InternVL's scan order."""
     w, h = _sizes(widths, heights)
@@ -143,18 +143,16 @@ def internvl_tile_grid_triton(widths: torch.Tensor, heights: torch.Tensor, ratio
     tiles = torch.empty_like(w)
     if n:
         _internvl_tiles_kernel[(triton.cdiv(n, BLOCK),)](
-            w, h, cand_cols, cand_rows, cols, rows, tiles,
-            n=n, num_cands=len(ratios), image_size=image_size,
+            w_ptr=w, h_ptr=h, cand_cols_ptr=cand_cols, cand_rows_ptr=cand_rows, cols_ptr=cols, rows_ptr=rows,
+            tiles_ptr=tiles, n=n, num_cands=len(ratios), image_size=image_size,
             USE_THUMBNAIL=use_thumbnail, BLOCK=BLOCK,
         )
     return cols, rows, tiles
 
 
-def smart_resize_triton(widths: torch.Tensor, heights: torch.Tensor, factor: int, min_pixels: int,
+def smart_resize(widths: torch.Tensor, heights: torch.Tensor, factor: int, min_pixels: int,
                         max_pixels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen2-VL ``smart_resize``: ``(resized_height, resized_width)``, each ``(N,)`` int64 on the input's device."""
-    from ..vision import QWEN2VL_MAX_RATIO
-
     w, h = _sizes(widths, heights)
     n = w.numel()
     if n:
@@ -168,7 +166,7 @@ def smart_resize_triton(widths: torch.Tensor, heights: torch.Tensor, factor: int
     w_out = torch.empty_like(w)
     if n:
         _smart_resize_kernel[(triton.cdiv(n, BLOCK),)](
-            w, h, h_out, w_out,
+            w_ptr=w, h_ptr=h, h_out_ptr=h_out, w_out_ptr=w_out,
             n=n, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels,
             BLOCK=BLOCK,
         )

@@ -1,4 +1,4 @@
-"""pack_patches: Triton kernel (TRITON_INTERPRET on CPU) and numba twin against the reshape/permute reference."""
+"""patchify: Triton kernel (TRITON_INTERPRET on CPU) and numba twin against the reshape/permute reference."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 import numpy as np
 import pytest
 
-from omnibal_kernels.testing import ref_patchify
+from omnibal_kernels.testing import patchify_reference
 from omnibal_kernels.vision import qwen2vl_grid
 
 
@@ -27,7 +27,7 @@ def _images(rng: np.random.Generator, n: int, dtype: torch.dtype, video: bool = 
 
 
 def _expected(images, p=14, m=2, tp=2):
-    parts = [ref_patchify(x, p, m, tp) for x in images]
+    parts = [patchify_reference(x, p, m, tp) for x in images]
     patches = torch.cat([a for a, _, _ in parts])
     pos = torch.cat([b for _, b, _ in parts])
     grid = torch.tensor([g for _, _, g in parts], dtype=torch.int64)
@@ -47,8 +47,8 @@ def _check(out, images, **kw) -> None:
 
 
 def _impls():
-    from omnibal_kernels.cpu.patches import pack_patches as cpu_pack
-    from omnibal_kernels.ops.patches import pack_patches_triton
+    from omnibal_kernels.cpu.patchify import patchify as cpu_pack
+    from omnibal_kernels.ops.patchify import launch_patchify as pack_patches_triton
 
     return [("numba", cpu_pack), ("triton", pack_patches_triton)]
 
@@ -92,7 +92,7 @@ def test_padded_and_strided_inputs(impl: str) -> None:
 
 
 def test_public_dispatch_and_grid_agree_with_counts() -> None:
-    from omnibal_kernels import pack_patches
+    from omnibal_kernels import patchify as pack_patches
 
     rng = np.random.default_rng(3)
     images = _images(rng, 4, torch.float32)
@@ -104,7 +104,7 @@ def test_public_dispatch_and_grid_agree_with_counts() -> None:
 
 
 def test_errors_name_the_image() -> None:
-    from omnibal_kernels import pack_patches
+    from omnibal_kernels import patchify as pack_patches
 
     good = torch.zeros(3, 28, 28)
     with pytest.raises(ValueError, match="image 1"):
@@ -126,7 +126,7 @@ def test_errors_name_the_image() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_matches_reference(dtype: torch.dtype) -> None:
-    from omnibal_kernels import pack_patches
+    from omnibal_kernels import patchify as pack_patches
 
     rng = np.random.default_rng(4)
     images = [x.cuda() for x in _images(rng, 9, dtype)] + [x.cuda() for x in _images(rng, 2, dtype, video=True)]

@@ -1,8 +1,8 @@
-"""Numba twin of :mod:`omnibal_kernels.ops.patches`: images -> packed Qwen2-VL patches on the CPU.
+"""Numba twin of :mod:`omnibal_kernels.ops.patchify`: images -> packed Qwen2-VL patches on the CPU.
 
 Same name, arguments and outputs as the Triton op. The copy works on integer views of the pixels (same
 element size), so every dtype torch has, bfloat16 included, is moved bit for bit. Matches
-``omnibal_kernels.testing.ref_patchify`` exactly.
+``omnibal_kernels.testing.references.patchify_reference`` exactly.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numba
 import numpy as np
 import torch
 
-from ..vision import _ELEMENT_VIEW, PackedPatches, _patch_segments, _plan_patches
+from .._varlen import ELEMENT_VIEW, PackedPatches, patch_segments, plan_patches
 
 
 @numba.njit(nogil=True)
@@ -43,23 +43,23 @@ def _patchify_image(src: np.ndarray, out: np.ndarray, pos: np.ndarray, first: in
                         r += 1
 
 
-def pack_patches(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
-                 temporal_patch_size: int = 2) -> PackedPatches:
-    """CPU version of :func:`omnibal_kernels.ops.patches.pack_patches` (same arguments and outputs)."""
-    plan = _plan_patches(images, sizes, patch_size, merge_size, temporal_patch_size)
+def patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
+             temporal_patch_size: int = 2) -> PackedPatches:
+    """CPU version of :func:`omnibal_kernels.ops.patchify.patchify` (same arguments and outputs)."""
+    plan = plan_patches(images, sizes, patch_size, merge_size, temporal_patch_size)
     if plan.device.type != "cpu":
         raise ValueError(f"the CPU twin needs CPU tensors, got {plan.device}")
     total = int(plan.first_patch[-1])
     dim = plan.channels * temporal_patch_size * patch_size * patch_size
     out = torch.empty((total, dim), dtype=plan.dtype)
     pos = np.empty((total, 2), dtype=np.int64)
-    as_int = getattr(torch, _ELEMENT_VIEW[out.element_size()])
+    as_int = getattr(torch, ELEMENT_VIEW[out.element_size()])
     out_np = out.view(as_int).numpy()
     for i, v in enumerate(plan.views):
         src = v.detach().view(as_int).numpy()  # pixels are data: no gradient flows through patchify
         t, h, w = (int(x) for x in plan.grid[i])
         _patchify_image(src, out_np, pos, int(plan.first_patch[i]), t, h, w, temporal_patch_size, patch_size,
                         merge_size)
-    cu, max_seqlen = _patch_segments(plan.grid)
+    cu, max_seqlen = patch_segments(plan.grid)
     return PackedPatches(out, torch.from_numpy(cu), max_seqlen, torch.from_numpy(pos),
                          torch.from_numpy(plan.grid.copy()))

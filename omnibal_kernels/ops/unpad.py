@@ -1,8 +1,8 @@
-"""Pack padded rows into a varlen token stream and back: ``pack``, ``unpack``, ``pack_from_mask``.
+"""Padded rows to a varlen token stream and back: ``unpad``, ``pad``, ``unpad_from_mask`` (flash-attention's names).
 
-``pack`` turns right-padded ``padded: (B, S, *rest)`` plus per-row lengths into ``packed: (T, *rest)`` with
+``unpad`` turns right-padded ``padded: (B, S, *rest)`` plus per-row lengths into ``packed: (T, *rest)`` with
 ``T = sum(seq_lens)``; row ``b`` occupies ``packed[cu_seqlens[b]:cu_seqlens[b + 1]]`` (flash-attention's
-varlen layout). ``unpack`` is the inverse and writes ``fill_value`` into the padding. Each is the other's
+varlen layout). ``pad`` is the inverse and writes ``fill_value`` into the padding. Each is the other's
 backward, so gradients flow through both.
 
 Any dtype works: the kernels move raw bits (the tensor is viewed as an integer type of the same width), so
@@ -12,10 +12,10 @@ any strides.
 
 Host syncs: none when the lengths come from the host (a list, numpy array or CPU tensor: they are checked
 there and copied with a non-blocking transfer) or when device lengths come with ``total_tokens``.
-``pack_from_mask`` reads its lengths from an on-device ``attention_mask`` and syncs exactly once.
+``unpad_from_mask`` reads its lengths from an on-device ``attention_mask`` and syncs exactly once.
 
-References: ``omnibal_kernels.testing.pack_reference`` / ``unpack_reference``; CPU twin:
-``omnibal_kernels.cpu.pack``.
+References: ``omnibal_kernels.testing.references.unpad_reference`` / ``pad_reference``; CPU twin:
+``omnibal_kernels.cpu.unpad``.
 """
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._segments import (
+from .._checks import use_cpu_twin
+from .._varlen import (
     INT32_MAX,
     LengthsLike,
     PackedTokens,
     check_attention_mask,
-    check_backend,
     check_packed,
     check_padded,
     mask_segments,
@@ -53,7 +53,7 @@ _BITS_DTYPE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @triton.jit
-def _pack_kernel(
+def _unpad_kernel(
     # pointers: source (batch, padded_len, hidden), destination (total_tokens, hidden), int32 (batch + 1,)
     padded_ptr,
     packed_ptr,
@@ -102,7 +102,7 @@ def _pack_kernel(
 
 
 @triton.jit
-def _unpack_kernel(
+def _pad_kernel(
     # pointers: source (total_tokens, hidden), destination (batch, padded_len, hidden), int32 (batch + 1,)
     packed_ptr,
     padded_ptr,
@@ -155,7 +155,7 @@ def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 def _interpreted() -> bool:
     """True when triton was loaded with TRITON_INTERPRET=1 (kernels then run on CPU tensors)."""
-    return not isinstance(_pack_kernel, triton.runtime.JITFunction)
+    return not isinstance(_unpad_kernel, triton.runtime.JITFunction)
 
 
 def _check_launchable(x: torch.Tensor, fn: str) -> None:
@@ -203,12 +203,12 @@ def _fill_bits(fill_value: float | int | bool, dtype: torch.dtype) -> int:
     if width not in _BITS_DTYPE:
         # wider than 8 bytes (complex128): only zero is one repeated int64 word
         if fill_value != 0:
-            raise ValueError(f"unpack: fill_value must be 0 for dtype {dtype}")
+            raise ValueError(f"pad: fill_value must be 0 for dtype {dtype}")
         return 0
     return int(torch.tensor([fill_value], dtype=dtype).view(_BITS_DTYPE[width])[0])
 
 
-def launch_pack(
+def launch_unpad(
     padded: torch.Tensor,
     cu_seqlens: torch.Tensor,
     total_tokens: int,
@@ -221,7 +221,7 @@ def launch_pack(
 
     ``cu_seqlens`` is int32 ``(B + 1,)`` on the device of ``padded``.
     """
-    _check_launchable(padded, "pack")
+    _check_launchable(padded, "unpad")
     batch, padded_len = padded.shape[0], padded.shape[1]
     out = _alloc((total_tokens, *padded.shape[2:]), padded.dtype, padded.device)
     if out.numel() == 0:
@@ -232,8 +232,8 @@ def launch_pack(
     block_h, block_t = _tile(hidden, src.element_size(), tile_bytes, row_bytes)
     n_programs = triton.cdiv(total_tokens, block_t) * triton.cdiv(hidden, block_h)
     if n_programs > INT32_MAX:
-        raise ValueError(f"pack: {n_programs} programs exceed the launch grid; the input is too large")
-    _pack_kernel[(n_programs,)](
+        raise ValueError(f"unpad: {n_programs} programs exceed the launch grid; the input is too large")
+    _unpad_kernel[(n_programs,)](
         padded_ptr=src,
         packed_ptr=dst,
         cu_seqlens_ptr=cu_seqlens,
@@ -252,7 +252,7 @@ def launch_pack(
     return out
 
 
-def launch_unpack(
+def launch_pad(
     packed: torch.Tensor,
     cu_seqlens: torch.Tensor,
     padded_len: int,
@@ -263,7 +263,7 @@ def launch_unpack(
     num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
     """Kernel call without checks of the lengths: ``packed (T, *rest)`` -> ``(B, padded_len, *rest)``."""
-    _check_launchable(packed, "unpack")
+    _check_launchable(packed, "pad")
     batch = cu_seqlens.numel() - 1
     total_tokens = packed.shape[0]
     out = _alloc((batch, padded_len, *packed.shape[1:]), packed.dtype, packed.device)
@@ -277,8 +277,8 @@ def launch_unpack(
     n_seq_blocks = triton.cdiv(padded_len, block_s)
     n_programs = batch * n_seq_blocks * triton.cdiv(hidden, block_h)
     if n_programs > INT32_MAX:
-        raise ValueError(f"unpack: {n_programs} programs exceed the launch grid; the input is too large")
-    _unpack_kernel[(n_programs,)](
+        raise ValueError(f"pad: {n_programs} programs exceed the launch grid; the input is too large")
+    _pad_kernel[(n_programs,)](
         packed_ptr=src,
         padded_ptr=dst,
         cu_seqlens_ptr=cu_seqlens,
@@ -300,48 +300,39 @@ def launch_unpack(
 # ------------------------------------------------------------------------------------------------ autograd
 
 
-class _Pack(torch.autograd.Function):
+class _Unpad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens: int) -> torch.Tensor:
         ctx.save_for_backward(cu_seqlens)
         ctx.padded_len = padded.shape[1]
-        return launch_pack(padded, cu_seqlens, total_tokens)
+        return launch_unpad(padded, cu_seqlens, total_tokens)
 
     @staticmethod
     def backward(ctx, grad_packed: torch.Tensor):  # type: ignore[override]
         (cu_seqlens,) = ctx.saved_tensors
-        return _Unpack.apply(grad_packed, cu_seqlens, ctx.padded_len, 0), None, None
+        return _Pad.apply(grad_packed, cu_seqlens, ctx.padded_len, 0), None, None
 
 
-class _Unpack(torch.autograd.Function):
+class _Pad(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, packed: torch.Tensor, cu_seqlens: torch.Tensor, padded_len: int, fill_value: float | int | bool
     ) -> torch.Tensor:
         ctx.save_for_backward(cu_seqlens)
         ctx.total_tokens = packed.shape[0]
-        return launch_unpack(packed, cu_seqlens, padded_len, fill_value)
+        return launch_pad(packed, cu_seqlens, padded_len, fill_value)
 
     @staticmethod
     def backward(ctx, grad_padded: torch.Tensor):  # type: ignore[override]
         (cu_seqlens,) = ctx.saved_tensors
         # the fill value is a constant: padding positions send no gradient back
-        return _Pack.apply(grad_padded, cu_seqlens, ctx.total_tokens), None, None, None
+        return _Unpad.apply(grad_padded, cu_seqlens, ctx.total_tokens), None, None, None
 
 
 # ---------------------------------------------------------------------------------------------- public API
 
 
-def _use_cpu_twin(x: torch.Tensor, backend: str, fn: str) -> bool:
-    check_backend(backend, fn)
-    if backend == "cpu":
-        if x.device.type != "cpu":
-            raise ValueError(f"{fn}: backend='cpu' needs CPU tensors, got a tensor on {x.device}")
-        return True
-    return backend == "auto" and x.device.type == "cpu"
-
-
-def pack(
+def unpad(
     padded: torch.Tensor,
     seq_lens: LengthsLike | None = None,
     *,
@@ -359,28 +350,28 @@ def pack(
         total_tokens: ``T = sum(seq_lens)``. Needed only for device lengths; without it one host sync reads
             it back (and checks the lengths). With it nothing is checked on the device, but a wrong value
             can only give wrong rows, never an out-of-bounds write.
-        backend: ``"auto"`` (CUDA -> Triton kernel, CPU -> ``omnibal_kernels.cpu.pack``), ``"triton"`` or
+        backend: ``"auto"`` (CUDA -> Triton kernel, CPU -> ``omnibal_kernels.cpu.unpad``), ``"triton"`` or
             ``"cpu"``.
 
     Returns:
         ``packed: (T, *rest)`` with ``packed[cu_seqlens[b] + s] == padded[b, s]`` for ``s < seq_lens[b]``.
-        Differentiable; the backward is ``unpack`` with zeros in the padding.
+        Differentiable; the backward is ``pad`` with zeros in the padding.
     """
-    fn = "pack"
+    fn = "unpad"
     padded = check_padded(padded, fn)
-    if _use_cpu_twin(padded, backend, fn):
-        from ..cpu.pack import pack as pack_cpu
+    if use_cpu_twin(backend, padded.device.type, fn):
+        from ..cpu.unpad import unpad as unpad_cpu
 
-        return pack_cpu(padded, seq_lens, cu_seqlens=cu_seqlens, total_tokens=total_tokens)
+        return unpad_cpu(padded, seq_lens, cu_seqlens=cu_seqlens, total_tokens=total_tokens)
     batch = padded.shape[0]
     seg = resolve_segments(
         seq_lens, cu_seqlens, total_tokens, batch=batch, padded_len=padded.shape[1], device=padded.device, fn=fn
     )
     _check_launchable(padded, fn)
-    return _Pack.apply(padded, seg.cu_seqlens, seg.total_tokens)
+    return _Unpad.apply(padded, seg.cu_seqlens, seg.total_tokens)
 
 
-def unpack(
+def pad(
     packed: torch.Tensor,
     seq_lens: LengthsLike | None = None,
     *,
@@ -389,30 +380,30 @@ def unpack(
     fill_value: float | int | bool = 0,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Scatter a token stream back into right-padded rows; the inverse of ``pack``.
+    """Scatter a token stream back into right-padded rows; the inverse of ``unpad``.
 
     Args:
         packed: ``(T, *rest)``, any dtype, ``T = sum(seq_lens)``.
-        seq_lens: ``(B,)`` lengths (host or device, as in ``pack``).
+        seq_lens: ``(B,)`` lengths (host or device, as in ``unpad``).
         cu_seqlens: instead of ``seq_lens``: int32 ``(B + 1,)``.
         padded_len: ``S`` of the output; defaults to the longest row (one host sync for device lengths).
         fill_value: written into every padding position (a number the dtype holds exactly).
-        backend: ``"auto"``, ``"triton"`` or ``"cpu"`` (see ``pack``).
+        backend: ``"auto"``, ``"triton"`` or ``"cpu"`` (see ``unpad``).
 
     Returns:
-        ``padded: (B, S, *rest)``. Differentiable in ``packed``; the backward is ``pack``.
+        ``padded: (B, S, *rest)``. Differentiable in ``packed``; the backward is ``unpad``.
     """
-    fn = "unpack"
+    fn = "pad"
     packed = check_packed(packed, fn)
-    if _use_cpu_twin(packed, backend, fn):
-        from ..cpu.pack import unpack as unpack_cpu
+    if use_cpu_twin(backend, packed.device.type, fn):
+        from ..cpu.unpad import pad as pad_cpu
 
-        return unpack_cpu(packed, seq_lens, cu_seqlens=cu_seqlens, padded_len=padded_len, fill_value=fill_value)
+        return pad_cpu(packed, seq_lens, cu_seqlens=cu_seqlens, padded_len=padded_len, fill_value=fill_value)
     seg = unpack_segments(packed, seq_lens, cu_seqlens, padded_len, fill_value, fn)
     _check_launchable(packed, fn)
     if padded_len is None:
         padded_len = seg.max_seqlen if seg.max_seqlen is not None else _longest_on_device(seg.cu_seqlens)
-    return _Unpack.apply(packed, seg.cu_seqlens, padded_len, fill_value)
+    return _Pad.apply(packed, seg.cu_seqlens, padded_len, fill_value)
 
 
 def _longest_on_device(cu_seqlens: torch.Tensor) -> int:
@@ -421,28 +412,28 @@ def _longest_on_device(cu_seqlens: torch.Tensor) -> int:
     return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())  # the documented host sync
 
 
-def pack_from_mask(padded: torch.Tensor, attention_mask: torch.Tensor, *, backend: str = "auto") -> PackedTokens:
-    """``pack`` with the lengths read from a right-padded ``attention_mask``; syncs with the host once.
+def unpad_from_mask(padded: torch.Tensor, attention_mask: torch.Tensor, *, backend: str = "auto") -> PackedTokens:
+    """``unpad`` with the lengths read from a right-padded ``attention_mask``; syncs with the host once.
 
     Args:
         padded: ``(B, S, *rest)``, any dtype.
         attention_mask: ``(B, S)`` bool or integer 0/1, on the device of ``padded``; every row must be a run
             of ones followed by zeros (right padding), otherwise a ValueError names the first bad row.
-        backend: ``"auto"``, ``"triton"`` or ``"cpu"`` (see ``pack``).
+        backend: ``"auto"``, ``"triton"`` or ``"cpu"`` (see ``unpad``).
 
     Returns:
         ``PackedTokens(packed (T, *rest), cu_seqlens int32 (B + 1,), max_seqlen int, seq_lens int32 (B,))``.
         The single sync reads the total, the longest row and the right-padding check in one transfer;
         flash-attention's ``unpad_input`` syncs too (``nonzero`` and ``max().item()``).
     """
-    fn = "pack_from_mask"
+    fn = "unpad_from_mask"
     padded = check_padded(padded, fn)
     mask = check_attention_mask(padded, attention_mask, fn)
-    if _use_cpu_twin(padded, backend, fn):
-        from ..cpu.pack import pack_from_mask as pack_from_mask_cpu
+    if use_cpu_twin(backend, padded.device.type, fn):
+        from ..cpu.unpad import unpad_from_mask as unpad_from_mask_cpu
 
-        return pack_from_mask_cpu(padded, attention_mask)
+        return unpad_from_mask_cpu(padded, attention_mask)
     _check_launchable(padded, fn)
     seq_lens, cu_seqlens, total, longest = mask_segments(mask, fn)
-    packed = _Pack.apply(padded, cu_seqlens, total)
+    packed = _Unpad.apply(padded, cu_seqlens, total)
     return PackedTokens(packed, cu_seqlens, longest, seq_lens)

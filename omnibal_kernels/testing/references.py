@@ -1,7 +1,8 @@
-"""Plain, slow, obviously correct references, shared by tests and benchmarks.
+"""Plain, slow, obviously correct references of every fast path, shared by tests and benchmarks.
 
-Each fast path of the library is checked against one of these. They favour clarity over speed: Python
-loops, numpy and plain torch only.
+One naming scheme: ``<what>_reference``. They favour clarity over speed (Python loops, numpy and plain torch)
+and call none of the code they check; the grouping references reuse only the engine's seeded shuffle (the
+same random streams, ``_C.STREAMS``), so their outputs match the C++ engine exactly.
 """
 from __future__ import annotations
 
@@ -11,19 +12,12 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from .attention import varlen_attention
+from .. import _ext
 
 # ---------------------------------------------------------------------------------------------------------
 # Balance: grouping references (the C++ engine's shuffles are reused, so outputs match exactly)
 # ---------------------------------------------------------------------------------------------------------
-
-# Stream ids of csrc/grouping.cpp.
-_STREAM_ISF_ROUND = 1
-_STREAM_NEXT_FIT = 2
-
 
 def next_fit_reference(order: Sequence[int], vit: np.ndarray, llm: np.ndarray, vit_capacity: int,
                        llm_capacity: int) -> list[list[int]]:
@@ -47,12 +41,10 @@ def next_fit_reference(order: Sequence[int], vit: np.ndarray, llm: np.ndarray, v
 def isf_reference(vit: np.ndarray, llm: np.ndarray, items: np.ndarray, vit_capacity: int, llm_capacity: int,
                   vit_threshold: int, llm_threshold: int, iterations: int, seed: int) -> list[list[int]]:
     """The OmniBal Iterative Sampling and Filtering, step by step, with the engine's shuffles."""
-    from . import _ext
-
     C = _ext.load()
 
     def shuffled(ids: Sequence[int], round_index: int) -> np.ndarray:
-        return C.shuffle(np.asarray(ids, dtype=np.int64), C.derive_seed(seed, _STREAM_ISF_ROUND, round_index))
+        return C.shuffle(np.asarray(ids, dtype=np.int64), C.derive_seed(seed, C.STREAMS["isf_round"], round_index))
 
     out: list[list[int]] = []
     groups = next_fit_reference(shuffled(items, 0), vit, llm, vit_capacity, llm_capacity)
@@ -74,10 +66,8 @@ def isf_reference(vit: np.ndarray, llm: np.ndarray, items: np.ndarray, vit_capac
 def random_next_fit_reference(vit: np.ndarray, llm: np.ndarray, items: np.ndarray, vit_capacity: int,
                               llm_capacity: int, seed: int) -> list[list[int]]:
     """Random next-fit with the engine's shuffle."""
-    from . import _ext
-
     C = _ext.load()
-    order = C.shuffle(np.asarray(items, dtype=np.int64), C.derive_seed(seed, _STREAM_NEXT_FIT, 0))
+    order = C.shuffle(np.asarray(items, dtype=np.int64), C.derive_seed(seed, C.STREAMS["next_fit"], 0))
     return next_fit_reference(order, vit, llm, vit_capacity, llm_capacity)
 
 
@@ -95,7 +85,7 @@ def dist_ratio_reference(step_loads: Sequence[Sequence[float]], min_denominator:
 # ------------------------------------------------------------------------------------ pack / unpack
 
 
-def pack_reference(padded: torch.Tensor, seq_lens: Sequence[int]) -> torch.Tensor:
+def unpad_reference(padded: torch.Tensor, seq_lens: Sequence[int]) -> torch.Tensor:
     """``padded (B, S, *rest)`` -> ``(sum(seq_lens), *rest)``: the first ``seq_lens[b]`` rows of each ``b``."""
     rows = [padded[b, : int(n)] for b, n in enumerate(seq_lens)]
     if not rows:
@@ -103,7 +93,7 @@ def pack_reference(padded: torch.Tensor, seq_lens: Sequence[int]) -> torch.Tenso
     return torch.cat(rows, dim=0)
 
 
-def unpack_reference(
+def pad_reference(
     packed: torch.Tensor, seq_lens: Sequence[int], padded_len: int, fill_value: float | int | bool = 0
 ) -> torch.Tensor:
     """``packed (T, *rest)`` -> ``(B, padded_len, *rest)`` with ``fill_value`` after each sequence."""
@@ -175,7 +165,7 @@ def varlen_metadata_reference(
 # ------------------------------------------------------------------------------------------- vision
 
 
-def ref_internvl_tiles(width: int, height: int, min_num: int = 1, max_num: int = 12, image_size: int = 448,
+def internvl_tiles_reference(width: int, height: int, min_num: int = 1, max_num: int = 12, image_size: int = 448,
                        use_thumbnail: bool = True) -> tuple[int, int, int]:
     """``(cols, rows, num_tiles)`` of one image by InternVL's published dynamic-resolution scan."""
     if width <= 0 or height <= 0:
@@ -204,7 +194,7 @@ def ref_internvl_tiles(width: int, height: int, min_num: int = 1, max_num: int =
     return best[0], best[1], tiles
 
 
-def ref_smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
+def smart_resize_reference(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
                      max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
     """Qwen2-VL ``smart_resize`` of one image, as transformers publishes it: ``(h, w)``."""
     if height <= 0 or width <= 0:
@@ -224,17 +214,17 @@ def ref_smart_resize(height: int, width: int, factor: int = 28, min_pixels: int 
     return h_bar, w_bar
 
 
-def ref_qwen2vl_counts(height: int, width: int, frames: int = 1, patch_size: int = 14, merge_size: int = 2,
+def qwen2vl_counts_reference(height: int, width: int, frames: int = 1, patch_size: int = 14, merge_size: int = 2,
                        temporal_patch_size: int = 2, min_pixels: int = 56 * 56,
                        max_pixels: int = 28 * 28 * 1280) -> tuple[tuple[int, int, int], int, int]:
     """``((t, h, w), num_patches, num_tokens)`` of one image or video for Qwen2-VL."""
-    h, w = ref_smart_resize(height, width, patch_size * merge_size, min_pixels, max_pixels)
+    h, w = smart_resize_reference(height, width, patch_size * merge_size, min_pixels, max_pixels)
     t = -(-frames // temporal_patch_size)
     patches = t * (h // patch_size) * (w // patch_size)
     return (t, h // patch_size, w // patch_size), patches, patches // merge_size**2
 
 
-def ref_bucket_sort(counts: Any, boundaries: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bucket_sort_reference(counts: Any, boundaries: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(perm, offsets, bucket_ids)`` of a stable sort of items by bucket (``searchsorted`` + ``argsort``)."""
     counts = np.asarray(counts, dtype=np.int64)
     boundaries = np.asarray(boundaries, dtype=np.int64)
@@ -245,7 +235,7 @@ def ref_bucket_sort(counts: Any, boundaries: Any) -> tuple[np.ndarray, np.ndarra
     return perm.astype(np.int64), offsets.astype(np.int64), bucket_ids.astype(np.int32)
 
 
-def ref_mrope_positions(input_ids: Sequence[int], image_grids: Sequence[Sequence[int]],
+def mrope_positions_reference(input_ids: Sequence[int], image_grids: Sequence[Sequence[int]],
                         video_grids: Sequence[Sequence[int]] = (), image_token_id: int = -1,
                         video_token_id: int = -2, spatial_merge_size: int = 2,
                         video_seconds: Sequence[float] | None = None,
@@ -284,7 +274,7 @@ def ref_mrope_positions(input_ids: Sequence[int], image_grids: Sequence[Sequence
     return out
 
 
-def ref_patchify(image: Any, patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2):
+def patchify_reference(image: Any, patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2):
     """Qwen2-VL patches of one ``(C, H, W)`` or ``(T, C, H, W)`` tensor by the image processor's
     reshape/permute; returns ``(patches (n, C*t*p*p), positions (n, 2) (row, col), (t, h, w))``."""
     import torch
@@ -355,161 +345,6 @@ def varlen_attention_reference(
     return torch.cat(outputs).to(q.dtype)
 
 
-# ----------------------------------------------------------------------------------------------------
-# a tiny causal language model, for proving that packing changes nothing and for end-to-end examples
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy with the Hugging Face shift: ``logits[..., i, :]`` predicts ``labels[..., i + 1]``.
-
-    logits: ``(batch, seq, vocab)``; labels: ``(batch, seq)``, -100 where no target. Labels are *not*
-    pre-shifted (they equal ``input_ids`` where defined). In a packed row, -100 on the first token of
-    every sequence is what keeps the last token of one sequence from being trained to predict the first
-    token of the next. ``reduction``: ``"sum"`` over targets, or ``"mean"`` (sum / number of targets).
-    """
-    if reduction not in ("sum", "mean"):
-        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    shifted_logits = logits[:, :-1, :].reshape(-1, logits.shape[-1]).float()
-    shifted_labels = labels[:, 1:].reshape(-1)
-    return F.cross_entropy(shifted_logits, shifted_labels, ignore_index=-100, reduction=reduction)
-
-
-def count_lm_targets(labels: torch.Tensor) -> int:
-    """Number of targets :func:`causal_lm_loss` averages over: labels other than -100 after the shift."""
-    return int((labels[:, 1:] != -100).sum())
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, hidden: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class TinyBlock(nn.Module):
-    """Pre-norm decoder block: rotary grouped-query attention and a SiLU-gated MLP."""
-
-    def __init__(self, hidden: int, heads: int, kv_heads: int, mlp_hidden: int, rope_base: float) -> None:
-        super().__init__()
-        self.heads, self.kv_heads = heads, kv_heads
-        self.head_dim = hidden // heads
-        self.attn_norm = RMSNorm(hidden)
-        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
-        self.mlp_norm = RMSNorm(hidden)
-        self.gate_proj = nn.Linear(hidden, mlp_hidden, bias=False)
-        self.up_proj = nn.Linear(hidden, mlp_hidden, bias=False)
-        self.down_proj = nn.Linear(mlp_hidden, hidden, bias=False)
-        inv_freq = 1.0 / rope_base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def _rotary(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        # x: (batch, seq, heads, head_dim); position_ids: (batch, seq)
-        angles = position_ids.float()[..., None] * self.inv_freq  # (batch, seq, head_dim / 2)
-        angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]
-        return x * angles.cos().to(x.dtype) + _rotate_half(x) * angles.sin().to(x.dtype)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        position_ids: torch.Tensor,
-        cu_seqlens: torch.Tensor | None,
-        max_seqlen: int | None,
-        attention_backend: str,
-    ) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        h = self.attn_norm(x)
-        q = self._rotary(self.q_proj(h).view(batch, seq, self.heads, self.head_dim), position_ids)
-        k = self._rotary(self.k_proj(h).view(batch, seq, self.kv_heads, self.head_dim), position_ids)
-        v = self.v_proj(h).view(batch, seq, self.kv_heads, self.head_dim)
-        if cu_seqlens is None:
-            # ordinary dense causal attention over (batch, seq): the unpacked model
-            group = self.heads // self.kv_heads
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.repeat_interleave(group, dim=2).transpose(1, 2),
-                v.repeat_interleave(group, dim=2).transpose(1, 2),
-                is_causal=True,
-            ).transpose(1, 2)
-        else:
-            assert max_seqlen is not None
-            attn = varlen_attention(
-                q[0], k[0], v[0], cu_seqlens, max_seqlen, causal=True, backend=attention_backend
-            )[None]
-        x = x + self.o_proj(attn.reshape(batch, seq, -1))
-        h = self.mlp_norm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-
-
-class TinyCausalLM(nn.Module):
-    """A few-layer decoder-only language model (Llama-shaped: RMSNorm, rotary, GQA, gated MLP).
-
-    Two ways to run it, which must agree on every sequence:
-
-    * unpacked: ``input_ids (batch, seq)`` of equal-length samples, dense causal attention, positions
-      ``0..seq-1`` unless ``position_ids`` is given;
-    * packed: ``input_ids (1, total_tokens)`` with ``position_ids (1, total_tokens)`` restarting at 0 per
-      sequence and ``cu_seqlens`` (int32, ``(batch + 1,)``) / ``max_seqlen``; attention goes through
-      :func:`omnibal_kernels.attention.varlen_attention`.
-    """
-
-    def __init__(
-        self,
-        vocab_size: int = 64,
-        hidden: int = 32,
-        layers: int = 2,
-        heads: int = 4,
-        kv_heads: int = 2,
-        mlp_hidden: int = 64,
-        rope_base: float = 10000.0,
-    ) -> None:
-        super().__init__()
-        if hidden % heads != 0 or (hidden // heads) % 2 != 0:
-            raise ValueError(f"hidden ({hidden}) / heads ({heads}) must be an even head_dim")
-        if heads % kv_heads != 0:
-            raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
-        self.embed = nn.Embedding(vocab_size, hidden)
-        self.blocks = nn.ModuleList(
-            TinyBlock(hidden, heads, kv_heads, mlp_hidden, rope_base) for _ in range(layers)
-        )
-        self.norm = RMSNorm(hidden)
-        self.lm_head = nn.Linear(hidden, vocab_size, bias=False)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        attention_backend: str = "auto",
-    ) -> torch.Tensor:
-        """Returns logits ``(batch, seq, vocab_size)`` for ``input_ids (batch, seq)``."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must have shape (batch, seq), got {tuple(input_ids.shape)}")
-        if cu_seqlens is not None:
-            if input_ids.shape[0] != 1:
-                raise ValueError(f"packed input_ids must have shape (1, total_tokens), got {tuple(input_ids.shape)}")
-            if position_ids is None:
-                raise ValueError("packed input needs position_ids restarting at 0 for every sequence")
-            if max_seqlen is None:
-                raise ValueError("packed input needs max_seqlen with cu_seqlens")
-        if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        x = self.embed(input_ids)
-        for block in self.blocks:
-            x = block(x, position_ids, cu_seqlens, max_seqlen, attention_backend)
-        return self.lm_head(self.norm(x))
-
 
 # ---------------------------------------------------------------------------------------------------------
 # packing (collate side)
@@ -520,7 +355,7 @@ def _as_list(value: Any) -> list[int]:
     return [int(v) for v in value.tolist()] if hasattr(value, "tolist") else [int(v) for v in value]
 
 
-def reference_pack_batch(
+def pack_batch_reference(
     samples: Sequence[Mapping[str, Any]],
     *,
     mask_first_label: bool = True,

@@ -1,4 +1,4 @@
-"""Pack images of different sizes into one varlen sequence of Qwen2-VL ViT patches, on the GPU.
+"""``patchify``: images of different sizes -> one varlen sequence of Qwen2-VL ViT patches, on the GPU.
 
 Input: a list of ``(C, H, W)`` images / ``(T, C, H, W)`` clips (any strides, one device and dtype), or one
 padded ``(N, C, Hmax, Wmax)`` / ``(N, T, C, Hmax, Wmax)`` tensor plus ``(N, 2)`` ``(height, width)`` sizes; sides
@@ -9,11 +9,11 @@ patch row, patch col), with clips padded to a multiple of ``tp`` frames by repea
 image fills all ``tp`` frames). ``patch_positions`` ``(P, 2)`` are each patch's (row, col) in its image, in
 that order (Qwen2-VL's ``rot_pos_emb``), ``vit_cu_seqlens`` int32 one segment per frame group.
 
-``_pack_patches_kernel`` is one program per patch: it looks up the patch's image in a small per-image table
+``_patchify_kernel`` is one program per patch: it looks up the patch's image in a small per-image table
 (base address, grid, strides), then moves the ``C * tp`` rows of ``p * p`` pixels with one masked 2-D load
 and one contiguous store. The copy runs on integer views of the element size, so every dtype is moved bit
-for bit. Matches ``omnibal_kernels.testing.ref_patchify`` (reshape/permute) exactly; CPU tensors go to the
-numba twin :mod:`omnibal_kernels.cpu.patches`.
+for bit. Matches ``omnibal_kernels.testing.references.patchify_reference`` (reshape/permute) exactly; CPU tensors go to the
+numba twin :mod:`omnibal_kernels.cpu.patchify`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..vision import _ELEMENT_VIEW, PackedPatches, _patch_segments, _plan_patches
+from .._checks import device_of, use_cpu_twin
+from .._varlen import ELEMENT_VIEW, PackedPatches, patch_segments, plan_patches
 
 # Per-image table columns (int64): first patch, grid_t, grid_h, grid_w, frames, stride_t, stride_c, stride_h,
 # stride_w (strides in elements, so channels-last and padded views need no copy).
@@ -33,7 +34,7 @@ _TL_INT = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 
 
 @triton.jit
-def _pack_patches_kernel(
+def _patchify_kernel(
     # pointers: per-image addresses and table, per-patch image index, outputs
     base_ptr, meta_ptr, patch_image_ptr, out_ptr, pos_ptr,
     # sizes and layout
@@ -84,10 +85,10 @@ def _pack_patches_kernel(
     tl.store(pos_ptr + pid * 2 + 1, col)
 
 
-def pack_patches_triton(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
+def launch_patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
                         temporal_patch_size: int = 2) -> PackedPatches:
     """Launch the Triton kernel (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``)."""
-    plan = _plan_patches(images, sizes, patch_size, merge_size, temporal_patch_size)
+    plan = plan_patches(images, sizes, patch_size, merge_size, temporal_patch_size)
     device = plan.device
     n = len(plan.views)
     total = int(plan.first_patch[-1])
@@ -106,20 +107,21 @@ def pack_patches_triton(images: Any, sizes: Any = None, *, patch_size: int = 14,
     pos = torch.empty((total, 2), dtype=torch.int64, device=device)
     elem = out.element_size()
     if total:
-        _pack_patches_kernel[(total,)](
-            base, meta_t, patch_image_t, out.view(getattr(torch, _ELEMENT_VIEW[elem])), pos,
+        _patchify_kernel[(total,)](
+            base_ptr=base, meta_ptr=meta_t, patch_image_ptr=patch_image_t,
+            out_ptr=out.view(getattr(torch, ELEMENT_VIEW[elem])), pos_ptr=pos,
             C=plan.channels, TP=temporal_patch_size, PS=patch_size, MS=merge_size,
             BLOCK_CT=triton.next_power_of_2(plan.channels * temporal_patch_size),
             BLOCK_PP=triton.next_power_of_2(patch_size * patch_size),
             ELEM=_TL_INT[elem],
         )
-    cu, max_seqlen = _patch_segments(plan.grid)
+    cu, max_seqlen = patch_segments(plan.grid)
     return PackedPatches(out, torch.from_numpy(cu).to(device), max_seqlen, pos,
                          torch.from_numpy(plan.grid.copy()).to(device))
 
 
-def pack_patches(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
-                 temporal_patch_size: int = 2) -> PackedPatches:
+def patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
+             temporal_patch_size: int = 2, backend: str = "auto") -> PackedPatches:
     """Cut images into Qwen2-VL ViT patches and pack them into one varlen sequence.
 
     Args:
@@ -128,9 +130,11 @@ def pack_patches(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_
             multiples of ``patch_size * merge_size`` (:func:`omnibal_kernels.vision.qwen2vl_smart_resize`).
         sizes: ``(N, 2)`` ``(height, width)`` of each padded image (top-left aligned).
         patch_size, merge_size, temporal_patch_size: the vision tower's (14, 2, 2 for Qwen2-VL/2.5-VL).
+        backend: ``"auto"`` (CUDA -> Triton kernel, CPU -> the numba twin in ``omnibal_kernels.cpu.patchify``),
+            ``"triton"`` or ``"cpu"``.
 
     Returns:
-        :class:`~omnibal_kernels.vision.PackedPatches`: ``patches`` ``(P, C * tp * p * p)`` in the input dtype,
+        :class:`~omnibal_kernels.PackedPatches`: ``patches`` ``(P, C * tp * p * p)`` in the input dtype,
         ``vit_cu_seqlens`` int32 ``(S + 1,)``, ``vit_max_seqlen``, ``patch_positions`` int64 ``(P, 2)``,
         ``image_grid_thw`` int64 ``(N, 3)``; on the input's device. CUDA runs the Triton kernel, CPU the
         numba twin.
@@ -140,9 +144,10 @@ def pack_patches(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_
             devices, bad ``sizes``, naming the image.
     """
     first = images[0] if isinstance(images, (list, tuple)) and images else images
-    if isinstance(first, torch.Tensor) and first.is_cuda:
-        return pack_patches_triton(images, sizes, patch_size=patch_size, merge_size=merge_size,
-                                   temporal_patch_size=temporal_patch_size)
-    from ..cpu.patches import pack_patches as _cpu
+    if use_cpu_twin(backend, device_of(first), "patchify"):
+        from ..cpu.patchify import patchify as patchify_cpu
 
-    return _cpu(images, sizes, patch_size=patch_size, merge_size=merge_size, temporal_patch_size=temporal_patch_size)
+        return patchify_cpu(images, sizes, patch_size=patch_size, merge_size=merge_size,
+                            temporal_patch_size=temporal_patch_size)
+    return launch_patchify(images, sizes, patch_size=patch_size, merge_size=merge_size,
+                           temporal_patch_size=temporal_patch_size)

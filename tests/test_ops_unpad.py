@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from omnibal_kernels.cpu import pack as cpu_pack
-from omnibal_kernels.ops import _segments
-from omnibal_kernels.ops import pack as ops_pack
-from omnibal_kernels.testing import pack_reference, pad_input_reference, unpack_reference, unpad_input_reference
+from omnibal_kernels.cpu import unpad as cpu_pack
+from omnibal_kernels import _varlen as _segments
+from omnibal_kernels.ops import unpad as ops_pack
+from omnibal_kernels.testing import unpad_reference, pad_input_reference, pad_reference, unpad_input_reference
 
 interpreted = pytest.mark.skipif(
     not ops_pack._interpreted(), reason="Triton kernels run on CPU tensors only with TRITON_INTERPRET=1"
@@ -87,17 +87,17 @@ def test_pack_and_unpack_match_reference(case, dtype, target, poisoned) -> None:
     lens, padded_len, rest = case
     device, backend = target
     padded = _data((len(lens), padded_len, *rest), dtype, seed=len(lens) + padded_len)
-    expected = pack_reference(padded, lens)
+    expected = unpad_reference(padded, lens)
 
-    packed = ops_pack.pack(padded.to(device), lens, backend=backend)
+    packed = ops_pack.unpad(padded.to(device), lens, backend=backend)
     _same(packed, expected)
 
     fill = -3 if dtype == torch.int64 else float("-inf")
-    out = ops_pack.unpack(packed, lens, padded_len=padded_len, fill_value=fill, backend=backend)
-    _same(out, unpack_reference(expected, lens, padded_len, fill))
+    out = ops_pack.pad(packed, lens, padded_len=padded_len, fill_value=fill, backend=backend)
+    _same(out, pad_reference(expected, lens, padded_len, fill))
     # the default padded length is the longest row
-    out = ops_pack.unpack(packed, torch.tensor(lens), backend=backend)
-    _same(out, unpack_reference(expected, lens, max(lens), 0))
+    out = ops_pack.pad(packed, torch.tensor(lens), backend=backend)
+    _same(out, pad_reference(expected, lens, max(lens), 0))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -105,7 +105,7 @@ def test_every_form_of_lengths_gives_the_same_rows(target, poisoned) -> None:
     device, backend = target
     lens = [5, 0, 9, 1]
     padded = _data((4, 11, 6), torch.float32, seed=1).to(device)
-    expected = pack_reference(padded.cpu(), lens)
+    expected = unpad_reference(padded.cpu(), lens)
     cu = [0, 5, 5, 14, 15]
     forms = [
         dict(seq_lens=lens),
@@ -118,9 +118,9 @@ def test_every_form_of_lengths_gives_the_same_rows(target, poisoned) -> None:
         dict(cu_seqlens=cu),
     ]
     for form in forms:
-        _same(ops_pack.pack(padded, backend=backend, **form), expected)
+        _same(ops_pack.unpad(padded, backend=backend, **form), expected)
         form.pop("total_tokens", None)
-        _same(ops_pack.unpack(expected.to(device), padded_len=11, backend=backend, **form), padded.cpu() * (
+        _same(ops_pack.pad(expected.to(device), padded_len=11, backend=backend, **form), padded.cpu() * (
             torch.arange(11)[None, :, None] < torch.tensor(lens)[:, None, None]))
 
 
@@ -130,10 +130,10 @@ def test_strided_inputs(target, poisoned) -> None:
     lens = [3, 8, 0]
     base = _data((8, 3, 16, 5), torch.bfloat16, seed=2).to(device)
     padded = base.transpose(0, 1)[:, :, ::2]  # (3, 8, 8, 5): batch and sequence strides swapped, hidden gaps
-    _same(ops_pack.pack(padded, lens, backend=backend), pack_reference(padded.cpu(), lens))
+    _same(ops_pack.unpad(padded, lens, backend=backend), unpad_reference(padded.cpu(), lens))
     packed_base = _data((11, 7), torch.float32, seed=3).to(device)
     packed = packed_base.t().contiguous().t()  # (11, 7) with token stride 1, hidden stride 11
-    _same(ops_pack.unpack(packed, lens, backend=backend), unpack_reference(packed.cpu(), lens, 8))
+    _same(ops_pack.pad(packed, lens, backend=backend), pad_reference(packed.cpu(), lens, 8))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -142,16 +142,16 @@ def test_backward_of_each_is_the_other(target, dtype) -> None:
     device, backend = target
     lens, padded_len = [4, 0, 97, 1], 97
     padded = _data((4, padded_len, 3), dtype, seed=4).to(device).requires_grad_()
-    packed = ops_pack.pack(padded, lens, backend=backend)
+    packed = ops_pack.unpad(padded, lens, backend=backend)
     grad_packed = _data(tuple(packed.shape), dtype, seed=5).to(device)
     packed.backward(grad_packed)
-    _same(padded.grad, unpack_reference(grad_packed.cpu(), lens, padded_len, 0))
+    _same(padded.grad, pad_reference(grad_packed.cpu(), lens, padded_len, 0))
 
     packed_in = _data((102, 3), dtype, seed=6).to(device).requires_grad_()
-    out = ops_pack.unpack(packed_in, lens, padded_len=100, fill_value=7.0, backend=backend)
+    out = ops_pack.pad(packed_in, lens, padded_len=100, fill_value=7.0, backend=backend)
     grad_out = _data(tuple(out.shape), dtype, seed=7).to(device)
     out.backward(grad_out)
-    _same(packed_in.grad, pack_reference(grad_out.cpu(), lens))
+    _same(packed_in.grad, unpad_reference(grad_out.cpu(), lens))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -160,9 +160,9 @@ def test_gradcheck_and_double_backward(target) -> None:
     lens = [2, 0, 3]
     padded = torch.randn(3, 4, 2, dtype=torch.float64, device=device, requires_grad=True)
     packed = torch.randn(5, 2, dtype=torch.float64, device=device, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: ops_pack.pack(x, lens, backend=backend), (padded,))
+    assert torch.autograd.gradcheck(lambda x: ops_pack.unpad(x, lens, backend=backend), (padded,))
     assert torch.autograd.gradgradcheck(
-        lambda x: ops_pack.unpack(x, lens, padded_len=4, fill_value=2.5, backend=backend), (packed,)
+        lambda x: ops_pack.pad(x, lens, padded_len=4, fill_value=2.5, backend=backend), (packed,)
     )
 
 
@@ -173,7 +173,7 @@ def test_pack_from_mask_matches_unpad_input(target, lens, poisoned) -> None:
     padded_len = max(lens)
     hidden = _data((len(lens), padded_len, 8), torch.bfloat16, seed=8)
     mask = torch.arange(padded_len)[None, :] < torch.tensor(lens)[:, None]
-    got = ops_pack.pack_from_mask(hidden.to(device), mask.to(device).int(), backend=backend)
+    got = ops_pack.unpad_from_mask(hidden.to(device), mask.to(device).int(), backend=backend)
     want, _, cu, max_seqlen = unpad_input_reference(hidden, mask)
     _same(got.packed, want)
     _same(got.cu_seqlens, cu)
@@ -186,7 +186,7 @@ def test_pad_input_reference_is_unpack() -> None:
     hidden = _data((3, 6, 2), torch.float32, seed=9)
     mask = torch.arange(6)[None, :] < torch.tensor(lens)[:, None]
     packed, indices, _, _ = unpad_input_reference(hidden, mask)
-    _same(pad_input_reference(packed, indices, 3, 6), cpu_pack.unpack(packed, lens, padded_len=6))
+    _same(pad_input_reference(packed, indices, 3, 6), cpu_pack.pad(packed, lens, padded_len=6))
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -196,37 +196,37 @@ def test_pad_input_reference_is_unpack() -> None:
 def test_bad_arguments_are_named(backend) -> None:
     x = torch.zeros(2, 5, 3)
     cases = [
-        (lambda: ops_pack.pack(x, [1, 2, 3], backend=backend), ValueError, "seq_lens has 3 entries"),
-        (lambda: ops_pack.pack(x, [1, -1], backend=backend), ValueError, "sequence 1 has negative length"),
-        (lambda: ops_pack.pack(x, [1, 6], backend=backend), ValueError, "sequence 1 has length 6 > padded"),
-        (lambda: ops_pack.pack(x, [1.0, 2.0], backend=backend), TypeError, "seq_lens must hold integers"),
-        (lambda: ops_pack.pack(x, [1, 2], total_tokens=4, backend=backend), ValueError, "total_tokens=4"),
-        (lambda: ops_pack.pack(x, backend=backend), TypeError, "exactly one of seq_lens or cu_seqlens"),
-        (lambda: ops_pack.pack(x, [1, 2], cu_seqlens=[0, 1, 3], backend=backend), TypeError, "exactly one"),
-        (lambda: ops_pack.pack(x, cu_seqlens=[1, 2, 3], backend=backend), ValueError, "must start at 0"),
-        (lambda: ops_pack.pack(x, cu_seqlens=[0, 3, 2], backend=backend), ValueError, "non-decreasing"),
+        (lambda: ops_pack.unpad(x, [1, 2, 3], backend=backend), ValueError, "seq_lens has 3 entries"),
+        (lambda: ops_pack.unpad(x, [1, -1], backend=backend), ValueError, "sequence 1 has negative length"),
+        (lambda: ops_pack.unpad(x, [1, 6], backend=backend), ValueError, "sequence 1 has length 6 > padded"),
+        (lambda: ops_pack.unpad(x, [1.0, 2.0], backend=backend), TypeError, "seq_lens must hold integers"),
+        (lambda: ops_pack.unpad(x, [1, 2], total_tokens=4, backend=backend), ValueError, "total_tokens=4"),
+        (lambda: ops_pack.unpad(x, backend=backend), TypeError, "exactly one of seq_lens or cu_seqlens"),
+        (lambda: ops_pack.unpad(x, [1, 2], cu_seqlens=[0, 1, 3], backend=backend), TypeError, "exactly one"),
+        (lambda: ops_pack.unpad(x, cu_seqlens=[1, 2, 3], backend=backend), ValueError, "must start at 0"),
+        (lambda: ops_pack.unpad(x, cu_seqlens=[0, 3, 2], backend=backend), ValueError, "non-decreasing"),
         (
-            lambda: ops_pack.pack(x, cu_seqlens=torch.tensor([0, 1, 2]), backend=backend),
+            lambda: ops_pack.unpad(x, cu_seqlens=torch.tensor([0, 1, 2]), backend=backend),
             TypeError,
             "cu_seqlens must have dtype torch.int32",
         ),
-        (lambda: ops_pack.pack(x[0, 0], [1], backend=backend), ValueError, "padded must be (batch"),
-        (lambda: ops_pack.pack(x, [[1, 2]], backend=backend), ValueError, "seq_lens must be 1-D"),
-        (lambda: ops_pack.pack(x, [1, 2], backend="gpu"), ValueError, "backend must be one of"),
-        (lambda: ops_pack.unpack(x[0], [1, 2], backend=backend), ValueError, "packed has 5 rows"),
-        (lambda: ops_pack.unpack(x[0], [2, 3], padded_len=2, backend=backend), ValueError, "length 3 > padded"),
+        (lambda: ops_pack.unpad(x[0, 0], [1], backend=backend), ValueError, "padded must be (batch"),
+        (lambda: ops_pack.unpad(x, [[1, 2]], backend=backend), ValueError, "seq_lens must be 1-D"),
+        (lambda: ops_pack.unpad(x, [1, 2], backend="gpu"), ValueError, "backend must be one of"),
+        (lambda: ops_pack.pad(x[0], [1, 2], backend=backend), ValueError, "packed has 5 rows"),
+        (lambda: ops_pack.pad(x[0], [2, 3], padded_len=2, backend=backend), ValueError, "length 3 > padded"),
         (
-            lambda: ops_pack.unpack(x[0].long(), [2, 3], fill_value=0.5, backend=backend),
+            lambda: ops_pack.pad(x[0].long(), [2, 3], fill_value=0.5, backend=backend),
             TypeError,
             "fill_value 0.5",
         ),
-        (lambda: ops_pack.unpack(x[0], [2, 3], fill_value="0", backend=backend), TypeError, "fill_value must"),
+        (lambda: ops_pack.pad(x[0], [2, 3], fill_value="0", backend=backend), TypeError, "fill_value must"),
         (
-            lambda: ops_pack.pack_from_mask(x, torch.tensor([[1, 0, 1, 0, 0], [1, 1, 0, 0, 0]]), backend=backend),
+            lambda: ops_pack.unpad_from_mask(x, torch.tensor([[1, 0, 1, 0, 0], [1, 1, 0, 0, 0]]), backend=backend),
             ValueError,
             "attention_mask row 0 is not right-padded",
         ),
-        (lambda: ops_pack.pack_from_mask(x, torch.ones(2, 4), backend=backend), ValueError, "expected (2, 5)"),
+        (lambda: ops_pack.unpad_from_mask(x, torch.ones(2, 4), backend=backend), ValueError, "expected (2, 5)"),
     ]
     for call, error, words in cases:
         with pytest.raises(error, match=_escape(words)):
@@ -264,7 +264,7 @@ def test_device_lengths_are_checked_when_read_back() -> None:
 def test_cuda_kernel_refuses_cpu_tensors_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ops_pack, "_interpreted", lambda: False)
     with pytest.raises(ValueError, match="needs a CUDA tensor"):
-        ops_pack.pack(torch.zeros(1, 2), [1], backend="triton")
+        ops_pack.unpad(torch.zeros(1, 2), [1], backend="triton")
 
 
 # ------------------------------------------------------------------------------------------ CUDA only
@@ -277,14 +277,14 @@ def test_host_lengths_never_sync() -> None:
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        packed = ops_pack.pack(padded, lens)
-        out = ops_pack.unpack(packed, lens, padded_len=64)
+        packed = ops_pack.unpad(padded, lens)
+        out = ops_pack.pad(packed, lens, padded_len=64)
         out.float().sum().backward()
-        packed_dev = ops_pack.pack(padded.detach(), cu_seqlens=torch.tensor(
+        packed_dev = ops_pack.unpad(padded.detach(), cu_seqlens=torch.tensor(
             [0, 64, 65, 95], dtype=torch.int32).cuda(non_blocking=True), total_tokens=95)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    _same(packed, pack_reference(padded.detach().cpu(), lens))
+    _same(packed, unpad_reference(padded.detach().cpu(), lens))
     _same(packed_dev, packed.detach())
 
 
@@ -295,14 +295,14 @@ def test_offsets_past_int32_elements() -> None:
     lens = [2**19 + 3, 2**19 + 1]  # ~2.2e9 elements in the packed output
     padded = torch.empty((2, lens[0], hidden), dtype=torch.int8, device="cuda")
     padded.random_(-128, 127)
-    packed = ops_pack.pack(padded, lens)
+    packed = ops_pack.unpad(padded, lens)
     assert packed.numel() > 2**31
     tail0 = padded[0, -1]
     tail1 = padded[1, lens[1] - 1]
     assert torch.equal(packed[lens[0] - 1], tail0) and torch.equal(packed[-1], tail1)
     assert torch.equal(packed[lens[0] : lens[0] + 5], padded[1, :5])
     del packed
-    back = ops_pack.unpack(padded[1, : lens[1]].contiguous(), [lens[1]], padded_len=lens[1] + 2)
+    back = ops_pack.pad(padded[1, : lens[1]].contiguous(), [lens[1]], padded_len=lens[1] + 2)
     assert torch.equal(back[0, : lens[1]], padded[1, : lens[1]])
     assert bool((back[0, lens[1] :] == 0).all())
 
@@ -313,9 +313,9 @@ def test_cpu_twins_do_not_import_triton() -> None:
 
     code = (
         "import sys, torch, omnibal_kernels\n"
-        "from omnibal_kernels.cpu.pack import pack\n"
+        "from omnibal_kernels.cpu.unpad import unpad\n"
         "from omnibal_kernels.cpu.varlen_metadata import varlen_metadata\n"
-        "assert pack(torch.ones(1, 2), [1]).shape == (1,)\n"
+        "assert unpad(torch.ones(1, 2), [1]).shape == (1,)\n"
         "assert 'triton' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,14 +1,14 @@
-"""CPU twins of ``omnibal_kernels.ops.pack``: same names, arguments and results, vectorized torch.
+"""CPU twins of ``omnibal_kernels.ops.unpad``: same names, arguments and results, vectorized torch.
 
 A boolean ``(B, S)`` prefix mask selects the valid tokens in row-major order, which is exactly the packed
-order, so one masked gather (``pack``) or one masked scatter (``unpack``) does the work; torch's autograd
+order, so one masked gather (``unpad``) or one masked scatter (``pad``) does the work; torch's autograd
 covers both. No triton is imported here.
 """
 from __future__ import annotations
 
 import torch
 
-from ..ops._segments import (
+from .._varlen import (
     LengthsLike,
     PackedTokens,
     check_attention_mask,
@@ -30,15 +30,15 @@ def _prefix_mask(cu_seqlens: torch.Tensor, padded_len: int) -> torch.Tensor:
     return torch.arange(padded_len)[None, :] < lens[:, None]
 
 
-def pack(
+def unpad(
     padded: torch.Tensor,
     seq_lens: LengthsLike | None = None,
     *,
     cu_seqlens: LengthsLike | None = None,
     total_tokens: int | None = None,
 ) -> torch.Tensor:
-    """``padded (B, S, *rest)`` + lengths -> ``packed (T, *rest)``; see ``omnibal_kernels.ops.pack.pack``."""
-    fn = "pack"
+    """``padded (B, S, *rest)`` + lengths -> ``packed (T, *rest)``; see ``omnibal_kernels.ops.unpad.unpad``."""
+    fn = "unpad"
     padded = check_padded(padded, fn)
     _check_cpu(padded, fn)
     seg = resolve_segments(
@@ -53,7 +53,7 @@ def pack(
     return padded[_prefix_mask(seg.cu_seqlens, padded.shape[1])]
 
 
-def unpack(
+def pad(
     packed: torch.Tensor,
     seq_lens: LengthsLike | None = None,
     *,
@@ -61,8 +61,8 @@ def unpack(
     padded_len: int | None = None,
     fill_value: float | int | bool = 0,
 ) -> torch.Tensor:
-    """``packed (T, *rest)`` + lengths -> ``(B, S, *rest)``; see ``omnibal_kernels.ops.pack.unpack``."""
-    fn = "unpack"
+    """``packed (T, *rest)`` + lengths -> ``(B, S, *rest)``; see ``omnibal_kernels.ops.unpad.pad``."""
+    fn = "pad"
     packed = check_packed(packed, fn)
     _check_cpu(packed, fn)
     seg = unpack_segments(packed, seq_lens, cu_seqlens, padded_len, fill_value, fn)
@@ -73,9 +73,9 @@ def unpack(
     return out.index_put((_prefix_mask(seg.cu_seqlens, padded_len),), packed)
 
 
-def pack_from_mask(padded: torch.Tensor, attention_mask: torch.Tensor) -> PackedTokens:
-    """``pack`` with lengths from a right-padded ``(B, S)`` mask; see ``omnibal_kernels.ops.pack``."""
-    fn = "pack_from_mask"
+def unpad_from_mask(padded: torch.Tensor, attention_mask: torch.Tensor) -> PackedTokens:
+    """``unpad`` with lengths from a right-padded ``(B, S)`` mask; see ``omnibal_kernels.ops.unpad``."""
+    fn = "unpad_from_mask"
     padded = check_padded(padded, fn)
     _check_cpu(padded, fn)
     mask = check_attention_mask(padded, attention_mask, fn)

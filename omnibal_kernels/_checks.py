@@ -1,0 +1,163 @@
+"""Argument checks shared by every module, with one convention.
+
+A wrong type raises ``TypeError``, a wrong value ``ValueError`` (or an exported subclass such as
+``OversizeError``); every message names the argument, file or sample and says what was expected. Checks take
+``(name, value)`` in that order. Nothing here imports torch, triton or numba at import time.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = [
+    "BACKENDS",
+    "MAX_IMAGE_SIDE",
+    "QWEN2VL_MAX_RATIO",
+    "as_int_array",
+    "check_backend",
+    "check_epoch",
+    "check_image_sizes",
+    "check_int",
+    "check_positive_int",
+    "default_world",
+    "device_of",
+    "is_cuda",
+    "is_tensor",
+    "use_cpu_twin",
+]
+
+# Image sides are limited so that width * height and every intermediate of the published float formulas stay
+# exact in float64 (2**26 * 2**26 = 2**52 < 2**53): then numpy, Triton and Python's float arithmetic agree.
+MAX_IMAGE_SIDE = 2**26
+# Qwen2-VL's smart_resize rejects images whose long side exceeds 200x the short side.
+QWEN2VL_MAX_RATIO = 200
+
+
+# Where an op runs: "auto" follows the data (CUDA -> the Triton kernel in ops/, anything else -> its twin in
+# cpu/); "triton" forces the kernel (CPU tensors then need TRITON_INTERPRET=1); "cpu" forces the twin.
+BACKENDS = ("auto", "triton", "cpu")
+
+
+def check_backend(backend: object, fn: str) -> None:
+    """``backend`` is one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"{fn}: backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def device_of(*values: Any) -> str:
+    """``"cuda"`` when any value is a CUDA tensor, else ``"cpu"`` (lists and numpy arrays live on the host)."""
+    return "cuda" if any(is_cuda(v) for v in values) else "cpu"
+
+
+def use_cpu_twin(backend: object, device_type: str, fn: str) -> bool:
+    """The one routing rule of every op: whether data on ``device_type`` goes to the CPU twin under ``backend``."""
+    check_backend(backend, fn)
+    if backend == "cpu":
+        if device_type != "cpu":
+            raise ValueError(f"{fn}: backend='cpu' needs CPU data, got data on {device_type}")
+        return True
+    return backend == "auto" and device_type == "cpu"
+
+
+def check_int(name: str, value: object) -> int:
+    """``value`` as a Python int; ``TypeError`` for anything but an integer (``bool`` included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    return int(value)
+
+
+def check_positive_int(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` as an int ``>= minimum``; ``TypeError`` for a non-integer, ``ValueError`` below ``minimum``."""
+    value = check_int(name, value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_epoch(epoch: object) -> int:
+    """A non-negative int epoch."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
+        raise TypeError(f"epoch must be a non-negative int, got {type(epoch).__name__} ({epoch!r})")
+    if epoch < 0:
+        raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+    return int(epoch)
+
+
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (without importing torch when it is not loaded yet)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_cuda(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor on a CUDA device."""
+    return is_tensor(x) and x.is_cuda
+
+
+def as_int_array(x: Any, name: str) -> np.ndarray:
+    """1-D int64 numpy copy of ``x``; integer-valued floats are accepted, other dtypes are a ``TypeError``."""
+    if is_tensor(x):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(arr.shape)}")
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        if arr.size == 0:
+            return arr.astype(np.int64)
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = ~np.isfinite(arr) | (arr != np.floor(arr))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise TypeError(f"{name}[{i}] = {arr[i]!r} is not an integer")
+    return arr.astype(np.int64)
+
+
+def check_image_sizes(widths: np.ndarray, heights: np.ndarray, *, max_ratio: Optional[float] = None,
+                      owner: Optional[np.ndarray] = None) -> None:
+    """Every image side in ``[1, MAX_IMAGE_SIDE]`` and, with ``max_ratio``, long side / short side at most that.
+
+    Errors name ``image i``, or ``sample owner[i]`` when ``owner`` maps images to the samples that hold them.
+    """
+    if widths.shape != heights.shape:
+        raise ValueError(f"widths and heights differ in length: {widths.shape[0]} vs {heights.shape[0]}")
+
+    def where(i: int) -> str:
+        return f"image {i}" if owner is None else f"sample {int(owner[i])}"
+
+    bad = (widths <= 0) | (heights <= 0) | (widths > MAX_IMAGE_SIDE) | (heights > MAX_IMAGE_SIDE)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where(i)}: image size {int(widths[i])}x{int(heights[i])} (width x height) has a side "
+                         f"outside [1, {MAX_IMAGE_SIDE}]")
+    if max_ratio is not None and widths.size:
+        ratio = np.maximum(widths, heights) / np.minimum(widths, heights)
+        bad = ratio > max_ratio
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{where(i)}: image {int(widths[i])}x{int(heights[i])} has absolute aspect ratio "
+                             f"{ratio[i]:.1f}, above the limit of {max_ratio:g}")
+
+
+def default_world(world_size: Optional[int] = None, rank: Optional[int] = None) -> tuple[int, int]:
+    """``(world_size, rank)``: the given values, else torch.distributed's when initialized, else ``(1, 0)``.
+
+    Raises ValueError when ``rank`` is not in ``[0, world_size)``.
+    """
+    import torch.distributed as dist
+
+    initialized = dist.is_available() and dist.is_initialized()
+    if world_size is None:
+        world_size = dist.get_world_size() if initialized else 1
+    if rank is None:
+        rank = dist.get_rank() if initialized else 0
+    world_size = check_positive_int("world_size", world_size)
+    rank = check_int("rank", rank)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    return world_size, rank

@@ -1,0 +1,174 @@
+"""What a plan is: packs of samples and their (step, rank) schedule, the planning errors, and the per-epoch seed.
+
+Nothing here plans; :mod:`omnibal_kernels.balance.engine` builds plans for given capacities and
+:func:`omnibal_kernels.balance.plan.plan_packs` is the public entry.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional, Sequence, Union
+
+import numpy as np
+
+from .._checks import check_epoch, check_int
+from ..lengths import Lengths
+
+__all__ = ["Plan", "OversizeError", "TooFewPacksError", "METHODS", "OVERSIZE_POLICIES", "epoch_seed", "as_lengths",
+           "hash_arrays"]
+
+Method = Literal["balanced", "isf", "random"]
+OversizePolicy = Literal["error", "single", "drop"]
+METHODS: tuple[str, ...] = ("balanced", "isf", "random")
+OVERSIZE_POLICIES: tuple[str, ...] = ("error", "single", "drop")
+
+_MASK64 = (1 << 64) - 1
+
+
+class OversizeError(ValueError):
+    """Some samples alone exceed a capacity (with ``oversize="error"``)."""
+
+
+class TooFewPacksError(ValueError):
+    """Fewer packs than ranks with ``drop_last=True``: not one whole step is left."""
+
+
+def hash_arrays(*arrays: np.ndarray) -> str:
+    """A short sha256 of the arrays' values as int64 (the same on every platform)."""
+    h = hashlib.sha256()
+    for arr in arrays:
+        h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The 64-bit seed of one epoch's plan: ``seed`` and ``epoch`` mixed by two SplitMix64 steps."""
+    seed = check_int("seed", seed)
+    epoch = check_epoch(epoch)
+
+    def mix(z: int) -> int:
+        z = (z + 0x9E3779B97F4A7C15) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return z ^ (z >> 31)
+
+    return mix(mix(seed & _MASK64) ^ epoch)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Packs of samples and their (step, rank) schedule for one epoch.
+
+    Attributes:
+        method: how the packs were made (``"balanced"``, ``"isf"`` or ``"random"``).
+        pack_offsets: (num_packs + 1,) int64; pack ``p`` holds ``pack_samples[pack_offsets[p]:pack_offsets[p+1]]``.
+        pack_samples: int64 sample ids, pack after pack.
+        step_packs: (num_steps, world_size) int64 pack id of every (step, rank) slot.
+        world_size: number of data-parallel ranks.
+        vit_capacity, llm_capacity: the capacities packs were made under.
+        vit_threshold, llm_threshold: ISF's keep thresholds (``None`` for other methods).
+        seed, epoch: what the plan was drawn from.
+        oversize_samples: ids of samples that alone exceed a capacity (own packs with ``"single"``,
+            dropped with ``"drop"``).
+        dropped_samples: ids of samples in no slot (oversize ``"drop"`` and ``drop_last``).
+        duplicated_slots: slots of the ragged last step filled by reusing packs.
+        num_input_samples: samples in the input.
+        seconds: planning time (capacity search included).
+    """
+
+    method: str
+    pack_offsets: np.ndarray
+    pack_samples: np.ndarray
+    step_packs: np.ndarray
+    world_size: int
+    vit_capacity: int
+    llm_capacity: int
+    vit_threshold: Optional[int] = None
+    llm_threshold: Optional[int] = None
+    seed: int = 0
+    epoch: int = 0
+    oversize_samples: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    dropped_samples: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    duplicated_slots: int = 0
+    num_input_samples: int = 0
+    seconds: float = 0.0
+
+    @property
+    def num_packs(self) -> int:
+        return int(self.pack_offsets.shape[0] - 1)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.step_packs.shape[0])
+
+    def pack(self, p: int) -> np.ndarray:
+        """Sample ids of pack ``p``."""
+        return self.pack_samples[self.pack_offsets[p] : self.pack_offsets[p + 1]]
+
+    def pack_sizes(self) -> np.ndarray:
+        """(num_packs,) samples per pack."""
+        return np.diff(self.pack_offsets)
+
+    def rank_batches(self, rank: int) -> list[np.ndarray]:
+        """One array of sample ids per step, for ``rank``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        return [self.pack(int(p)) for p in self.step_packs[:, rank]]
+
+    def slot_samples(self) -> np.ndarray:
+        """All sample ids in slot order (step-major, then rank); duplicated slots appear twice."""
+        packs = self.step_packs.reshape(-1)
+        sizes = self.pack_sizes()[packs]
+        starts = self.pack_offsets[packs]
+        # Gather each slot's range without a Python loop: positions = starts repeated + local offsets.
+        local = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        return self.pack_samples[np.repeat(starts, sizes) + local]
+
+    def fingerprint(self) -> str:
+        """A short hash of the schedule: equal on every rank that computed the same plan."""
+        return hash_arrays(self.pack_offsets, self.pack_samples, self.step_packs)
+
+    def save(self, path: Union[str, Path]) -> None:
+        """Writes the plan to an ``.npz`` file (``Plan.load`` reads it back)."""
+        meta = {k: getattr(self, k) for k in ("method", "world_size", "vit_capacity", "llm_capacity", "seed",
+                                              "epoch", "duplicated_slots", "num_input_samples", "seconds")}
+        np.savez(
+            path,
+            pack_offsets=self.pack_offsets,
+            pack_samples=self.pack_samples,
+            step_packs=self.step_packs,
+            oversize_samples=self.oversize_samples,
+            dropped_samples=self.dropped_samples,
+            thresholds=np.array([-1 if self.vit_threshold is None else self.vit_threshold,
+                                 -1 if self.llm_threshold is None else self.llm_threshold], np.int64),
+            **{f"meta_{k}": np.array(v) for k, v in meta.items()},
+        )
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "Plan":
+        with np.load(path, allow_pickle=False) as z:
+            meta = {k[5:]: z[k].item() for k in z.files if k.startswith("meta_")}
+            vt, lt = (int(x) for x in z["thresholds"])
+            return cls(
+                pack_offsets=z["pack_offsets"],
+                pack_samples=z["pack_samples"],
+                step_packs=z["step_packs"],
+                oversize_samples=z["oversize_samples"],
+                dropped_samples=z["dropped_samples"],
+                vit_threshold=None if vt < 0 else vt,
+                llm_threshold=None if lt < 0 else lt,
+                **meta,
+            )
+
+
+def as_lengths(lengths: Union[Lengths, tuple, Sequence[int], np.ndarray]) -> Lengths:
+    """``lengths`` as a ``Lengths``: a ``(vit, llm)`` tuple, or a 1-D array of token counts (text data)."""
+    if isinstance(lengths, Lengths):
+        return lengths
+    if isinstance(lengths, tuple) and len(lengths) == 2:
+        return Lengths(np.asarray(lengths[0]), np.asarray(lengths[1]))
+    arr = np.asarray(lengths)
+    if arr.ndim == 1:  # token counts only: text data
+        return Lengths(np.zeros(arr.shape, np.int64), arr)
+    raise TypeError("lengths must be a Lengths, a (vit, llm) tuple of arrays, or a 1-D array of token counts")
