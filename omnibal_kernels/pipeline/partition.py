@@ -187,7 +187,7 @@ class _Costs:
         comm = np.where(b_idx < L - 1, self.send_ms[np.minimum(b_idx, L - 1)], 0.0) + \
             np.where(a_idx > 0, self.send_ms[np.maximum(a_idx - 1, 0)], 0.0)
         t = np.where(valid, train + comm, np.inf)
-        if self.budgets is not None and self.mode != "none" or self.mode == "all":
+        if (self.budgets is not None and self.mode != "none") or self.mode == "all":
             for a in range(L):
                 for b in range(a, L):
                     t[a, b] += self.recompute_ms(a, b, s)

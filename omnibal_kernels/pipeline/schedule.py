@@ -2,9 +2,11 @@
 
 Each stage runs its operations in the schedule's fixed order; an operation starts when the stage is free and
 its input has arrived: the forward of micro-batch ``i`` on stage ``s`` needs that forward on stage ``s - 1``
-plus the send time to ``s``; the backward needs the backward on ``s + 1`` plus the send time back (and its own
-forward). Sends overlap compute (they delay the receiver, they do not occupy the sender). Activations of a
-micro-batch are held from the end of its forward to the end of its backward.
+and its send to ``s``; the backward needs the backward on ``s + 1`` and the gradient's send back (and its own
+forward). A send occupies the sending stage right after the operation (blocking point-to-point sends, as in
+Megatron's 1F1B without communication overlap), so a stage's time per micro-batch is its forward, backward and
+two sends, the quantity the partition search balances. Activations of a micro-batch are held from the end of
+its forward to the end of its backward.
 
 - GPipe: all forwards, then all backwards (micro-batch order), so every stage holds ``m`` micro-batches.
 - 1F1B (PipeDream-flush, Megatron's default): ``min(P - s - 1, m)`` warm-up forwards on stage ``s``, then one
@@ -24,7 +26,8 @@ SCHEDULES = ("1f1b", "gpipe")
 
 @dataclass(frozen=True)
 class ScheduleResult:
-    """One simulated step: ``step_ms``, ``bubble`` (idle fraction of stage-time), per stage: ``busy_ms``,
+    """One simulated step: ``step_ms``, ``bubble`` (idle fraction of stage-time), per stage: ``busy_ms``
+    (compute and sends),
     ``held`` (most micro-batches whose activations are alive at once), ``peak_bytes``, and the timeline
     ``ops`` as ``(stage, "F"|"B", micro_batch, start_ms, end_ms)``."""
 
@@ -75,7 +78,8 @@ def simulate(
         forward_ms, backward_ms: (P,) per-stage time of one micro-batch (backward includes recomputation).
         micro_batches: m, micro-batches per step.
         schedule: ``"1f1b"`` or ``"gpipe"``.
-        comm_ms: (P - 1,) send time from stage s to s + 1 (activations forward, their gradient back).
+        comm_ms: (P - 1,) send time between stages s and s + 1, each way (activations forward, their
+            gradient back); it occupies the sender.
         activation_bytes: (P,) bytes one micro-batch keeps on each stage; static_bytes: (P,) bytes always held.
     """
     if schedule not in SCHEDULES:
@@ -111,12 +115,13 @@ def simulate(
         for s in range(p):
             while pos[s] < len(orders[s]):
                 kind, i = orders[s][pos[s]]
+                # done_* include the op's send, so the receiver may start when they are reached.
                 if kind == "F":
-                    ready = 0.0 if s == 0 else done_f[s - 1, i] + comm[s - 1]
-                    dur = fwd[s]
+                    ready = 0.0 if s == 0 else done_f[s - 1, i]
+                    dur = fwd[s] + (comm[s] if s < p - 1 else 0.0)
                 else:
-                    ready = done_f[s, i] if s == p - 1 else max(done_b[s + 1, i] + comm[s], done_f[s, i])
-                    dur = bwd[s]
+                    ready = done_f[s, i] if s == p - 1 else max(done_b[s + 1, i], done_f[s, i])
+                    dur = bwd[s] + (comm[s - 1] if s > 0 else 0.0)
                 if np.isnan(ready):
                     break
                 start = max(free[s], ready)
@@ -131,7 +136,8 @@ def simulate(
             raise RuntimeError("pipeline schedule deadlocked")
 
     step = float(max(end for *_, end in ops)) if ops else 0.0
-    busy = [float(m * (fwd[s] + bwd[s])) for s in range(p)]
+    sends = np.concatenate([comm, [0.0]]) + np.concatenate([[0.0], comm])
+    busy = [float(m * (fwd[s] + bwd[s] + sends[s])) for s in range(p)]
     bubble = 0.0 if step == 0 else 1.0 - sum(busy) / (p * step)
     held = []
     for s in range(p):
