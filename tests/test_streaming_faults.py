@@ -168,3 +168,20 @@ def test_report_still_raises_the_streams_own_errors():
     big = Lengths(np.array([1, 99]), np.array([10, 10]))
     with pytest.raises(ValueError, match="alone exceed"):
         streaming_report(big, **CAPS, world_size=1)
+
+
+@pytest.mark.slow
+def test_spawned_persistent_workers_follow_set_epoch():
+    # spawn (the default start method on macOS, forkserver from Python 3.14 on Linux) pickles the packer into
+    # each worker instead of forking it: the shared epoch must survive that too
+    lengths = _mixed_lengths(120, 8, oversize_share=0.0)
+    packer = BalancedPacker(_source(lengths), _loads, **CAPS, buffer_size=30, world_size=1, rank=0)
+    loader = torch.utils.data.DataLoader(packer, batch_size=None, num_workers=2, persistent_workers=True,
+                                         collate_fn=_pack_ids, multiprocessing_context="spawn")
+    epoch0 = sorted(map(tuple, loader))
+    packer.set_epoch(1)
+    epoch1 = sorted(map(tuple, loader))
+    twin = BalancedPacker(_source(lengths), _loads, **CAPS, buffer_size=30, world_size=1, rank=0)
+    twin.set_epoch(1)
+    assert epoch1 == sorted(tuple(_pack_ids(p)) for w in range(2) for p in twin.iter_shard(w, 2))
+    assert epoch0 != epoch1
