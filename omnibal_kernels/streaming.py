@@ -11,8 +11,8 @@ Sharding without duplicates: DataLoader worker ``w`` of ``num_workers`` owns the
 depends only on the buffer's loads, the options, ``seed``, the buffer index and the epoch) and keeps its own
 column of every step. So every sample lands in exactly one pack on one rank (only the final ragged step with
 ``drop_last`` and ``oversize="drop"`` lose samples, both reported; a ragged step inside the stream, oversize
-singles included, waits for the next buffer), and rank ``r``'s ``k``-th batch belongs to the same step as every other rank's ``k``-th batch, also
-behind a DataLoader that interleaves its workers. The price: each rank and worker reads the whole stream
+singles included, waits for the next buffer), and rank ``r``'s ``k``-th batch belongs to the same step as
+every other rank's ``k``-th batch, also behind a DataLoader that interleaves its workers. The price: each rank and worker reads the whole stream
 (cheap when samples are decoded lazily; ``lengths_fn`` should only look at metadata).
 
 Epochs: the epoch sits in a shared-memory tensor, so ``set_epoch`` in the main process reaches DataLoader
@@ -304,8 +304,8 @@ def streaming_report(
 
     Returns:
         ``StreamingReport(streaming, offline, num_buffers)``; ``offline`` is None where :func:`plan_packs`
-        cannot plan the whole data with these options (``TooFewPacksError``, or nothing left after
-        ``oversize="drop"``) while the stream can, dropping and reporting what it cannot schedule.
+        cannot plan the whole data with these options (``TooFewPacksError``, or no sample to plan: none, or
+        all dropped by ``oversize="drop"``) while the stream can, dropping and reporting what it cannot schedule.
 
     Raises:
         The streaming packer's errors (e.g. ``OversizeError`` with ``oversize="error"``, bad options).
@@ -325,8 +325,11 @@ def streaming_report(
             plan_packs(lengths, world_size=world_size, method=method, vit_capacity=vit_capacity,
                        llm_capacity=llm_capacity, oversize=oversize, drop_last=drop_last, seed=seed, epoch=epoch,
                        cost_model=cost_model), lengths, cost_model)
+    except TooFewPacksError:  # drop_last and fewer packs than ranks: the stream dropped (and reported) them
+        offline = None
     except ValueError:
-        # the stream was planned above with the same options, so its errors (oversize, bad options) have been
-        # raised already; what is left is an offline plan that cannot exist: too few packs, nothing to plan
+        # no sample to plan (none, or all dropped as oversize): the stream reports them all dropped
+        if ((lengths.vit <= vit_capacity) & (lengths.llm <= llm_capacity)).any():
+            raise
         offline = None
     return StreamingReport(streaming, offline, len(plans))

@@ -159,6 +159,8 @@ def test_report_gives_the_stream_where_no_offline_plan_exists():
     big = Lengths(np.full(5, 99), np.full(5, 100))
     report = streaming_report(big, **CAPS, buffer_size=2, world_size=2, oversize="drop")
     assert report.offline is None and report.streaming.dropped == 5
+    empty = streaming_report(Lengths(np.zeros(0, np.int64), np.zeros(0, np.int64)), **CAPS, world_size=2)
+    assert empty.offline is None and empty.streaming.num_samples == 0 == empty.streaming.dropped
     # where the offline plan exists it is still reported
     ok = streaming_report(_mixed_lengths(300, 6, 0.0), **CAPS, buffer_size=100, world_size=2)
     assert ok.offline is not None and ok.offline.num_samples == 300 == ok.streaming.num_samples
