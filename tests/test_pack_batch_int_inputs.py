@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from omnibal_kernels.packing import pack_batch, pack_sequences
 
@@ -62,3 +64,44 @@ def test_unsigned_tensors_pack_beside_int64(dtype):
         assert fields["input_ids"].dtype == torch.int64
         assert fields["input_ids"][0].tolist() == [1, 2, 3, 7, 8]
         assert fields["labels"][0].tolist() == [-100, 2, 3, -100, 8]
+
+
+_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+
+
+@st.composite
+def _sample_ids(draw):
+    """One sample's input_ids in any integer dtype, container and layout, and the int64 values it stands for."""
+    dtype = np.dtype(draw(st.sampled_from(_DTYPES)))
+    info = np.iinfo(dtype)
+    values = draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=1, max_size=6))
+    container = draw(st.sampled_from(["numpy", "torch", "list"]))
+    layout = draw(st.sampled_from(["contiguous", "reversed", "strided"]))
+    arr = np.array(values, dtype=dtype)
+    if layout == "strided":  # every other element of a twice as long array
+        arr = np.repeat(arr, 2)[::2]
+    elif layout == "reversed":
+        arr = arr[::-1].copy()[::-1]  # the same values through a negative-stride view
+    if container == "torch":
+        base = torch.from_numpy(np.repeat(arr, 2))
+        ids = base[::2] if layout != "contiguous" else torch.from_numpy(arr.copy())
+    elif container == "list":
+        ids = [int(v) for v in arr]
+    else:
+        ids = arr
+    return ids, values
+
+
+@settings(max_examples=80, deadline=None)
+@given(samples=st.lists(_sample_ids(), min_size=1, max_size=4), shared=st.booleans())
+def test_any_integer_input_packs_exactly_or_names_the_sample(samples, shared):
+    ids = [s[0] for s in samples]
+    too_big = [i for i, (_, values) in enumerate(samples) if max(values) > 2**63 - 1]
+    if too_big:
+        with pytest.raises(ValueError, match=f"sample {too_big[0]}: input_ids\\[\\d+\\] = \\d+ does not fit in int64"):
+            pack_sequences(ids, shared=shared)
+        return
+    fields = pack_sequences(ids, shared=shared)
+    assert fields["input_ids"].dtype == torch.int64
+    assert fields["input_ids"][0].tolist() == [v for _, values in samples for v in values]
+    assert fields["cu_seqlens"].tolist() == np.cumsum([0] + [len(v) for _, v in samples]).tolist()
