@@ -75,6 +75,10 @@ _INTEGER_DTYPES = frozenset(
     for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
     if hasattr(torch, name)
 )
+_INT64_MAX = 2**63 - 1
+_UINT64 = getattr(torch, "uint64", None)
+# unsigned dtypes torch.cat cannot combine with int64 ("Promotion for uint16, uint32, uint64 types is not supported")
+_UNPROMOTABLE = frozenset(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
 _BACKENDS = ("auto", "numba", "torch")
 _numel = torch.Tensor.numel
 _from_numpy = torch.from_numpy
@@ -328,13 +332,23 @@ class PackedBatch(Mapping[str, Any]):
 
 
 def _as_sequence(value: Any, index: int, field: str) -> torch.Tensor:
-    """One sample's ``field`` as a 1-D integer tensor, or a TypeError/ValueError naming the sample."""
+    """One sample's ``field`` as a 1-D integer tensor, or a TypeError/ValueError naming the sample.
+
+    Unsigned tensors come back as int64 (torch cannot concatenate them with int64 ones), numpy arrays as
+    contiguous int64 (a reversed view is copied); values above the int64 range are a ValueError.
+    """
     if isinstance(value, torch.Tensor):
         tensor = value
+        if tensor.dtype is _UINT64 and tensor.dim() == 1 and tensor.is_cpu:
+            _check_int64_range(tensor.view(_INT64).numpy(), index, field)
+        if tensor.dtype in _UNPROMOTABLE:
+            tensor = tensor.to(_INT64)
     elif isinstance(value, np.ndarray):
         if value.dtype.kind not in "iu":
             raise TypeError(f"sample {index}: {field} must hold integers, got numpy dtype {value.dtype}")
-        tensor = torch.from_numpy(value.astype(np.int64, copy=False))
+        if value.dtype.kind == "u" and value.dtype.itemsize == 8 and value.ndim == 1:
+            _check_int64_range(value.view(np.int64), index, field)
+        tensor = torch.from_numpy(np.ascontiguousarray(value, dtype=np.int64))
     elif isinstance(value, (list, tuple, range)):
         if len(value) == 0:
             tensor = torch.empty(0, dtype=_INT64)
@@ -342,6 +356,11 @@ def _as_sequence(value: Any, index: int, field: str) -> torch.Tensor:
             try:
                 tensor = torch.tensor(value)
             except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+                outside = [j for j, v in enumerate(value) if _is_int(v) and not -_INT64_MAX - 1 <= v <= _INT64_MAX]
+                if outside:
+                    j = outside[0]
+                    raise ValueError(f"sample {index}: {field}[{j}] = {value[j]} does not fit in int64 (token "
+                                     f"ids and labels are int64)") from None
                 raise TypeError(f"sample {index}: {field} must be a list of ints ({err})") from None
     else:
         raise TypeError(
@@ -358,6 +377,22 @@ def _as_sequence(value: Any, index: int, field: str) -> torch.Tensor:
             "(move the packed batch with .to(device))"
         )
     return tensor
+
+
+def _check_int64_range(signed_view: np.ndarray, index: int, field: str) -> None:
+    """uint64 values seen as int64: a negative one was >= 2**63 and would wrap around."""
+    wrapped = np.flatnonzero(signed_view < 0)
+    if wrapped.size:
+        j = int(wrapped[0])
+        raise ValueError(
+            f"sample {index}: {field}[{j}] = {int(signed_view[j]) + 2**64} does not fit in int64 "
+            f"(token ids and labels are int64, at most {_INT64_MAX})"
+        )
+
+
+def _as_int64_parts(parts: Sequence[Any], field: str) -> list[torch.Tensor]:
+    """Every sample's ``field`` as an int64 tensor, or the error naming the first bad sample."""
+    return [_as_sequence(x, i, field).to(_INT64) for i, x in enumerate(parts)]
 
 
 def _check_each(ids: Sequence[Any], labels: Sequence[Any] | None) -> None:
@@ -558,8 +593,12 @@ def pack_sequences(
         _check_each(ids, labs)
         buf64, buf32 = _shared_buffers(padded, num_slots)
         flat_ids, flat_labels, positions = buf64[0], buf64[1], buf64[2]
-        torch.cat(ids_in, out=flat_ids)
-        torch.cat(labs_in, out=flat_labels)
+        try:
+            torch.cat(ids_in, out=flat_ids)
+            torch.cat(labs_in, out=flat_labels)
+        except RuntimeError:  # unsigned tensors beside int64 ones: torch does not promote them
+            torch.cat(_as_int64_parts(ids_in, "input_ids"), out=flat_ids)
+            torch.cat(_as_int64_parts(labs_in, "labels"), out=flat_labels)
         seq_idx, cu_seqlens, seq_lens = buf32.split([padded, num_slots + 1, num_slots])
         positions_t, seq_idx_t = buf64[2:3], seq_idx.view(1, padded)
     else:
@@ -568,7 +607,9 @@ def pack_sequences(
             flat_labels = torch.cat(labs_in)
         except (RuntimeError, TypeError):
             _check_each(ids, labs)
-            raise
+            # every sample is fine alone: unsigned tensors beside int64 ones, which torch does not promote
+            flat_ids = torch.cat(_as_int64_parts(ids_in, "input_ids"))
+            flat_labels = torch.cat(_as_int64_parts(labs_in, "labels"))
         if not (
             flat_ids.dtype is _INT64
             and flat_labels.dtype is _INT64
@@ -581,6 +622,8 @@ def pack_sequences(
                 _check_each(ids, None)
             if flat_labels.dim() != 1 or flat_labels.dtype not in _INTEGER_DTYPES or not flat_labels.is_cpu:
                 _check_each(ids, labs)
+            if flat_ids.dtype is _UINT64 or flat_labels.dtype is _UINT64:
+                _check_each(ids, labs)  # values >= 2**63 would wrap around in the int64 batch
             if flat_ids.dim() != 1 or flat_labels.dim() != 1:
                 raise ValueError("input_ids and labels must be 1-D per sample")
             flat_ids = flat_ids.to(_INT64)
@@ -679,7 +722,11 @@ def _pack_token_field(
         if name not in sample:
             raise ValueError(f"sample {i} has no {name!r} field (named in token_fields)")
         value = sample[name]
-        tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else torch.as_tensor(value)
+        # a reversed numpy view has negative strides, which torch cannot wrap: copy it
+        if isinstance(value, np.ndarray):
+            tensor = torch.from_numpy(np.ascontiguousarray(value))
+        else:
+            tensor = torch.as_tensor(value)
         if tensor.dim() != 1 or tensor.shape[0] != lens[i]:
             raise ValueError(
                 f"sample {i}: token field {name!r} must be 1-D with {lens[i]} values (one per token), "
@@ -768,7 +815,8 @@ def pack_batch(samples: Sequence[Mapping[str, Any]], **options: Any) -> PackedBa
     """Pack samples into one varlen batch; usable directly as a DataLoader ``collate_fn``.
 
     samples: B mappings, each with ``input_ids`` (1-D integer torch tensor, numpy array or list of ints,
-        length ``n_i``) and optionally ``labels`` (same length; default a copy of ``input_ids``).
+        length ``n_i``) and optionally ``labels`` (same length; default a copy of ``input_ids``). Any integer
+        dtype is packed as int64; a strided or reversed numpy view is copied.
     options: see :class:`PackOptions` (``pad_to_multiple_of``, ``max_num_seqs``, ...).
 
     Returns a :class:`PackedBatch` with the fields of the module docstring; ``T = sum(n_i)`` plus padding.
@@ -780,7 +828,8 @@ def pack_batch(samples: Sequence[Mapping[str, Any]], **options: Any) -> PackedBa
     mRoPE ``position_ids`` when ``image_token_id`` is set.
 
     Errors (ValueError/TypeError naming the sample): empty batch, a sample that is not a mapping or has
-    no ``input_ids``, input_ids or labels that are not 1-D or not integers, labels of another length, an
+    no ``input_ids``, input_ids or labels that are not 1-D or not integers or hold values outside int64
+    (uint64 ids >= 2**63 never wrap around), labels of another length, an
     empty sample (unless ``allow_empty=True``: a zero-length segment), more than 2**31 - 1 tokens; for
     vision: pixels of mixed layouts or dtypes, grids that do not cover the pixels, placeholder runs that
     do not match their grid (mRoPE), a ``video_grid_thw`` without ``video_token_id``.

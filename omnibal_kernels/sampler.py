@@ -282,14 +282,22 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         fits = (lengths.vit <= qv) & (lengths.llm <= qt)
         if (self.oversize == "error" and not fits.all()) or (self.oversize == "drop" and not fits.any()):
             return  # planning raises the clearer error (oversize samples, or nothing left to plan)
-        bound = 0
+        where = f"group {g}: " if len(self.groups) > 1 else ""
+        loaded = (lengths.vit > 0) | (lengths.llm > 0)
+        if not loaded.any() and slots > 1:
+            raise TooFewPacksError(
+                f"{where}all {len(lengths)} samples have ViT load 0 and LLM load 0, so any capacities hold them all "
+                f"in one pack and {slots} packs per optimizer step (world_size {self.world_size} x "
+                f"micro_steps_per_step {self.micro_steps_per_step}) cannot be filled; zero loads usually mean "
+                "the lengths were read wrong (check the length file's token counts)"
+            )
+        bound = int(fits.any())  # samples that fit fill at least one pack, whatever their loads
         if qv > 0:
             bound = max(bound, -(-int(lengths.vit[fits].sum()) // qv))
         bound = max(bound, -(-int(lengths.llm[fits].sum()) // qt))
         if self.oversize == "single":
             bound += int((~fits).sum())
         if bound < slots:
-            where = f"group {g}: " if len(self.groups) > 1 else ""
             raise TooFewPacksError(
                 f"{where}the samples fill at least {bound} pack(s), fewer than world_size {self.world_size} x "
                 f"micro_steps_per_step {self.micro_steps_per_step} = {slots} packs per optimizer step; use fewer "

@@ -9,10 +9,17 @@ steps are emitted, the samples of a ragged last step are carried into the next b
 Sharding without duplicates: DataLoader worker ``w`` of ``num_workers`` owns the buffers ``w, w + num_workers,
 ...`` and skips the samples of the others; every rank reads the same stream, plans the same buffers (the plan
 depends only on the buffer's loads, the options, ``seed``, the buffer index and the epoch) and keeps its own
-column of every step. So every sample lands in exactly one pack on one rank (ragged tail and oversize drops
-reported), and rank ``r``'s ``k``-th batch belongs to the same step as every other rank's ``k``-th batch, also
-behind a DataLoader that interleaves its workers. The price: each rank and worker reads the whole stream
+column of every step. So every sample lands in exactly one pack on one rank (only the final ragged step with
+``drop_last`` and ``oversize="drop"`` lose samples, both reported; a ragged step inside the stream, oversize
+singles included, waits for the next buffer), and rank ``r``'s ``k``-th batch belongs to the same step as
+every other rank's ``k``-th batch, also behind a DataLoader that interleaves its workers. The price: each rank and worker reads the whole stream
 (cheap when samples are decoded lazily; ``lengths_fn`` should only look at metadata).
+
+Epochs: the epoch sits in a shared-memory tensor, so ``set_epoch`` in the main process reaches DataLoader
+workers that hold their own copy of the packer (persistent workers included); each pass reads it when it
+starts. The source must give the same samples every time it is iterated: a one-shot iterator is a
+``TypeError`` at construction, and a pass that sees another number of samples than the first pass in the same
+process is a ``ValueError`` (a source that runs dry would otherwise give an empty next epoch or shard).
 
 :func:`streaming_report` replays the packer on known loads and returns its balance report next to the
 offline plan's of the same data.
@@ -35,6 +42,8 @@ from .balance.schedule import concat_plans
 from .lengths import Lengths
 
 __all__ = ["BalancedPacker", "StreamingReport", "streaming_report"]
+
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,7 @@ def _plan_stream(
     """``(plan, payloads)`` for each buffer that worker ``worker`` owns: ``plan``'s sample ids index ``payloads``.
 
     ``items``: ``(payload, vit, llm)`` in stream order. Plans hold whole steps only; what a plan drops with
-    ``drop_last`` (other than oversize samples) is carried into the worker's next buffer.
+    ``drop_last`` (other than samples dropped by ``oversize="drop"``) is carried into the worker's next buffer.
     """
     carried: list[tuple[Any, int, int]] = []
     current: list[tuple[Any, int, int]] = []
@@ -94,7 +103,11 @@ def _plan_stream(
             return None, ([] if final else batch)
         if final:
             return plan, []
-        carry_ids = np.setdiff1d(plan.dropped_samples, plan.oversize_samples)
+        # the ragged last step's samples wait for the next buffer, oversize singles included (they get their
+        # own pack again there); only oversize="drop" loses samples here, and the report counts them
+        carry_ids = plan.dropped_samples
+        if opts.oversize == "drop":
+            carry_ids = np.setdiff1d(carry_ids, plan.oversize_samples)
         return plan, [batch[i] for i in carry_ids.tolist()]
 
     for position, item in enumerate(items):
@@ -121,7 +134,9 @@ class BalancedPacker(torch.utils.data.IterableDataset):
 
     Args:
         source: a re-iterable of samples (list, webdataset pipeline, ...) giving the same order on every
-            rank and worker each time it is iterated; do not shard it per worker or rank yourself.
+            rank and worker each time it is iterated; do not shard it per worker or rank yourself. An iterator
+            or generator (consumed by one pass) raises TypeError; a pass that sees another number of samples
+            than the first one raises ValueError.
         lengths_fn: ``sample -> (vit, llm)``, the sample's loads.
         vit_capacity, llm_capacity: capacities of a pack (tiles/patches, tokens).
         buffer_size: samples per buffer (memory bound: a worker holds at most one buffer plus fewer than
@@ -130,7 +145,8 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         method, oversize, cost_model: as :func:`plan_packs`.
         seed: plans depend only on the buffers' loads, the options, ``seed``, the buffer index and the epoch.
         drop_last: at the end of the stream, drop a ragged last step (reported by :func:`streaming_report`)
-            instead of reusing packs to fill it.
+            instead of reusing packs to fill it. Ragged steps inside the stream are never dropped: their
+            samples (oversize singles included) are carried into the next buffer.
 
     Yields:
         One ``list`` of samples per micro-step, for this rank.
@@ -156,19 +172,37 @@ class BalancedPacker(torch.utils.data.IterableDataset):
             raise TypeError("lengths_fn must be a callable sample -> (vit, llm)")
         if not hasattr(source, "__iter__"):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
+        if isinstance(source, Iterator):
+            raise TypeError(
+                f"source must be re-iterable (a list, a map-style dataset, a webdataset pipeline, ...), got the "
+                f"one-shot iterator {type(source).__name__}: it would be empty from the second pass on (the next "
+                "epoch, another DataLoader worker); pass an object whose __iter__ starts the stream anew")
         self.source = source
         self.lengths_fn = lengths_fn
         self.world_size, self.rank = default_world(world_size, rank)
         self.options = _stream_options(vit_capacity=vit_capacity, llm_capacity=llm_capacity, buffer_size=buffer_size,
                                        world_size=self.world_size, method=method, seed=seed, drop_last=drop_last,
                                        oversize=oversize, cost_model=cost_model)
-        self.epoch = 0
+        # The epoch lives in shared memory: DataLoader workers hold copies of the packer (persistent ones for
+        # the whole run), and set_epoch in the main process must reach them. Stored as the 64 bits of the epoch.
+        self._shared_epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._pass_samples: Optional[int] = None  # samples of the first complete pass in this process
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass plans for (what :meth:`set_epoch` set; 0 at first)."""
+        return int(self._shared_epoch.item()) & _MASK64
 
     def set_epoch(self, epoch: int) -> None:
-        """New packs for a new epoch (the stream order is the source's)."""
-        self.epoch = check_epoch(epoch)
+        """New packs for a new epoch (the stream order is the source's); DataLoader workers, persistent ones
+        included, plan the epoch set here when their next pass starts."""
+        epoch = check_epoch(epoch)
+        if epoch > _MASK64:
+            raise ValueError(f"epoch must be < 2**64, got {epoch}")
+        self._shared_epoch.fill_(epoch - (1 << 64) if epoch >= 1 << 63 else epoch)
 
     def _items(self) -> Iterator[tuple[Any, int, int]]:
+        position = -1
         for position, sample in enumerate(self.source):
             loads = self.lengths_fn(sample)
             try:
@@ -182,12 +216,28 @@ class BalancedPacker(torch.utils.data.IterableDataset):
             if vit < 0 or llm < 0:
                 raise ValueError(f"sample {position}: negative load (vit {vit}, llm {llm})")
             yield sample, vit, llm
+        # Every pass must see the same stream: a source that is consumed by its first pass (a generator behind
+        # __iter__, a shared file handle) would silently yield nothing in the next epoch or the next shard.
+        count = position + 1
+        if self._pass_samples is None:
+            self._pass_samples = count
+        elif count != self._pass_samples:
+            raise ValueError(
+                f"source gave {count} samples on this pass but {self._pass_samples} on the first one: "
+                "BalancedPacker needs a source that gives the same samples in the same order every time it is "
+                "iterated (is its __iter__ handing out an exhausted iterator?)")
 
     def iter_shard(self, worker: int = 0, num_workers: int = 1) -> Iterator[list[Any]]:
-        """The packs of DataLoader worker ``worker`` of ``num_workers`` on this rank (``__iter__`` picks them)."""
+        """The packs of DataLoader worker ``worker`` of ``num_workers`` on this rank (``__iter__`` picks them);
+        the epoch is read now, when the pass starts."""
+        num_workers = check_positive_int("num_workers", num_workers)
+        worker = check_int("worker", worker)
         if not 0 <= worker < num_workers:
             raise ValueError(f"worker must be in [0, {num_workers}), got {worker}")
-        for plan, payloads in _plan_stream(self._items(), self.options, self.epoch, worker, num_workers):
+        return self._packs(self.epoch, worker, num_workers)
+
+    def _packs(self, epoch: int, worker: int, num_workers: int) -> Iterator[list[Any]]:
+        for plan, payloads in _plan_stream(self._items(), self.options, epoch, worker, num_workers):
             for pack in plan.step_packs[:, self.rank]:
                 yield [payloads[i] for i in plan.pack(int(pack)).tolist()]
 
@@ -199,10 +249,14 @@ class BalancedPacker(torch.utils.data.IterableDataset):
 
 
 class StreamingReport(NamedTuple):
-    """Balance of the streaming packer next to the offline plan of the same samples."""
+    """Balance of the streaming packer next to the offline plan of the same samples.
+
+    ``offline`` is None where no offline plan exists for the options (with ``drop_last=True`` the whole data may
+    fill fewer packs than ranks, which the stream reports as dropped samples instead).
+    """
 
     streaming: BalanceReport
-    offline: BalanceReport
+    offline: Optional[BalanceReport]
     num_buffers: int
 
 
@@ -249,7 +303,12 @@ def streaming_report(
     offline (all at once), and reports both with :func:`balance_report` (fill, dist ratios, efficiency).
 
     Returns:
-        ``StreamingReport(streaming, offline, num_buffers)``.
+        ``StreamingReport(streaming, offline, num_buffers)``; ``offline`` is None where :func:`plan_packs`
+        cannot plan the whole data with these options (``TooFewPacksError``, or no sample to plan: none, or
+        all dropped by ``oversize="drop"``) while the stream can, dropping and reporting what it cannot schedule.
+
+    Raises:
+        The streaming packer's errors (e.g. ``OversizeError`` with ``oversize="error"``, bad options).
     """
     opts = _stream_options(vit_capacity=vit_capacity, llm_capacity=llm_capacity, buffer_size=buffer_size,
                            world_size=world_size, method=method, seed=seed, drop_last=drop_last, oversize=oversize,
@@ -260,9 +319,17 @@ def streaming_report(
     n = len(lengths)
     items = list(zip(range(n), lengths.vit.tolist(), lengths.llm.tolist()))
     plans = [pp for w in range(num_workers) for pp in _plan_stream(items, opts, epoch, w, num_workers)]
-    merged = _merge(plans, opts, n)
-    offline = plan_packs(lengths, world_size=world_size, method=method, vit_capacity=vit_capacity,
-                         llm_capacity=llm_capacity, oversize=oversize, drop_last=drop_last, seed=seed, epoch=epoch,
-                         cost_model=cost_model)
-    return StreamingReport(balance_report(merged, lengths, cost_model), balance_report(offline, lengths, cost_model),
-                           len(plans))
+    streaming = balance_report(_merge(plans, opts, n), lengths, cost_model)
+    try:
+        offline: Optional[BalanceReport] = balance_report(
+            plan_packs(lengths, world_size=world_size, method=method, vit_capacity=vit_capacity,
+                       llm_capacity=llm_capacity, oversize=oversize, drop_last=drop_last, seed=seed, epoch=epoch,
+                       cost_model=cost_model), lengths, cost_model)
+    except TooFewPacksError:  # drop_last and fewer packs than ranks: the stream dropped (and reported) them
+        offline = None
+    except ValueError:
+        # no sample to plan (none, or all dropped as oversize): the stream reports them all dropped
+        if ((lengths.vit <= vit_capacity) & (lengths.llm <= llm_capacity)).any():
+            raise
+        offline = None
+    return StreamingReport(streaming, offline, len(plans))
