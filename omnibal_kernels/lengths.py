@@ -13,12 +13,18 @@
 A missing ``vit_num`` means a text-only sample (ViT load 0). A missing ``token_num``, a negative, non-integer
 or too large value raises ``ValueError`` naming the file and the sample index. JSON is scanned by the C++
 extension in one pass, with no Python object per sample, so inputs of tens of millions of samples load in
-seconds.
+seconds. The JSON must be strict (commas between samples, nothing after a list's closing ``]``) and UTF-8 (a
+byte order mark is skipped); a file without samples is an error unless ``allow_empty=True``.
+
+The arrays of a ``Lengths`` are read-only: statistics computed once (and the plans made from them) stay true.
+Derive new loads as a new ``Lengths``, e.g. ``Lengths(L.vit, L.llm + 2000, L.source, L.sources)``.
 """
 from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional, Sequence, Union
@@ -49,6 +55,10 @@ class LoadStats(NamedTuple):
 class Lengths:
     """Per-sample loads of a dataset, columnar.
 
+    The arrays are read-only (``L.llm += 1`` raises): ``stats()`` is computed once and plans trust it. Arrays
+    given by the caller are copied unless they are read-only already, so editing them later cannot reach a
+    ``Lengths`` either. For other loads build a new one: ``Lengths(L.vit, L.llm + 2000, L.source, L.sources)``.
+
     Attributes:
         vit: (N,) int64 ViT load per sample (tiles or patches; 0 for text-only samples).
         llm: (N,) int64 LLM load per sample (tokens, image tokens included).
@@ -72,9 +82,9 @@ class Lengths:
         source = np.ascontiguousarray(source, dtype=np.int32)
         if source.shape != vit.shape:
             raise ValueError(f"source must have one entry per sample, got {source.shape[0]} for {vit.shape[0]}")
-        object.__setattr__(self, "vit", vit)
-        object.__setattr__(self, "llm", llm)
-        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "vit", _read_only(vit, self.vit))
+        object.__setattr__(self, "llm", _read_only(llm, self.llm))
+        object.__setattr__(self, "source", _read_only(source, self.source))
         object.__setattr__(self, "sources", tuple(str(s) for s in self.sources) or ("<memory>",))
 
     def __len__(self) -> int:
@@ -90,7 +100,8 @@ class Lengths:
 
     def __getitem__(self, index: slice | np.ndarray | Sequence[int]) -> "Lengths":
         """A subset of samples (by slice, index array or boolean mask), keeping their sources."""
-        return Lengths(self.vit[index], self.llm[index], self.source[index], self.sources)
+        return Lengths(_frozen(self.vit[index]), _frozen(self.llm[index]), _frozen(self.source[index]),
+                       self.sources)
 
     @classmethod
     def concat(cls, parts: Iterable["Lengths"]) -> "Lengths":
@@ -105,9 +116,9 @@ class Lengths:
             sources.extend(part.sources)
             source_ids.append(part.source + offset)
         return cls(
-            np.concatenate([p.vit for p in parts]),
-            np.concatenate([p.llm for p in parts]),
-            np.concatenate(source_ids),
+            _frozen(np.concatenate([p.vit for p in parts])),
+            _frozen(np.concatenate([p.llm for p in parts])),
+            _frozen(np.concatenate(source_ids)),
             tuple(sources),
         )
 
@@ -122,7 +133,32 @@ class Lengths:
         return out
 
 
+def _writeable_anywhere(arr: np.ndarray) -> bool:
+    """Whether ``arr`` or an array it views can still be written through."""
+    while isinstance(arr, np.ndarray):
+        if arr.flags.writeable:
+            return True
+        arr = arr.base
+    return False
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """An array just made here, read-only (so ``Lengths`` keeps it without a copy)."""
+    arr.flags.writeable = False
+    return arr
+
+
+def _read_only(arr: np.ndarray, given: object) -> np.ndarray:
+    """``arr`` made read-only; copied first if it shares memory with a writeable array the caller gave."""
+    if isinstance(given, np.ndarray) and np.may_share_memory(arr, given) and _writeable_anywhere(given):
+        arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
 def _as_load_array(values: object, name: str, where: str = "") -> np.ndarray:
+    """``values`` as a 1-D int64 array of loads in ``[0, 2**31)``; else a ValueError naming ``where`` and the
+    first bad sample. The writer of length files uses the same check, so what is written can be read."""
     arr = np.asarray(values)
     prefix = f"{where}: " if where else ""
     if arr.ndim != 1:
@@ -133,18 +169,45 @@ def _as_load_array(values: object, name: str, where: str = "") -> np.ndarray:
             raise ValueError(f"{prefix}sample {int(bad[0])}: {name} is not an integer ({arr[bad[0]]!r})")
     elif arr.dtype.kind not in "iub":
         raise ValueError(f"{prefix}{name} must hold integers, got dtype {arr.dtype}")
-    arr = np.ascontiguousarray(arr, dtype=np.int64)
-    if arr.size:
+    if arr.size and arr.dtype.kind != "b":
+        # Compared in the input's own dtype: a cast first would wrap uint64 >= 2**63 and 1e30 to negatives.
         bad = np.flatnonzero((arr < 0) | (arr > _MAX_LOAD))
         if bad.size:
             i = int(bad[0])
             kind = "negative" if arr[i] < 0 else "too large (>= 2**31)"
-            raise ValueError(f"{prefix}sample {i}: {name} is {kind} ({int(arr[i])})")
-    return arr
+            value = int(arr[i]) if arr.dtype.kind != "f" else float(arr[i])
+            raise ValueError(f"{prefix}sample {i}: {name} is {kind} ({value})")
+    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def _read_records(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    data = path.read_bytes()
+# Byte order marks of the encodings a JSON length file may arrive in; only UTF-8 is read.
+_BOMS = (
+    (b"\x00\x00\xfe\xff", "UTF-32 (big-endian)"),
+    (b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"),
+    (b"\xef\xbb\xbf", "UTF-8 with a byte order mark"),
+    (b"\xfe\xff", "UTF-16 (big-endian)"),
+    (b"\xff\xfe", "UTF-16 (little-endian)"),
+)
+# What numpy raises on a truncated or corrupt .npy/.npz (besides ValueError).
+_ARCHIVE_ERRORS = (ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _utf8_json(path: Path, data: bytes) -> memoryview:
+    """The JSON bytes of ``data`` without a UTF-8 byte order mark; a clear error for UTF-16/32."""
+    for bom, name in _BOMS:
+        if data.startswith(bom):
+            if bom == b"\xef\xbb\xbf":
+                return memoryview(data)[len(bom):]
+            raise ValueError(f"{path}: the file is {name} encoded; length files must be UTF-8 "
+                             f"(convert it, e.g. iconv -f UTF-16 -t UTF-8)")
+    # Without a mark, UTF-16/32 JSON shows NUL bytes between its ASCII characters.
+    if b"\x00" in data[:64]:
+        raise ValueError(f"{path}: the file holds NUL bytes (UTF-16 or UTF-32 encoded, or not text); length "
+                         f"files must be UTF-8 JSON")
+    return memoryview(data)
+
+
+def _read_records(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray]:
     vit, llm, error, sample = _ext.load().parse_length_records(data, "vit_num", "token_num")
     if error:
         where = f"sample {sample}: " if sample >= 0 else ""
@@ -152,85 +215,123 @@ def _read_records(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return vit, llm
 
 
-def _read_meta(path: Path) -> Optional[dict]:
-    """The OmniBal meta file at ``path`` (a JSON object whose values hold ``token_lengths``), else None."""
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    if not head.startswith(b"{"):
+def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
+    """The OmniBal meta file in ``data`` (a JSON object whose values hold ``token_lengths``), else None."""
+    if not bytes(data[:4096]).lstrip().startswith(b"{"):
         return None
     try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None  # JSON Lines: several objects
+        meta = json.loads(bytes(data))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None  # JSON Lines (several objects), or malformed: the record scanner names the problem
     is_meta = isinstance(meta, dict) and any(isinstance(v, dict) and "token_lengths" in v for v in meta.values())
     return meta if is_meta else None
 
 
-def _load_one(path: Path, _meta_chain: tuple[Path, ...] = ()) -> Lengths:
+def _meta_parts(path: Path, meta: dict, chain: tuple[Path, ...], allow_empty: bool) -> Lengths:
+    """The length files a meta file lists, in order; every entry must name one (none is skipped)."""
+    subs = []
+    for name, entry in meta.items():
+        if not isinstance(entry, dict) or "token_lengths" not in entry:
+            raise ValueError(f"{path}: entry {name!r} has no 'token_lengths'; every data set of a meta file "
+                             f"needs its length file (else its samples would be missing from the plan)")
+        sub = entry["token_lengths"]
+        if not isinstance(sub, str) or not sub:
+            raise ValueError(f"{path}: entry {name!r}: 'token_lengths' must be a path string, got {sub!r}")
+        subs.append(Path(sub))
+    parts = []
+    for sub in subs:
+        if not sub.is_absolute():
+            sub = path.parent / sub
+        if sub.resolve() in chain:
+            raise ValueError(f"{path}: meta file lists {sub}, which leads back to itself")
+        parts.append(_load_one(sub, chain, allow_empty))
+    return Lengths.concat(parts)
+
+
+def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npy`` (key ``""``) or ``.npz`` file; a ValueError naming the file if it is corrupt."""
+    try:
+        if suffix == ".npy":
+            return {"": np.load(path, allow_pickle=False)}
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("it holds a single array (.npy data), not an archive of arrays")
+        with archive as z:
+            wanted = [k for k in ("llm", "token_num", "vit", "vit_num") if k in z.files]
+            if not any(k in wanted for k in ("llm", "token_num")):
+                raise ValueError(f"needs an array 'llm' (or 'token_num'), has {z.files}")
+            return {k: z[k] for k in wanted}
+    except _ARCHIVE_ERRORS as exc:
+        raise ValueError(f"{path}: not a readable {suffix} file ({exc})") from exc
+
+
+def _load_array_file(path: Path, suffix: str) -> Lengths:
+    arrays = _read_arrays(path, suffix)
+    where = str(path)
+    if suffix == ".npy":
+        arr = arrays[""]
+        if arr.ndim == 1:
+            llm = _frozen(_as_load_array(arr, "llm", where))
+            return Lengths(_frozen(np.zeros_like(llm)), llm, sources=(where,))
+        if arr.ndim == 2 and arr.shape[1] == 2:
+            return Lengths(_frozen(_as_load_array(arr[:, 0], "vit", where)),
+                           _frozen(_as_load_array(arr[:, 1], "llm", where)), sources=(where,))
+        raise ValueError(f"{path}: expected a 1-D array of tokens or an (N, 2) array of (vit, llm), "
+                         f"got shape {arr.shape}")
+    llm = _frozen(_as_load_array(arrays.get("llm", arrays.get("token_num")), "llm", where))
+    vit_arr = arrays.get("vit", arrays.get("vit_num"))
+    vit = _frozen(np.zeros_like(llm) if vit_arr is None else _as_load_array(vit_arr, "vit", where))
+    if vit.shape != llm.shape:
+        raise ValueError(f"{path}: vit has {vit.shape[0]} samples, llm has {llm.shape[0]}")
+    return Lengths(vit, llm, sources=(where,))
+
+
+def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool = False) -> Lengths:
     if not path.exists():
         raise FileNotFoundError(f"length file not found: {path}")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a length file (give the files in it)")
     suffix = path.suffix.lower()
-    if suffix == ".npy":
-        arr = np.load(path, allow_pickle=False)
-        if arr.ndim == 1:
-            llm = _as_load_array(arr, "llm", str(path))
-            return Lengths(np.zeros_like(llm), llm, sources=(str(path),))
-        if arr.ndim == 2 and arr.shape[1] == 2:
-            return Lengths(
-                _as_load_array(arr[:, 0], "vit", str(path)),
-                _as_load_array(arr[:, 1], "llm", str(path)),
-                sources=(str(path),),
-            )
-        raise ValueError(f"{path}: expected a 1-D array of tokens or an (N, 2) array of (vit, llm), got {arr.shape}")
-    if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            llm_key = next((k for k in ("llm", "token_num") if k in z.files), None)
-            vit_key = next((k for k in ("vit", "vit_num") if k in z.files), None)
-            if llm_key is None:
-                raise ValueError(f"{path}: needs an array 'llm' (or 'token_num'), has {z.files}")
-            llm = _as_load_array(z[llm_key], "llm", str(path))
-            vit = _as_load_array(z[vit_key], "vit", str(path)) if vit_key else np.zeros_like(llm)
-        if vit.shape != llm.shape:
-            raise ValueError(f"{path}: vit has {vit.shape[0]} samples, llm has {llm.shape[0]}")
-        return Lengths(vit, llm, sources=(str(path),))
-    if suffix in (".json", ".jsonl") or suffix == "":
-        meta = _read_meta(path) if suffix == ".json" else None
+    if suffix in (".npy", ".npz"):
+        lengths = _load_array_file(path, suffix)
+    elif suffix in (".json", ".jsonl") or suffix == "":
+        data = _utf8_json(path, path.read_bytes())
+        meta = _read_meta(path, data) if suffix == ".json" else None
         if meta is not None:
-            parts = []  # _read_meta only returns files that list at least one path
-            for entry in meta.values():
-                if not isinstance(entry, dict) or "token_lengths" not in entry:
-                    continue
-                sub = Path(entry["token_lengths"])
-                if not sub.is_absolute():
-                    sub = path.parent / sub
-                chain = (*_meta_chain, path.resolve())
-                if sub.resolve() in chain:
-                    raise ValueError(f"{path}: meta file lists {sub}, which leads back to itself")
-                parts.append(_load_one(sub, chain))
-            return Lengths.concat(parts)
-        vit, llm = _read_records(path)
-        return Lengths(vit, llm, sources=(str(path),))
-    raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
+            return _meta_parts(path, meta, (*_meta_chain, path.resolve()), allow_empty)
+        vit, llm = _read_records(path, data)
+        lengths = Lengths(_frozen(vit), _frozen(llm), sources=(str(path),))
+    else:
+        raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
+    if len(lengths) == 0 and not allow_empty:
+        raise ValueError(f"{path}: no samples (an empty length file); pass allow_empty=True if that is intended")
+    return lengths
 
 
-def load_lengths(*paths: PathLike, progress: bool | None = None) -> Lengths:
+def load_lengths(*paths: PathLike, progress: bool | None = None, allow_empty: bool = False) -> Lengths:
     """Reads per-sample loads from one or more files, concatenated in the order given.
 
     Args:
         *paths: OmniBal JSON lists, OmniBal meta files, ``.jsonl``, ``.npy`` or ``.npz`` files.
         progress: a progress bar over the files on stderr (default: when stderr is a terminal and there is
             more than one file).
+        allow_empty: accept files without samples (by default an empty file, ``[]``, or a JSON Lines file of
+            blank lines is an error: beside other files it would vanish without a trace).
 
     Returns:
-        A ``Lengths`` with ``vit``/``llm`` (int64, one entry per sample) and each sample's source file.
+        A ``Lengths`` with ``vit``/``llm`` (int64, read-only, one entry per sample) and each sample's source.
 
     Raises:
         ValueError: a negative, non-integer, too large or missing value (naming the file and sample index),
-            or an unknown format.
+            malformed or non-UTF-8 JSON, a corrupt array file, an empty file, a directory, or an unknown format.
+        TypeError: a path that is not a ``str`` or ``os.PathLike``.
         FileNotFoundError: a path does not exist.
     """
     if not paths:
         raise ValueError("load_lengths needs at least one path")
+    for i, p in enumerate(paths):
+        if not isinstance(p, (str, os.PathLike)):
+            raise TypeError(f"load_lengths: path {i} must be a str or os.PathLike, got {type(p).__name__}")
     from ._progress import progress_bar
 
     if progress is None and len(paths) == 1:
@@ -239,7 +340,7 @@ def load_lengths(*paths: PathLike, progress: bool | None = None) -> Lengths:
     parts = []
     try:
         for p in paths:
-            parts.append(_load_one(Path(p)))
+            parts.append(_load_one(Path(p), allow_empty=bool(allow_empty)))
             bar.update(1)
     finally:
         bar.close()
@@ -251,4 +352,5 @@ def default_lengths() -> Lengths:
     from .data import DEFAULT_LENGTHS_PATH
 
     with np.load(DEFAULT_LENGTHS_PATH, allow_pickle=False) as z:
-        return Lengths(z["vit"], z["llm"], z["source"].astype(np.int32), tuple(str(s) for s in z["source_names"]))
+        return Lengths(_frozen(z["vit"]), _frozen(z["llm"]), _frozen(z["source"].astype(np.int32)),
+                       tuple(str(s) for s in z["source_names"]))
