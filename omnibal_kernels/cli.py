@@ -67,6 +67,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     from .balance import balance_report, plan_packs
     from .lengths import default_lengths, load_lengths
 
+    if args.out:
+        _check_output_path(args.out)
     if args.paths:
         lengths = load_lengths(*args.paths)
         source = f"{len(args.paths)} file(s)"
@@ -99,7 +101,7 @@ def _run_plan(args: argparse.Namespace) -> int:
                       world_size=plan.world_size)
         rows.append(report)
         if args.out:
-            plan.save(args.out)
+            written = plan.save(args.out)
 
     if args.json:
         print(json.dumps(rows[0]))
@@ -113,8 +115,20 @@ def _run_plan(args: argparse.Namespace) -> int:
     for key, label, fmt in _REPORT_ROWS:
         print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(r[key]):>10}" for r in rows))
     if args.out:
-        print(f"plan written to {args.out}")
+        print(f"plan written to {written}")
     return 0
+
+
+def _check_output_path(path: str) -> None:
+    """Fails before the work, not after it, when ``path`` cannot be written."""
+    from pathlib import Path
+
+    folder = Path(path).parent
+    if Path(path).is_dir():
+        raise IsADirectoryError(21, "Is a directory", path)
+    if not folder.is_dir():
+        problem = "is not a directory" if folder.exists() else "does not exist"
+        raise NotADirectoryError(20, f"cannot write {path}: its folder {str(folder)!r} {problem}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -123,7 +137,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, OSError) as exc:
+        # Bad input (the project raises ValueError/TypeError naming it) or a file that cannot be read or
+        # written: one line and status 2. Anything else is a defect and keeps its traceback.
         print(f"omnibal-kernels: error: {exc}", file=sys.stderr)
         return 2
 

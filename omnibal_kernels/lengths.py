@@ -354,3 +354,36 @@ def default_lengths() -> Lengths:
     with np.load(DEFAULT_LENGTHS_PATH, allow_pickle=False) as z:
         return Lengths(_frozen(z["vit"]), _frozen(z["llm"]), _frozen(z["source"].astype(np.int32)),
                        tuple(str(s) for s in z["source_names"]))
+
+
+def _write_length_file(path: PathLike, vit: object, llm: object, fmt: str | None = None,
+                       allow_empty: bool = False) -> Path:
+    """Writes loads as an OmniBal ``.json`` list or an ``.npz`` (``vit``, ``llm`` int32), atomically.
+
+    The values pass the reader's own check first (integers in ``[0, 2**31)``, one ``vit`` per ``llm``, at least
+    one sample unless ``allow_empty``), so every file written here loads with ``load_lengths``.
+    """
+    from ._files import atomic_write
+
+    path = Path(path)
+    fmt = (fmt or path.suffix.lstrip(".")).lower()
+    if fmt not in ("json", "npz"):
+        raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json or .npz suffix or fmt=")
+    where = f"writing {path}"
+    vit = _as_load_array(vit, "vit", where)
+    llm = _as_load_array(llm, "llm", where)
+    if vit.shape != llm.shape:
+        raise ValueError(f"{where}: vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
+    if vit.size == 0 and not allow_empty:
+        raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
+                         f"(pass allow_empty=True here too if that is intended)")
+    if fmt == "json":
+        with atomic_write(path, "w") as f:
+            # One sample per line: the OmniBal list format, readable and diffable.
+            f.write("[\n")
+            f.write(",\n".join(f'{{"vit_num": {v}, "token_num": {t}}}' for v, t in zip(vit.tolist(), llm.tolist())))
+            f.write("\n]\n")
+    else:
+        with atomic_write(path) as f:
+            np.savez(f, vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
+    return path

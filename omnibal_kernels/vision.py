@@ -53,6 +53,9 @@ MAX_IMAGE_SIDE = 2**26
 _CHUNK = 1 << 16
 # Qwen2-VL's smart_resize rejects images whose long side exceeds 200x the short side.
 QWEN2VL_MAX_RATIO = 200
+# Most tiles of an InternVL grid: the configs use 6 to 40; the candidate scan grows as max_num**3
+# (256 takes 0.4 s on one core), and an absurd value would never finish.
+INTERNVL_MAX_TILES = 256
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -101,11 +104,13 @@ def _check_sides(widths: np.ndarray, heights: np.ndarray) -> None:
             raise ValueError(f"image {i}: {name}[{i}] = {int(side[i])} is not in [1, {MAX_IMAGE_SIDE}]")
 
 
-def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
+def _check_positive_int(value: Any, name: str, minimum: int = 1, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return int(value)
 
 
@@ -131,7 +136,7 @@ def internvl_target_ratios(min_num: int = 1, max_num: int = 12) -> list[tuple[in
     by building the same set in the same insertion order.
     """
     min_num = _check_positive_int(min_num, "min_num")
-    max_num = _check_positive_int(max_num, "max_num")
+    max_num = _check_positive_int(max_num, "max_num", maximum=INTERNVL_MAX_TILES)
     if max_num < min_num:
         raise ValueError(f"max_num ({max_num}) must be >= min_num ({min_num})")
     grids: set[tuple[int, int]] = set()
@@ -195,7 +200,7 @@ def internvl_tile_grid(widths: Any, heights: Any, *, min_num: int = 1, max_num: 
         ValueError: a non-positive or oversized side (naming the image), bad ``min_num``/``max_num``.
     """
     ratios = internvl_target_ratios(min_num, max_num)
-    image_size = _check_positive_int(image_size, "image_size")
+    image_size = _check_positive_int(image_size, "image_size", maximum=MAX_IMAGE_SIDE)
     if _is_cuda(widths) or _is_cuda(heights):
         from .ops.vision_counts import internvl_tile_grid_triton
 
@@ -326,9 +331,10 @@ def qwen2vl_grid(widths: Any, heights: Any, num_frames: Any = None, *, patch_siz
     Returns:
         :class:`ResizedGrid`; ``grid_thw`` is ``(N, 3)``.
     """
-    patch_size = _check_positive_int(patch_size, "patch_size")
-    merge_size = _check_positive_int(merge_size, "merge_size")
-    temporal_patch_size = _check_positive_int(temporal_patch_size, "temporal_patch_size")
+    # A patch (or merged patch) larger than the largest image side means nothing, and bounds int64 products.
+    patch_size = _check_positive_int(patch_size, "patch_size", maximum=MAX_IMAGE_SIDE)
+    merge_size = _check_positive_int(merge_size, "merge_size", maximum=MAX_IMAGE_SIDE)
+    temporal_patch_size = _check_positive_int(temporal_patch_size, "temporal_patch_size", maximum=MAX_IMAGE_SIDE)
     factor = patch_size * merge_size
     h_out, w_out = qwen2vl_smart_resize(widths, heights, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
     if _is_torch(h_out):
@@ -454,6 +460,7 @@ def compute_loads(image_sizes: Any, text_tokens: Any, *, model: str = "internvl"
 
     if model not in _MODELS:
         raise ValueError(f"model must be one of {_MODELS}, got {model!r}")
+    num_image_token = _check_positive_int(num_image_token, "num_image_token", minimum=0, maximum=2**31 - 1)
     text = _as_int_array(text_tokens, "text_tokens")
     n = text.shape[0]
     if (text < 0).any():
@@ -506,48 +513,57 @@ def compute_loads(image_sizes: Any, text_tokens: Any, *, model: str = "internvl"
     return Loads(vit, text + img_llm)
 
 
-def write_lengths(path: str | Path, loads: Loads | Mapping[str, Any], *, fmt: str | None = None) -> Path:
-    """Write per-sample loads as a length file.
+def write_lengths(path: str | Path, loads: Loads | Mapping[str, Any], *, fmt: str | None = None,
+                  allow_empty: bool = False) -> Path:
+    """Write per-sample loads as a length file, atomically (a temporary file renamed into place).
 
     Args:
         path: ``.json`` for the OmniBal format (a list of ``{"vit_num": int, "token_num": int}``, one per
-            sample) or ``.npz`` for arrays ``vit`` and ``llm`` (int32 when they fit, else int64).
+            sample) or ``.npz`` for int32 arrays ``vit`` and ``llm``.
         loads: :class:`Loads` or a mapping with ``vit`` and ``llm`` ``(N,)``.
         fmt: ``"json"`` or ``"npz"`` to override the suffix.
+        allow_empty: write a file without samples (``load_lengths`` reads it only with ``allow_empty=True``).
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: values ``load_lengths`` would refuse (negative, non-integer, ``>= 2**31``, no samples),
+            naming the sample; an unknown format.
     """
-    path = Path(path)
-    fmt = fmt or path.suffix.lstrip(".").lower()
-    if fmt not in ("json", "npz"):
-        raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json or .npz suffix or fmt=")
-    vit = _as_int_array(loads[0] if isinstance(loads, tuple) else loads["vit"], "vit")
-    llm = _as_int_array(loads[1] if isinstance(loads, tuple) else loads["llm"], "llm")
-    if vit.shape != llm.shape:
-        raise ValueError(f"vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
-    if fmt == "json":
-        records = [{"vit_num": int(v), "token_num": int(t)} for v, t in zip(vit.tolist(), llm.tolist())]
-        with open(path, "w") as f:
-            json.dump(records, f)
-    else:
-        big = max(int(vit.max(initial=0)), int(llm.max(initial=0))) >= 2**31
-        dtype = np.int64 if big else np.int32
-        with open(path, "wb") as f:
-            np.savez(f, vit=vit.astype(dtype), llm=llm.astype(dtype))
-    return path
+    from .lengths import _write_length_file
+
+    vit = loads[0] if isinstance(loads, tuple) else loads["vit"]
+    llm = loads[1] if isinstance(loads, tuple) else loads["llm"]
+    vit, llm = (x.detach().cpu().numpy() if _is_torch(x) else x for x in (vit, llm))
+    return _write_length_file(path, vit, llm, fmt=fmt, allow_empty=allow_empty)
 
 
 # --------------------------------------------------------------------------------------------- CLI
 
 
 def _read_records(path: Path) -> list[Mapping[str, Any]]:
-    text = path.read_text()
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a records file")
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark is skipped
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc})") from exc
     stripped = text.lstrip()
     if stripped.startswith("["):
-        records = json.loads(text)
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON list of records ({exc})") from exc
     else:
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        records = []
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                records.extend([json.loads(line)] if line.strip() else [])
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {n} is not a JSON record ({exc.msg}, column {exc.colno})") from exc
+    if not isinstance(records, list) or not records:
+        raise ValueError(f"{path}: no records (expected a JSON list of objects or JSON Lines)")
     for i, rec in enumerate(records):
         if not isinstance(rec, Mapping):
             raise ValueError(f"{path}: record {i} is not a JSON object")
@@ -567,6 +583,8 @@ def _record_fields(records: Sequence[Mapping[str, Any]], sizes_key: str, text_ke
         if text_key not in rec:
             raise ValueError(f"record {i}: no {text_key!r} field (text tokens, an int or a token list)")
         value = rec[text_key]
+        if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
+            raise ValueError(f"record {i}: {text_key!r} must be a token count or a token list, got {value!r}")
         text.append(len(value) if isinstance(value, (list, tuple)) else value)
         if frames is not None:
             frames.append(rec.get(frames_key, 1))
@@ -606,21 +624,25 @@ def add_lengths_parser(subparsers: Any) -> Any:
 def run_lengths(args: Any) -> int:
     """Run the ``lengths`` subcommand from parsed ``args``; prints a one-line summary, returns 0."""
     records = _read_records(Path(args.input))
-    sizes, text, frames = _record_fields(records, args.sizes_key, args.text_key, args.frames_key)
-    common = dict(model=args.model, num_image_token=args.num_image_token, min_num=args.min_num,
-                  max_num=args.max_num, image_size=args.image_size, use_thumbnail=args.use_thumbnail,
-                  patch_size=args.patch_size, merge_size=args.merge_size,
-                  temporal_patch_size=args.temporal_patch_size, min_pixels=args.min_pixels,
-                  max_pixels=args.max_pixels, progress=args.progress)
-    if frames is not None:
-        flat, owner = _flatten_image_sizes(sizes, False)
-        counts = np.bincount(owner, minlength=len(sizes)) if owner.size else np.zeros(len(sizes), np.int64)
-        if (counts > 1).any():
-            raise ValueError(f"record {int(np.flatnonzero(counts > 1)[0])}: --frames-key needs one video per record")
-        loads = compute_loads(flat, text, image_to_sample=owner,
-                              num_frames=np.asarray(frames, dtype=np.int64)[owner], **common)
-    else:
-        loads = compute_loads(sizes, text, **common)
+    try:  # errors in the records name the input file
+        sizes, text, frames = _record_fields(records, args.sizes_key, args.text_key, args.frames_key)
+        common = dict(model=args.model, num_image_token=args.num_image_token, min_num=args.min_num,
+                      max_num=args.max_num, image_size=args.image_size, use_thumbnail=args.use_thumbnail,
+                      patch_size=args.patch_size, merge_size=args.merge_size,
+                      temporal_patch_size=args.temporal_patch_size, min_pixels=args.min_pixels,
+                      max_pixels=args.max_pixels, progress=args.progress)
+        if frames is not None:
+            flat, owner = _flatten_image_sizes(sizes, False)
+            counts = np.bincount(owner, minlength=len(sizes)) if owner.size else np.zeros(len(sizes), np.int64)
+            if (counts > 1).any():
+                raise ValueError(f"record {int(np.flatnonzero(counts > 1)[0])}: --frames-key needs one video per "
+                                 "record")
+            loads = compute_loads(flat, text, image_to_sample=owner,
+                                  num_frames=np.asarray(frames, dtype=np.int64)[owner], **common)
+        else:
+            loads = compute_loads(sizes, text, **common)
+    except (TypeError, ValueError) as exc:
+        raise (TypeError if isinstance(exc, TypeError) else ValueError)(f"{args.input}: {exc}") from exc
     out = write_lengths(args.output, loads)
     print(f"wrote {len(text)} samples to {out}: vit total {int(loads.vit.sum())}, llm total {int(loads.llm.sum())}")
     return 0

@@ -45,6 +45,12 @@ ISF_ITERATIONS = 50
 MAX_WORLD_SIZE = 1 << 24
 # ISF rounds re-pack the pool each time; the authors use 50. Bounds a mistyped value's running time.
 MAX_ISF_ITERATIONS = 100_000
+# Above any real pack (2**31 samples of the largest load, 2**31 - 1, stay below it). The engine sums a pack's
+# loads plus one more sample in int64 and sizes buckets by capacity + 1: 2**62 keeps all of that exact.
+MAX_CAPACITY = 1 << 62
+# Epochs and seeds are mixed as 64-bit words: epochs past 2**63 (int64) would repeat earlier ones' plans
+# (2**64 planned exactly like epoch 0), seeds outside [-2**63, 2**64) would collide modulo 2**64.
+MAX_EPOCH = (1 << 63) - 1
 
 _MASK64 = (1 << 64) - 1
 
@@ -71,8 +77,8 @@ def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
 
 
 def _check_epoch(epoch: object) -> int:
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch <= MAX_EPOCH:
+        raise ValueError(f"epoch must be an int in [0, 2**63), got {epoch!r}")
     return int(epoch)
 
 
@@ -87,6 +93,8 @@ def _hash_arrays(*arrays: np.ndarray) -> str:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The 64-bit seed of one epoch's plan: ``seed`` and ``epoch`` mixed by two SplitMix64 steps."""
     seed = _check_int("seed", seed)
+    if not -(1 << 63) <= seed < (1 << 64):
+        raise ValueError(f"seed must be in [-2**63, 2**64) (it is mixed as a 64-bit word), got {seed}")
     epoch = _check_epoch(epoch)
 
     def mix(z: int) -> int:
@@ -175,12 +183,25 @@ class Plan:
         """A short hash of the schedule: equal on every rank that computed the same plan."""
         return _hash_arrays(self.pack_offsets, self.pack_samples, self.step_packs)
 
-    def save(self, path: Union[str, Path]) -> None:
-        """Writes the plan to an ``.npz`` file (``Plan.load`` reads it back)."""
+    def save(self, path: Union[str, Path]) -> Path:
+        """Writes the plan to an ``.npz`` file atomically (``Plan.load`` reads it back); returns the path written.
+
+        As with ``numpy.savez``, ``.npz`` is appended to a name without it (``"plan"`` writes ``plan.npz``).
+        """
+        from .._files import atomic_write
+
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
         meta = {k: getattr(self, k) for k in ("method", "world_size", "vit_capacity", "llm_capacity", "seed",
                                               "epoch", "duplicated_slots", "num_input_samples", "seconds")}
+        with atomic_write(path) as f:
+            self._write_npz(f, meta)
+        return path
+
+    def _write_npz(self, f: object, meta: dict) -> None:
         np.savez(
-            path,
+            f,
             pack_offsets=self.pack_offsets,
             pack_samples=self.pack_samples,
             step_packs=self.step_packs,
@@ -288,6 +309,9 @@ def plan_packs(
         vit_capacity, llm_capacity = caps.vit_capacity, caps.llm_capacity
     vit_capacity = _check_positive_int("vit_capacity", vit_capacity, minimum=0)
     llm_capacity = _check_positive_int("llm_capacity", llm_capacity)
+    for name, cap in (("vit_capacity", vit_capacity), ("llm_capacity", llm_capacity)):
+        if cap > MAX_CAPACITY:
+            raise ValueError(f"{name} must be at most 2**62 (far above any pack), got {cap}")
     if method == "isf":
         vit_threshold = vit_capacity if vit_threshold is None else vit_threshold
         llm_threshold = max(llm_capacity - ISF_LLM_MARGIN, 1) if llm_threshold is None else llm_threshold
