@@ -254,15 +254,18 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
         if suffix == ".npy":
             return {"": np.load(path, allow_pickle=False)}
         archive = np.load(path, allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise ValueError("it holds a single array (.npy data), not an archive of arrays")
-        with archive as z:
-            wanted = [k for k in ("llm", "token_num", "vit", "vit_num") if k in z.files]
-            if not any(k in wanted for k in ("llm", "token_num")):
-                raise ValueError(f"needs an array 'llm' (or 'token_num'), has {z.files}")
-            return {k: z[k] for k in wanted}
     except _ARCHIVE_ERRORS as exc:
         raise ValueError(f"{path}: not a readable {suffix} file ({exc})") from exc
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: holds a single array (.npy data), not an .npz archive of arrays")
+    with archive as z:
+        wanted = [k for k in ("llm", "token_num", "vit", "vit_num") if k in z.files]
+        if not any(k in wanted for k in ("llm", "token_num")):
+            raise ValueError(f"{path}: needs an array 'llm' (or 'token_num'), has {z.files}")
+        try:
+            return {k: z[k] for k in wanted}
+        except _ARCHIVE_ERRORS as exc:
+            raise ValueError(f"{path}: not a readable .npz file ({exc})") from exc
 
 
 def _load_array_file(path: Path, suffix: str) -> Lengths:
