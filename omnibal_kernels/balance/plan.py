@@ -45,9 +45,11 @@ ISF_ITERATIONS = 50
 MAX_WORLD_SIZE = 1 << 24
 # ISF rounds re-pack the pool each time; the authors use 50. Bounds a mistyped value's running time.
 MAX_ISF_ITERATIONS = 100_000
-# Above any real pack (2**31 samples of the largest load, 2**31 - 1, stay below it). The engine sums a pack's
-# loads plus one more sample in int64 and sizes buckets by capacity + 1: 2**62 keeps all of that exact.
-MAX_CAPACITY = 1 << 62
+# Far above any real pack (2**48 tokens), and the largest capacity the engine handles exactly: it places open
+# packs in buckets by room * buckets / (capacity + 1) in float64, which must stay below the bucket count; up
+# to 2**48 every term is exact and the quotient stays 2**-32 below it (at 2**62 a room rounded up to the
+# capacity and indexed past the last bucket). Its int64 sums of a pack plus one sample are far from overflow.
+MAX_CAPACITY = 1 << 48
 # Epochs and seeds are mixed as 64-bit words: epochs past 2**63 (int64) would repeat earlier ones' plans
 # (2**64 planned exactly like epoch 0), seeds outside [-2**63, 2**64) would collide modulo 2**64.
 MAX_EPOCH = (1 << 63) - 1
@@ -311,7 +313,7 @@ def plan_packs(
     llm_capacity = _check_positive_int("llm_capacity", llm_capacity)
     for name, cap in (("vit_capacity", vit_capacity), ("llm_capacity", llm_capacity)):
         if cap > MAX_CAPACITY:
-            raise ValueError(f"{name} must be at most 2**62 (far above any pack), got {cap}")
+            raise ValueError(f"{name} must be at most 2**48 (far above any pack), got {cap}")
     if method == "isf":
         vit_threshold = vit_capacity if vit_threshold is None else vit_threshold
         llm_threshold = max(llm_capacity - ISF_LLM_MARGIN, 1) if llm_threshold is None else llm_threshold

@@ -77,9 +77,9 @@ def files(tmp_path: Path) -> dict[str, Path]:
     (["plan", "{ok.npy}", "--out", "{dir}/missing/plan.npz"], ["missing", "does not exist"]),
     (["plan", "{ok.npy}", "--out", "{folder.json}"], ["Is a directory"]),
     (["plan", "{ok.npy}", "--vit-capacity", "1", "--llm-capacity", "9223372036854775808"],
-     ["llm_capacity must be at most 2**62"]),
+     ["llm_capacity must be at most 2**48"]),
     (["plan", "{ok.npy}", "--vit-capacity", "9223372036854775807", "--llm-capacity", "1000"],
-     ["vit_capacity must be at most 2**62"]),
+     ["vit_capacity must be at most 2**48"]),
     (["plan", "{ok.npy}", "--vit-capacity", "-1", "--llm-capacity", "1000"], ["vit_capacity"]),
     (["plan", "{ok.npy}", "--epoch", str(2**64)], ["epoch must be an int in [0, 2**63)"]),
     (["plan", "{ok.npy}", "--epoch", "-1"], ["epoch"]),
@@ -125,7 +125,7 @@ _PLAN_FLAG_VALUES = {
     "--method": ["balanced", "isf", "random", "nope"],
     "--oversize": ["error", "single", "drop", "nope"],
 }
-_CAPACITIES = ["-1", "0", "1", "500", str(2**62), str(2**62 + 1), str(2**63 - 1), str(2**64), str(2**200)]
+_CAPACITIES = ["-1", "0", "1", "500", str(2**48), str(2**48 + 1), str(2**63 - 1), str(2**64), str(2**200)]
 
 
 @settings(max_examples=80, deadline=None)
