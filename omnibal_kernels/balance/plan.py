@@ -80,7 +80,7 @@ def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
 
 def _check_epoch(epoch: object) -> int:
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch <= MAX_EPOCH:
-        raise ValueError(f"epoch must be an int in [0, 2**63), got {epoch!r}")
+        raise ValueError(f"epoch must be a non-negative int below 2**63, got {epoch!r}")
     return int(epoch)
 
 
