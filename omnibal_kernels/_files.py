@@ -9,6 +9,7 @@ leaves ``path`` as it was too, plus at most a hidden ``.<name>.<random>.tmp`` be
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -67,7 +68,7 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str | None = None) 
         raise ValueError(f"mode must be 'wb' or 'w', got {mode!r}")
     path = Path(path)
     if path.is_dir():
-        raise IsADirectoryError(21, "Is a directory", str(path))
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     try:
         fd, tmp = _open_temporary(path)
     except OSError as exc:

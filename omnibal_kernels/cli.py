@@ -120,15 +120,19 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 def _check_output_path(path: str) -> None:
-    """Fails before the work, not after it, when ``path`` cannot be written."""
+    """Fails before the work, not after it, when the plan file ``path`` cannot be written."""
+    import errno
+    import os
     from pathlib import Path
 
+    if not path.endswith(".npz"):
+        path += ".npz"  # what Plan.save writes
     folder = Path(path).parent
     if Path(path).is_dir():
-        raise IsADirectoryError(21, "Is a directory", path)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     if not folder.is_dir():
         problem = "is not a directory" if folder.exists() else "does not exist"
-        raise NotADirectoryError(20, f"cannot write {path}: its folder {str(folder)!r} {problem}")
+        raise NotADirectoryError(errno.ENOTDIR, f"cannot write {path}: its folder {str(folder)!r} {problem}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -54,6 +54,7 @@ def _assert_one_line_error(status: int, err: str, *fragments: str) -> None:
 def files(tmp_path: Path) -> dict[str, Path]:
     np.save(tmp_path / "ok.npy", np.arange(100, 400))
     (tmp_path / "folder.json").mkdir()
+    (tmp_path / "folder.npz").mkdir()
     (tmp_path / "regular").write_text("not a folder")
     (tmp_path / "corrupt.npz").write_bytes(b"PK\x03\x04 not really a zip")
     (tmp_path / "two.json").write_text('[{"token_num": 1}]\n[{"token_num": 2}]')
@@ -75,7 +76,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
     (["plan", "{utf16.json}"], ["UTF-16"]),
     (["plan", "{ok.npy}", "--out", "{regular}/plan.npz"], ["regular", "is not a directory"]),
     (["plan", "{ok.npy}", "--out", "{dir}/missing/plan.npz"], ["missing", "does not exist"]),
-    (["plan", "{ok.npy}", "--out", "{folder.json}"], ["Is a directory"]),
+    (["plan", "{ok.npy}", "--out", "{folder.npz}"], ["Is a directory", "folder.npz"]),
     (["plan", "{ok.npy}", "--vit-capacity", "1", "--llm-capacity", "9223372036854775808"],
      ["llm_capacity must be at most 2**48"]),
     (["plan", "{ok.npy}", "--vit-capacity", "9223372036854775807", "--llm-capacity", "1000"],
