@@ -180,13 +180,14 @@ def _as_load_array(values: object, name: str, where: str = "") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-# Byte order marks of the encodings a JSON length file may arrive in; only UTF-8 is read.
-_BOMS = (
-    (b"\x00\x00\xfe\xff", "UTF-32 (big-endian)"),
-    (b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"),
-    (b"\xef\xbb\xbf", "UTF-8 with a byte order mark"),
-    (b"\xfe\xff", "UTF-16 (big-endian)"),
-    (b"\xff\xfe", "UTF-16 (little-endian)"),
+# Byte order marks of the other encodings a JSON length file may arrive in (UTF-32 first: its little-endian
+# mark begins with UTF-16's). Only UTF-8 is read; its own mark is skipped.
+_UTF8_BOM = b"\xef\xbb\xbf"
+_OTHER_BOMS = (
+    (b"\x00\x00\xfe\xff", "UTF-32", "big-endian"),
+    (b"\xff\xfe\x00\x00", "UTF-32", "little-endian"),
+    (b"\xfe\xff", "UTF-16", "big-endian"),
+    (b"\xff\xfe", "UTF-16", "little-endian"),
 )
 # What numpy raises on a truncated or corrupt .npy/.npz (besides ValueError).
 _ARCHIVE_ERRORS = (ValueError, EOFError, zipfile.BadZipFile, zlib.error)
@@ -194,12 +195,12 @@ _ARCHIVE_ERRORS = (ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 def _utf8_json(path: Path, data: bytes) -> memoryview:
     """The JSON bytes of ``data`` without a UTF-8 byte order mark; a clear error for UTF-16/32."""
-    for bom, name in _BOMS:
+    if data.startswith(_UTF8_BOM):
+        return memoryview(data)[len(_UTF8_BOM):]
+    for bom, encoding, order in _OTHER_BOMS:
         if data.startswith(bom):
-            if bom == b"\xef\xbb\xbf":
-                return memoryview(data)[len(bom):]
-            raise ValueError(f"{path}: the file is {name} encoded; length files must be UTF-8 "
-                             f"(convert it, e.g. iconv -f UTF-16 -t UTF-8)")
+            raise ValueError(f"{path}: the file is {encoding} ({order}) encoded; length files must be UTF-8 "
+                             f"(convert it, e.g. iconv -f {encoding} -t UTF-8)")
     # Without a mark, UTF-16/32 JSON shows NUL bytes between its ASCII characters.
     if b"\x00" in data[:64]:
         raise ValueError(f"{path}: the file holds NUL bytes (UTF-16 or UTF-32 encoded, or not text); length "
