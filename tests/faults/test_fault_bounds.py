@@ -114,3 +114,21 @@ def test_seeds_that_would_collide_modulo_2_64_are_refused(seed):
 def test_epoch_seeds_in_range_are_distinct_per_epoch(epoch, seed):
     # Within the accepted range the mixing is injective in the epoch: the neighbours never share a seed.
     assert epoch_seed(seed, epoch) != epoch_seed(seed, epoch ^ 1)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda v: v.compute_loads([[(448, 448)]], [5], num_image_token=-1), "num_image_token must be >= 0"),
+    (lambda v: v.compute_loads([[(448, 448)]], [5], num_image_token=2**63), "num_image_token must be <="),
+    (lambda v: v.internvl_target_ratios(1, v.INTERNVL_MAX_TILES + 1), "max_num must be <= 256"),
+    (lambda v: v.internvl_num_tiles([448], [448], image_size=2**63), "image_size must be <="),
+    (lambda v: v.qwen2vl_grid([448], [448], patch_size=2**63), "patch_size must be <="),
+    (lambda v: v.qwen2vl_grid([448], [448], merge_size=v.MAX_IMAGE_SIDE + 1), "merge_size must be <="),
+    (lambda v: v.qwen2vl_grid([448], [448], temporal_patch_size=2**64), "temporal_patch_size must be <="),
+])
+def test_vision_options_past_their_bounds_are_clear_errors(call, message):
+    # Before: a negative token count per tile gave negative loads silently, huge sizes an OverflowError from
+    # numpy, and max_num = 2**31 a candidate scan that never finished.
+    from omnibal_kernels import vision
+
+    with pytest.raises(ValueError, match=message):
+        call(vision)
