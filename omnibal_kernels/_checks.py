@@ -12,6 +12,7 @@ import numpy as np
 
 __all__ = [
     "BACKENDS",
+    "MAX_EPOCH",
     "MAX_IMAGE_SIDE",
     "QWEN2VL_MAX_RATIO",
     "as_int_array",
@@ -67,20 +68,27 @@ def check_int(name: str, value: object) -> int:
     return int(value)
 
 
-def check_positive_int(name: str, value: object, minimum: int = 1) -> int:
-    """``value`` as an int ``>= minimum``; ``TypeError`` for a non-integer, ``ValueError`` below ``minimum``."""
+def check_positive_int(name: str, value: object, minimum: int = 1, maximum: Optional[int] = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; ``TypeError`` for a non-integer, else ``ValueError``."""
     value = check_int(name, value)
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return value
 
 
+# Epochs are mixed into the plan's seed as 64-bit words: epochs past 2**63 (int64) would repeat earlier epochs'
+# plans (2**64 would plan exactly like epoch 0).
+MAX_EPOCH = (1 << 63) - 1
+
+
 def check_epoch(epoch: object) -> int:
-    """A non-negative int epoch."""
+    """An int epoch in ``[0, 2**63)``."""
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
-        raise TypeError(f"epoch must be a non-negative int, got {type(epoch).__name__} ({epoch!r})")
-    if epoch < 0:
-        raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        raise TypeError(f"epoch must be a non-negative int below 2**63, got {type(epoch).__name__} ({epoch!r})")
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise ValueError(f"epoch must be a non-negative int below 2**63, got {epoch!r}")
     return int(epoch)
 
 

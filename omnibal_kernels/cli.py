@@ -80,6 +80,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     from .balance import balance_report, plan_packs
     from .lengths import default_lengths, load_lengths
 
+    if args.out:
+        _check_output_path(args.out)
     if args.paths:
         lengths = load_lengths(*args.paths)
         source = f"{len(args.paths)} file(s)"
@@ -113,7 +115,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         rows.append(report)
         plans[method] = plan
         if args.out:
-            plan.save(args.out)
+            written = plan.save(args.out)
     if args.plot:
         from .bench.cli import check_plot_dependency
         from .bench.plots import plot_plans
@@ -137,20 +139,51 @@ def _run_plan(args: argparse.Namespace) -> int:
     for key, label, fmt in _REPORT_ROWS:
         print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(r[key]):>10}" for r in rows))
     if args.out:
-        print(f"plan written to {args.out}")
+        print(f"plan written to {written}")
     return 0
+
+
+def _check_output_path(path: str) -> None:
+    """Fails before the work, not after it, when the plan file ``path`` cannot be written."""
+    import errno
+    import os
+    from pathlib import Path
+
+    if not path.endswith(".npz"):
+        path += ".npz"  # what Plan.save writes
+    folder = Path(path).parent
+    if Path(path).is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not folder.is_dir():
+        problem = "is not a directory" if folder.exists() else "does not exist"
+        raise NotADirectoryError(errno.ENOTDIR, f"cannot write {path}: its folder {str(folder)!r} {problem}")
 
 
 # ------------------------------------------------------------------------------------------------ lengths
 
 
 def _read_lengths_records(path: Path) -> list[Mapping[str, Any]]:
-    text = path.read_text()
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a records file")
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark is skipped
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc})") from exc
     stripped = text.lstrip()
     if stripped.startswith("["):
-        records = json.loads(text)
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON list of records ({exc})") from exc
     else:
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        records = []
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                records.extend([json.loads(line)] if line.strip() else [])
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {n} is not a JSON record ({exc.msg}, column {exc.colno})") from exc
+    if not isinstance(records, list) or not records:
+        raise ValueError(f"{path}: no records (expected a JSON list of objects or JSON Lines)")
     for i, rec in enumerate(records):
         if not isinstance(rec, Mapping):
             raise ValueError(f"{path}: record {i} is not a JSON object")
@@ -170,6 +203,8 @@ def _record_fields(records: Sequence[Mapping[str, Any]], sizes_key: str, text_ke
         if text_key not in rec:
             raise ValueError(f"record {i}: no {text_key!r} field (text tokens, an int or a token list)")
         value = rec[text_key]
+        if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
+            raise ValueError(f"record {i}: {text_key!r} must be a token count or a token list, got {value!r}")
         text.append(len(value) if isinstance(value, (list, tuple)) else value)
         if frames is not None:
             frames.append(rec.get(frames_key, 1))
@@ -223,21 +258,25 @@ def _run_lengths(args: argparse.Namespace) -> int:
     if args.input is None:
         raise ValueError("lengths: give the records file (or --tokenizer to count raw data, --merge to join parts)")
     records = _read_lengths_records(Path(args.input))
-    sizes, text, frames = _record_fields(records, args.sizes_key, args.text_key, args.frames_key)
-    common = dict(model=args.model, num_image_token=args.num_image_token, min_num=args.min_num,
-                  max_num=args.max_num, image_size=args.image_size, use_thumbnail=args.use_thumbnail,
-                  patch_size=args.patch_size, merge_size=args.merge_size,
-                  temporal_patch_size=args.temporal_patch_size, min_pixels=args.min_pixels,
-                  max_pixels=args.max_pixels, progress=args.progress)
-    if frames is not None:
-        flat, owner = flatten_image_sizes(sizes, False)
-        counts = np.bincount(owner, minlength=len(sizes)) if owner.size else np.zeros(len(sizes), np.int64)
-        if (counts > 1).any():
-            raise ValueError(f"record {int(np.flatnonzero(counts > 1)[0])}: --frames-key needs one video per record")
-        loads = compute_loads(flat, text, image_to_sample=owner,
-                              num_frames=np.asarray(frames, dtype=np.int64)[owner], **common)
-    else:
-        loads = compute_loads(sizes, text, **common)
+    try:  # errors in the records name the input file
+        sizes, text, frames = _record_fields(records, args.sizes_key, args.text_key, args.frames_key)
+        common = dict(model=args.model, num_image_token=args.num_image_token, min_num=args.min_num,
+                      max_num=args.max_num, image_size=args.image_size, use_thumbnail=args.use_thumbnail,
+                      patch_size=args.patch_size, merge_size=args.merge_size,
+                      temporal_patch_size=args.temporal_patch_size, min_pixels=args.min_pixels,
+                      max_pixels=args.max_pixels, progress=args.progress)
+        if frames is not None:
+            flat, owner = flatten_image_sizes(sizes, False)
+            counts = np.bincount(owner, minlength=len(sizes)) if owner.size else np.zeros(len(sizes), np.int64)
+            if (counts > 1).any():
+                raise ValueError(f"record {int(np.flatnonzero(counts > 1)[0])}: --frames-key needs one video per "
+                                 "record")
+            loads = compute_loads(flat, text, image_to_sample=owner,
+                                  num_frames=np.asarray(frames, dtype=np.int64)[owner], **common)
+        else:
+            loads = compute_loads(sizes, text, **common)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{args.input}: {exc}") from exc
     out = write_lengths(args.output, loads)
     print(f"wrote {len(text)} samples to {out}: vit total {int(loads.vit.sum())}, llm total {int(loads.llm.sum())}")
     return 0
@@ -249,7 +288,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, OSError) as exc:
+        # Bad input (the project raises ValueError/TypeError naming it) or a file that cannot be read or
+        # written: one line and status 2. Anything else is a defect and keeps its traceback.
         print(f"omnibal-kernels: error: {exc}", file=sys.stderr)
         return 2
 

@@ -13,12 +13,18 @@
 A missing ``vit_num`` means a text-only sample (ViT load 0). A missing ``token_num``, a negative, non-integer
 or too large value raises ``ValueError`` naming the file and the sample index. JSON is scanned by the C++
 extension in one pass, with no Python object per sample, so inputs of tens of millions of samples load in
-seconds.
+seconds. The JSON must be strict (commas between samples, nothing after a list's closing ``]``) and UTF-8 (a
+byte order mark is skipped); a file without samples is an error unless ``allow_empty=True``.
+
+The arrays of a ``Lengths`` are read-only: statistics computed once (and the plans made from them) stay true.
+Derive new loads as a new ``Lengths``, e.g. ``Lengths(L.vit, L.llm + 2000, L.source, L.sources)``.
 """
 from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
@@ -26,7 +32,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from . import _ext
-from ._checks import as_int_array
+from ._checks import is_tensor
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -52,6 +58,10 @@ class LoadStats(NamedTuple):
 class Lengths:
     """Per-sample loads of a dataset, columnar.
 
+    The arrays are read-only (``L.llm += 1`` raises): ``stats()`` is computed once and plans trust it. Arrays
+    given by the caller are copied unless they are read-only already, so editing them later cannot reach a
+    ``Lengths`` either. For other loads build a new one: ``Lengths(L.vit, L.llm + 2000, L.source, L.sources)``.
+
     Attributes:
         vit: (N,) int64 ViT load per sample (tiles or patches; 0 for text-only samples).
         llm: (N,) int64 LLM load per sample (tokens, image tokens included).
@@ -75,9 +85,9 @@ class Lengths:
         source = np.ascontiguousarray(source, dtype=np.int32)
         if source.shape != vit.shape:
             raise ValueError(f"source must have one entry per sample, got {source.shape[0]} for {vit.shape[0]}")
-        object.__setattr__(self, "vit", vit)
-        object.__setattr__(self, "llm", llm)
-        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "vit", _read_only(vit, self.vit))
+        object.__setattr__(self, "llm", _read_only(llm, self.llm))
+        object.__setattr__(self, "source", _read_only(source, self.source))
         object.__setattr__(self, "sources", tuple(str(s) for s in self.sources) or ("<memory>",))
 
     def __len__(self) -> int:
@@ -93,7 +103,8 @@ class Lengths:
 
     def __getitem__(self, index: slice | np.ndarray | Sequence[int]) -> "Lengths":
         """A subset of samples (by slice, index array or boolean mask), keeping their sources."""
-        return Lengths(self.vit[index], self.llm[index], self.source[index], self.sources)
+        return Lengths(_frozen(self.vit[index]), _frozen(self.llm[index]), _frozen(self.source[index]),
+                       self.sources)
 
     @classmethod
     def concat(cls, parts: Iterable["Lengths"]) -> "Lengths":
@@ -108,9 +119,9 @@ class Lengths:
             sources.extend(part.sources)
             source_ids.append(part.source + offset)
         return cls(
-            np.concatenate([p.vit for p in parts]),
-            np.concatenate([p.llm for p in parts]),
-            np.concatenate(source_ids),
+            _frozen(np.concatenate([p.vit for p in parts])),
+            _frozen(np.concatenate([p.llm for p in parts])),
+            _frozen(np.concatenate(source_ids)),
             tuple(sources),
         )
 
@@ -125,7 +136,32 @@ class Lengths:
         return out
 
 
+def _writeable_anywhere(arr: np.ndarray) -> bool:
+    """Whether ``arr`` or an array it views can still be written through."""
+    while isinstance(arr, np.ndarray):
+        if arr.flags.writeable:
+            return True
+        arr = arr.base
+    return False
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """An array just made here, read-only (so ``Lengths`` keeps it without a copy)."""
+    arr.flags.writeable = False
+    return arr
+
+
+def _read_only(arr: np.ndarray, given: object) -> np.ndarray:
+    """``arr`` made read-only; copied first if it shares memory with a writeable array the caller gave."""
+    if isinstance(given, np.ndarray) and np.may_share_memory(arr, given) and _writeable_anywhere(given):
+        arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
 def _as_load_array(values: object, name: str, where: str = "") -> np.ndarray:
+    """``values`` as a 1-D int64 array of loads in ``[0, 2**31)``; else a ValueError naming ``where`` and the
+    first bad sample. The writer of length files uses the same check, so what is written can be read."""
     arr = np.asarray(values)
     prefix = f"{where}: " if where else ""
     if arr.ndim != 1:
@@ -136,18 +172,46 @@ def _as_load_array(values: object, name: str, where: str = "") -> np.ndarray:
             raise ValueError(f"{prefix}sample {int(bad[0])}: {name} is not an integer ({arr[bad[0]]!r})")
     elif arr.dtype.kind not in "iub":
         raise ValueError(f"{prefix}{name} must hold integers, got dtype {arr.dtype}")
-    arr = np.ascontiguousarray(arr, dtype=np.int64)
-    if arr.size:
+    if arr.size and arr.dtype.kind != "b":
+        # Compared in the input's own dtype: a cast first would wrap uint64 >= 2**63 and 1e30 to negatives.
         bad = np.flatnonzero((arr < 0) | (arr > _MAX_LOAD))
         if bad.size:
             i = int(bad[0])
             kind = "negative" if arr[i] < 0 else "too large (>= 2**31)"
-            raise ValueError(f"{prefix}sample {i}: {name} is {kind} ({int(arr[i])})")
-    return arr
+            value = int(arr[i]) if arr.dtype.kind != "f" else float(arr[i])
+            raise ValueError(f"{prefix}sample {i}: {name} is {kind} ({value})")
+    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def _read_records(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    data = path.read_bytes()
+# Byte order marks of the other encodings a JSON length file may arrive in (UTF-32 first: its little-endian
+# mark begins with UTF-16's). Only UTF-8 is read; its own mark is skipped.
+_UTF8_BOM = b"\xef\xbb\xbf"
+_OTHER_BOMS = (
+    (b"\x00\x00\xfe\xff", "UTF-32", "big-endian"),
+    (b"\xff\xfe\x00\x00", "UTF-32", "little-endian"),
+    (b"\xfe\xff", "UTF-16", "big-endian"),
+    (b"\xff\xfe", "UTF-16", "little-endian"),
+)
+# What numpy raises on a truncated or corrupt .npy/.npz (besides ValueError).
+_ARCHIVE_ERRORS = (ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _utf8_json(path: Path, data: bytes) -> memoryview:
+    """The JSON bytes of ``data`` without a UTF-8 byte order mark; a clear error for UTF-16/32."""
+    if data.startswith(_UTF8_BOM):
+        return memoryview(data)[len(_UTF8_BOM):]
+    for bom, encoding, order in _OTHER_BOMS:
+        if data.startswith(bom):
+            raise ValueError(f"{path}: the file is {encoding} ({order}) encoded; length files must be UTF-8 "
+                             f"(convert it, e.g. iconv -f {encoding} -t UTF-8)")
+    # Without a mark, UTF-16/32 JSON shows NUL bytes between its ASCII characters.
+    if b"\x00" in data[:64]:
+        raise ValueError(f"{path}: the file holds NUL bytes (UTF-16 or UTF-32 encoded, or not text); length "
+                         f"files must be UTF-8 JSON")
+    return memoryview(data)
+
+
+def _read_records(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray]:
     vit, llm, error, sample = _ext.load().parse_length_records(data, "vit_num", "token_num")
     if error:
         where = f"sample {sample}: " if sample >= 0 else ""
@@ -155,85 +219,126 @@ def _read_records(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return vit, llm
 
 
-def _read_meta(path: Path) -> Optional[dict]:
-    """The OmniBal meta file at ``path`` (a JSON object whose values hold ``token_lengths``), else None."""
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    if not head.startswith(b"{"):
+def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
+    """The OmniBal meta file in ``data`` (a JSON object whose values hold ``token_lengths``), else None."""
+    if not bytes(data[:4096]).lstrip().startswith(b"{"):
         return None
     try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None  # JSON Lines: several objects
+        meta = json.loads(bytes(data))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None  # JSON Lines (several objects), or malformed: the record scanner names the problem
     is_meta = isinstance(meta, dict) and any(isinstance(v, dict) and "token_lengths" in v for v in meta.values())
     return meta if is_meta else None
 
 
-def _load_one(path: Path, _meta_chain: tuple[Path, ...] = ()) -> Lengths:
+def _meta_parts(path: Path, meta: dict, chain: tuple[Path, ...], allow_empty: bool) -> Lengths:
+    """The length files a meta file lists, in order; every entry must name one (none is skipped)."""
+    subs = []
+    for name, entry in meta.items():
+        if not isinstance(entry, dict) or "token_lengths" not in entry:
+            raise ValueError(f"{path}: entry {name!r} has no 'token_lengths'; every data set of a meta file "
+                             f"needs its length file (else its samples would be missing from the plan)")
+        sub = entry["token_lengths"]
+        if not isinstance(sub, str) or not sub:
+            raise ValueError(f"{path}: entry {name!r}: 'token_lengths' must be a path string, got {sub!r}")
+        subs.append(Path(sub))
+    parts = []
+    for sub in subs:
+        if not sub.is_absolute():
+            sub = path.parent / sub
+        if sub.resolve() in chain:
+            raise ValueError(f"{path}: meta file lists {sub}, which leads back to itself")
+        parts.append(_load_one(sub, chain, allow_empty))
+    return Lengths.concat(parts)
+
+
+def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npy`` (key ``""``) or ``.npz`` file; a ValueError naming the file if it is corrupt."""
+    try:
+        if suffix == ".npy":
+            return {"": np.load(path, allow_pickle=False)}
+        archive = np.load(path, allow_pickle=False)
+    except _ARCHIVE_ERRORS as exc:
+        raise ValueError(f"{path}: not a readable {suffix} file ({exc})") from exc
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: holds a single array (.npy data), not an .npz archive of arrays")
+    with archive as z:
+        wanted = [k for k in ("llm", "token_num", "vit", "vit_num") if k in z.files]
+        if not any(k in wanted for k in ("llm", "token_num")):
+            raise ValueError(f"{path}: needs an array 'llm' (or 'token_num'), has {z.files}")
+        try:
+            return {k: z[k] for k in wanted}
+        except _ARCHIVE_ERRORS as exc:
+            raise ValueError(f"{path}: not a readable .npz file ({exc})") from exc
+
+
+def _load_array_file(path: Path, suffix: str) -> Lengths:
+    arrays = _read_arrays(path, suffix)
+    where = str(path)
+    if suffix == ".npy":
+        arr = arrays[""]
+        if arr.ndim == 1:
+            llm = _frozen(_as_load_array(arr, "llm", where))
+            return Lengths(_frozen(np.zeros_like(llm)), llm, sources=(where,))
+        if arr.ndim == 2 and arr.shape[1] == 2:
+            return Lengths(_frozen(_as_load_array(arr[:, 0], "vit", where)),
+                           _frozen(_as_load_array(arr[:, 1], "llm", where)), sources=(where,))
+        raise ValueError(f"{path}: expected a 1-D array of tokens or an (N, 2) array of (vit, llm), "
+                         f"got shape {arr.shape}")
+    llm = _frozen(_as_load_array(arrays.get("llm", arrays.get("token_num")), "llm", where))
+    vit_arr = arrays.get("vit", arrays.get("vit_num"))
+    vit = _frozen(np.zeros_like(llm) if vit_arr is None else _as_load_array(vit_arr, "vit", where))
+    if vit.shape != llm.shape:
+        raise ValueError(f"{path}: vit has {vit.shape[0]} samples, llm has {llm.shape[0]}")
+    return Lengths(vit, llm, sources=(where,))
+
+
+def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool = False) -> Lengths:
     if not path.exists():
         raise FileNotFoundError(f"length file not found: {path}")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a length file (give the files in it)")
     suffix = path.suffix.lower()
-    if suffix == ".npy":
-        arr = np.load(path, allow_pickle=False)
-        if arr.ndim == 1:
-            llm = _as_load_array(arr, "llm", str(path))
-            return Lengths(np.zeros_like(llm), llm, sources=(str(path),))
-        if arr.ndim == 2 and arr.shape[1] == 2:
-            return Lengths(
-                _as_load_array(arr[:, 0], "vit", str(path)),
-                _as_load_array(arr[:, 1], "llm", str(path)),
-                sources=(str(path),),
-            )
-        raise ValueError(f"{path}: expected a 1-D array of tokens or an (N, 2) array of (vit, llm), got {arr.shape}")
-    if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            llm_key = next((k for k in ("llm", "token_num") if k in z.files), None)
-            vit_key = next((k for k in ("vit", "vit_num") if k in z.files), None)
-            if llm_key is None:
-                raise ValueError(f"{path}: needs an array 'llm' (or 'token_num'), has {z.files}")
-            llm = _as_load_array(z[llm_key], "llm", str(path))
-            vit = _as_load_array(z[vit_key], "vit", str(path)) if vit_key else np.zeros_like(llm)
-        if vit.shape != llm.shape:
-            raise ValueError(f"{path}: vit has {vit.shape[0]} samples, llm has {llm.shape[0]}")
-        return Lengths(vit, llm, sources=(str(path),))
-    if suffix in (".json", ".jsonl") or suffix == "":
-        meta = _read_meta(path) if suffix == ".json" else None
+    if suffix in (".npy", ".npz"):
+        lengths = _load_array_file(path, suffix)
+    elif suffix in (".json", ".jsonl") or suffix == "":
+        data = _utf8_json(path, path.read_bytes())
+        meta = _read_meta(path, data) if suffix == ".json" else None
         if meta is not None:
-            parts = []  # _read_meta only returns files that list at least one path
-            for entry in meta.values():
-                if not isinstance(entry, dict) or "token_lengths" not in entry:
-                    continue
-                sub = Path(entry["token_lengths"])
-                if not sub.is_absolute():
-                    sub = path.parent / sub
-                chain = (*_meta_chain, path.resolve())
-                if sub.resolve() in chain:
-                    raise ValueError(f"{path}: meta file lists {sub}, which leads back to itself")
-                parts.append(_load_one(sub, chain))
-            return Lengths.concat(parts)
-        vit, llm = _read_records(path)
-        return Lengths(vit, llm, sources=(str(path),))
-    raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
+            return _meta_parts(path, meta, (*_meta_chain, path.resolve()), allow_empty)
+        vit, llm = _read_records(path, data)
+        lengths = Lengths(_frozen(vit), _frozen(llm), sources=(str(path),))
+    else:
+        raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
+    if len(lengths) == 0 and not allow_empty:
+        raise ValueError(f"{path}: no samples (an empty length file); pass allow_empty=True if that is intended")
+    return lengths
 
 
-def load_lengths(*paths: PathLike, progress: bool | None = None) -> Lengths:
+def load_lengths(*paths: PathLike, progress: bool | None = None, allow_empty: bool = False) -> Lengths:
     """Reads per-sample loads from one or more files, concatenated in the order given.
 
     Args:
         *paths: OmniBal JSON lists, OmniBal meta files, ``.jsonl``, ``.npy`` or ``.npz`` files.
         progress: a progress bar over the files on stderr (default: when stderr is a terminal and there is
             more than one file).
+        allow_empty: accept files without samples (by default an empty file, ``[]``, or a JSON Lines file of
+            blank lines is an error: beside other files it would vanish without a trace).
 
     Returns:
-        A ``Lengths`` with ``vit``/``llm`` (int64, one entry per sample) and each sample's source file.
+        A ``Lengths`` with ``vit``/``llm`` (int64, read-only, one entry per sample) and each sample's source.
 
     Raises:
         ValueError: a negative, non-integer, too large or missing value (naming the file and sample index),
-            or an unknown format.
+            malformed or non-UTF-8 JSON, a corrupt array file, an empty file, a directory, or an unknown format.
+        TypeError: a path that is not a ``str`` or ``os.PathLike``.
         FileNotFoundError: a path does not exist.
     """
     if not paths:
         raise ValueError("load_lengths needs at least one path")
+    for i, p in enumerate(paths):
+        if not isinstance(p, (str, os.PathLike)):
+            raise TypeError(f"load_lengths: path {i} must be a str or os.PathLike, got {type(p).__name__}")
     from ._progress import progress_bar
 
     if progress is None and len(paths) == 1:
@@ -242,7 +347,7 @@ def load_lengths(*paths: PathLike, progress: bool | None = None) -> Lengths:
     parts = []
     try:
         for p in paths:
-            parts.append(_load_one(Path(p)))
+            parts.append(_load_one(Path(p), allow_empty=bool(allow_empty)))
             bar.update(1)
     finally:
         bar.close()
@@ -254,41 +359,56 @@ def default_lengths() -> Lengths:
     from .data import DEFAULT_LENGTHS_PATH
 
     with np.load(DEFAULT_LENGTHS_PATH, allow_pickle=False) as z:
-        return Lengths(z["vit"], z["llm"], z["source"].astype(np.int32), tuple(str(s) for s in z["source_names"]))
+        return Lengths(_frozen(z["vit"]), _frozen(z["llm"]), _frozen(z["source"].astype(np.int32)),
+                       tuple(str(s) for s in z["source_names"]))
 
 
-def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple], *,
-                  fmt: Optional[str] = None) -> Path:
-    """Write per-sample loads as a length file.
+def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple], *, fmt: Optional[str] = None,
+                  allow_empty: bool = False) -> Path:
+    """Writes per-sample loads as a length file, atomically (a temporary file renamed into place).
 
     Args:
         path: ``.json`` for the OmniBal format (a list of ``{"vit_num": int, "token_num": int}``, one per
-            sample) or ``.npz`` for arrays ``vit`` and ``llm`` (int32 when they fit, else int64).
+            sample) or ``.npz`` for int32 arrays ``vit`` and ``llm``.
         loads: :class:`Lengths` (what :func:`~omnibal_kernels.vision.compute_loads` returns), a mapping with
-            ``vit`` and ``llm`` ``(N,)``, or a ``(vit, llm)`` tuple.
+            ``vit`` and ``llm`` ``(N,)``, or a ``(vit, llm)`` tuple (arrays, lists or tensors).
         fmt: ``"json"`` or ``"npz"`` to override the suffix.
+        allow_empty: write a file without samples (``load_lengths`` reads it only with ``allow_empty=True``).
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: values ``load_lengths`` would refuse (negative, non-integer, ``>= 2**31``, no samples),
+            naming the sample; an unknown format. Every file written here loads with ``load_lengths``.
     """
+    from ._files import atomic_write
+
     path = Path(path)
-    fmt = fmt or path.suffix.lstrip(".").lower()
+    fmt = (fmt or path.suffix.lstrip(".")).lower()
     if fmt not in ("json", "npz"):
         raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json or .npz suffix or fmt=")
+    where = f"writing {path}"
     if isinstance(loads, Lengths):
         vit, llm = loads.vit, loads.llm
     else:
-        vit = as_int_array(loads[0] if isinstance(loads, tuple) else loads["vit"], "vit")
-        llm = as_int_array(loads[1] if isinstance(loads, tuple) else loads["llm"], "llm")
+        vit = loads[0] if isinstance(loads, tuple) else loads["vit"]
+        llm = loads[1] if isinstance(loads, tuple) else loads["llm"]
+        vit, llm = (x.detach().cpu().numpy() if is_tensor(x) else x for x in (vit, llm))
+    vit = _as_load_array(vit, "vit", where)
+    llm = _as_load_array(llm, "llm", where)
     if vit.shape != llm.shape:
-        raise ValueError(f"vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
+        raise ValueError(f"{where}: vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
+    if vit.size == 0 and not allow_empty:
+        raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
+                         f"(pass allow_empty=True here too if that is intended)")
     if fmt == "json":
-        records = [{"vit_num": int(v), "token_num": int(t)} for v, t in zip(vit.tolist(), llm.tolist())]
-        with open(path, "w") as f:
-            json.dump(records, f)
+        with atomic_write(path, "w") as f:
+            # One sample per line: the OmniBal list format, readable and diffable.
+            f.write("[\n")
+            f.write(",\n".join(f'{{"vit_num": {v}, "token_num": {t}}}' for v, t in zip(vit.tolist(), llm.tolist())))
+            f.write("\n]\n")
     else:
-        big = max(int(vit.max(initial=0)), int(llm.max(initial=0))) >= 2**31
-        dtype = np.int64 if big else np.int32
-        with open(path, "wb") as f:
-            np.savez(f, vit=vit.astype(dtype), llm=llm.astype(dtype))
+        with atomic_write(path) as f:
+            np.savez(f, vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
     return path

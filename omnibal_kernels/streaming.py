@@ -43,7 +43,6 @@ from .lengths import Lengths
 
 __all__ = ["BalancedPacker", "StreamingReport", "streaming_report"]
 
-_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -184,22 +183,19 @@ class BalancedPacker(torch.utils.data.IterableDataset):
                                        world_size=self.world_size, method=method, seed=seed, drop_last=drop_last,
                                        oversize=oversize, cost_model=cost_model)
         # The epoch lives in shared memory: DataLoader workers hold copies of the packer (persistent ones for
-        # the whole run), and set_epoch in the main process must reach them. Stored as the 64 bits of the epoch.
+        # the whole run), and set_epoch in the main process must reach them.
         self._shared_epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._pass_samples: Optional[int] = None  # samples of the first complete pass in this process
 
     @property
     def epoch(self) -> int:
         """The epoch the next pass plans for (what :meth:`set_epoch` set; 0 at first)."""
-        return int(self._shared_epoch.item()) & _MASK64
+        return int(self._shared_epoch.item())
 
     def set_epoch(self, epoch: int) -> None:
         """New packs for a new epoch (the stream order is the source's); DataLoader workers, persistent ones
         included, plan the epoch set here when their next pass starts."""
-        epoch = check_epoch(epoch)
-        if epoch > _MASK64:
-            raise ValueError(f"epoch must be < 2**64, got {epoch}")
-        self._shared_epoch.fill_(epoch - (1 << 64) if epoch >= 1 << 63 else epoch)
+        self._shared_epoch.fill_(check_epoch(epoch))  # below 2**63: fits the int64 slot
 
     def _items(self) -> Iterator[tuple[Any, int, int]]:
         position = -1

@@ -26,7 +26,7 @@ from ..lengths import Lengths
 from .cost import CostModel
 from .packs import METHODS, OVERSIZE_POLICIES, OversizeError, Plan, TooFewPacksError, epoch_seed
 
-__all__ = ["BEST_FIT_ROUNDS", "ISF_ITERATIONS", "ISF_LLM_MARGIN", "build_plan", "check_plan_options"]
+__all__ = ["BEST_FIT_ROUNDS", "ISF_ITERATIONS", "ISF_LLM_MARGIN", "MAX_CAPACITY", "build_plan", "check_plan_options"]
 
 # Best-fit rounds of the balanced method. On the InternVL-Chat SFT loads (18 tiles, 6016 tokens) the ViT
 # fill is 0.9911 after 1 round, 0.9983 after 4, 0.9993 after 8 and 0.9997 after 16; later rounds only
@@ -39,6 +39,11 @@ ISF_ITERATIONS = 50
 MAX_WORLD_SIZE = 1 << 24
 # ISF rounds re-pack the pool each time; the authors use 50. Bounds a mistyped value's running time.
 MAX_ISF_ITERATIONS = 100_000
+# Far above any real pack (2**48 tokens), and the largest capacity the engine handles exactly: it places open
+# packs in buckets by room * buckets / (capacity + 1) in float64, which must stay below the bucket count; up
+# to 2**48 every term is exact and the quotient stays 2**-32 below it (at 2**62 a room rounded up to the
+# capacity and indexed past the last bucket). Its int64 sums of a pack plus one sample are far from overflow.
+MAX_CAPACITY = 1 << 48
 
 
 def check_plan_options(lengths: Lengths, world_size: object, method: object, oversize: object,
@@ -85,6 +90,9 @@ def build_plan(
     plan_seed = epoch_seed(seed, epoch)
     vit_capacity = check_positive_int("vit_capacity", vit_capacity, minimum=0)
     llm_capacity = check_positive_int("llm_capacity", llm_capacity)
+    for name, cap in (("vit_capacity", vit_capacity), ("llm_capacity", llm_capacity)):
+        if cap > MAX_CAPACITY:
+            raise ValueError(f"{name} must be at most 2**48 (far above any pack), got {cap}")
     if method == "isf":
         vit_threshold = vit_capacity if vit_threshold is None else vit_threshold
         llm_threshold = max(llm_capacity - ISF_LLM_MARGIN, 1) if llm_threshold is None else llm_threshold

@@ -45,6 +45,8 @@ def hash_arrays(*arrays: np.ndarray) -> str:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The 64-bit seed of one epoch's plan: ``seed`` and ``epoch`` mixed by two SplitMix64 steps."""
     seed = check_int("seed", seed)
+    if not -(1 << 63) <= seed < (1 << 64):
+        raise ValueError(f"seed must be in [-2**63, 2**64) (it is mixed as a 64-bit word), got {seed}")
     epoch = check_epoch(epoch)
 
     def mix(z: int) -> int:
@@ -129,12 +131,25 @@ class Plan:
         """A short hash of the schedule: equal on every rank that computed the same plan."""
         return hash_arrays(self.pack_offsets, self.pack_samples, self.step_packs)
 
-    def save(self, path: Union[str, Path]) -> None:
-        """Writes the plan to an ``.npz`` file (``Plan.load`` reads it back)."""
+    def save(self, path: Union[str, Path]) -> Path:
+        """Writes the plan to an ``.npz`` file atomically (``Plan.load`` reads it back); returns the path written.
+
+        As with ``numpy.savez``, ``.npz`` is appended to a name without it (``"plan"`` writes ``plan.npz``).
+        """
+        from .._files import atomic_write
+
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
         meta = {k: getattr(self, k) for k in ("method", "world_size", "vit_capacity", "llm_capacity", "seed",
                                               "epoch", "duplicated_slots", "num_input_samples", "seconds")}
+        with atomic_write(path) as f:
+            self._write_npz(f, meta)
+        return path
+
+    def _write_npz(self, f: object, meta: dict) -> None:
         np.savez(
-            path,
+            f,
             pack_offsets=self.pack_offsets,
             pack_samples=self.pack_samples,
             step_packs=self.step_packs,

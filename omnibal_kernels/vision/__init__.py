@@ -17,6 +17,7 @@ from __future__ import annotations
 from .._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
+    "INTERNVL_MAX_TILES": "counts",
     "MAX_IMAGE_SIDE": "counts",
     "QWEN2VL_MAX_RATIO": "counts",
     "TileGrid": "counts",

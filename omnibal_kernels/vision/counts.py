@@ -24,7 +24,12 @@ import numpy as np
 from .._checks import (MAX_IMAGE_SIDE, QWEN2VL_MAX_RATIO, as_int_array, check_positive_int, device_of, is_tensor,
                        use_cpu_twin)
 
+# Most tiles of an InternVL grid: the configs use 6 to 40; the candidate scan grows as max_num**3
+# (256 takes 0.4 s on one core), and an absurd value would never finish.
+INTERNVL_MAX_TILES = 256
+
 __all__ = [
+    "INTERNVL_MAX_TILES",
     "MAX_IMAGE_SIDE",
     "QWEN2VL_MAX_RATIO",
     "TileGrid",
@@ -58,7 +63,7 @@ def internvl_target_ratios(min_num: int = 1, max_num: int = 12) -> list[tuple[in
     by building the same set in the same insertion order.
     """
     min_num = check_positive_int("min_num", min_num)
-    max_num = check_positive_int("max_num", max_num)
+    max_num = check_positive_int("max_num", max_num, maximum=INTERNVL_MAX_TILES)
     if max_num < min_num:
         raise ValueError(f"max_num ({max_num}) must be >= min_num ({min_num})")
     grids: set[tuple[int, int]] = set()
@@ -90,7 +95,7 @@ def internvl_tile_grid(widths: Any, heights: Any, *, min_num: int = 1, max_num: 
         ValueError: a non-positive or oversized side (naming the image), bad ``min_num``/``max_num``.
     """
     ratios = internvl_target_ratios(min_num, max_num)
-    image_size = check_positive_int("image_size", image_size)
+    image_size = check_positive_int("image_size", image_size, maximum=MAX_IMAGE_SIDE)
     if use_cpu_twin(backend, device_of(widths, heights), "internvl_tile_grid"):
         from ..cpu.vision_counts import internvl_tile_grid as count
     else:
@@ -173,9 +178,10 @@ def qwen2vl_grid(widths: Any, heights: Any, num_frames: Any = None, *, patch_siz
     Returns:
         :class:`ResizedGrid`; ``grid_thw`` is ``(N, 3)``.
     """
-    patch_size = check_positive_int("patch_size", patch_size)
-    merge_size = check_positive_int("merge_size", merge_size)
-    temporal_patch_size = check_positive_int("temporal_patch_size", temporal_patch_size)
+    # A patch (or merged patch) larger than the largest image side means nothing, and bounds int64 products.
+    patch_size = check_positive_int("patch_size", patch_size, maximum=MAX_IMAGE_SIDE)
+    merge_size = check_positive_int("merge_size", merge_size, maximum=MAX_IMAGE_SIDE)
+    temporal_patch_size = check_positive_int("temporal_patch_size", temporal_patch_size, maximum=MAX_IMAGE_SIDE)
     factor = patch_size * merge_size
     h_out, w_out = qwen2vl_smart_resize(widths, heights, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
     if is_tensor(h_out):

@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._checks import QWEN2VL_MAX_RATIO, as_int_array, check_image_sizes, is_tensor
+from .._checks import QWEN2VL_MAX_RATIO, as_int_array, check_image_sizes, check_positive_int, is_tensor
 from .._progress import progress_bar
 from ..lengths import Lengths
 from .counts import internvl_num_tiles, qwen2vl_grid
@@ -77,6 +77,7 @@ def compute_loads(image_sizes: Any, text_tokens: Any, *, model: str = "internvl"
     """
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    num_image_token = check_positive_int("num_image_token", num_image_token, minimum=0, maximum=2**31 - 1)
     text = as_int_array(text_tokens, "text_tokens")
     n = text.shape[0]
     if (text < 0).any():
