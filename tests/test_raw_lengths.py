@@ -439,6 +439,8 @@ def test_workers_shards_merge_and_resume(folders, image_dir, tmp_path):
     for name in ("index", "vit", "llm"):
         assert np.array_equal(getattr(pooled, name), getattr(ref, name))
     assert pooled.issues == ref.issues
+    with pytest.raises(SampleError, match="sample 13: missing_media"):  # raised in a worker, named here
+        lengths_from_raw(data, folders["internvl"], "internvl", image_root=image_dir, chunk_size=4, num_workers=2)
 
     parts = []
     for i in (2, 0, 1):
