@@ -439,6 +439,8 @@ def test_workers_shards_merge_and_resume(folders, image_dir, tmp_path):
     for name in ("index", "vit", "llm"):
         assert np.array_equal(getattr(pooled, name), getattr(ref, name))
     assert pooled.issues == ref.issues
+    with pytest.raises(SampleError, match="sample 13: missing_media"):  # raised in a worker, named here
+        lengths_from_raw(data, folders["internvl"], "internvl", image_root=image_dir, chunk_size=4, num_workers=2)
 
     parts = []
     for i in (2, 0, 1):
@@ -610,3 +612,28 @@ def test_every_sample_is_kept_or_listed_once_whatever_the_chunks_and_shards(kind
     for name in ("index", "vit", "llm"):
         assert np.array_equal(getattr(merged, name), getattr(whole, name))
     assert merged.issues == whole.issues
+
+
+@pytest.mark.parametrize("config, total, fps, expected_rule", [
+    ({"do_sample_frames": True, "num_frames": 8}, 100, None, 8),
+    ({"do_sample_frames": True, "fps": 1.0}, 250, 25.0, 10),
+    ({"do_sample_frames": True, "num_frames": 6, "initial_shift": 0}, 7, None, 6),
+    ({"do_sample_frames": False, "num_frames": 8}, 100, None, 100),
+])
+def test_internvl_video_frames_follow_the_video_processors_sampling(folders, tmp_path, config, total, fps,
+                                                                    expected_rule):
+    import torch
+
+    folder = tiny_model_folder(tmp_path / "v", "internvl")
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(
+        {"video_processor_type": "InternVLVideoProcessor", **config}))
+    # InternVLVideoProcessor.sample_frames keeps torch.arange(initial_shift, total, total / n) frames
+    if config["do_sample_frames"]:
+        n = config.get("num_frames") or int(total / fps * config["fps"])
+        shift = config.get("initial_shift", True)
+        shift = total / n / 2 if shift is True else shift
+        assert len(torch.arange(shift, total, total / n).int()) == expected_rule
+    video = {"path": "v.mp4", "num_frames": total, "width": 320, "height": 240, **({"fps": fps} if fps else {})}
+    rec = [{"video": video, "conversations": [{"from": "human", "value": "<video>hi"}]}]
+    got = lengths_from_raw(rec, folder, "internvl", num_workers=0)
+    assert int(got.vit[0]) == expected_rule

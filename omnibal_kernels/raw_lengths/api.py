@@ -31,6 +31,8 @@ from .spec import load_model_spec
 __all__ = ["RawLengths", "lengths_from_raw", "merge_length_parts", "parse_shard"]
 
 _PART_VERSION = 1
+# bytes of a JSON Lines file scanned for line ends at a time
+_SCAN_BLOCK = 1 << 26
 
 
 # --------------------------------------------------------------------------------------------- result
@@ -149,9 +151,14 @@ class _JsonLines:
                 starts = ends = np.zeros(0, dtype=np.int64)
             else:
                 with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                    buf = np.frombuffer(mm, dtype=np.uint8)
-                    newlines = np.flatnonzero(buf == ord("\n")).astype(np.int64)
-                    del buf
+                    # in blocks, so that memory holds the line offsets (16 bytes a sample), not the file
+                    found = []
+                    for lo in range(0, st.st_size, _SCAN_BLOCK):
+                        block = np.frombuffer(mm, dtype=np.uint8, count=min(_SCAN_BLOCK, st.st_size - lo),
+                                              offset=lo)
+                        found.append(np.flatnonzero(block == ord("\n")).astype(np.int64) + lo)
+                        del block
+                    newlines = np.concatenate(found)
                 starts = np.concatenate([[0], newlines + 1])
                 ends = np.concatenate([newlines, [st.st_size]])
         # Blank lines are not samples (as in the records reader of today's `lengths`).

@@ -208,7 +208,7 @@ class ChunkCounter:
 
     def _video_frames(self, info: VideoInfo) -> int:
         if self.spec.family == "internvl":
-            return info.num_frames
+            return self.spec.sampling.uniform_frames(info.num_frames, info.fps)
         return self.spec.sampling.frames(info.num_frames, info.fps, self.spec.video_temporal_patch_size)
 
     def _check_size(self, w: int, h: int, what: str) -> None:

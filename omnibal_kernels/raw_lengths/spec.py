@@ -9,7 +9,8 @@
   transformers' ``Qwen2VLImageProcessor``: an explicit ``min_pixels`` / ``max_pixels`` wins over ``size``.
 * InternVL in transformers (``GotOcr2ImageProcessor`` in ``preprocessor_config.json``): ``crop_to_patches``,
   ``min_patches``, ``max_patches``, ``size``; ``image_seq_length`` from ``processor_config.json``; the image
-  tokens from the tokenizer (``start_image_token``, ``context_image_token``, ...).
+  tokens from the tokenizer (``start_image_token``, ``context_image_token``, ...); video frame sampling from
+  ``video_preprocessor_config.json`` (each kept frame is one tile).
 * InternVL-Chat (remote-code checkpoints, ``config.json``): ``min_dynamic_patch``, ``max_dynamic_patch``,
   ``use_thumbnail``, ``dynamic_image_size``, ``force_image_size``, ``downsample_ratio`` and the vision
   tower's ``patch_size``, from which ``num_image_token = (image_size // patch_size)**2 * downsample_ratio**2``.
@@ -42,6 +43,27 @@ class VideoSampling:
     num_frames: Optional[int] = None
     min_frames: int = 4
     max_frames: int = 768
+    initial_shift: Any = True
+    """InternVL's first sampled frame: True for half a step, else a frame offset"""
+
+    def uniform_frames(self, total_frames: int, video_fps: Optional[float]) -> int:
+        """Frames InternVL's video processor keeps: ``arange(initial_shift, total, total / n)`` for ``n``
+        frames, ``n`` from ``num_frames`` or ``total / video_fps * fps``."""
+        if not self.do_sample_frames:
+            return total_frames
+        n = self.num_frames
+        if n is None and self.fps is not None:
+            if not video_fps:
+                raise ValueError("the video processor samples frames by fps, but the video's frame rate is unknown "
+                                 "(give 'fps' in the record or install PyAV)")
+            n = int(total_frames / video_fps * self.fps)
+        if n is None or n <= 0:
+            raise ValueError(f"the video processor samples {n} frames (set num_frames or fps in its config)")
+        if n > total_frames:
+            raise ValueError(f"the video processor samples {n} frames but the video has only {total_frames}")
+        step = total_frames / n
+        shift = step / 2 if self.initial_shift is True else float(self.initial_shift or 0)
+        return max(0, math.ceil((total_frames - shift) / step))
 
     def frames(self, total_frames: int, video_fps: Optional[float], temporal_patch_size: int) -> int:
         """Frames the processor keeps of a video of ``total_frames`` (transformers' ``sample_frames``)."""
@@ -219,6 +241,13 @@ def _internvl_spec(folder: Path, tokenizer: Any) -> ModelSpec:
         if height != width:
             raise ValueError(f"{ip_path}: InternVL tiles must be square, got size {size}")
         context = tokens["context_image_token"] or "<IMG_CONTEXT>"
+        vp_path = folder / "video_preprocessor_config.json"
+        vp = _read_json(vp_path) or {}
+        fps, num_frames = vp.get("fps"), vp.get("num_frames")
+        sampling = VideoSampling(do_sample_frames=bool(vp.get("do_sample_frames", False)),
+                                 fps=None if fps is None else float(fps),
+                                 num_frames=None if num_frames is None else _int(vp, "num_frames", 1, vp_path),
+                                 initial_shift=vp.get("initial_shift", True))
         crop = bool(ip.get("crop_to_patches", False))
         max_num = _int(ip, "max_patches", 12, ip_path)
         return ModelSpec(
@@ -236,7 +265,8 @@ def _internvl_spec(folder: Path, tokenizer: Any) -> ModelSpec:
             start_image_token=tokens["start_image_token"] or "<img>",
             end_image_token=tokens["end_image_token"] or "</img>",
             context_image_token=context,
-            source=", ".join([ip_path.name] + ([pc_path.name] if pc else [])),
+            sampling=sampling,
+            source=", ".join([ip_path.name] + ([pc_path.name] if pc else []) + ([vp_path.name] if vp else [])),
         )
     cfg_path = folder / "config.json"
     cfg = _read_json(cfg_path)
