@@ -64,6 +64,7 @@ import torch
 
 from .vision.fields import SAMPLE_KEYS as VISION_SAMPLE_KEYS
 from .vision.fields import VISION_KEYS, pack_batch_vision, unpack_batch_vision
+from .vision.mrope import check_mrope_convention
 
 __all__ = ["PackOptions", "PackedBatch", "PackCollator", "pack_batch", "pack_sequences", "unpack_batch", "warmup"]
 
@@ -151,6 +152,14 @@ class PackOptions:
         transformers does); None: Qwen2-VL's ``0..t-1``.
     mrope_text_row: make ``position_ids`` ``(4, 1, T)`` with ``text_position_ids`` as row 0, the layout in
         which recent transformers Qwen-VL text models take the text positions for packed sequences.
+    mrope_convention: where text continues after a long video: ``"max_hw"`` (at the video's start plus
+        ``max(h, w) / spatial_merge_size``, transformers >= 5.3) or ``"max_position"`` (at its largest
+        position plus one: Qwen's original numbering, transformers <= 5.2); see
+        :mod:`omnibal_kernels.vision.mrope`. None (default): the one the installed transformers computes
+        (``"max_position"`` without transformers), resolved when mRoPE is on.
+
+    To train a transformers model, :meth:`PackCollator.for_model` sets the options of this group from the
+    model's config.
     """
 
     mask_first_label: bool = True
@@ -168,6 +177,7 @@ class PackOptions:
     spatial_merge_size: int = 2
     tokens_per_second: float | None = None
     mrope_text_row: bool = False
+    mrope_convention: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("mask_first_label", "allow_empty"):
@@ -230,6 +240,8 @@ class PackOptions:
             raise ValueError(f"tokens_per_second must be a positive number or None, got {tps!r}")
         if not isinstance(self.mrope_text_row, bool):
             raise TypeError(f"mrope_text_row must be a bool, got {self.mrope_text_row!r}")
+        if self.mrope_convention is not None or self.mrope:
+            object.__setattr__(self, "mrope_convention", check_mrope_convention(self.mrope_convention))
 
     @property
     def mrope(self) -> bool:
