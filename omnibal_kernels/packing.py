@@ -64,6 +64,7 @@ import torch
 
 from .vision.fields import SAMPLE_KEYS as VISION_SAMPLE_KEYS
 from .vision.fields import VISION_KEYS, pack_batch_vision, unpack_batch_vision
+from .model_inputs import ModelInputs
 from .vision.mrope import check_mrope_convention
 
 __all__ = ["PackOptions", "PackedBatch", "PackCollator", "pack_batch", "pack_sequences", "unpack_batch", "warmup"]
@@ -853,11 +854,45 @@ class PackCollator:
 
     def __init__(self, *, warmup: bool = True, **options: Any) -> None:
         self.options = PackOptions(**options)
+        self.model_inputs: ModelInputs | None = None
         if warmup:
             _warmup(self.options.backend)
 
+    @classmethod
+    def for_model(cls, model_or_config: Any, *, warmup: bool = True, **options: Any) -> PackCollator:
+        """A collator whose batches a transformers model trains on packed: ``model(**batch)``.
+
+        model_or_config: the model (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen2VLForConditionalGeneration``,
+            ``Qwen2_5_VLForConditionalGeneration``, ``InternVLForConditionalGeneration``, other text causal LMs)
+            or its config.
+        options: further :class:`PackOptions` (``pad_to_multiple_of``, ``mrope_convention``, ...); they
+            override what is read from the model.
+
+        Reads, with :func:`omnibal_kernels.model_inputs.model_inputs`: the placeholder token ids, spatial
+        merge and ``tokens_per_second`` (Qwen-VL mRoPE positions as the model's ``get_rope_index`` numbers
+        them, in the ``(4, 1, T)`` layout with the text positions as row 0 that transformers needs to see
+        the packing), and the keys the model's ``forward`` accepts. Each batch holds only those keys (no
+        ``cu_seqlens``/``max_seqlen``, which a Qwen-VL vision tower would take as its own patch boundaries;
+        for Qwen-VL no flash-attention keys either, the text positions carry the boundaries) plus
+        ``use_cache=False``, without which transformers skips packed-sequence detection. Samples are as for
+        :func:`pack_batch`: ``input_ids``, ``labels``, ``pixel_values`` (Qwen-VL patches with
+        ``image_grid_thw``; InternVL tiles ``(n, C, H, W)``), ``pixel_values_videos``, ``video_grid_thw``,
+        ``second_per_grid_ts``. :func:`unpack_batch` needs the full batch of a plain :class:`PackCollator`.
+        """
+        from .model_inputs import model_inputs
+
+        spec = model_inputs(model_or_config)
+        collator = cls(warmup=warmup, **{**spec.options, **options})
+        collator.model_inputs = spec
+        return collator
+
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> PackedBatch:
-        return _pack_samples(samples, self.options)
+        batch = _pack_samples(samples, self.options)
+        if self.model_inputs is not None:
+            batch = PackedBatch._wrap(self.model_inputs.select(batch._fields))
+        return batch
 
     def __repr__(self) -> str:
+        if self.model_inputs is not None:
+            return f"PackCollator.for_model({self.model_inputs.model_type!r}, {self.options!r})"
         return f"PackCollator({self.options!r})"
