@@ -56,18 +56,46 @@ class ModelInputs:
         (placeholder ids, spatial merge, ``tokens_per_second``, ``mrope_text_row``); empty for text models.
     keys: the batch keys the model's ``forward`` accepts and reads as packing means them.
     constants: values added to every batch (``use_cache=False``).
+    tile_token_id, tokens_per_tile: InternVL's image placeholder and how many of them one tile becomes;
+        :meth:`select` checks every sample's placeholders against its tiles (None: no check).
     """
 
     model_type: str
     options: Mapping[str, Any] = field(default_factory=dict)
     keys: frozenset = frozenset()
     constants: Mapping[str, Any] = field(default_factory=dict)
+    tile_token_id: int | None = None
+    tokens_per_tile: int | None = None
 
     def select(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        """The fields of a packed batch that go to the model's ``forward``, plus :attr:`constants`."""
+        """The fields of a packed batch that go to the model's ``forward``, plus :attr:`constants`.
+
+        Raises ValueError naming the sample whose placeholder tokens do not match its tiles (InternVL).
+        """
+        if self.tokens_per_tile is not None:
+            self._check_tiles(fields)
         out = {key: value for key, value in fields.items() if key in self.keys}
         out.update(self.constants)
         return out
+
+    def _check_tiles(self, fields: Mapping[str, Any]) -> None:
+        import torch
+
+        seq_lens = fields["seq_lens"]
+        num_tiles = fields.get("num_images")
+        num_samples = seq_lens.shape[0] if num_tiles is None else num_tiles.shape[0]
+        is_placeholder = fields["input_ids"][0] == self.tile_token_id
+        found = torch.bincount(fields["seq_idx"][0][is_placeholder].long(), minlength=seq_lens.shape[0])
+        want = torch.zeros_like(found)
+        if num_tiles is not None:
+            want[:num_samples] = num_tiles.long() * self.tokens_per_tile
+        bad = torch.nonzero(found != want).flatten()
+        if bad.numel():
+            i = int(bad[0])
+            tiles = int(want[i]) // self.tokens_per_tile
+            raise ValueError(f"sample {i}: {int(found[i])} image placeholder tokens (id {self.tile_token_id}) but "
+                             f"{tiles} tiles in pixel_values, which take {int(want[i])} ({self.tokens_per_tile} "
+                             f"per tile)")
 
 
 def _unpacked_keys(annotation: Any, function: Any) -> set[str]:
@@ -121,6 +149,10 @@ def _reads_text_row(module: Any) -> bool:
     return _TEXT_ROW_TEST.search(source) is not None
 
 
+def _pair(value: Any) -> tuple[int, int]:
+    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
 def _check_not_mrope_text(config: Any) -> None:
     """A text config with mRoPE sections belongs to a vision-language model: its placeholder ids are elsewhere."""
     if getattr(config, "vision_config", None) is not None or config.model_type in MROPE_MODEL_TYPES:
@@ -163,6 +195,7 @@ def model_inputs(model_or_config: Any) -> ModelInputs:
     model_type = config.model_type
     keys = set(forward_keys(forward))
     options: dict[str, Any] = {}
+    tile_token_id = tokens_per_tile = None
     vision = getattr(config, "vision_config", None)
     if model_type in MROPE_MODEL_TYPES:
         if not _reads_text_row(module):
@@ -182,6 +215,11 @@ def model_inputs(model_or_config: Any) -> ModelInputs:
         # 1-D text positions; the vision tower gets only pixel_values. The forward declares no use_cache but
         # hands its keyword arguments on to the text model, which reads it.
         keys.add("use_cache")
+        vision = config.vision_config
+        (height, width), (patch_h, patch_w) = _pair(vision.image_size), _pair(vision.patch_size)
+        patches = (height // patch_h) * (width // patch_w)
+        tile_token_id = int(config.image_token_id)
+        tokens_per_tile = int(round(patches * config.downsample_ratio**2))
     elif vision is not None:
         raise ValueError(f"model_or_config: model_type {model_type!r} is not supported for packing; supported "
                          f"vision-language models: {', '.join(MROPE_MODEL_TYPES + TILE_MODEL_TYPES)}")
@@ -189,4 +227,5 @@ def model_inputs(model_or_config: Any) -> ModelInputs:
         _check_not_mrope_text(config)
     constants = {"use_cache": False} if "use_cache" in keys else {}
     keys.discard("use_cache")
-    return ModelInputs(model_type=model_type, options=options, keys=frozenset(keys), constants=constants)
+    return ModelInputs(model_type=model_type, options=options, keys=frozenset(keys), constants=constants,
+                       tile_token_id=tile_token_id, tokens_per_tile=tokens_per_tile)

@@ -331,6 +331,20 @@ def test_reads_ids_layout_and_keys() -> None:
     assert forward_keys(type(model).forward) >= {"input_ids", "labels", "cu_seq_lens_q"}
 
 
+def test_internvl_placeholders_checked_per_sample() -> None:
+    spec = model_inputs(_internvl())
+    assert (spec.tile_token_id, spec.tokens_per_tile) == (IMG_CONTEXT, TILE_TOKENS)
+    collator = PackCollator.for_model(_internvl(), warmup=False, pad_to_multiple_of=32)
+    samples = _samples("internvl")
+    assert collator(samples)["pixel_values"].shape[0] == 6
+    samples[2] = {**samples[2], "pixel_values": samples[0]["pixel_values"]}  # 2 tiles, placeholders for 1
+    with pytest.raises(ValueError, match="sample 2: 4 image placeholder tokens .* 2 tiles"):
+        collator(samples)
+    text_only = {"input_ids": torch.tensor([5, IMG_CONTEXT, 6])}
+    with pytest.raises(ValueError, match="sample 1: 1 image placeholder tokens .* 0 tiles"):
+        collator([samples[0], text_only])
+
+
 def test_for_model_errors() -> None:
     with pytest.raises(TypeError, match="model_or_config"):
         PackCollator.for_model(object())
