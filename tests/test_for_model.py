@@ -9,6 +9,7 @@ Qwen-VL), within 1e-5 relative. The negative controls break one thing the collat
 from __future__ import annotations
 
 import functools
+import pickle
 from typing import Any, Callable
 
 import numpy as np
@@ -77,11 +78,11 @@ CONFIGS: dict[str, Callable[[], Any]] = {
 def _model(name: str, attn: str) -> Any:
     torch.manual_seed(0)
     config = CONFIGS[name]()
-    cls = model_inputs_class(config)
+    cls = _class_of(config)
     return cls._from_config(config, attn_implementation=attn, dtype=torch.float32)
 
 
-def model_inputs_class(config: Any) -> type:
+def _class_of(config: Any) -> type:
     from transformers.models.auto import modeling_auto
 
     name = (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(config.model_type)
@@ -328,6 +329,9 @@ def test_reads_ids_layout_and_keys() -> None:
     assert model_inputs(_internvl()).constants == {"use_cache": False}
     model = _model("qwen2_vl", "eager")
     assert model_inputs(model) == model_inputs(model.config)
+    collator = PackCollator.for_model(model, warmup=False)
+    copy = pickle.loads(pickle.dumps(collator))  # DataLoader workers started by spawn get a copy
+    assert copy.model_inputs == collator.model_inputs and copy.options == collator.options
     assert forward_keys(type(model).forward) >= {"input_ids", "labels", "cu_seq_lens_q"}
 
 
