@@ -257,10 +257,11 @@ def _rope_index(model: Any, sample: dict[str, Any]) -> torch.Tensor:
     return model.model.get_rope_index(ids, types, **kwargs)[0]
 
 
-def _position_samples(rng: np.random.Generator, name: str) -> list[dict[str, Any]]:
+def _position_samples(rng: np.random.Generator, name: str, long: bool) -> list[dict[str, Any]]:
     out = []
     for fps in (25.0, 50.0, 12.5, 2.0, 1.0):
-        steps = int(rng.integers(1, 40))  # up to 39 grid steps: long videos at every rate
+        # 26+ grid steps: past step 25, where float32 and float64 times part at 25 fps; long at every rate
+        steps = int(rng.integers(26, 40)) if long else int(rng.integers(1, 4))
         h, w = (int(x) * 2 for x in rng.integers(1, 4, 2))
         images = [(1, int(rng.integers(1, 4)) * 2, int(rng.integers(1, 4)) * 2) for _ in range(rng.integers(0, 3))]
         seconds = [TEMPORAL / fps] if name == "qwen2_5_vl" else None
@@ -273,7 +274,7 @@ def _position_samples(rng: np.random.Generator, name: str) -> list[dict[str, Any
 def test_positions_equal_get_rope_index(name: str) -> None:
     model = _model(name, "sdpa")
     rng = np.random.default_rng(3)
-    samples = _position_samples(rng, name) + _position_samples(rng, name)
+    samples = _position_samples(rng, name, long=True) + _position_samples(rng, name, long=False)
     batch = PackCollator.for_model(model, warmup=False)(samples)
     positions = batch["position_ids"]
     assert positions.shape == (4, 1, sum(s["input_ids"].numel() for s in samples))
