@@ -62,7 +62,7 @@ class ModelInputs:
 
     model_type: str
     options: Mapping[str, Any] = field(default_factory=dict)
-    keys: frozenset = frozenset()
+    keys: frozenset[str] = frozenset()
     constants: Mapping[str, Any] = field(default_factory=dict)
     tile_token_id: int | None = None
     tokens_per_tile: int | None = None
@@ -115,7 +115,7 @@ def _unpacked_keys(annotation: Any, function: Any) -> set[str]:
     return set(keys) if isinstance(keys, dict) else set()
 
 
-def forward_keys(forward: Any) -> frozenset:
+def forward_keys(forward: Any) -> frozenset[str]:
     """Keyword arguments ``forward`` takes: its named parameters and the keys of an ``Unpack[...]`` ``**kwargs``."""
     keys: set[str] = set()
     for parameter in inspect.signature(forward).parameters.values():

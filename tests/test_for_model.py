@@ -336,6 +336,21 @@ def test_reads_ids_layout_and_keys() -> None:
     assert forward_keys(type(model).forward) >= {"input_ids", "labels", "cu_seq_lens_q"}
 
 
+def _forward_with_string_annotations(input_ids, labels=None, *, use_cache=None,
+                                     **kwargs: Unpack[TransformersKwargs]):  # noqa: F821 (never evaluated)
+    """A forward whose annotations are strings, as in modules with ``from __future__ import annotations``."""
+
+
+TransformersKwargs = transformers.utils.generic.TransformersKwargs
+
+
+def test_forward_keys_reads_unpacked_kwargs() -> None:
+    keys = forward_keys(_forward_with_string_annotations)
+    assert {"input_ids", "labels", "use_cache", "cu_seq_lens_q", "max_length_k", "seq_idx"} <= keys
+    assert "kwargs" not in keys and "cu_seqlens" not in keys
+    assert forward_keys(lambda input_ids, **kwargs: None) == {"input_ids"}
+
+
 def test_internvl_placeholders_checked_per_sample() -> None:
     spec = model_inputs(_internvl())
     assert (spec.tile_token_id, spec.tokens_per_tile) == (IMG_CONTEXT, TILE_TOKENS)
