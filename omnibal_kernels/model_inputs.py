@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -140,13 +139,30 @@ def _model_class(config: Any) -> type:
                      f"model_type {config.model_type!r}; pass the model itself")
 
 
-def _reads_text_row(module: Any) -> bool:
-    """Whether the modeling module takes row 0 of ``(4, B, T)`` position_ids as the text positions."""
+def _reads_text_row(model_type: str) -> bool:
+    """Whether transformers' modeling module of ``model_type`` takes row 0 of ``(4, B, T)`` position_ids as the
+    text positions (read from its source: the installed version decides)."""
+    import importlib
+
     try:
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
         source = inspect.getsource(module)
-    except (OSError, TypeError):
+    except (ImportError, OSError, TypeError):
         return False
     return _TEXT_ROW_TEST.search(source) is not None
+
+
+def _unwrap(model: Any) -> Any:
+    """The transformers model inside a DistributedDataParallel / DataParallel or PEFT wrapper."""
+    import torch
+
+    while True:
+        if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            model = model.module
+        elif callable(getattr(model, "get_base_model", None)):
+            model = model.get_base_model()
+        else:
+            return model
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -167,7 +183,8 @@ def _check_not_mrope_text(config: Any) -> None:
 def model_inputs(model_or_config: Any) -> ModelInputs:
     """Read what ``model_or_config`` takes from a packed batch.
 
-    model_or_config: a transformers model (``LlamaForCausalLM``, ``Qwen2VLForConditionalGeneration``, ...) or
+    model_or_config: a transformers model (``LlamaForCausalLM``, ``Qwen2VLForConditionalGeneration``, ...; also
+        inside ``DistributedDataParallel`` / ``DataParallel`` or a PEFT wrapper, read through to the model) or
         its config (``PretrainedConfig``; the model class then comes from transformers' auto mappings).
 
     Supported: text causal LMs (Llama, Qwen2, ...: 1-D positions), Qwen2-VL and Qwen2.5-VL (mRoPE, images and
@@ -176,19 +193,20 @@ def model_inputs(model_or_config: Any) -> ModelInputs:
 
     Raises:
         TypeError: neither a model nor a config.
-        ValueError: a vision-language model of another type, an mRoPE text model without its vision config,
+        ValueError: a forward without ``position_ids`` (a wrapper that hides them: the boundaries would be
+            lost), a vision-language model of another type, an mRoPE text model without its vision config,
             or a Qwen-VL model whose installed transformers reads no text-position row (it cannot train a
             packed row without letting the samples attend to each other).
     """
-    config = getattr(model_or_config, "config", None)
-    forward = getattr(model_or_config, "forward", None)
+    model = _unwrap(model_or_config) if callable(getattr(model_or_config, "forward", None)) else model_or_config
+    config = getattr(model, "config", None)
+    forward = getattr(model, "forward", None)
     if config is not None and callable(forward):
-        module = sys.modules.get(type(model_or_config).__module__)
-    elif isinstance(getattr(model_or_config, "model_type", None), str) and hasattr(model_or_config, "to_dict"):
-        config = model_or_config
+        pass
+    elif isinstance(getattr(model, "model_type", None), str) and hasattr(model, "to_dict"):
+        config = model
         _check_not_mrope_text(config)
-        cls = _model_class(config)
-        forward, module = cls.forward, sys.modules.get(cls.__module__)
+        forward = _model_class(config).forward
     else:
         raise TypeError(f"model_or_config must be a transformers model or its config, got "
                         f"{type(model_or_config).__name__}")
@@ -197,8 +215,11 @@ def model_inputs(model_or_config: Any) -> ModelInputs:
     options: dict[str, Any] = {}
     tile_token_id = tokens_per_tile = None
     vision = getattr(config, "vision_config", None)
+    if "position_ids" not in keys:
+        raise ValueError(f"model_or_config: {type(model).__name__}.forward takes no position_ids, which carry "
+                         "the sample boundaries of a packed row; pass the transformers model itself")
     if model_type in MROPE_MODEL_TYPES:
-        if not _reads_text_row(module):
+        if not _reads_text_row(model_type):
             raise ValueError(f"{model_type}: the installed transformers text model reads no text-position row "
                              "from position_ids, so it cannot train packed samples without attention between "
                              "them; upgrade transformers")

@@ -365,6 +365,24 @@ def test_internvl_placeholders_checked_per_sample() -> None:
         collator([samples[0], text_only])
 
 
+class _Wrapper(torch.nn.Module):
+    """A wrapper whose forward hides position_ids in untyped keyword arguments."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, input_ids, labels=None, **kwargs):
+        return self.model(input_ids=input_ids, labels=labels, **kwargs)
+
+
+def test_for_model_unwraps_or_refuses_wrappers() -> None:
+    model = _model("llama", "sdpa")
+    assert model_inputs(torch.nn.DataParallel(model)) == model_inputs(model)
+    with pytest.raises(ValueError, match="position_ids"):
+        PackCollator.for_model(_Wrapper(model), warmup=False)
+
+
 def test_for_model_errors() -> None:
     with pytest.raises(TypeError, match="model_or_config"):
         PackCollator.for_model(object())
