@@ -64,6 +64,10 @@ def video_time_positions(num_steps: int, second_per_grid_t: float, tokens_per_se
     Computed in float32 as transformers does (``second_per_grid_ts`` is a float32 tensor there, and every
     product is rounded to float32): at 25 frames per second (0.08 s per grid step, 2 tokens per second),
     ``25 * float32(0.16)`` rounds to 4.0 in float32, while float64 arithmetic gives 3.9999999 and position 3.
+    This is the product order of transformers 5.24; Qwen's original code multiplies ``(k * second_per_grid_t)
+    * tokens_per_second``, the same numbers whenever ``tokens_per_second`` is a power of two (2 in the
+    released models). transformers 5.2 and 5.3 truncate ``second_per_grid_t`` to an integer first (all time
+    positions 0 below one second per grid step); that is not reproduced.
     """
     interval = np.float32(tokens_per_second) * np.float32(second_per_grid_t)
     return (np.arange(num_steps, dtype=np.float32) * interval).astype(np.int64)
