@@ -148,9 +148,9 @@ class PackOptions:
     video_token_id: the video placeholder token (``<|video_pad|>``); needs ``image_token_id``.
     spatial_merge_size: the vision tower's spatial merge (2 for Qwen2-VL/2.5-VL): an image of grid
         ``(t, h, w)`` takes ``t * h * w / merge**2`` placeholder tokens.
-    tokens_per_second: Qwen2.5-VL videos: temporal positions ``floor(k * second_per_grid_t *
-        tokens_per_second)`` from the samples' ``second_per_grid_ts`` (missing ones count as 1.0, as
-        transformers does); None: Qwen2-VL's ``0..t-1``.
+    tokens_per_second: Qwen2.5-VL videos: temporal positions ``floor(k * (tokens_per_second *
+        second_per_grid_t))`` in float32, as transformers computes them, from the samples'
+        ``second_per_grid_ts`` (missing ones count as 1.0, as transformers does); None: Qwen2-VL's ``0..t-1``.
     mrope_text_row: make ``position_ids`` ``(4, 1, T)`` with ``text_position_ids`` as row 0, the layout in
         which recent transformers Qwen-VL text models take the text positions for packed sequences.
     mrope_convention: where text continues after a long video: ``"max_hw"`` (at the video's start plus
