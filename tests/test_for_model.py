@@ -213,6 +213,22 @@ def test_packed_batch_trains_like_its_samples(name: str, attn: str) -> None:
     _assert_same_training(model, dict(batch), name, attn)
 
 
+def test_batches_from_dataloader_workers() -> None:
+    """Inside a worker the fields are built in shared memory; the model's keys come back the same."""
+    import multiprocessing
+
+    model = _model("qwen2_5_vl", "sdpa")
+    samples = _samples("qwen2_5_vl")
+    collator = PackCollator.for_model(model)
+    context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    loader = torch.utils.data.DataLoader(samples, batch_size=len(samples), collate_fn=collator, num_workers=1,
+                                         multiprocessing_context=context)
+    got, want = next(iter(loader)), collator(samples)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert torch.equal(got[key], value) if isinstance(value, torch.Tensor) else got[key] == value, key
+
+
 def test_padding_segment_changes_nothing() -> None:
     model = _model("qwen2_vl", "sdpa")
     samples = _samples("qwen2_vl")
