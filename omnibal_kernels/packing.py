@@ -64,6 +64,8 @@ import torch
 
 from .vision.fields import SAMPLE_KEYS as VISION_SAMPLE_KEYS
 from .vision.fields import VISION_KEYS, pack_batch_vision, unpack_batch_vision
+from .model_inputs import ModelInputs
+from .vision.mrope import check_mrope_convention
 
 __all__ = ["PackOptions", "PackedBatch", "PackCollator", "pack_batch", "pack_sequences", "unpack_batch", "warmup"]
 
@@ -150,11 +152,19 @@ class PackOptions:
     video_token_id: the video placeholder token (``<|video_pad|>``); needs ``image_token_id``.
     spatial_merge_size: the vision tower's spatial merge (2 for Qwen2-VL/2.5-VL): an image of grid
         ``(t, h, w)`` takes ``t * h * w / merge**2`` placeholder tokens.
-    tokens_per_second: Qwen2.5-VL videos: temporal positions ``floor(k * second_per_grid_t *
-        tokens_per_second)`` from the samples' ``second_per_grid_ts`` (missing ones count as 1.0, as
-        transformers does); None: Qwen2-VL's ``0..t-1``.
+    tokens_per_second: Qwen2.5-VL videos: temporal positions ``floor(k * (tokens_per_second *
+        second_per_grid_t))`` in float32, as transformers computes them, from the samples'
+        ``second_per_grid_ts`` (missing ones count as 1.0, as transformers does); None: Qwen2-VL's ``0..t-1``.
     mrope_text_row: make ``position_ids`` ``(4, 1, T)`` with ``text_position_ids`` as row 0, the layout in
         which recent transformers Qwen-VL text models take the text positions for packed sequences.
+    mrope_convention: where text continues after a long video: ``"max_hw"`` (at the video's start plus
+        ``max(h, w) / spatial_merge_size``, transformers >= 5.3) or ``"max_position"`` (at its largest
+        position plus one: Qwen's original numbering, transformers <= 5.2); see
+        :mod:`omnibal_kernels.vision.mrope`. None (default): the one the installed transformers computes
+        (``"max_position"`` without transformers), resolved when mRoPE is on.
+
+    To train a transformers model, :meth:`PackCollator.for_model` sets the options of this group from the
+    model's config.
     """
 
     mask_first_label: bool = True
@@ -172,6 +182,7 @@ class PackOptions:
     spatial_merge_size: int = 2
     tokens_per_second: float | None = None
     mrope_text_row: bool = False
+    mrope_convention: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("mask_first_label", "allow_empty"):
@@ -234,6 +245,8 @@ class PackOptions:
             raise ValueError(f"tokens_per_second must be a positive number or None, got {tps!r}")
         if not isinstance(self.mrope_text_row, bool):
             raise TypeError(f"mrope_text_row must be a bool, got {self.mrope_text_row!r}")
+        if self.mrope_convention is not None or self.mrope:
+            object.__setattr__(self, "mrope_convention", check_mrope_convention(self.mrope_convention))
 
     @property
     def mrope(self) -> bool:
@@ -890,11 +903,45 @@ class PackCollator:
 
     def __init__(self, *, warmup: bool = True, **options: Any) -> None:
         self.options = PackOptions(**options)
+        self.model_inputs: ModelInputs | None = None
         if warmup:
             _warmup(self.options.backend)
 
+    @classmethod
+    def for_model(cls, model_or_config: Any, *, warmup: bool = True, **options: Any) -> PackCollator:
+        """A collator whose batches a transformers model trains on packed: ``model(**batch)``.
+
+        model_or_config: the model (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen2VLForConditionalGeneration``,
+            ``Qwen2_5_VLForConditionalGeneration``, ``InternVLForConditionalGeneration``, other text causal LMs)
+            or its config.
+        options: further :class:`PackOptions` (``pad_to_multiple_of``, ``mrope_convention``, ...); they
+            override what is read from the model.
+
+        Reads, with :func:`omnibal_kernels.model_inputs.model_inputs`: the placeholder token ids, spatial
+        merge and ``tokens_per_second`` (Qwen-VL mRoPE positions as the model's ``get_rope_index`` numbers
+        them, in the ``(4, 1, T)`` layout with the text positions as row 0 that transformers needs to see
+        the packing), and the keys the model's ``forward`` accepts. Each batch holds only those keys (no
+        ``cu_seqlens``/``max_seqlen``, which a Qwen-VL vision tower would take as its own patch boundaries;
+        for Qwen-VL no flash-attention keys either, the text positions carry the boundaries) plus
+        ``use_cache=False``, without which transformers skips packed-sequence detection. Samples are as for
+        :func:`pack_batch`: ``input_ids``, ``labels``, ``pixel_values`` (Qwen-VL patches with
+        ``image_grid_thw``; InternVL tiles ``(n, C, H, W)``), ``pixel_values_videos``, ``video_grid_thw``,
+        ``second_per_grid_ts``. :func:`unpack_batch` needs the full batch of a plain :class:`PackCollator`.
+        """
+        from .model_inputs import model_inputs
+
+        spec = model_inputs(model_or_config)
+        collator = cls(warmup=warmup, **{**spec.options, **options})
+        collator.model_inputs = spec
+        return collator
+
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> PackedBatch:
-        return _pack_samples(samples, self.options)
+        batch = _pack_samples(samples, self.options)
+        if self.model_inputs is not None:
+            batch = PackedBatch._wrap(self.model_inputs.select(batch._fields))
+        return batch
 
     def __repr__(self) -> str:
+        if self.model_inputs is not None:
+            return f"PackCollator.for_model({self.model_inputs.model_type!r}, {self.options!r})"
         return f"PackCollator({self.options!r})"

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ops",),  # Triton kernels; CPU data goes down to cpu/
     ("attention",),  # varlen attention adapters
     ("lengths",),  # per-sample loads
-    ("vision",),  # counts, loads, buckets, mrope, batch fields (calls ops/ and cpu/)
+    ("vision", "model_inputs"),  # counts, loads, buckets, mrope, batch fields; what a transformers model reads
     ("balance",),  # planning
     ("synthetic", "pipeline"),  # load distributions; model and memory balance (pipeline partitions)
     ("sampler", "streaming"),  # samplers over plans

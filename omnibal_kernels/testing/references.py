@@ -239,8 +239,18 @@ def mrope_positions_reference(input_ids: Sequence[int], image_grids: Sequence[Se
                         video_grids: Sequence[Sequence[int]] = (), image_token_id: int = -1,
                         video_token_id: int = -2, spatial_merge_size: int = 2,
                         video_seconds: Sequence[float] | None = None,
-                        tokens_per_second: float | None = None) -> list[tuple[int, int, int]]:
-    """One sample's Qwen2-VL mRoPE positions, token by token: ``[(t, h, w), ...]``."""
+                        tokens_per_second: float | None = None,
+                        convention: str | None = None) -> list[tuple[int, int, int]]:
+    """One sample's Qwen2-VL mRoPE positions, token by token: ``[(t, h, w), ...]``.
+
+    Video time steps are ``floor(k * (tokens_per_second * seconds))`` with every product rounded to float32
+    (as transformers computes them); ``convention`` is ``"max_position"`` (text after an image or video goes
+    on at its largest position + 1), ``"max_hw"`` (at its start + ``max(h, w) / spatial_merge_size``) or None
+    (the one the installed transformers computes).
+    """
+    from ..vision.mrope import check_mrope_convention
+
+    convention = check_mrope_convention(convention)
     out: list[tuple[int, int, int]] = []
     next_pos = 0
     i = 0
@@ -260,12 +270,16 @@ def mrope_positions_reference(input_ids: Sequence[int], image_grids: Sequence[Se
             gh, gw = h // spatial_merge_size, w // spatial_merge_size
             block = []
             for ti in range(t):
-                tv = ti if seconds is None else int(ti * seconds * tokens_per_second)
+                tv = ti if seconds is None else int(np.float32(ti) * (np.float32(tokens_per_second)
+                                                                     * np.float32(seconds)))
                 for hi in range(gh):
                     for wi in range(gw):
                         block.append((next_pos + tv, next_pos + hi, next_pos + wi))
             out.extend(block)
-            next_pos = max(max(p) for p in block) + 1
+            if convention == "max_hw":
+                next_pos += max(gh, gw)
+            else:
+                next_pos = max(max(p) for p in block) + 1
             i += len(block)
         else:
             out.append((next_pos, next_pos, next_pos))

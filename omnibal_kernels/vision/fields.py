@@ -279,6 +279,7 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
         image_token_id=options.image_token_id, video_token_id=options.video_token_id,
         spatial_merge_size=options.spatial_merge_size, second_per_grid_ts=seconds,
         tokens_per_second=options.tokens_per_second if seconds is not None else None,
+        convention=options.mrope_convention,
     )
     rows = 4 if options.mrope_text_row else 3
     padded = text_pos.shape[1]

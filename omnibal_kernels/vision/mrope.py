@@ -1,13 +1,76 @@
-"""Multimodal rotary positions (mRoPE) of Qwen2-VL / Qwen2.5-VL: ``(3, T)`` temporal/height/width rows."""
+"""Multimodal rotary positions (mRoPE) of Qwen2-VL / Qwen2.5-VL: ``(3, T)`` temporal/height/width rows.
+
+Two numberings of the text that follows an image or video are in use (``convention=``):
+
+- ``"max_position"``: the text continues at the largest position the image or video used, plus one. This is
+  Qwen's original ``get_rope_index`` and what transformers computed up to version 5.2.
+- ``"max_hw"``: the text continues at the image's or video's start plus ``max(h, w) / spatial_merge_size``,
+  what transformers computes from version 5.3 on. The two differ only after a long video, one whose last time
+  position is past ``start + max(h, w) / spatial_merge_size - 1`` (more grid time steps than
+  ``max(h, w) / spatial_merge_size``; for Qwen2.5-VL, whose time positions advance ``tokens_per_second`` per
+  second, a video longer than about ``max(h, w) / spatial_merge_size / tokens_per_second`` seconds): the
+  text after it then reuses positions of the video's last frames.
+
+The default (None) is the one the installed transformers computes (``"max_position"`` without transformers).
+"""
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
 from .._checks import check_positive_int, is_tensor
 
-__all__ = ["MRopePositions", "mrope_position_ids"]
+__all__ = ["MROPE_CONVENTIONS", "MRopePositions", "check_mrope_convention", "installed_mrope_convention",
+           "mrope_position_ids", "video_time_positions"]
+
+# The numberings of the text after an image or video (see the module docstring).
+MROPE_CONVENTIONS = ("max_hw", "max_position")
+# The first transformers release that continues text at start + max(h, w) / merge.
+_MAX_HW_SINCE = (5, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def installed_mrope_convention() -> str:
+    """The convention the installed transformers computes: ``"max_hw"`` from 5.3 on, else ``"max_position"``.
+
+    Reads the installed version from the package metadata (transformers is not imported); without
+    transformers, ``"max_position"`` (Qwen's original numbering).
+    """
+    from importlib import metadata
+
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return "max_position"
+    numbers = [int(x) for x in re.findall(r"\d+", version)[:2]]
+    return "max_hw" if tuple(numbers) >= _MAX_HW_SINCE else "max_position"
+
+
+def check_mrope_convention(convention: object) -> str:
+    """``convention`` itself when it is one of :data:`MROPE_CONVENTIONS`, the installed one when None."""
+    if convention is None:
+        return installed_mrope_convention()
+    if convention not in MROPE_CONVENTIONS:
+        raise ValueError(f"mrope_convention must be one of {MROPE_CONVENTIONS} or None, got {convention!r}")
+    return convention  # type: ignore[return-value]
+
+
+def video_time_positions(num_steps: int, second_per_grid_t: float, tokens_per_second: float) -> np.ndarray:
+    """Qwen2.5-VL time positions ``floor(k * (tokens_per_second * second_per_grid_t))``, ``k = 0..num_steps-1``.
+
+    Computed in float32 as transformers does (``second_per_grid_ts`` is a float32 tensor there, and every
+    product is rounded to float32): at 25 frames per second (0.08 s per grid step, 2 tokens per second),
+    ``25 * float32(0.16)`` rounds to 4.0 in float32, while float64 arithmetic gives 3.9999999 and position 3.
+    This is the product order of transformers 5.24; Qwen's original code multiplies ``(k * second_per_grid_t)
+    * tokens_per_second``, the same numbers whenever ``tokens_per_second`` is a power of two (2 in the
+    released models). transformers 5.2 and 5.3 truncate ``second_per_grid_t`` to an integer first (all time
+    positions 0 below one second per grid step); that is not reproduced.
+    """
+    interval = np.float32(tokens_per_second) * np.float32(second_per_grid_t)
+    return (np.arange(num_steps, dtype=np.float32) * interval).astype(np.int64)
 
 class MRopePositions(NamedTuple):
     """Qwen2-VL multimodal rotary positions of a packed batch of ``B`` samples, ``T`` tokens in all."""
@@ -47,15 +110,17 @@ def _as_ids(x: Any, i: int) -> np.ndarray:
 
 def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, video_grid_thw: Any = None, *,
                        image_token_id: int, video_token_id: int | None = None, spatial_merge_size: int = 2,
-                       second_per_grid_ts: Any = None, tokens_per_second: float | None = None) -> MRopePositions:
+                       second_per_grid_ts: Any = None, tokens_per_second: float | None = None,
+                       convention: str | None = None) -> MRopePositions:
     """Qwen2-VL / Qwen2.5-VL mRoPE ``position_ids`` for samples packed into one row, restarting per sample.
 
     Each sample follows ``get_rope_index``: text tokens advance all three positions by one; an image or video
     is a run of ``t * (h / m) * (w / m)`` placeholder tokens (``m = spatial_merge_size``) in ``(t, h, w)``
     row-major order whose positions are ``start + (t_index, h_index, w_index)``, where ``start`` is the
-    position the first placeholder would have had as text; the text after it continues from the largest
-    position used plus one. ``t_index`` is ``0..t-1``, or for Qwen2.5-VL videos (``second_per_grid_ts`` and
-    ``tokens_per_second`` given) ``floor(k * second_per_grid_t * tokens_per_second)``.
+    position the first placeholder would have had as text; the text after it continues as ``convention``
+    says (the module docstring). ``t_index`` is ``0..t-1``, or for Qwen2.5-VL videos (``second_per_grid_ts``
+    and ``tokens_per_second`` given) ``floor(k * (tokens_per_second * second_per_grid_t))`` in float32, as
+    transformers computes it (:func:`video_time_positions`).
 
     Args:
         input_ids: ``B`` per-sample 1-D token sequences (tensors, arrays or lists).
@@ -65,6 +130,8 @@ def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, vid
         image_token_id, video_token_id: the placeholder tokens (``<|image_pad|>``, ``<|video_pad|>``).
         second_per_grid_ts: ``(V,)`` seconds per temporal grid step of each video (Qwen2.5-VL).
         tokens_per_second: the vision config's ``tokens_per_second`` (Qwen2.5-VL; 2 for the released models).
+        convention: ``"max_hw"`` or ``"max_position"``, the numbering of text after a long video; None: the one
+            the installed transformers computes (:func:`installed_mrope_convention`).
 
     Returns:
         :class:`MRopePositions` of torch tensors.
@@ -75,6 +142,7 @@ def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, vid
     import torch
 
     m = check_positive_int("spatial_merge_size", spatial_merge_size)
+    convention = check_mrope_convention(convention)
     if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
         raise TypeError("input_ids must be a sequence of per-sample token sequences")
     if len(input_ids) == 0:
@@ -113,7 +181,7 @@ def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, vid
     seconds = None
     if second_per_grid_ts is not None:
         seconds = np.asarray(second_per_grid_ts.detach().cpu() if is_tensor(second_per_grid_ts)
-                             else second_per_grid_ts, dtype=np.float64).reshape(-1)
+                             else second_per_grid_ts, dtype=np.float32).reshape(-1)
     video_counter = 0
     pieces, text_pieces, deltas = [], [], []
     for i, ids in enumerate(ids_list):
@@ -149,7 +217,7 @@ def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, vid
             if kind == "video" and seconds is not None:
                 if video_counter >= seconds.shape[0]:
                     raise ValueError("second_per_grid_ts has fewer entries than videos")
-                t_steps = np.floor(np.arange(t) * seconds[video_counter] * float(tokens_per_second)).astype(np.int64)
+                t_steps = video_time_positions(t, seconds[video_counter], tokens_per_second)
             else:
                 t_steps = np.arange(t, dtype=np.int64)
             if kind == "video":
@@ -161,7 +229,10 @@ def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, vid
             pos[0, p:p + length] = start + tt
             pos[1, p:p + length] = start + hh
             pos[2, p:p + length] = start + ww
-            span = max(int(t_steps[-1]), gh - 1, gw - 1) + 1
+            if convention == "max_hw":
+                span = max(gh, gw)
+            else:
+                span = max(int(t_steps[-1]), gh - 1, gw - 1) + 1
             acc += span - length
             shift[p + length] += span - length
             items.append((p, length))
