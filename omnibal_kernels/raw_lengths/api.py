@@ -16,13 +16,13 @@ import mmap
 import multiprocessing
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
 from .._progress import progress_bar
+from .._files import atomic_write
 from ..lengths import Lengths, write_lengths
 from .count import ISSUE_KINDS, ON_ERROR, ChunkCounter, ChunkResult, load_tokenizer
 from .records import RecordError
@@ -92,9 +92,10 @@ class RawLengths:
         fmt = path.suffix.lstrip(".").lower()
         if fmt not in ("json", "npz"):
             raise ValueError(f"output: {str(path)!r} needs a .json or .npz suffix")
-        _atomic(path, lambda tmp: write_lengths(tmp, self.loads, fmt=fmt))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_lengths(path, self.loads, fmt=fmt)
         report = path.with_name(path.stem + ".report.json")
-        _atomic(report, lambda tmp: tmp.write_text(json.dumps(self.report())))
+        _write_json(report, self.report())
         return path, report
 
     def save_part(self, path: str | Path) -> Path:
@@ -102,25 +103,22 @@ class RawLengths:
         path = Path(path)
         meta = json.dumps({"version": _PART_VERSION, "start": self.start, "stop": self.stop,
                            "num_samples": self.num_samples, "issues": self.issues, "settings": self.settings})
-        _atomic(path, lambda tmp: _savez(tmp, index=self.index, vit=self.vit, llm=self.llm, meta=np.array(meta)))
+        _write_npz(path, index=self.index, vit=self.vit, llm=self.llm, meta=np.array(meta))
         return path
 
 
-def _savez(path: Path, **arrays: np.ndarray) -> None:
-    with open(path, "wb") as f:
+def _write_npz(path: Path, **arrays: np.ndarray) -> None:
+    """``numpy.savez`` into ``path``, atomically (its folder is made when missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
         np.savez(f, **arrays)
 
 
-def _atomic(path: Path, write: Any) -> None:
+def _write_json(path: Path, obj: Any) -> None:
+    """``obj`` as JSON into ``path``, atomically (its folder is made when missing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "w") as f:
+        f.write(json.dumps(obj))
 
 
 # --------------------------------------------------------------------------------------------- sources
@@ -259,7 +257,7 @@ def _chunk_file(work_dir: Path, a: int, b: int) -> Path:
 
 def _save_chunk(path: Path, result: ChunkResult) -> None:
     meta = np.array(json.dumps(result.issues))
-    _atomic(path, lambda tmp: _savez(tmp, index=result.index, vit=result.vit, llm=result.llm, issues=meta))
+    _write_npz(path, index=result.index, vit=result.vit, llm=result.llm, issues=meta)
 
 
 def _load_chunk(path: Path) -> ChunkResult:
@@ -371,7 +369,7 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
                 old.unlink()
             run_file.unlink()
         if not run_file.is_file():
-            _atomic(run_file, lambda tmp: tmp.write_text(json.dumps(run)))
+            _write_json(run_file, run)
         for a, b in bounds:
             if _chunk_file(wd, a, b).is_file():
                 results[a] = _load_chunk(_chunk_file(wd, a, b))
