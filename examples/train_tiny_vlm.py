@@ -30,98 +30,22 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from omnibal_kernels import BalancedBatchSampler, pack_batch, varlen_attention
-from omnibal_kernels.lengths import Lengths, default_lengths
-from omnibal_kernels.testing.models import RMSNorm, TinyBlock, causal_lm_loss
-
-TILE = 16  # tile side in pixels (a 448px tile, scaled down)
-PATCH = 4  # patch side: 16 patches per tile
-PATCHES_PER_TILE = (TILE // PATCH) ** 2
-SCALE = 16  # a real tile is 256 LLM tokens, here PATCHES_PER_TILE = 256 / SCALE
-REAL_TOKENS_PER_TILE = 256
-VOCAB = 128
-IMAGE_TOKEN = VOCAB - 1  # placeholder id where image embeddings go
-
-
-def scaled_lengths(num_samples: int, seed: int) -> Lengths:
-    """A seeded subset of the bundled loads, scaled by 1/SCALE: ``vit`` tiles, ``llm`` tokens."""
-    real = default_lengths()
-    pick = np.sort(np.random.default_rng(seed).choice(len(real), num_samples, replace=False))
-    tiles = real.vit[pick]
-    text = np.maximum(real.llm[pick] - REAL_TOKENS_PER_TILE * tiles, 0)
-    llm = tiles * PATCHES_PER_TILE + np.ceil(text / SCALE).astype(np.int64) + 1
-    return Lengths(tiles, llm)
-
+from omnibal_kernels import BalancedBatchSampler, pack_batch
+from omnibal_kernels.lengths import Lengths
+from omnibal_kernels.testing.models import causal_lm_loss
+from omnibal_kernels.testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
 
 class SyntheticVLMData(torch.utils.data.Dataset):
-    """Sample ``i``: ``tiles[i]`` random tiles and ``llm[i]`` tokens, image placeholders first."""
+    """Sample ``i``: ``tiles[i]`` random tiles and ``llm[i]`` tokens, image placeholders first (no loss on them)."""
 
-    def __init__(self, lengths: Lengths, seed: int = 0) -> None:
+    def __init__(self, lengths: Lengths, seed: int) -> None:
         self.lengths, self.seed = lengths, seed
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        tiles, tokens = int(self.lengths.vit[i]), int(self.lengths.llm[i])
-        num_image_tokens = tiles * PATCHES_PER_TILE
-        text = torch.randint(0, VOCAB - 1, (tokens - num_image_tokens,), generator=g)
-        input_ids = torch.cat([torch.full((num_image_tokens,), IMAGE_TOKEN), text])
-        labels = input_ids.clone()
-        labels[:num_image_tokens] = -100  # no loss on image positions
-        return {"input_ids": input_ids, "labels": labels,
-                "pixel_values": torch.randn(tiles, 3, TILE, TILE, generator=g)}
-
-
-class TinyViTBlock(nn.Module):
-    """Pre-norm bidirectional attention + MLP over packed patches; each tile attends only to itself."""
-
-    def __init__(self, hidden: int, heads: int) -> None:
-        super().__init__()
-        self.heads, self.head_dim = heads, hidden // heads
-        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(), nn.Linear(2 * hidden, hidden))
-
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        # x: (total_patches, hidden)
-        q, k, v = self.qkv(self.norm1(x)).view(-1, 3, self.heads, self.head_dim).unbind(1)
-        x = x + self.proj(varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=False).flatten(1))
-        return x + self.mlp(self.norm2(x))
-
-
-class TinyVLM(nn.Module):
-    """Patch embedding + ViT blocks -> projector -> image embeddings in place of IMAGE_TOKEN -> decoder."""
-
-    def __init__(self, vit_hidden: int = 32, hidden: int = 64, layers: int = 2) -> None:
-        super().__init__()
-        self.patch_embed = nn.Conv2d(3, vit_hidden, kernel_size=PATCH, stride=PATCH)
-        self.vit_pos = nn.Parameter(torch.zeros(PATCHES_PER_TILE, vit_hidden))
-        self.vit_blocks = nn.ModuleList(TinyViTBlock(vit_hidden, 4) for _ in range(layers))
-        self.projector = nn.Sequential(nn.LayerNorm(vit_hidden), nn.Linear(vit_hidden, hidden))
-        self.embed = nn.Embedding(VOCAB, hidden)
-        self.blocks = nn.ModuleList(TinyBlock(hidden, 4, 2, 2 * hidden, 10000.0) for _ in range(layers))
-        self.norm = RMSNorm(hidden)
-        self.lm_head = nn.Linear(hidden, VOCAB, bias=False)
-
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor,
-                max_seqlen: int, pixel_values: torch.Tensor | None = None,
-                vit_cu_seqlens: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
-        """input_ids/position_ids: (1, T); pixel_values: (tiles, 3, TILE, TILE); returns logits (1, T, VOCAB)."""
-        x = self.embed(input_ids)
-        if pixel_values is not None:
-            patches = self.patch_embed(pixel_values).flatten(2).transpose(1, 2) + self.vit_pos  # (tiles, P, C)
-            h = patches.reshape(-1, patches.shape[-1])
-            cu = vit_cu_seqlens * PATCHES_PER_TILE  # one ViT sequence per tile, in patch rows
-            for block in self.vit_blocks:
-                h = block(h, cu, PATCHES_PER_TILE)
-            image_positions = (input_ids[0] == IMAGE_TOKEN).nonzero().squeeze(1)
-            x = x.index_put((torch.zeros_like(image_positions), image_positions), self.projector(h))
-        for block in self.blocks:
-            x = block(x, position_ids, cu_seqlens, max_seqlen, "auto")
-        return self.lm_head(self.norm(x))
+        return make_sample(self.lengths, i, self.seed)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -150,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                    micro_steps_per_step=args.micro_steps, dataset=dataset)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=pack_batch,
                                          num_workers=args.workers, pin_memory=True)
-    model = TinyVLM()
+    model = TinyVLM(hidden=64, vit_hidden=32)
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -15,7 +15,8 @@ from omnibal_kernels.bench.baselines import (
     over_vit_capacity,
     random_padded_plan,
 )
-from omnibal_kernels.bench.ddp import TinyVLM, make_sample, padded_batch, scaled_lengths, summarize
+from omnibal_kernels.bench.ddp import padded_batch, summarize
+from omnibal_kernels.testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
 from omnibal_kernels.bench.quality import coverage
 from omnibal_kernels.bench.simulate import epoch_time, ideal_time, padding_fraction, rank_costs
 from omnibal_kernels.lengths import Lengths
