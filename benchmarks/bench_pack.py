@@ -11,7 +11,13 @@ Group "worker" (what a DataLoader worker does: outputs written into shared memor
   omnibal_kernels         pack_batch's worker path
   torch_cat_floor         torch.cat of input_ids and labels into one shared-memory buffer
 
-Targets: omnibal_kernels >= 10x faster than python_per_sample and within 2x of torch_cat_floor.
+Group "lists" (the same samples as Python lists, what a ``datasets.Dataset`` yields without a torch format):
+  omnibal_kernels         pack_batch
+  hf_flattening           transformers' DataCollatorWithFlattening (skipped when transformers is missing)
+  numpy_convert           np.array(list, dtype=np.int64) of every input_ids and labels list, nothing else
+
+Targets: omnibal_kernels >= 10x faster than python_per_sample and within 2x of torch_cat_floor; on lists
+>= 5x faster than hf_flattening.
 
     python -m pytest benchmarks/bench_pack.py --benchmark-only   # pytest-benchmark groups
     python -m pytest benchmarks/bench_pack.py -k target -s       # the ratios of one run, checked
@@ -41,6 +47,8 @@ VOCAB = 151_000
 OURS = "omnibal_kernels"
 PYTHON = "python_per_sample"
 FLOOR = "torch_cat_floor"
+HF = "hf_flattening"
+NUMPY_CONVERT = "numpy_convert"
 Samples = list[dict[str, torch.Tensor]]
 
 
@@ -56,6 +64,24 @@ def make_samples(num_samples: int = NUM_SAMPLES, seed: int = SEED) -> Samples:
         }
         for n in lengths
     ]
+
+
+def as_lists(samples: Samples) -> list[dict[str, list[int]]]:
+    """The same samples with every field as a Python list of ints."""
+    return [{key: value.tolist() for key, value in sample.items()} for sample in samples]
+
+
+def _numpy_convert(samples: list[dict[str, list[int]]]) -> list[np.ndarray]:
+    return [np.array(value, dtype=np.int64) for sample in samples for value in sample.values()]
+
+
+def _hf_flattening() -> Callable[[Samples], Any] | None:
+    """transformers' DataCollatorWithFlattening with the same fields as ours, or None without transformers."""
+    try:
+        from transformers import DataCollatorWithFlattening
+    except ImportError:
+        return None
+    return DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
 
 
 def _torch_cat_floor(samples: Samples) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,15 +113,21 @@ def providers() -> dict[str, Callable[[Samples], Any]]:
         f"{OURS}[torch]": PackCollator(backend="torch"),
         PYTHON: pack_batch_reference,
     }
-    try:
-        from transformers import DataCollatorWithFlattening
-    except ImportError:
-        pass
-    else:
-        out["hf_flattening"] = DataCollatorWithFlattening(
-            return_flash_attn_kwargs=True, return_seq_idx=True
-        )
+    hf = _hf_flattening()
+    if hf is not None:
+        out[HF] = hf
     out[FLOOR] = _torch_cat_floor
+    return out
+
+
+def list_providers() -> dict[str, Callable[[Any], Any]]:
+    """Group "lists": name -> collate function of samples given as lists; hf_flattening only with transformers."""
+    warmup()
+    out: dict[str, Callable[[Any], Any]] = {OURS: pack_batch}
+    hf = _hf_flattening()
+    if hf is not None:
+        out[HF] = hf
+    out[NUMPY_CONVERT] = _numpy_convert
     return out
 
 
@@ -146,12 +178,16 @@ def _print_table(title: str, times: dict[str, float]) -> None:
         print(f"{name:<24}{t * 1e6:>10.1f}{t / times[OURS]:>13.2f}x")
 
 
-def _print_targets(times: dict[str, float], worker_times: dict[str, float]) -> None:
+def _print_targets(
+    times: dict[str, float], worker_times: dict[str, float], list_times: dict[str, float]
+) -> None:
     print(
         f"targets: ours faster than {PYTHON} by {times[PYTHON] / times[OURS]:.1f}x (>= 10x); "
         f"ours / {FLOOR}: in process {times[OURS] / times[FLOOR]:.2f}x, "
         f"in a worker {worker_times[OURS] / worker_times[FLOOR]:.2f}x (<= 2x)"
     )
+    if HF in list_times:
+        print(f"targets: on lists ours faster than {HF} by {list_times[HF] / list_times[OURS]:.1f}x (>= 5x)")
 
 
 # ------------------------------------------------------------------------------------ pytest-benchmark
@@ -162,7 +198,7 @@ except ImportError:  # the script needs neither pytest nor pytest-benchmark
     pytest = None
 
 if pytest is not None:
-    _NAMES = [OURS, f"{OURS}[torch]", PYTHON, "hf_flattening", FLOOR]
+    _NAMES = [OURS, f"{OURS}[torch]", PYTHON, HF, FLOOR]
 
     @pytest.fixture(scope="module")
     def samples() -> Samples:
@@ -175,11 +211,16 @@ if pytest is not None:
     @pytest.fixture(scope="module")
     def run(samples: Samples, funcs: dict[str, Callable[[Samples], Any]]) -> dict[str, dict[str, float]]:
         """Both groups measured once, interleaved; shared by the target checks."""
-        times = {"process": measure(funcs, samples), "worker": measure(worker_providers(), samples)}
+        times = {
+            "process": measure(funcs, samples),
+            "worker": measure(worker_providers(), samples),
+            "lists": measure(list_providers(), as_lists(samples)),
+        }
         print()
         _print_table("in process", times["process"])
         _print_table("worker", times["worker"])
-        _print_targets(times["process"], times["worker"])
+        _print_table("lists", times["lists"])
+        _print_targets(times["process"], times["worker"], times["lists"])
         return times
 
     @pytest.mark.parametrize("provider", _NAMES)
@@ -191,6 +232,15 @@ if pytest is not None:
         benchmark.group = f"pack_batch in process: {NUM_SAMPLES} samples, real llm lengths"
         benchmark.extra_info.update(_environment(), total_tokens=sum(len(s["input_ids"]) for s in samples))
         benchmark(funcs[provider], samples)
+
+    @pytest.mark.parametrize("provider", [OURS, HF, NUMPY_CONVERT])
+    def test_pack_lists(benchmark: Any, samples: Samples, provider: str) -> None:
+        funcs = list_providers()
+        if provider not in funcs:
+            pytest.skip("transformers is not installed")
+        benchmark.group = f"pack_batch on Python lists: {NUM_SAMPLES} samples, real llm lengths"
+        benchmark.extra_info.update(_environment(), total_tokens=sum(len(s["input_ids"]) for s in samples))
+        benchmark(funcs[provider], as_lists(samples))
 
     @pytest.mark.parametrize("provider", [OURS, FLOOR])
     def test_pack_worker(benchmark: Any, samples: Samples, provider: str) -> None:
@@ -210,6 +260,12 @@ if pytest is not None:
         times = run["worker"]
         assert times[OURS] / times[FLOOR] <= 2
 
+    def test_target_lists_vs_hf(run: dict[str, dict[str, float]]) -> None:
+        times = run["lists"]
+        if HF not in times:
+            pytest.skip("transformers is not installed")
+        assert times[HF] / times[OURS] >= 5
+
 
 def main() -> None:
     samples = make_samples()
@@ -217,9 +273,11 @@ def main() -> None:
     print(f"{NUM_SAMPLES} samples, {total} tokens; {_environment()}")
     times = measure(providers(), samples)
     worker_times = measure(worker_providers(), samples)
+    list_times = measure(list_providers(), as_lists(samples))
     _print_table("in process", times)
     _print_table("worker", worker_times)
-    _print_targets(times, worker_times)
+    _print_table("lists", list_times)
+    _print_targets(times, worker_times, list_times)
 
 
 if __name__ == "__main__":
