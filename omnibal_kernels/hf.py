@@ -19,24 +19,78 @@ The model receives packed batches (``input_ids (1, T)``, ``position_ids``, ``cu_
 ``gradient_accumulation_steps`` becomes ``micro_steps_per_step``, so each optimizer step is balanced; world
 size, rank, seed and ``dataloader_drop_last`` (the sampler's ``drop_last``) come from the ``TrainingArguments``. The DataLoader is not passed through
 ``accelerator.prepare`` (that would shard the already per-rank batches again); the Trainer moves batches to
-the device itself, and its ``set_epoch`` call reaches the sampler. Resuming from a checkpoint skips the
-consumed micro-steps of the same deterministic plan, so it continues exactly.
+the device itself, and its ``set_epoch`` call reaches the sampler.
+
+Epochs: the Trainer takes ``len(DataLoader)`` at the start as the length of every epoch, and on resume it
+turns the global step into an epoch and a number of batches to skip (accelerate's ``skip_first_batches``)
+with that length. Balanced plans of different epochs may hold different numbers of packs (a few micro-steps
+more or less), which would make the Trainer drop the end of a longer epoch and resume off by the difference.
+So the DataLoader yields the plans of epochs 0, 1, 2, ... back to back, and the Trainer's epoch ``e`` is the
+micro-steps ``[e * L, (e + 1) * L)`` of that sequence, ``L`` being the length of plan epoch 0. No pack is
+dropped or repeated at an epoch boundary, every optimizer step is one planned step, and a resumed run sees
+exactly the batches of an uninterrupted one. When every plan has ``L`` micro-steps (usual on large data) the
+Trainer's epochs are the plan epochs; otherwise training ends after ``num_train_epochs * L`` micro-steps, a few
+short of or into the next plan epoch, as ``max_steps`` would. ``DataLoader.batch_sampler.sampler`` is the
+:class:`BalancedBatchSampler` (for its ``balance_report``).
 
 Nothing here imports ``transformers``; the module is importable without it.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import torch.utils.data
 
+from ._checks import check_epoch
 from .sampler import BalancedBatchSampler
 
 __all__ = ["BalancedTrainerMixin", "balanced_train_dataloader"]
 
 
+class _FixedLengthEpochs(torch.utils.data.Sampler[list[int]]):
+    """Batch sampler of fixed-length epochs over the plans of epochs 0, 1, 2, ... of ``sampler``, back to back.
+
+    Epoch ``e`` yields the micro-steps ``[e * L, (e + 1) * L)`` of that sequence, ``L = epoch_length`` (the
+    length of plan epoch 0), so its length never changes and batch ``k`` of epoch ``e`` is always the same.
+    """
+
+    def __init__(self, sampler: BalancedBatchSampler) -> None:
+        self.sampler = sampler
+        self._plan_lengths: list[int] = [len(sampler.rank_batches(epoch=0))]
+        self.epoch_length = self._plan_lengths[0]
+        self._epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = check_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.epoch_length
+
+    def _plan_length(self, plan_epoch: int) -> int:
+        while len(self._plan_lengths) <= plan_epoch:
+            self._plan_lengths.append(len(self.sampler.rank_batches(epoch=len(self._plan_lengths))))
+        return self._plan_lengths[plan_epoch]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        position = self._epoch * self.epoch_length  # in the plans back to back
+        stop = position + self.epoch_length
+        plan_epoch, plan_start = 0, 0
+        while plan_start + self._plan_length(plan_epoch) <= position:
+            plan_start += self._plan_length(plan_epoch)
+            plan_epoch += 1
+        while position < stop:
+            self.sampler.set_epoch(plan_epoch)  # what the sampler reports on (balance_report, state_dict)
+            batches = self.sampler.rank_batches(epoch=plan_epoch)
+            take = min(stop, plan_start + len(batches)) - position
+            yield from batches[position - plan_start:position - plan_start + take]
+            position += take
+            plan_start += len(batches)
+            plan_epoch += 1
+
+
 class _EpochDataLoader(torch.utils.data.DataLoader):
-    """A DataLoader whose ``set_epoch`` re-plans its :class:`BalancedBatchSampler`."""
+    """A DataLoader whose ``set_epoch`` selects the epoch of its batch sampler."""
 
     def set_epoch(self, epoch: int) -> None:
         self.batch_sampler.set_epoch(epoch)
@@ -57,7 +111,9 @@ def balanced_train_dataloader(
             ``groups``, ``method``, ...); they override the values taken from ``args``.
 
     Returns:
-        A DataLoader yielding one packed batch per micro-step, with ``set_epoch``.
+        A DataLoader yielding one packed batch per micro-step, with ``set_epoch``; every epoch has the length
+        of plan epoch 0 (see the module docstring), and ``batch_sampler.sampler`` is the
+        :class:`BalancedBatchSampler`.
     """
     args = trainer.args
     dataset = trainer.train_dataset
@@ -79,7 +135,7 @@ def balanced_train_dataloader(
         extra["persistent_workers"] = args.dataloader_persistent_workers
         if args.dataloader_prefetch_factor is not None:
             extra["prefetch_factor"] = args.dataloader_prefetch_factor
-    return _EpochDataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn or trainer.data_collator,
+    return _EpochDataLoader(dataset, batch_sampler=_FixedLengthEpochs(sampler), collate_fn=collate_fn or trainer.data_collator,
                             num_workers=workers, pin_memory=args.dataloader_pin_memory, **extra)
 
 
