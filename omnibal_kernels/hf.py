@@ -28,7 +28,7 @@ more or less), which would make the Trainer drop the end of a longer epoch and r
 So the DataLoader yields the plans of epochs 0, 1, 2, ... back to back, and the Trainer's epoch ``e`` is the
 micro-steps ``[e * L, (e + 1) * L)`` of that sequence, ``L`` being the length of plan epoch 0. No pack is
 dropped or repeated at an epoch boundary, every optimizer step is one planned step, and a resumed run sees
-exactly the batches of an uninterrupted one. When every plan has ``L`` micro-steps (usual on large data) the
+exactly the batches of an uninterrupted one. When every plan has ``L`` micro-steps (as on the bundled data) the
 Trainer's epochs are the plan epochs; otherwise training ends after ``num_train_epochs * L`` micro-steps, a few
 short of or into the next plan epoch, as ``max_steps`` would. ``DataLoader.batch_sampler.sampler`` is the
 :class:`BalancedBatchSampler` (for its ``balance_report``).
