@@ -1,15 +1,16 @@
 """The Hugging Face Trainer recipe resumes mid-epoch exactly (real transformers Trainer and accelerate, CPU).
 
-A run is stopped after some optimizer steps with a checkpoint; a new Trainer resumes from it (the Trainer
-fast-forwards with accelerate's ``skip_first_batches``). The batches seen before the stop plus those seen after
-the resume must be exactly the batches of an uninterrupted run, and the final weights the same. The planned
-epochs here hold different numbers of packs (26 or 28 micro-steps), the case the Trainer's fixed-length epoch
-arithmetic gets wrong unless the recipe accounts for it.
+An uninterrupted run saves checkpoints after some optimizer steps; for each, a new model and a new Trainer
+resume from it (the Trainer fast-forwards with accelerate's ``skip_first_batches``). The batches seen after
+the resume must be exactly those the uninterrupted run saw after that step, and the final weights the same.
+The planned epochs here hold different numbers of packs (26 or 28 micro-steps), the case the Trainer's
+fixed-length epoch arithmetic gets wrong unless the recipe accounts for it.
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
@@ -81,7 +82,7 @@ def _data() -> tuple[list[dict[str, Any]], Lengths]:
 
 
 def _train(output_dir: Path, seed: int, *, save_at: tuple[int, ...] = (),
-           resume_from: Optional[Path] = None) -> tuple[RecordingLM, Any]:
+           resume_from: Path | None = None) -> tuple[RecordingLM, Any]:
     data, lengths = _data()
     args = transformers.TrainingArguments(
         output_dir=str(output_dir), num_train_epochs=EPOCHS, gradient_accumulation_steps=ACCUMULATION,
@@ -127,6 +128,19 @@ def test_uninterrupted_run_takes_the_plans_back_to_back(full_runs: dict[int, Any
     stream = [batch for plan in plans for batch in plan]
     assert model.seen == stream[:EPOCHS * length]
     assert trainer.state.global_step == EPOCHS * length // ACCUMULATION
+    # every whole plan epoch seen gives each sample once, plus only the reuses its plan reports
+    sampler = BalancedBatchSampler(_data()[1], world_size=1, rank=0, micro_steps_per_step=ACCUMULATION,
+                                   seed=seed, **OPTIONS)
+    start, whole = 0, 0
+    for epoch, plan in enumerate(plans[:EPOCHS]):
+        if start + len(plan) > len(model.seen):
+            break
+        counts = Counter(i for batch in model.seen[start:start + len(plan)] for i in batch)
+        expected = Counter(range(NUM_SAMPLES)) + Counter(sampler.balance_report(epoch).duplicated_samples.tolist())
+        assert counts == expected, epoch
+        start += len(plan)
+        whole += 1
+    assert whole >= 2
 
 
 @pytest.mark.parametrize("seed, step", [(seed, step) for seed, steps in RESUME_AT.items() for step in steps])
