@@ -33,11 +33,19 @@ Trainer's epochs are the plan epochs; otherwise training ends after ``num_train_
 short of or into the next plan epoch, as ``max_steps`` would. ``DataLoader.batch_sampler.sampler`` is the
 :class:`BalancedBatchSampler` (for its ``balance_report``).
 
+Checkpoints: every checkpoint the Trainer saves gets ``balanced_sampler.json``, the fingerprints of the
+lengths, the sampler options, the plan of epoch 0 and the epoch length. Resuming from a checkpoint that has
+one with other lengths, options, seed or world size raises ``ValueError`` (the Trainer's step arithmetic
+would otherwise skip into a different plan).
+
 Nothing here imports ``transformers``; the module is importable without it.
 """
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch.utils.data
@@ -45,7 +53,11 @@ import torch.utils.data
 from ._checks import check_epoch
 from .sampler import BalancedBatchSampler
 
-__all__ = ["BalancedTrainerMixin", "balanced_train_dataloader"]
+__all__ = ["SAMPLER_STATE_FILE", "BalancedTrainerMixin", "balanced_train_dataloader"]
+
+# Written into every checkpoint of a BalancedTrainerMixin Trainer; checked when resuming from it.
+SAMPLER_STATE_FILE = "balanced_sampler.json"
+_SAMPLER_STATE_VERSION = 1
 
 
 class _FixedLengthEpochs(torch.utils.data.Sampler[list[int]]):
@@ -66,6 +78,17 @@ class _FixedLengthEpochs(torch.utils.data.Sampler[list[int]]):
 
     def __len__(self) -> int:
         return self.epoch_length
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the run that wrote the checkpoint (JSON-serializable)."""
+        return {
+            "version": _SAMPLER_STATE_VERSION,
+            "world_size": self.sampler.world_size,
+            "micro_steps_per_step": self.sampler.micro_steps_per_step,
+            "epoch_length": self.epoch_length,
+            "config_fingerprint": self.sampler.state_dict()["config_fingerprint"],
+            "plan_fingerprint": self.sampler.fingerprint(epoch=0),
+        }
 
     def _plan_length(self, plan_epoch: int) -> int:
         while len(self._plan_lengths) <= plan_epoch:
@@ -135,8 +158,50 @@ def balanced_train_dataloader(
         extra["persistent_workers"] = args.dataloader_persistent_workers
         if args.dataloader_prefetch_factor is not None:
             extra["prefetch_factor"] = args.dataloader_prefetch_factor
-    return _EpochDataLoader(dataset, batch_sampler=_FixedLengthEpochs(sampler), collate_fn=collate_fn or trainer.data_collator,
-                            num_workers=workers, pin_memory=args.dataloader_pin_memory, **extra)
+    return _EpochDataLoader(dataset, batch_sampler=_FixedLengthEpochs(sampler),
+                            collate_fn=collate_fn or trainer.data_collator, num_workers=workers,
+                            pin_memory=args.dataloader_pin_memory, **extra)
+
+
+def _check_sampler_state(path: Path, identity: dict[str, Any]) -> None:
+    """ValueError when the checkpoint's sampler state (if it has one) differs from this run's ``identity``."""
+    if not path.is_file():
+        return  # a checkpoint of another Trainer: nothing to compare
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable sampler state ({err})") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: the sampler state must be a JSON object")
+    differ = [key for key in identity if key != "version" and saved.get(key) != identity[key]]
+    if differ:
+        details = ", ".join(f"{key} {saved.get(key)!r} != {identity[key]!r}" for key in differ)
+        raise ValueError(
+            f"{path}: the checkpoint was written by a run with other lengths or sampler options ({details}); "
+            "resuming it would not continue its batches"
+        )
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    """Write ``value`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _sampler_state_callback(trainer: Any) -> Any:
+    """A ``transformers.TrainerCallback`` writing :data:`SAMPLER_STATE_FILE` into every checkpoint."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class SaveSamplerState(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            identity = trainer._sampler_identity
+            if args.should_save and identity is not None and folder.is_dir():
+                _write_json(folder / SAMPLER_STATE_FILE, identity)
+
+    return SaveSamplerState()
 
 
 class BalancedTrainerMixin:
@@ -151,6 +216,26 @@ class BalancedTrainerMixin:
         super().__init__(*args, **kwargs)
         self.train_lengths = train_lengths
         self.sampler_options = dict(sampler_options or {})
+        self._sampler_identity: Optional[dict[str, Any]] = None
+        self._resume_checkpoint: Optional[Path] = None
+        self.add_callback(_sampler_state_callback(self))
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; a checkpoint to resume from is first checked against this run's sampler."""
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        self._resume_checkpoint = Path(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else None
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self._resume_checkpoint = None
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        return balanced_train_dataloader(self, self.train_lengths, **self.sampler_options)
+        loader = balanced_train_dataloader(self, self.train_lengths, **self.sampler_options)
+        self._sampler_identity = loader.batch_sampler.identity()
+        if self._resume_checkpoint is not None:
+            _check_sampler_state(self._resume_checkpoint / SAMPLER_STATE_FILE, self._sampler_identity)
+        return loader

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from omnibal_kernels.hf import balanced_train_dataloader
+from omnibal_kernels.hf import SAMPLER_STATE_FILE, _check_sampler_state, _write_json, balanced_train_dataloader
 from omnibal_kernels.lengths import Lengths
 from omnibal_kernels.sampler import BalancedBatchSampler
 
@@ -71,3 +71,23 @@ def test_epochs_keep_the_length_of_plan_epoch_zero():
     assert seen[0] == seen[3]
     # the sampler is at the plan epoch of the last batch: epoch 2 ends 2 micro-steps into plan epoch 3
     assert loader.batch_sampler.sampler.epoch == 3
+
+
+def test_checkpoint_sampler_state_is_checked(tmp_path):
+    identity = balanced_train_dataloader(_trainer(50), _lengths(50), vit_capacity=8,
+                                         llm_capacity=160).batch_sampler.identity()
+    other = balanced_train_dataloader(_trainer(50, seed=4), _lengths(50), vit_capacity=8,
+                                      llm_capacity=160).batch_sampler.identity()
+    path = tmp_path / SAMPLER_STATE_FILE
+    _check_sampler_state(path, identity)  # a checkpoint without one: nothing to check
+    _write_json(path, identity)
+    _check_sampler_state(path, identity)
+    with pytest.raises(ValueError, match=f"{SAMPLER_STATE_FILE}: the checkpoint was written by a run with other "
+                                         r"lengths or sampler options \(config_fingerprint"):
+        _check_sampler_state(path, other)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=f"{SAMPLER_STATE_FILE}: unreadable sampler state"):
+        _check_sampler_state(path, identity)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        _check_sampler_state(path, identity)

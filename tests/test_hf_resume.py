@@ -20,7 +20,7 @@ import torch.nn as nn
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from omnibal_kernels.hf import BalancedTrainerMixin  # noqa: E402
+from omnibal_kernels.hf import SAMPLER_STATE_FILE, BalancedTrainerMixin  # noqa: E402
 from omnibal_kernels.lengths import Lengths  # noqa: E402
 from omnibal_kernels.packing import PackCollator  # noqa: E402
 from omnibal_kernels.sampler import BalancedBatchSampler  # noqa: E402
@@ -82,7 +82,7 @@ def _data() -> tuple[list[dict[str, Any]], Lengths]:
 
 
 def _train(output_dir: Path, seed: int, *, save_at: tuple[int, ...] = (),
-           resume_from: Path | None = None) -> tuple[RecordingLM, Any]:
+           resume_from: Path | bool | None = None) -> tuple[RecordingLM, Any]:
     data, lengths = _data()
     args = transformers.TrainingArguments(
         output_dir=str(output_dir), num_train_epochs=EPOCHS, gradient_accumulation_steps=ACCUMULATION,
@@ -92,7 +92,7 @@ def _train(output_dir: Path, seed: int, *, save_at: tuple[int, ...] = (),
     model = RecordingLM()
     trainer = BalancedTrainer(model=model, args=args, train_dataset=data, data_collator=PackCollator(),
                               train_lengths=lengths, sampler_options=OPTIONS, callbacks=[SaveAt(save_at)])
-    trainer.train(resume_from_checkpoint=None if resume_from is None else str(resume_from))
+    trainer.train(resume_from_checkpoint=str(resume_from) if isinstance(resume_from, Path) else resume_from)
     return model, trainer
 
 
@@ -148,7 +148,7 @@ def test_resume_gives_the_uninterrupted_batches(tmp_path: Path, full_runs: dict[
                                                step: int) -> None:
     full, full_trainer, output_dir = full_runs[seed]
     checkpoint = output_dir / f"checkpoint-{step}"
-    assert checkpoint.is_dir()
+    assert (checkpoint / SAMPLER_STATE_FILE).is_file()
     resumed, trainer = _train(tmp_path, seed, resume_from=checkpoint)  # a new model and Trainer
 
     assert resumed.seen == full.seen[step * ACCUMULATION:]  # nothing replayed, nothing skipped
@@ -156,3 +156,13 @@ def test_resume_gives_the_uninterrupted_batches(tmp_path: Path, full_runs: dict[
     full_params = full.state_dict()
     for name, value in resumed.state_dict().items():
         torch.testing.assert_close(value, full_params[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("resume_from", ["path", "latest"])
+def test_resume_with_another_plan_is_an_error(full_runs: dict[int, Any], resume_from: str) -> None:
+    # the checkpoints of seed 5 resumed with seed 3: the Trainer would skip into a different plan
+    _, _, output_dir = full_runs[5]
+    checkpoint = output_dir / "checkpoint-9" if resume_from == "path" else True
+    with pytest.raises(ValueError, match=f"checkpoint-{9 if resume_from == 'path' else 30}/{SAMPLER_STATE_FILE}: "
+                                         "the checkpoint was written by a run with other lengths or sampler options"):
+        _train(output_dir, 3, resume_from=checkpoint)
