@@ -33,8 +33,9 @@ Trainer's epochs are the plan epochs; otherwise training ends after ``num_train_
 short of or into the next plan epoch, as ``max_steps`` would. ``DataLoader.batch_sampler.sampler`` is the
 :class:`BalancedBatchSampler` (for its ``balance_report``).
 
-Checkpoints: every checkpoint the Trainer saves gets ``balanced_sampler.json``, the fingerprints of the
-lengths, the sampler options, the plan of epoch 0 and the epoch length. Resuming from a checkpoint that has
+Checkpoints: every checkpoint the Trainer saves under ``output_dir`` gets ``balanced_sampler.json``, the
+fingerprints of the lengths, the sampler options, the plan of epoch 0 and the epoch length (hyperparameter
+search trials, which save elsewhere, get none). Resuming from a checkpoint that has
 one with other lengths, options, seed or world size raises ``ValueError`` (the Trainer's step arithmetic
 would otherwise skip into a different plan).
 
