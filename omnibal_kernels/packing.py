@@ -115,11 +115,12 @@ def _int_list_tensor(values: list[Any] | tuple[Any, ...] | range) -> torch.Tenso
     """A non-empty list of ints as a tensor: int64 written by ``struct``, else ``torch.tensor``'s result.
 
     ``struct`` converts each item with ``__index__`` in C, straight into the tensor's memory (measured on
-    17k tokens: 25 to 37x faster than ``torch.tensor(values)``, 2x faster than ``array.array`` or
-    ``np.array(values, dtype=np.int64)``, which also truncates floats). It takes ints and numpy or 0-d
-    tensor integers and rejects floats, strings, None and values outside int64. Whatever it rejects, and
-    lists that start with a bool (torch makes a bool tensor of an all-bool list, which the caller
-    rejects), goes to ``torch.tensor``, so every error and every rejected dtype stays what it was.
+    the 32 lists of bench_pack.py, 34k ints: 0.38 ms against 5.3 ms for ``torch.tensor``, 0.69 ms for
+    ``array.array`` and 0.65 ms for ``np.array(values, dtype=np.int64)``, which also truncates floats).
+    It takes ints and numpy or 0-d tensor integers and rejects floats, strings, None and values outside
+    int64. Whatever it rejects, and lists that start with a bool (torch makes a bool tensor of an all-bool
+    list, which the caller rejects), goes to ``torch.tensor``, so every error and every rejected dtype
+    stays what it was.
     """
     if type(values[0]) is not bool:
         out = torch.empty(len(values), dtype=_INT64)
