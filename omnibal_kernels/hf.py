@@ -19,24 +19,102 @@ The model receives packed batches (``input_ids (1, T)``, ``position_ids``, ``cu_
 ``gradient_accumulation_steps`` becomes ``micro_steps_per_step``, so each optimizer step is balanced; world
 size, rank, seed and ``dataloader_drop_last`` (the sampler's ``drop_last``) come from the ``TrainingArguments``. The DataLoader is not passed through
 ``accelerator.prepare`` (that would shard the already per-rank batches again); the Trainer moves batches to
-the device itself, and its ``set_epoch`` call reaches the sampler. Resuming from a checkpoint skips the
-consumed micro-steps of the same deterministic plan, so it continues exactly.
+the device itself, and its ``set_epoch`` call reaches the sampler.
+
+Epochs: the Trainer takes ``len(DataLoader)`` at the start as the length of every epoch, and on resume it
+turns the global step into an epoch and a number of batches to skip (accelerate's ``skip_first_batches``)
+with that length. Balanced plans of different epochs may hold different numbers of packs (a few micro-steps
+more or less), which would make the Trainer drop the end of a longer epoch and resume off by the difference.
+So the DataLoader yields the plans of epochs 0, 1, 2, ... back to back, and the Trainer's epoch ``e`` is the
+micro-steps ``[e * L, (e + 1) * L)`` of that sequence, ``L`` being the length of plan epoch 0. No pack is
+dropped or repeated at an epoch boundary, every optimizer step is one planned step, and a resumed run sees
+exactly the batches of an uninterrupted one. When every plan has ``L`` micro-steps (as on the bundled data) the
+Trainer's epochs are the plan epochs; otherwise training ends after ``num_train_epochs * L`` micro-steps, a few
+short of or into the next plan epoch, as ``max_steps`` would. ``DataLoader.batch_sampler.sampler`` is the
+:class:`BalancedBatchSampler` (for its ``balance_report``).
+
+Checkpoints: every checkpoint the Trainer saves under ``output_dir`` gets ``balanced_sampler.json``, the
+fingerprints of the lengths, the sampler options, the plan of epoch 0 and the epoch length (hyperparameter
+search trials, which save elsewhere, get none). Resuming from a checkpoint that has
+one with other lengths, options, seed or world size raises ``ValueError`` (the Trainer's step arithmetic
+would otherwise skip into a different plan).
 
 Nothing here imports ``transformers``; the module is importable without it.
 """
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch.utils.data
 
+from ._checks import check_epoch
 from .sampler import BalancedBatchSampler
 
-__all__ = ["BalancedTrainerMixin", "balanced_train_dataloader"]
+__all__ = ["SAMPLER_STATE_FILE", "BalancedTrainerMixin", "balanced_train_dataloader"]
+
+# Written into every checkpoint of a BalancedTrainerMixin Trainer; checked when resuming from it.
+SAMPLER_STATE_FILE = "balanced_sampler.json"
+_SAMPLER_STATE_VERSION = 1
+
+
+class _FixedLengthEpochs(torch.utils.data.Sampler[list[int]]):
+    """Batch sampler of fixed-length epochs over the plans of epochs 0, 1, 2, ... of ``sampler``, back to back.
+
+    Epoch ``e`` yields the micro-steps ``[e * L, (e + 1) * L)`` of that sequence, ``L = epoch_length`` (the
+    length of plan epoch 0), so its length never changes and batch ``k`` of epoch ``e`` is always the same.
+    """
+
+    def __init__(self, sampler: BalancedBatchSampler) -> None:
+        self.sampler = sampler
+        self._plan_lengths: list[int] = [len(sampler.rank_batches(epoch=0))]
+        self.epoch_length = self._plan_lengths[0]
+        self._epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = check_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.epoch_length
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the run that wrote the checkpoint (JSON-serializable)."""
+        return {
+            "version": _SAMPLER_STATE_VERSION,
+            "world_size": self.sampler.world_size,
+            "micro_steps_per_step": self.sampler.micro_steps_per_step,
+            "epoch_length": self.epoch_length,
+            "config_fingerprint": self.sampler.state_dict()["config_fingerprint"],
+            "plan_fingerprint": self.sampler.fingerprint(epoch=0),
+        }
+
+    def _plan_length(self, plan_epoch: int) -> int:
+        while len(self._plan_lengths) <= plan_epoch:
+            self._plan_lengths.append(len(self.sampler.rank_batches(epoch=len(self._plan_lengths))))
+        return self._plan_lengths[plan_epoch]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        position = self._epoch * self.epoch_length  # in the plans back to back
+        stop = position + self.epoch_length
+        plan_epoch, plan_start = 0, 0
+        while plan_start + self._plan_length(plan_epoch) <= position:
+            plan_start += self._plan_length(plan_epoch)
+            plan_epoch += 1
+        while position < stop:
+            self.sampler.set_epoch(plan_epoch)  # what the sampler reports on (balance_report, state_dict)
+            batches = self.sampler.rank_batches(epoch=plan_epoch)
+            take = min(stop, plan_start + len(batches)) - position
+            yield from batches[position - plan_start:position - plan_start + take]
+            position += take
+            plan_start += len(batches)
+            plan_epoch += 1
 
 
 class _EpochDataLoader(torch.utils.data.DataLoader):
-    """A DataLoader whose ``set_epoch`` re-plans its :class:`BalancedBatchSampler`."""
+    """A DataLoader whose ``set_epoch`` selects the epoch of its batch sampler."""
 
     def set_epoch(self, epoch: int) -> None:
         self.batch_sampler.set_epoch(epoch)
@@ -57,7 +135,9 @@ def balanced_train_dataloader(
             ``groups``, ``method``, ...); they override the values taken from ``args``.
 
     Returns:
-        A DataLoader yielding one packed batch per micro-step, with ``set_epoch``.
+        A DataLoader yielding one packed batch per micro-step, with ``set_epoch``; every epoch has the length
+        of plan epoch 0 (see the module docstring), and ``batch_sampler.sampler`` is the
+        :class:`BalancedBatchSampler`.
     """
     args = trainer.args
     dataset = trainer.train_dataset
@@ -79,8 +159,50 @@ def balanced_train_dataloader(
         extra["persistent_workers"] = args.dataloader_persistent_workers
         if args.dataloader_prefetch_factor is not None:
             extra["prefetch_factor"] = args.dataloader_prefetch_factor
-    return _EpochDataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn or trainer.data_collator,
-                            num_workers=workers, pin_memory=args.dataloader_pin_memory, **extra)
+    return _EpochDataLoader(dataset, batch_sampler=_FixedLengthEpochs(sampler),
+                            collate_fn=collate_fn or trainer.data_collator, num_workers=workers,
+                            pin_memory=args.dataloader_pin_memory, **extra)
+
+
+def _check_sampler_state(path: Path, identity: dict[str, Any]) -> None:
+    """ValueError when the checkpoint's sampler state (if it has one) differs from this run's ``identity``."""
+    if not path.is_file():
+        return  # a checkpoint of another Trainer: nothing to compare
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable sampler state ({err})") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: the sampler state must be a JSON object")
+    differ = [key for key in identity if key != "version" and saved.get(key) != identity[key]]
+    if differ:
+        details = ", ".join(f"{key} {saved.get(key)!r} != {identity[key]!r}" for key in differ)
+        raise ValueError(
+            f"{path}: the checkpoint was written by a run with other lengths or sampler options ({details}); "
+            "resuming it would not continue its batches"
+        )
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    """Write ``value`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _sampler_state_callback(trainer: Any) -> Any:
+    """A ``transformers.TrainerCallback`` writing :data:`SAMPLER_STATE_FILE` into every checkpoint."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class SaveSamplerState(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            identity = trainer._sampler_identity
+            if args.should_save and identity is not None and folder.is_dir():
+                _write_json(folder / SAMPLER_STATE_FILE, identity)
+
+    return SaveSamplerState()
 
 
 class BalancedTrainerMixin:
@@ -95,6 +217,26 @@ class BalancedTrainerMixin:
         super().__init__(*args, **kwargs)
         self.train_lengths = train_lengths
         self.sampler_options = dict(sampler_options or {})
+        self._sampler_identity: Optional[dict[str, Any]] = None
+        self._resume_checkpoint: Optional[Path] = None
+        self.add_callback(_sampler_state_callback(self))
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; a checkpoint to resume from is first checked against this run's sampler."""
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        self._resume_checkpoint = Path(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else None
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self._resume_checkpoint = None
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        return balanced_train_dataloader(self, self.train_lengths, **self.sampler_options)
+        loader = balanced_train_dataloader(self, self.train_lengths, **self.sampler_options)
+        self._sampler_identity = loader.batch_sampler.identity()
+        if self._resume_checkpoint is not None:
+            _check_sampler_state(self._resume_checkpoint / SAMPLER_STATE_FILE, self._sampler_identity)
+        return loader

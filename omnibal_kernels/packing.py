@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import importlib
 import numbers
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -114,6 +115,28 @@ _MROPE_PACKER = pack_batch_vision
 
 def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int_list_tensor(values: list[Any] | tuple[Any, ...] | range) -> torch.Tensor:
+    """A non-empty list of ints as a tensor: int64 written by ``struct``, else ``torch.tensor``'s result.
+
+    ``struct`` converts each item with ``__index__`` in C, straight into the tensor's memory (measured on
+    the 32 lists of bench_pack.py, 34k ints: 0.38 ms against 5.3 ms for ``torch.tensor``, 0.69 ms for
+    ``array.array`` and 0.65 ms for ``np.array(values, dtype=np.int64)``, which also truncates floats).
+    It takes ints and numpy or 0-d tensor integers and rejects floats, strings, None and values outside
+    int64. Whatever it rejects, and lists that start with a bool (torch makes a bool tensor of an all-bool
+    list, which the caller rejects), goes to ``torch.tensor``, so every error and every rejected dtype
+    stays what it was.
+    """
+    if type(values[0]) is not bool:
+        out = torch.empty(len(values), dtype=_INT64)
+        try:
+            struct.pack_into(f"{len(values)}q", out.numpy(), 0, *values)
+        except (TypeError, struct.error):
+            pass
+        else:
+            return out
+    return torch.tensor(values)
 
 
 @dataclass(frozen=True)
@@ -367,7 +390,7 @@ def _as_sequence(value: Any, index: int, field: str) -> torch.Tensor:
             tensor = torch.empty(0, dtype=_INT64)
         else:
             try:
-                tensor = torch.tensor(value)
+                tensor = _int_list_tensor(value)
             except (TypeError, ValueError, RuntimeError, OverflowError) as err:
                 outside = [j for j, v in enumerate(value) if _is_int(v) and not -_INT64_MAX - 1 <= v <= _INT64_MAX]
                 if outside:

@@ -46,7 +46,7 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
         (ddp["balanced_tokens"] / ddp["balanced_s"]) / (ddp["random_tokens"] / ddp["random_s"]))
     assert report["planning"] and all({"method", "n", "seconds", "argsort_ratio"} <= set(r) for r in report["planning"])
     assert report["collate"] and all({"provider", "batch_size", "input", "seconds"} <= set(r) for r in report["collate"])
-    assert {r["input"] for r in report["collate"]} == {"text", "tiles", "patches"}
+    assert {r["input"] for r in report["collate"]} == {"text", "tiles", "patches", "lists"}
     assert {r["where"] for r in report["collate"]} == {"process", "worker"}
     rows = [r for r in report["balance"] if r["method"] != "limit"]
     assert all(r["dropped"] == 0 for r in rows)  # every input sample is scheduled by every method

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from omnibal_kernels.hf import balanced_train_dataloader
+from omnibal_kernels.hf import SAMPLER_STATE_FILE, _check_sampler_state, _write_json, balanced_train_dataloader
 from omnibal_kernels.lengths import Lengths
 from omnibal_kernels.sampler import BalancedBatchSampler
 
@@ -29,7 +29,7 @@ def test_options_come_from_the_training_arguments(drop_last):
     lengths = _lengths(101)
     loader = balanced_train_dataloader(_trainer(101, dataloader_drop_last=drop_last), lengths, vit_capacity=8,
                                        llm_capacity=160)
-    sampler = loader.batch_sampler
+    sampler = loader.batch_sampler.sampler
     assert (sampler.world_size, sampler.rank, sampler.micro_steps_per_step, sampler.seed, sampler.drop_last) == (
         2, 1, 2, 3, drop_last)
     reference = BalancedBatchSampler(lengths, world_size=2, rank=1, micro_steps_per_step=2, seed=3,
@@ -41,10 +41,53 @@ def test_options_come_from_the_training_arguments(drop_last):
 
 def test_sampler_options_override_and_dataset_size_is_checked():
     loader = balanced_train_dataloader(_trainer(50), _lengths(50), vit_capacity=8, llm_capacity=160, rank=0, seed=9)
-    assert (loader.batch_sampler.rank, loader.batch_sampler.seed) == (0, 9)
+    assert (loader.batch_sampler.sampler.rank, loader.batch_sampler.sampler.seed) == (0, 9)
     with pytest.raises(ValueError, match="lengths has 49 samples but the dataset has 50"):
         balanced_train_dataloader(_trainer(50), _lengths(49), vit_capacity=8, llm_capacity=160)
     trainer = _trainer(50)
     trainer.train_dataset = None
     with pytest.raises(ValueError, match="no train_dataset"):
         balanced_train_dataloader(trainer, _lengths(50))
+
+
+def test_epochs_keep_the_length_of_plan_epoch_zero():
+    # plans of 28, 26, 28, 28 micro-steps: the Trainer's epochs all have 28, taken from the plans back to back
+    rng = np.random.default_rng(0)
+    llm = rng.integers(4, 60, 120)
+    lengths = Lengths(rng.integers(0, 4, 120), llm)
+    options = {"vit_capacity": 8, "llm_capacity": 160, "seed": 5}
+    reference = BalancedBatchSampler(lengths, world_size=1, rank=0, micro_steps_per_step=2, **options)
+    plans = [reference.rank_batches(epoch=e) for e in range(4)]
+    assert [len(p) for p in plans] == [28, 26, 28, 28]
+    stream = [batch for plan in plans for batch in plan]
+    loader = balanced_train_dataloader(_trainer(120, world_size=1, process_index=0), lengths, **options)
+    seen = []
+    for epoch in (2, 0, 1, 2):  # any order: epoch e is always the same batches (what a resume relies on)
+        loader.set_epoch(epoch)
+        assert len(loader) == 28
+        batches = list(loader)
+        assert batches == stream[epoch * 28:(epoch + 1) * 28]
+        seen.append(batches)
+    assert seen[0] == seen[3]
+    # the sampler is at the plan epoch of the last batch: epoch 2 ends 2 micro-steps into plan epoch 3
+    assert loader.batch_sampler.sampler.epoch == 3
+
+
+def test_checkpoint_sampler_state_is_checked(tmp_path):
+    identity = balanced_train_dataloader(_trainer(50), _lengths(50), vit_capacity=8,
+                                         llm_capacity=160).batch_sampler.identity()
+    other = balanced_train_dataloader(_trainer(50, seed=4), _lengths(50), vit_capacity=8,
+                                      llm_capacity=160).batch_sampler.identity()
+    path = tmp_path / SAMPLER_STATE_FILE
+    _check_sampler_state(path, identity)  # a checkpoint without one: nothing to check
+    _write_json(path, identity)
+    _check_sampler_state(path, identity)
+    with pytest.raises(ValueError, match=f"{SAMPLER_STATE_FILE}: the checkpoint was written by a run with other "
+                                         r"lengths or sampler options \(config_fingerprint"):
+        _check_sampler_state(path, other)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=f"{SAMPLER_STATE_FILE}: unreadable sampler state"):
+        _check_sampler_state(path, identity)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        _check_sampler_state(path, identity)
