@@ -25,9 +25,13 @@ constexpr int64_t kRotatingCandidates = 4;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// layered_order's first sort is a counting sort on at most this many key values (finer keys are rounded:
-// 1M values is far finer than the load difference of neighbouring steps).
+// layered_order's sorts are counting sorts on at most kMaxSortGrid key values, kPacksPerCell packs per value
+// and at least kMinSortGrid values (finer keys are rounded; see grid_sort_desc).
 constexpr int64_t kMaxSortGrid = int64_t{1} << 20;
+constexpr int64_t kMinSortGrid = int64_t{1} << 12;
+constexpr int64_t kPacksPerCell = 4;
+// step_trend leaves out loads whose step totals vary less than this (coefficient of variation).
+constexpr double kMinTrendVariation = 0.01;
 // layered_order measures the loads' spreads and correlations on at most this many packs.
 constexpr int64_t kStatPacks = int64_t{1} << 16;
 // The spread of a load is measured between these percentiles, so that a few outlying packs (the last
@@ -123,13 +127,15 @@ struct PackKey {
 };
 
 // Stable counting sort of `order` by `key` decreasing: on the integer values themselves when they are few
-// enough, else on a grid of two cells per pack (finer than the load difference of neighbouring packs).
+// enough, else on a grid of one cell per kPacksPerCell packs (at least kMinSortGrid cells): a cell is then
+// about 1/(n / 4) of the largest key, far below the 0.1% refine_steps evens out, and the cell counts stay in
+// cache.
 void grid_sort_desc(LargeVector<int64_t>& order, const PackKey& key) {
   const int64_t n = static_cast<int64_t>(order.size());
   double top = 0.0;
   for (const int64_t p : order) top = std::max(top, key(p));
   if (!(top > 0.0)) return;
-  const int64_t max_grid = std::min<int64_t>(kMaxSortGrid, std::max<int64_t>(2 * n, 1024));
+  const int64_t max_grid = std::min<int64_t>(kMaxSortGrid, std::max<int64_t>(n / kPacksPerCell, kMinSortGrid));
   const bool exact = key.ints != nullptr && top < static_cast<double>(max_grid);
   const int64_t grid = exact ? static_cast<int64_t>(top) + 1 : max_grid;
   const double scale = exact ? 1.0 : static_cast<double>(grid - 1) / top;
@@ -359,11 +365,14 @@ class StepRefiner {
 
 }  // namespace
 
-// Mean over the steps of `order` (runs of world_size packs) of 1 - mean / max, summed over the three loads.
+// Mean over the steps of `order` (runs of world_size packs) of 1 - mean / max, summed over the three loads;
+// over an evenly strided subset of the steps holding about kStatPacks packs.
 double step_spread(const LargeVector<int64_t>& order, const PackKey keys[3], int64_t world_size) {
   const int64_t steps = static_cast<int64_t>(order.size()) / world_size;
+  const int64_t stride = std::max<int64_t>(1, steps * world_size / kStatPacks);
   double total = 0.0;
-  for (int64_t s = 0; s < steps; ++s) {
+  int64_t measured = 0;
+  for (int64_t s = 0; s < steps; s += stride, ++measured) {
     for (int d = 0; d < 3; ++d) {
       double sum = 0.0, top = 0.0;
       for (int64_t k = s * world_size; k < (s + 1) * world_size; ++k) {
@@ -374,7 +383,7 @@ double step_spread(const LargeVector<int64_t>& order, const PackKey keys[3], int
       if (top > 0.0) total += 1.0 - sum / (static_cast<double>(world_size) * top);
     }
   }
-  return steps > 0 ? total / static_cast<double>(steps) : 0.0;
+  return measured > 0 ? total / static_cast<double>(measured) : 0.0;
 }
 
 // Block sizes (in steps) of levels 2.. of a layered sort over `steps` steps, rounded to whole steps, and the
@@ -516,6 +525,42 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     swaps += refiner.refine(ids, frozen, world_size);
   }
   return swaps;
+}
+
+StepTotals step_totals(const LargeVector<int64_t>& order, const PackLoads& totals, int64_t world_size) {
+  StepTotals out;
+  const int64_t steps = static_cast<int64_t>(order.size()) / world_size;
+  for (auto& load : out.load) load.assign(static_cast<size_t>(steps), 0.0);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t k = s * world_size; k < (s + 1) * world_size; ++k) {
+      const size_t p = static_cast<size_t>(order[static_cast<size_t>(k)]);
+      out.load[0][static_cast<size_t>(s)] += static_cast<double>(totals.vit[p]);
+      out.load[1][static_cast<size_t>(s)] += static_cast<double>(totals.llm[p]);
+      out.load[2][static_cast<size_t>(s)] += totals.cost[p];
+    }
+  }
+  return out;
+}
+
+double step_trend(const LargeVector<int64_t>& step_order, const StepTotals& totals) {
+  const size_t n = step_order.size();
+  if (n < 3) return 0.0;
+  const double mean_pos = 0.5 * static_cast<double>(n - 1);
+  double var_pos = 0.0;
+  for (size_t k = 0; k < n; ++k) var_pos += (static_cast<double>(k) - mean_pos) * (static_cast<double>(k) - mean_pos);
+  double worst = 0.0;
+  for (const std::vector<double>& load : totals.load) {
+    const double mean = std::accumulate(load.begin(), load.end(), 0.0) / static_cast<double>(n);
+    double var = 0.0, cov = 0.0;
+    for (size_t k = 0; k < n; ++k) {
+      const double x = load[static_cast<size_t>(step_order[k])] - mean;
+      var += x * x;
+      cov += x * (static_cast<double>(k) - mean_pos);
+    }
+    if (!(mean > 0.0) || var <= kMinTrendVariation * kMinTrendVariation * mean * mean * static_cast<double>(n)) continue;
+    worst = std::max(worst, std::fabs(cov) / std::sqrt(var * var_pos));
+  }
+  return worst;
 }
 
 }  // namespace omnibal

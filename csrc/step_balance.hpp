@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "buffers.hpp"
 #include "grouping.hpp"
@@ -42,5 +43,16 @@ LargeVector<int64_t> layered_order(const PackLoads& totals, int64_t world_size);
 // Returns the number of swaps made.
 int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const CostModel& cost, Capacity cap,
                      const LargeVector<int64_t>& order, int64_t world_size);
+
+// Step totals of ViT load, LLM load and cost, for the runs of world_size packs of `order`.
+struct StepTotals {
+  std::vector<double> load[3];
+};
+StepTotals step_totals(const LargeVector<int64_t>& order, const PackLoads& totals, int64_t world_size);
+
+// Trend of the load over an epoch whose position k trains step step_order[k]: the largest |corr(k, total)|
+// over the loads whose step totals vary by more than 1% (coefficient of variation; packs at a binding
+// capacity give every step the same load, and its correlation is then only where the ragged steps fall).
+double step_trend(const LargeVector<int64_t>& step_order, const StepTotals& totals);
 
 }  // namespace omnibal
