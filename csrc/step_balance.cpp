@@ -237,6 +237,9 @@ class StepRefiner {
     least_vit_.reset(w);
     least_llm_.reset(w);
     least_cost_.reset(w);
+    most_vit_.reset(w);
+    most_llm_.reset(w);
+    most_cost_.reset(w);
     for (int64_t k = 0; k < w; ++k) update(k);
 
     int64_t swaps = 0, cursor = 0;
@@ -280,8 +283,12 @@ class StepRefiner {
   }
 
   void update(int64_t k) {
-    if ((*frozen_)[static_cast<size_t>(k)]) return;  // keys stay infinite: never picked
     const size_t p = static_cast<size_t>(ids_[k]);
+    // every pack, frozen ones too, counts for the step's largest load of each kind
+    most_vit_.set(k, -static_cast<double>(totals_.vit[p]));
+    most_llm_.set(k, -static_cast<double>(totals_.llm[p]));
+    most_cost_.set(k, -totals_.cost[p]);
+    if ((*frozen_)[static_cast<size_t>(k)]) return;  // keys stay infinite: never picked
     const double s = score_of(k);
     heaviest_.set(k, -s);
     lightest_.set(k, s);
@@ -315,14 +322,21 @@ class StepRefiner {
     const size_t pa = static_cast<size_t>(ids_[a]), pb = static_cast<size_t>(ids_[b]);
     gather(b, light_);
     const int64_t av = totals_.vit[pa], at = totals_.llm[pa], bv = totals_.vit[pb], bt = totals_.llm[pb];
+    // No load may end above the step's largest of its kind: evening out one load must not make the step
+    // wait longer on another (the capacities bound them too).
+    const size_t mv = static_cast<size_t>(ids_[most_vit_.best()]), mt = static_cast<size_t>(ids_[most_llm_.best()]),
+                 mc = static_cast<size_t>(ids_[most_cost_.best()]);
+    const int64_t vit_limit = std::min(cap_.vit, totals_.vit[mv]), llm_limit = std::min(cap_.llm, totals_.llm[mt]);
+    const double cost_limit = totals_.cost[mc];
     const double ac = totals_.cost[pa], bc = totals_.cost[pb];
     for (size_t i = 0; i < heavy_.size(); ++i) {
       const SampleLoad& x = heavy_[i];
       for (size_t j = 0; j < light_.size(); ++j) {
         const SampleLoad& y = light_[j];
         const int64_t dv = y.vit - x.vit, dt = y.llm - x.llm;
-        if (av + dv > cap_.vit || at + dt > cap_.llm || bv - dv > cap_.vit || bt - dt > cap_.llm) continue;
+        if (av + dv > vit_limit || at + dt > llm_limit || bv - dv > vit_limit || bt - dt > llm_limit) continue;
         const double dc = y.cost - x.cost;
+        if (ac + dc > cost_limit || bc - dc > cost_limit) continue;
         const double s = std::max(score(static_cast<double>(av + dv), static_cast<double>(at + dt), ac + dc),
                                   score(static_cast<double>(bv - dv), static_cast<double>(bt - dt), bc - dc));
         if (s < best.score) {
@@ -358,7 +372,7 @@ class StepRefiner {
   int64_t w_ = 0;
   const std::vector<char>* frozen_ = nullptr;
   double iv_ = 0.0, it_ = 0.0, ic_ = 0.0;
-  ArgMin heaviest_, lightest_, least_vit_, least_llm_, least_cost_;
+  ArgMin heaviest_, lightest_, least_vit_, least_llm_, least_cost_, most_vit_, most_llm_, most_cost_;
   std::vector<SampleLoad> heavy_, light_;
   std::vector<int64_t> tried_;
 };

@@ -35,9 +35,11 @@ LargeVector<int64_t> layered_order(const PackLoads& totals, int64_t world_size);
 // For every step (the packs order[s * world_size : (s + 1) * world_size]), repeatedly takes the pack with the
 // largest load relative to the step's mean (ViT, LLM or cost, whichever is largest) and swaps one of its
 // samples with one of another pack of the step, choosing the swap that lowers the larger of the two packs'
-// relative loads the most, as long as it lowers it below the first pack's and both packs stay within the
-// capacities. A step stops when all its packs are within kRefineTolerance of the mean, when no swap helps,
-// or after a bounded number of swaps. Packs that appear more than once in `order` (reused packs of a ragged
+// relative loads the most, as long as it lowers it below the first pack's, both packs stay within the
+// capacities and no load of either ends above the step's largest of its kind (evening out one load must not
+// make the step wait longer on another). Loads are taken relative to the mean (cost) or the mean rounded up
+// (integer loads: the least largest pack a step can have). A step stops when all its packs are within
+// kRefineTolerance of that, when no swap helps, or after a bounded number of swaps. Packs that appear more than once in `order` (reused packs of a ragged
 // step) and packs over a capacity (oversize singles) are left as they are. Pack sizes never change; every
 // sample stays in exactly one pack. Deterministic: no randomness, a fixed scan order.
 // Returns the number of swaps made.
