@@ -153,3 +153,18 @@ def test_capacity_far_above_a_chunk_gives_full_packs():
     plan = plan_packs(lengths, world_size=1, vit_capacity=60_000, llm_capacity=2**30)
     assert plan.num_packs == pack_lower_bounds(lengths, 60_000, 2**30).volume == 4
     _check_plan(plan, lengths)
+
+
+@pytest.mark.parametrize("kind", ["half_text_half_image", "patch_multires"])
+def test_groups_get_the_same_balance(kind):
+    # The multi-group sampler plans every group (here text-only and image samples) through plan_packs.
+    # Measured on this data before: step efficiency 0.9904 and 0.9899, ViT dist 0.0009 and 0.0085.
+    from omnibal_kernels import BalancedBatchSampler
+
+    lengths = synthetic_lengths(kind, 20_000, seed=5)
+    sampler = BalancedBatchSampler(lengths, world_size=8, rank=0, groups=(lengths.vit > 0).astype(np.int64),
+                                   oversize="single")
+    report = sampler.balance_report()
+    assert report.step_efficiency >= 0.995
+    assert report.micro_vit_dist <= 0.005 and report.micro_llm_dist <= 0.005
+    assert all(group.oversize == 0 for group in report.groups)
