@@ -409,17 +409,6 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
   return packs;
 }
 
-// Stable counting sort of `order` by key(p) in decreasing order; key values in [0, range).
-template <typename Key>
-void counting_sort_desc(LargeVector<int64_t>& order, int64_t range, Key key) {
-  std::vector<int64_t> start(static_cast<size_t>(range) + 1, 0);
-  for (const int64_t p : order) ++start[static_cast<size_t>(range - 1 - key(p)) + 1];
-  for (int64_t v = 0; v < range; ++v) start[static_cast<size_t>(v) + 1] += start[static_cast<size_t>(v)];
-  LargeVector<int64_t> out(order.size());
-  for (const int64_t p : order) out[static_cast<size_t>(start[static_cast<size_t>(range - 1 - key(p))]++)] = p;
-  order.swap(out);
-}
-
 // Makes the length of `order` a multiple of world_size: drops randomly chosen packs (drop_last) or repeats
 // randomly chosen packs, each repeat right after its original, so a sorted order stays sorted.
 void make_whole_steps(LargeVector<int64_t>& order, int64_t world_size, bool drop_last, Rng& rng,

@@ -76,7 +76,8 @@ Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold
 // order, each into the open pack with the least room left in the binding dimension (the one whose total
 // over capacity is larger) that still fits it in both; packs with no room left for any sample are final,
 // the samples of the others are pooled for the next round; the last round keeps all its packs. A round's
-// shuffled pool is packed in chunks of 64k samples (random subsets that stay in cache).
+// shuffled pool is packed in chunks of 16k samples (random subsets that stay in cache); packs still open at
+// the end (from the last round, or from a chunk where none filled up) are merged across chunks.
 Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds,
                      uint64_t seed);
 
