@@ -9,7 +9,7 @@ Targets: ``balanced`` (default capacity search, 4 samples per pack) on every dis
 and on 5,000 samples of every class at 8 ranks; then the streaming packer and the multi-group sampler.
 
     python benchmarks/bench_balance.py            # prints all tables
-    python benchmarks/bench_balance.py targets    # only the targets table (about 2 minutes on 2 cores)
+    python benchmarks/bench_balance.py targets    # only the targets table (under a minute on 2 cores)
     python -m pytest benchmarks/bench_balance.py  # pytest-benchmark groups
 """
 from __future__ import annotations
