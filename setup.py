@@ -15,6 +15,7 @@ ext_modules = [
                 "csrc/bindings.cpp",
                 "csrc/grouping.cpp",
                 "csrc/length_records.cpp",
+                "csrc/step_balance.cpp",
             ]
         ),
         include_dirs=["csrc"],

@@ -2,7 +2,8 @@
 as pytest-benchmark groups, and the slow Python ISF against ours.
 
     python -m pytest benchmarks/bench_balance.py --benchmark-only   # groups: plan N samples, quality, isf
-    python benchmarks/bench_balance.py [--quick]                     # the suite's tables for these two parts
+    python benchmarks/bench_balance.py [--quick]                     # the suite's tables for these parts
+    python benchmarks/bench_balance.py targets [--quick]             # only the targets on every class
 
 Group "plan N samples": every method and ``numpy.argsort`` of the same token counts, on the bundled loads
 (70,706) and the same resampled to 1.2M. Group "quality": one call per method on the bundled data, 8 ranks,
@@ -73,7 +74,8 @@ def test_isf_70k(benchmark, provider: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    report = run_suite(["quality", "planning"], quick="--quick" in argv, log=lambda s: print(s, file=sys.stderr))
+    parts = ["targets"] if "targets" in argv else ["quality", "targets", "planning"]
+    report = run_suite(parts, quick="--quick" in argv, log=lambda s: print(s, file=sys.stderr))
     print(to_markdown(report))
     return 0
 

@@ -144,7 +144,8 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "assign_balanced",
       [](const IntArray& offsets, const IntArray& samples, const IntArray& vit, const IntArray& llm,
-         std::vector<double> cost_terms, int64_t world_size, bool drop_last, uint64_t seed) {
+         int64_t vit_capacity, int64_t llm_capacity, std::vector<double> cost_terms, int64_t world_size,
+         bool drop_last, uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
         const omnibal::CostModel cost = as_cost(cost_terms);
         if (world_size < 1) throw std::invalid_argument("world_size must be >= 1");
@@ -154,39 +155,45 @@ PYBIND11_MODULE(_C, m) {
         omnibal::Assignment a;
         {
           py::gil_scoped_release release;
-          a = omnibal::assign_balanced(packs, loads, cost, world_size, drop_last, seed);
+          a = omnibal::assign_balanced(packs, loads, cost, Capacity{vit_capacity, llm_capacity}, world_size,
+                                       drop_last, seed);
         }
-        return assignment_to_python(std::move(a), world_size);
+        py::tuple assigned = assignment_to_python(std::move(a), world_size);
+        return py::make_tuple(to_numpy(std::move(packs.samples)), assigned[0], assigned[1], assigned[2]);
       },
-      py::arg("offsets"), py::arg("samples"), py::arg("vit"), py::arg("llm"), py::arg("cost_terms"),
-      py::arg("world_size"), py::arg("drop_last"), py::arg("seed"),
-      "Balanced assignment of packs to (step, rank) slots; returns (step_packs, duplicated_slots, "
-      "dropped_packs).");
+      py::arg("offsets"), py::arg("samples"), py::arg("vit"), py::arg("llm"), py::arg("vit_capacity"),
+      py::arg("llm_capacity"), py::arg("cost_terms"), py::arg("world_size"), py::arg("drop_last"),
+      py::arg("seed"),
+      "Balanced assignment of packs to (step, rank) slots, swapping samples between the packs of a step "
+      "(pack sizes stay); returns (samples, step_packs, duplicated_slots, dropped_packs).");
 
   m.def(
       "plan_balanced",
-      [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
-         int64_t llm_capacity, std::vector<double> cost_terms, int rounds, int64_t world_size, bool drop_last,
-         uint64_t seed) {
+      [](const IntArray& vit, const IntArray& llm, const py::object& items, const py::object& singles,
+         int64_t vit_capacity, int64_t llm_capacity, std::vector<double> cost_terms, int rounds,
+         int64_t world_size, bool drop_last, uint64_t seed) {
         const Loads loads = as_loads(vit, llm);
-        IntArray keep;
+        IntArray keep, keep_singles;
         const omnibal::ItemSet ids = as_items(items, vit.shape(0), keep);
+        const omnibal::ItemSet single_ids = singles.is_none() ? omnibal::ItemSet{nullptr, 0}
+                                                              : as_items(singles, vit.shape(0), keep_singles);
         const omnibal::CostModel cost = as_cost(cost_terms);
         if (world_size < 1) throw std::invalid_argument("world_size must be >= 1");
         omnibal::BalancedPlan plan;
         {
           py::gil_scoped_release release;
-          plan = omnibal::plan_balanced(loads, ids, Capacity{vit_capacity, llm_capacity}, cost, rounds,
-                                        world_size, drop_last, seed);
+          plan = omnibal::plan_balanced(loads, ids, single_ids, Capacity{vit_capacity, llm_capacity}, cost,
+                                        rounds, world_size, drop_last, seed);
         }
         py::tuple assigned = assignment_to_python(std::move(plan.assignment), world_size);
         return py::make_tuple(to_numpy(std::move(plan.packs.offsets)), to_numpy(std::move(plan.packs.samples)),
                               assigned[0], assigned[1], assigned[2]);
       },
-      py::arg("vit"), py::arg("llm"), py::arg("items"), py::arg("vit_capacity"), py::arg("llm_capacity"),
-      py::arg("cost_terms"), py::arg("rounds"), py::arg("world_size"), py::arg("drop_last"), py::arg("seed"),
-      "Best-fit packs plus balanced assignment; returns (offsets, samples, step_packs, duplicated_slots, "
-      "dropped_packs).");
+      py::arg("vit"), py::arg("llm"), py::arg("items"), py::arg("singles"), py::arg("vit_capacity"),
+      py::arg("llm_capacity"), py::arg("cost_terms"), py::arg("rounds"), py::arg("world_size"),
+      py::arg("drop_last"), py::arg("seed"),
+      "Best-fit packs (plus one pack per sample of `singles`, or None) and balanced assignment; returns "
+      "(offsets, samples, step_packs, duplicated_slots, dropped_packs).");
 
   m.def(
       "parse_length_records",

@@ -6,18 +6,15 @@
 #include <numeric>
 
 #include "rng.hpp"
+#include "step_balance.hpp"
 
 namespace omnibal {
 namespace {
 
-// assign_balanced orders packs by their more variable load, re-sorts blocks of kSecondaryBlockSteps steps
-// by the other load and blocks of kCostBlockSteps steps by cost. Measured with 8 ranks (ViT dist, LLM dist,
-// step efficiency): InternVL-Chat SFT tiles at 16/5376, (8, 4): 0.0003, 0.0002, 0.9995, where (8, 0) gives
-// 0.0002, 0.0001, 0.9984; Qwen2-VL-like patches at 80k/30k: 0.0007, 0.003, 0.9993, where sorting by ViT
-// load first gave an LLM dist of 0.044; text-only up to 8k tokens, 32k: 0, 0.0001, 0.9947 (0.984 without
-// the cost blocks, whose attention term matters there).
-constexpr int64_t kSecondaryBlockSteps = 8;
-constexpr int64_t kCostBlockSteps = 4;
+// assign_balanced draws up to kMaxLayoutDraws step layouts, kLayoutWork / steps of them, keeping the one with
+// the least load trend (each draw costs a pass over the steps).
+constexpr int64_t kLayoutWork = int64_t{1} << 16;
+constexpr int64_t kMaxLayoutDraws = 64;
 
 // Segments of the epoch that each get one step of every run of this many similar-load steps (stratified_order).
 constexpr int64_t kEpochSegments = 16;
@@ -26,9 +23,6 @@ constexpr int64_t kEpochSegments = 16;
 // stays in L2 while it is packed and grouped; measured on 1.2M samples: 2^14 to 2^17 items per chunk are
 // within noise of each other, 2^14 a little ahead, with the same ViT fill).
 constexpr size_t kChunkItems = size_t{1} << 14;
-
-// Above this many distinct load values the pack sort falls back from counting sort to a comparison sort.
-constexpr int64_t kMaxCountingRange = int64_t{1} << 22;
 
 // A sample with its loads next to its id, so that passes over a shuffled order read memory sequentially.
 struct Item {
@@ -73,10 +67,7 @@ void append_pack(Packs& out, const Item* first, const Item* last) {
 }
 
 // Per-pack totals, filled where packs are formed (the samples' loads are at hand there).
-struct PackStats {
-  LargeVector<int64_t> vit, llm;
-  LargeVector<double> cost;
-};
+using PackStats = PackLoads;
 
 // Bit set over bucket indices with "first set bit at or after i". A second level marks the non-empty
 // words, so a search skips 4,096 empty buckets per step (a capacity of 16k tokens has 16k buckets, and with
@@ -241,6 +232,97 @@ BestFitPass best_fit_pass(const Item* order, size_t count, bool vit_binds, Capac
   return res;
 }
 
+void append_pack_with_stats(Packs& packs, const Item* first, const Item* last, const CostModel* cost,
+                            PackStats* stats) {
+  append_pack(packs, first, last);
+  if (stats == nullptr) return;
+  int64_t v = 0, t = 0;
+  double c = 0.0;
+  for (const Item* it = first; it != last; ++it) {
+    v += it->vit;
+    t += it->llm;
+    c += cost->sample_cost(it->vit, it->llm);
+  }
+  stats->vit.push_back(v);
+  stats->llm.push_back(t);
+  stats->cost.push_back(c);
+}
+
+// Packs that best fit left with room for more samples, each formed within one chunk of the pool. With a
+// capacity far above a chunk's total load every chunk leaves one such pack (10M one-token samples at a
+// capacity of 2**30 made 611 packs, not 1), so they are merged: first fit decreasing by the binding load,
+// each into one of the kMergeScan most recently opened merged packs that holds it in both loads.
+class Leftovers {
+ public:
+  void add(const Item* first, const Item* last) {
+    int64_t v = 0, t = 0;
+    for (const Item* it = first; it != last; ++it) {
+      items_.push_back(*it);
+      v += it->vit;
+      t += it->llm;
+    }
+    offsets_.push_back(static_cast<int64_t>(items_.size()));
+    vit_.push_back(v);
+    llm_.push_back(t);
+  }
+
+  void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, Packs& packs, const CostModel* cost,
+             PackStats* stats) {
+    const size_t n = vit_.size();
+    if (n == 0) return;
+    const LargeVector<int64_t>& primary = vit_binds ? vit_ : llm_;
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return primary[a] != primary[b] ? primary[a] > primary[b] : a < b;
+    });
+    struct Merged {
+      int64_t vit = 0, llm = 0;
+      std::vector<size_t> parts;
+    };
+    std::vector<Merged> merged;
+    std::vector<size_t> open;  // merged packs that may still take a part, oldest first
+    for (const size_t u : order) {
+      size_t target = merged.size();
+      const size_t scan_from = open.size() > kMergeScan ? open.size() - kMergeScan : 0;
+      for (size_t k = scan_from; k < open.size(); ++k) {
+        const Merged& m = merged[open[k]];
+        if (m.vit + vit_[u] <= cap.vit && m.llm + llm_[u] <= cap.llm) {
+          target = open[k];
+          break;
+        }
+      }
+      if (target == merged.size()) {
+        merged.emplace_back();
+        open.push_back(target);
+      }
+      Merged& m = merged[target];
+      m.vit += vit_[u];
+      m.llm += llm_[u];
+      m.parts.push_back(u);
+      if (cap.vit - m.vit < min_vit || cap.llm - m.llm < min_llm) {
+        // target is among the last kMergeScan + 1 entries: search there only
+        const auto from = open.begin() + static_cast<std::ptrdiff_t>(scan_from);
+        open.erase(std::find(from, open.end(), target));
+      }
+    }
+    ItemVector buffer;
+    for (const Merged& m : merged) {
+      buffer.clear();
+      for (const size_t u : m.parts) {
+        buffer.insert(buffer.end(), items_.begin() + offsets_[u], items_.begin() + offsets_[u + 1]);
+      }
+      append_pack_with_stats(packs, buffer.data(), buffer.data() + buffer.size(), cost, stats);
+    }
+  }
+
+ private:
+  static constexpr size_t kMergeScan = 64;  // bounds the work per leftover like kTriesPerItem in best_fit_pass
+  ItemVector items_;
+  LargeVector<int64_t> offsets_{0};
+  LargeVector<int64_t> vit_, llm_;
+};
+
 Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed,
                       const CostModel* cost, PackStats* stats) {
   Packs packs;
@@ -259,6 +341,7 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
   const bool vit_binds = cap.vit > 0 && vit_total * static_cast<double>(cap.llm) >=
                                             llm_total * static_cast<double>(cap.vit);
   ItemVector pool, scratch;  // scratch: shuffle and grouping buffer, reused by every round
+  Leftovers leftovers;
   std::vector<int64_t> start, fill;
   OpenPacks open(vit_binds ? cap.vit : cap.llm);
   for (int r = 0; r < rounds && (r == 0 || !pool.empty()); ++r) {
@@ -284,6 +367,8 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
         const int64_t room_llm = vit_binds ? pass.room_secondary[p] : pass.room_primary[p];
         return room_vit < min_vit || room_llm < min_llm;
       };
+      // Packs kept while not final (last round, or no pack of the chunk became final) are leftovers: a
+      // chunk is only a part of the pool, so they are merged across chunks at the end (merge_leftovers).
       bool keep_all = r + 1 == rounds;
       if (!keep_all) {
         keep_all = true;
@@ -300,39 +385,21 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
       for (size_t p = 0; p < num_packs; ++p) {
         const Item* first = scratch.data() + start[p];
         const Item* last = scratch.data() + start[p + 1];
-        if (!(keep_all || is_final(p))) {
-          for (const Item* it = first; it != last; ++it) pool[pooled++] = *it;
+        if (!is_final(p)) {
+          if (keep_all) {
+            leftovers.add(first, last);
+          } else {
+            for (const Item* it = first; it != last; ++it) pool[pooled++] = *it;
+          }
           continue;
         }
-        append_pack(packs, first, last);
-        if (stats != nullptr) {
-          int64_t v = 0, t = 0;
-          double c = 0.0;
-          for (const Item* it = first; it != last; ++it) {
-            v += it->vit;
-            t += it->llm;
-            c += cost->sample_cost(it->vit, it->llm);
-          }
-          stats->vit.push_back(v);
-          stats->llm.push_back(t);
-          stats->cost.push_back(c);
-        }
+        append_pack_with_stats(packs, first, last, cost, stats);
       }
     }
     pool.resize(pooled);
   }
+  leftovers.merge(cap, vit_binds, min_vit, min_llm, packs, cost, stats);
   return packs;
-}
-
-// Stable counting sort of `order` by key(p) in decreasing order; key values in [0, range).
-template <typename Key>
-void counting_sort_desc(LargeVector<int64_t>& order, int64_t range, Key key) {
-  std::vector<int64_t> start(static_cast<size_t>(range) + 1, 0);
-  for (const int64_t p : order) ++start[static_cast<size_t>(range - 1 - key(p)) + 1];
-  for (int64_t v = 0; v < range; ++v) start[static_cast<size_t>(v) + 1] += start[static_cast<size_t>(v)];
-  LargeVector<int64_t> out(order.size());
-  for (const int64_t p : order) out[static_cast<size_t>(start[static_cast<size_t>(range - 1 - key(p))]++)] = p;
-  order.swap(out);
 }
 
 // Makes the length of `order` a multiple of world_size: drops randomly chosen packs (drop_last) or repeats
@@ -407,59 +474,32 @@ Assignment lay_out(const LargeVector<int64_t>& order, int64_t world_size, const 
   return a;
 }
 
-// Sorts each block of `block` consecutive entries of `order` by key(p), decreasing (ties by pack id: a total
-// order, so every standard library gives the same result). Keys are gathered first so the sort stays in cache.
-template <typename Key>
-void sort_blocks_desc(LargeVector<int64_t>& order, int64_t block, Key key) {
-  using K = decltype(key(int64_t{0}));
-  std::vector<std::pair<K, int64_t>> keyed;
-  const int64_t n = static_cast<int64_t>(order.size());
-  for (int64_t b = 0; b < n; b += block) {
-    const int64_t e = std::min(b + block, n);
-    keyed.clear();
-    for (int64_t k = b; k < e; ++k) keyed.emplace_back(key(order[static_cast<size_t>(k)]), order[static_cast<size_t>(k)]);
-    std::sort(keyed.begin(), keyed.end(), [](const auto& x, const auto& y) {
-      return x.first != y.first ? x.first > y.first : x.second < y.second;
-    });
-    for (int64_t k = b; k < e; ++k) order[static_cast<size_t>(k)] = keyed[static_cast<size_t>(k - b)].second;
-  }
-}
-
-double coefficient_of_variation(const LargeVector<int64_t>& x) {
-  if (x.empty()) return 0.0;
-  double mean = 0.0, sq = 0.0;
-  for (const int64_t v : x) mean += static_cast<double>(v);
-  mean /= static_cast<double>(x.size());
-  for (const int64_t v : x) sq += (static_cast<double>(v) - mean) * (static_cast<double>(v) - mean);
-  return mean > 0.0 ? std::sqrt(sq / static_cast<double>(x.size())) / mean : 0.0;
-}
-
-Assignment assign_from_stats(const PackStats& stats, int64_t world_size, bool drop_last, uint64_t seed) {
-  const int64_t num_packs = static_cast<int64_t>(stats.vit.size());
-  LargeVector<int64_t> order(static_cast<size_t>(num_packs));
-  std::iota(order.begin(), order.end(), 0);
-  // The load that varies more across packs (relative to its mean) orders the packs; the other orders
-  // blocks of kSecondaryBlockSteps steps, the cost blocks of kCostBlockSteps steps. With packs at the
-  // limit of the binding capacity, that load hardly varies and the other one decides.
-  const bool llm_first = coefficient_of_variation(stats.llm) >= coefficient_of_variation(stats.vit);
-  const LargeVector<int64_t>& first = llm_first ? stats.llm : stats.vit;
-  const LargeVector<int64_t>& second = llm_first ? stats.vit : stats.llm;
-  auto by_first = [&](int64_t p) { return first[static_cast<size_t>(p)]; };
-  const int64_t max_first = num_packs ? *std::max_element(first.begin(), first.end()) : 0;
-  if (max_first < kMaxCountingRange) {
-    counting_sort_desc(order, max_first + 1, by_first);  // stable: equal loads keep pack order (random)
-  } else {
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return by_first(a) > by_first(b); });
-  }
-  sort_blocks_desc(order, kSecondaryBlockSteps * world_size, [&](int64_t p) { return second[static_cast<size_t>(p)]; });
-  sort_blocks_desc(order, kCostBlockSteps * world_size, [&](int64_t p) { return stats.cost[static_cast<size_t>(p)]; });
-
+// Packs in layered_order cut into consecutive runs of world_size, the runs refined by swapping samples
+// between their packs (refine_steps), laid out over the epoch in stratified random order.
+Assignment assign_sorted_refined(Packs& packs, PackStats& stats, const Loads& loads, const CostModel& cost,
+                                 Capacity cap, int64_t world_size, bool drop_last, uint64_t seed) {
+  LargeVector<int64_t> order = layered_order(stats, world_size);
   Rng ragged(derive_seed(seed, kStreamRagged));
   int64_t duplicated = 0;
   std::vector<int64_t> dropped;
   make_whole_steps(order, world_size, drop_last, ragged, duplicated, dropped);
+  refine_steps(packs, stats, loads, cost, cap, order, world_size);
   Rng rng(derive_seed(seed, kStreamAssign));
-  const LargeVector<int64_t> step_order = stratified_order(static_cast<int64_t>(order.size()) / world_size, rng);
+  const int64_t num_steps = static_cast<int64_t>(order.size()) / world_size;
+  LargeVector<int64_t> step_order = stratified_order(num_steps, rng);
+  // With few steps one stratified layout still leaves a visible trend (|corr| about 0.1 at 56 steps): more
+  // layouts are drawn, kLayoutWork / num_steps of them (at most kMaxLayoutDraws), and the one with the least
+  // trend is kept. Many steps leave almost none, and get one draw.
+  const int64_t draws = std::min(kMaxLayoutDraws, kLayoutWork / std::max<int64_t>(num_steps, 1));
+  if (draws > 1) {
+    const StepTotals totals = step_totals(order, stats, world_size);
+    double best = step_trend(step_order, totals);
+    for (int64_t d = 1; d < draws; ++d) {
+      LargeVector<int64_t> candidate = stratified_order(num_steps, rng);
+      const double trend = step_trend(candidate, totals);
+      if (trend < best) best = trend, step_order.swap(candidate);
+    }
+  }
   Assignment a = lay_out(order, world_size, step_order, rng);
   a.duplicated_slots = duplicated;
   a.dropped_packs = std::move(dropped);
@@ -538,8 +578,8 @@ Assignment assign_random(int64_t num_packs, int64_t world_size, bool drop_last, 
   return a;
 }
 
-Assignment assign_balanced(const Packs& packs, const Loads& loads, const CostModel& cost, int64_t world_size,
-                           bool drop_last, uint64_t seed) {
+Assignment assign_balanced(Packs& packs, const Loads& loads, const CostModel& cost, Capacity cap,
+                           int64_t world_size, bool drop_last, uint64_t seed) {
   PackStats stats;
   for (int64_t p = 0; p < packs.size(); ++p) {
     int64_t v = 0, t = 0;
@@ -554,16 +594,25 @@ Assignment assign_balanced(const Packs& packs, const Loads& loads, const CostMod
     stats.llm.push_back(t);
     stats.cost.push_back(c);
   }
-  return assign_from_stats(stats, world_size, drop_last, seed);
+  return assign_sorted_refined(packs, stats, loads, cost, cap, world_size, drop_last, seed);
 }
 
-BalancedPlan plan_balanced(const Loads& loads, ItemSet items, Capacity cap,
+BalancedPlan plan_balanced(const Loads& loads, ItemSet items, ItemSet singles, Capacity cap,
                            const CostModel& cost, int rounds, int64_t world_size, bool drop_last,
                            uint64_t seed) {
   BalancedPlan plan;
   PackStats stats;
   plan.packs = best_fit_rounds(loads, items, cap, rounds, seed, &cost, &stats);
-  plan.assignment = assign_from_stats(stats, world_size, drop_last, seed);
+  // Samples over a capacity, each alone in a pack of its own (oversize="single").
+  for (int64_t k = 0; k < singles.count; ++k) {
+    const int64_t id = singles.id(k);
+    plan.packs.samples.push_back(id);
+    plan.packs.close_pack();
+    stats.vit.push_back(loads.vit[id]);
+    stats.llm.push_back(loads.llm[id]);
+    stats.cost.push_back(cost.sample_cost(loads.vit[id], loads.llm[id]));
+  }
+  plan.assignment = assign_sorted_refined(plan.packs, stats, loads, cost, cap, world_size, drop_last, seed);
   return plan;
 }
 

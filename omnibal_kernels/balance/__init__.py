@@ -10,6 +10,7 @@ Modules, in the order they build on each other (no module imports one below it i
 ``search``   capacities from a wanted mean pack size
 ``plan``     ``plan_packs``: checks, capacity search, engine
 ``schedule`` several plans as one schedule: groups one after another or interleaved, micro-steps
+``targets``  measures beyond the report: pack lower bounds, load trend over the epoch, packs repeated
 ===========  =========================================================================================
 """
 from .cost import CostModel
@@ -17,6 +18,7 @@ from .packs import METHODS, OVERSIZE_POLICIES, OversizeError, Plan, TooFewPacksE
 from .plan import plan_packs
 from .report import BalanceReport, balance_report, dist_ratio
 from .search import Capacities, search_capacity
+from .targets import PackBounds, load_trend, pack_lower_bounds, repeated_pack_share
 
 __all__ = [
     "BalanceReport",
@@ -25,11 +27,15 @@ __all__ = [
     "METHODS",
     "OVERSIZE_POLICIES",
     "OversizeError",
+    "PackBounds",
     "Plan",
     "TooFewPacksError",
     "balance_report",
     "dist_ratio",
     "epoch_seed",
+    "load_trend",
+    "pack_lower_bounds",
     "plan_packs",
+    "repeated_pack_share",
     "search_capacity",
 ]

@@ -127,14 +127,12 @@ def build_plan(
                          f"llm {llm_capacity}) and oversize='drop' leaves nothing to plan")
     C = _ext.load()
     singles = oversize_ids if oversize == "single" else np.zeros(0, np.int64)
-    if method == "balanced" and singles.size == 0:
+    if method == "balanced":
         offsets, samples, step_packs, duplicated, dropped_packs = C.plan_balanced(
-            vit, llm, items, vit_capacity, llm_capacity, cost_model.terms(), BEST_FIT_ROUNDS, world_size,
-            drop_last, plan_seed)
+            vit, llm, items, singles if singles.size else None, vit_capacity, llm_capacity, cost_model.terms(),
+            BEST_FIT_ROUNDS, world_size, drop_last, plan_seed)
     else:
-        if method == "balanced":
-            offsets, samples = C.best_fit_packs(vit, llm, items, vit_capacity, llm_capacity, BEST_FIT_ROUNDS, plan_seed)
-        elif method == "isf":
+        if method == "isf":
             offsets, samples = C.isf(vit, llm, items, vit_capacity, llm_capacity, vit_threshold, llm_threshold,
                                      iterations, plan_seed)
         else:
@@ -142,11 +140,7 @@ def build_plan(
         if singles.size:
             offsets = np.concatenate([offsets, offsets[-1] + np.arange(1, singles.size + 1, dtype=np.int64)])
             samples = np.concatenate([samples, singles])
-        if method == "balanced":
-            step_packs, duplicated, dropped_packs = C.assign_balanced(
-                offsets, samples, vit, llm, cost_model.terms(), world_size, drop_last, plan_seed)
-        else:
-            step_packs, duplicated, dropped_packs = C.assign_random(len(offsets) - 1, world_size, drop_last, plan_seed)
+        step_packs, duplicated, dropped_packs = C.assign_random(len(offsets) - 1, world_size, drop_last, plan_seed)
 
     if step_packs.shape[0] == 0:
         raise TooFewPacksError(

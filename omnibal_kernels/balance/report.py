@@ -22,7 +22,8 @@ class BalanceReport:
         num_packs: distinct packs scheduled.
         num_steps: steps (each gives every rank one pack).
         ave_bs: mean samples per pack (over distinct scheduled packs).
-        vit_fill, llm_fill: load in the scheduled packs over ``num_packs * capacity``.
+        vit_fill, llm_fill: load in the scheduled packs over ``packs * capacity``, over the packs within the
+            capacities (oversize singles are counted in ``oversize`` instead), so never above 1.
         vit_dist, llm_dist: the paper's Dist Ratio: per step ``sum(max - x_i) / (max * world_size)`` over
             the ranks' pack loads, averaged over steps (ViT: denominator at least 1, as the authors' code).
         step_efficiency: mean over steps of ``mean(cost_i) / max(cost_i)`` under the cost model: the share
@@ -30,6 +31,7 @@ class BalanceReport:
         dropped: samples in no slot (oversize ``"drop"``, ``drop_last``).
         duplicated: sample slots that repeat a sample (reused packs of a ragged last step).
         seconds: planning time.
+        oversize: scheduled samples over a capacity, each in a pack of its own (``oversize="single"``).
     """
 
     num_samples: int
@@ -44,6 +46,7 @@ class BalanceReport:
     dropped: int
     duplicated: int
     seconds: float
+    oversize: int = 0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -97,8 +100,12 @@ def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel]
     counts = np.bincount(slots.reshape(-1), minlength=plan.num_packs)
     duplicated = int(((counts - 1).clip(min=0) * sizes).sum())
 
+    # Oversize singles exceed a capacity by definition: they are reported on their own, not in the fills.
+    within = scheduled[(pack_vit[scheduled] <= plan.vit_capacity) & (pack_llm[scheduled] <= plan.llm_capacity)]
+    oversize = int(sizes[np.setdiff1d(scheduled, within, assume_unique=True)].sum())
+
     def fill(pack_load: np.ndarray, capacity: int) -> float:
-        return float(pack_load[scheduled].sum() / (num_packs * capacity)) if capacity > 0 and num_packs else 0.0
+        return float(pack_load[within].sum() / (within.size * capacity)) if capacity > 0 and within.size else 0.0
 
     return BalanceReport(
         num_samples=num_samples,
@@ -113,4 +120,5 @@ def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel]
         dropped=int(plan.dropped_samples.size),
         duplicated=duplicated,
         seconds=float(plan.seconds),
+        oversize=oversize,
     )

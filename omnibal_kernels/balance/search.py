@@ -1,16 +1,20 @@
 """Capacity search: from a wanted mean number of samples per pack to (ViT capacity, LLM capacity).
 
-The grid is the OmniBal authors': an LLM step of ``tokens_per_vit_unit`` tokens (the mean 256-binned sample
-length over the mean ViT load, rounded down to a multiple of 16) starting from 4096 tokens, and one ViT unit
-per step: candidate ``k`` is ``(4096 // step + k, 4096 + k * step)``. The authors run ISF on every candidate
-(12-20 s on 70k samples); here the packs per candidate are predicted in closed form, since packs fill the
-binding capacity: ``num_packs ~= max(sum(vit) / Qv, sum(llm) / Qt)``.
+* ``balanced`` and ``random``: capacities that fit the data. The LLM capacity follows the ViT capacity at the
+  data's own ratio of tokens to ViT load, plus a headroom for the spread of that ratio over the samples of a
+  pack (``HEADROOM_SIGMAS`` standard deviations of a pack's token excess over the ratio), so the ViT load
+  binds and the LLM load keeps room for the exchanges that balance steps; text-only data has only the LLM
+  capacity. Both are sized so that packs hold ``target_batch_size`` samples on average, and raised together,
+  keeping their ratio, until the largest sample fits: by default no sample is oversize.
+* ``isf``: the OmniBal authors' grid, an LLM step of ``tokens_per_vit_unit`` tokens (the mean 256-binned
+  sample length over the mean ViT load, rounded down to a multiple of 16) from 4096 tokens and one ViT unit
+  per step: candidate ``k`` is ``(4096 // step + k, 4096 + k * step)``. As the authors, every candidate whose
+  mean pack size lies in ``[target, target + 1]`` is planned (in C++, milliseconds each) and the one with
+  the lowest ViT + LLM dist ratio wins; the mean pack size is predicted in closed form,
+  ``num_packs ~= max(sum(vit) / Qv, sum(llm) / Qt)``. Unless ``oversize`` allows oversize samples,
+  candidates are raised until the largest sample fits.
 
-* ``balanced`` and ``random``: the smallest candidate whose predicted mean pack size reaches the target.
-* ``isf``: as the authors, every candidate whose mean pack size lies in ``[target, target + 1]`` is planned
-  (in C++, milliseconds each) and the one with the lowest ViT + LLM dist ratio wins.
-
-Unless ``oversize`` allows oversize samples, candidates are raised until the largest sample fits.
+Capacities given by the user are never searched: then the ``oversize`` policy of ``plan_packs`` applies.
 """
 from __future__ import annotations
 
@@ -30,6 +34,15 @@ from .report import balance_report
 __all__ = ["Capacities", "search_capacity"]
 
 _BASE_TOKENS = 4096  # the authors' starting LLM capacity
+# The LLM headroom covers this many standard deviations of a pack's token excess over the data's ratio, so
+# best fit almost never has to close a pack on its tokens while ViT room is left (ViT loads are coarse: one
+# tile missing in a 16-tile pack is 6% of it). Measured over the classes of benchmarks/bench_balance.py at 8
+# and 64 ranks: 2, 3 and 4 sigmas give ViT fill 0.995 / 0.9987 / 0.9997 and ViT dist 0.0008 / 0.0010 /
+# 0.0003 on the bundled data, 0.9957 / 0.9979 / 0.9989 and 0.0018 / 0.0013 / 0.0006 on Qwen2-VL-like patches,
+# with the same number of packs (the ViT capacity binds); only the LLM fill drops.
+HEADROOM_SIGMAS = 4.0
+# The spread of the token excess is estimated on an evenly strided subset of at most this many samples.
+_SPREAD_SAMPLES = 1 << 16
 _ALIGN = 16
 
 
@@ -71,7 +84,8 @@ def search_capacity(
         target_batch_size: wanted mean samples per pack (> 0).
         method: the planning method the capacities are for (``"isf"`` evaluates candidates by planning).
         world_size: ranks, for the ISF evaluation.
-        oversize: when ``"error"``, capacities hold the largest sample.
+        oversize: for ``"isf"``: when ``"error"``, capacities hold the largest sample (the other methods'
+            capacities always hold every sample).
         seed, iterations: for the ISF evaluation.
         progress: show a progress bar over ISF candidates (default: when stderr is a terminal).
 
@@ -92,6 +106,8 @@ def search_capacity(
         raise ValueError("lengths is empty")
     # A pack cannot hold more samples than there are: aim at most at one pack of everything.
     target = min(float(target_batch_size), float(n))
+    if method != "isf":
+        return _fitted_capacities(lengths, target)
     step, vit0 = _grid_step(lengths)
     stats = lengths.stats()
     vit_total = float(stats.vit_sum)
@@ -119,11 +135,44 @@ def search_capacity(
     while predicted(k) < target * (1 - 1e-12):  # guards the rounding of the closed form (a step or two)
         k += 1
 
-    if method == "isf":
-        k = _best_isf_candidate(lengths, k, caps, predicted, target, world_size, oversize, seed, iterations,
-                                progress)
+    k = _best_isf_candidate(lengths, k, caps, predicted, target, world_size, oversize, seed, iterations,
+                            progress)
     qv, qt = caps(k)
     return Capacities(qv, qt, qv, max(qt - ISF_LLM_MARGIN, 1), predicted(k))
+
+
+def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
+    """Capacities at the data's ratio (plus headroom) for ``target`` samples per pack, holding every sample."""
+    n = len(lengths)
+    stats = lengths.stats()
+    vit_total, llm_total = float(stats.vit_sum), float(stats.llm_sum)
+    if vit_total == 0:  # text only: one capacity
+        qt = max(math.ceil(target * llm_total / n), int(stats.llm_max), 1)
+        return Capacities(0, qt, 0, max(qt - ISF_LLM_MARGIN, 1), n / max(llm_total / qt, 1.0))
+    tokens_per_unit = llm_total / vit_total
+    stride = max(n // _SPREAD_SAMPLES, 1)
+    vit = lengths.vit[::stride].astype(np.float64)
+    excess = lengths.llm[::stride] - vit * tokens_per_unit  # tokens beyond the ratio, per sample
+    excess_std = float(np.sqrt(np.mean(excess * excess)))
+    vit_mean = vit_total / n
+    # Capacities for `scale` mean samples per pack: the ViT capacity holds scale mean ViT loads, the LLM
+    # capacity their tokens at the ratio plus the headroom of a pack of `scale` samples.
+    def caps(scale: float) -> tuple[float, float]:
+        qv = scale * vit_mean
+        return qv, qv * tokens_per_unit + HEADROOM_SIGMAS * math.sqrt(scale) * excess_std
+
+    scale = target
+    for _ in range(64):  # raise the scale until the largest sample fits (the headroom grows with it)
+        qv, qt = caps(scale)
+        need = max(stats.vit_max / qv, stats.llm_max / qt)
+        if need <= 1.0:
+            break
+        scale *= need
+    qv, qt = caps(scale)
+    qv_int = max(math.ceil(qv - 1e-9), int(stats.vit_max), 1)
+    qt_int = max(math.ceil(qt - 1e-9), int(stats.llm_max), 1)
+    packs = max(vit_total / qv_int, llm_total / qt_int, 1.0)
+    return Capacities(qv_int, qt_int, qv_int, max(qt_int - ISF_LLM_MARGIN, 1), n / packs)
 
 
 # ISF packs and orders without a cost model; the report of a candidate does not depend on this one.

@@ -131,11 +131,36 @@ def _gpu(report: dict[str, Any]) -> list[str]:
     return out + [f"Error: {e}" for e in g.get("errors", [])]
 
 
+def _targets(report: dict[str, Any]) -> list[str]:
+    out = ["### Balance targets on every distribution class", "",
+           "`balanced`, default capacity search, 4 samples per pack, at least 50 steps per world size (and 5k "
+           "samples at 8 ranks); `bound`: packs over `ceil(max(sum vit / Qv, sum llm / Qt))`; `trend`: "
+           "|corr(step, load)|; `repeated`: packs of epoch 0 again in epoch 1. Targets: step efficiency >= 0.995 "
+           "and dists <= 0.005 up to 64 ranks, >= 0.99 and <= 0.01 above.", ""]
+    rows = [[r["kind"], r["world_size"], f"{r['samples']:,}", r["steps"], f"{r['vit_capacity']}/{r['llm_capacity']}",
+             f"{r['step_efficiency']:.4f}", f"{r['vit_dist']:.4f}", f"{r['llm_dist']:.4f}",
+             f"{r['packs_over_bound']:.3f}", f"{r['trend']:.3f}", f"{r['repeated']:.1%}",
+             "; ".join(r["misses"]) or "-"] for r in report["targets"]]
+    out += _table(["class", "ranks", "samples", "steps", "Qv/Qt", "step eff", "ViT dist", "LLM dist", "bound",
+                   "trend", "repeated", "misses"], rows, "lrrrrrrrrrrl")
+    out += ["Streaming packer (shuffled stream, buffer 4096) and groups (text-only / image) against the offline "
+            "plan, 8 ranks: step efficiency / ViT dist / LLM dist.", ""]
+
+    def cell(r: dict[str, Any], prefix: str) -> str:
+        keys = (f"{prefix}_eff", f"{prefix}_vit", f"{prefix}_llm")
+        return "/".join(f"{r[k]:.4f}" for k in keys) if keys[0] in r else "-"
+
+    out += _table(["class", "offline", "streaming", "groups"],
+                  [[r["kind"], cell(r, "offline"), cell(r, "stream"), cell(r, "groups")]
+                   for r in report["targets_modes"]], "lrrr")
+    return out
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     """The report of :func:`~omnibal_kernels.bench.run_suite` as Markdown (the parts it holds)."""
     out = _environment(report)
     for key, part in (("simulated_speedup", _simulated), ("measured_ddp", _ddp), ("balance", _quality),
-                      ("planning", _planning), ("collate", _collate), ("gpu", _gpu)):
+                      ("targets", _targets), ("planning", _planning), ("collate", _collate), ("gpu", _gpu)):
         if key in report:
             out += part(report)
     return "\n".join(out).rstrip() + "\n"

@@ -44,6 +44,7 @@ Provider = Callable[[Config], dict]
 # provider name -> module (relative to this package) that registers it; the order is the run order
 _MODULES: dict[str, str] = {
     "quality": "quality",
+    "targets": "targets",
     "planning": "planning",
     "collate": "collate",
     "ddp": "ddp",

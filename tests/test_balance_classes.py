@@ -1,0 +1,170 @@
+"""Balance on every distribution class and at larger world sizes; capacities that fit the data; leftover packs
+of one chunk merged with the others'."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omnibal_kernels import Lengths, OversizeError, balance_report, plan_packs, search_capacity
+from omnibal_kernels.balance import CostModel, load_trend, pack_lower_bounds, repeated_pack_share
+from omnibal_kernels.synthetic import DISTRIBUTIONS, synthetic_lengths
+
+from test_balance import _check_plan
+
+
+@pytest.fixture(scope="module", params=sorted(DISTRIBUTIONS))
+def small_class(request):
+    return request.param, synthetic_lengths(request.param, 5_000, seed=1)
+
+
+# --- capacities that fit the data ---------------------------------------------------------------------------
+
+
+def test_default_capacities_hold_every_sample_at_the_data_ratio(small_class):
+    kind, lengths = small_class
+    caps = search_capacity(lengths, 4)
+    assert caps.vit_capacity >= lengths.vit.max() and caps.llm_capacity >= lengths.llm.max()
+    plan = plan_packs(lengths, world_size=8)  # oversize="error": would raise on an oversize sample
+    assert plan.oversize_samples.size == 0 and (plan.vit_capacity, plan.llm_capacity) == caps[:2]
+    report = balance_report(plan, lengths)
+    assert report.oversize == 0 and report.num_samples == len(lengths)
+    if lengths.vit.sum() == 0:
+        assert caps.vit_capacity == 0
+        return
+    # the LLM capacity follows the ViT capacity at the data's tokens per ViT unit, plus a headroom
+    ratio = lengths.llm.sum() / lengths.vit.sum()
+    assert caps.vit_capacity * ratio <= caps.llm_capacity * (1 + 1e-9)
+    # the ViT capacity binds: packs are within 3% of the fewest that hold the ViT load
+    assert report.vit_fill > 0.97
+
+
+def test_user_capacities_are_honoured_and_the_oversize_policy_applies():
+    lengths = synthetic_lengths("text_long_tail", 5_000, seed=1)
+    with pytest.raises(OversizeError):
+        plan_packs(lengths, world_size=8, vit_capacity=0, llm_capacity=4096)
+    plan = plan_packs(lengths, world_size=8, vit_capacity=0, llm_capacity=4096, oversize="single")
+    assert plan.llm_capacity == 4096
+    over = np.flatnonzero(lengths.llm > 4096)
+    assert over.size > 0 and np.array_equal(plan.oversize_samples, over)
+    report = balance_report(plan, lengths)
+    # fills count only packs within the capacity; the oversize singles are reported on their own
+    assert report.llm_fill <= 1.0 and report.oversize == over.size
+    assert report.num_samples == len(lengths)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 300), target=st.floats(0.5, 30), data_seed=st.integers(0, 2**32),
+       text_share=st.floats(0, 1))
+def test_fitted_capacities_hold_every_sample(n, target, data_seed, text_share):
+    rng = np.random.default_rng(data_seed)
+    vit = np.where(rng.random(n) < text_share, 0, rng.integers(1, 3000, n))
+    llm = vit // 4 + rng.integers(1, 5000, n)
+    caps = search_capacity(Lengths(vit, llm), target)
+    assert caps.vit_capacity >= vit.max() and caps.llm_capacity >= llm.max()
+    assert (caps.vit_capacity == 0) == (vit.sum() == 0)
+
+
+# --- the assignment: every load balanced, at every world size -----------------------------------------------
+
+# (class, world size, samples, largest dist allowed). Measured on this data at the same capacities, step
+# efficiency / ViT dist / LLM dist, before this assignment -> with it: text_long_tail 0.956 / 0 / 0.0000 ->
+# 0.9986 / 0 / 0.0002; single_image_short_text 0.9942 / 0.0005 / 0.0047 -> 0.9957 / 0.0005 / 0.0028;
+# patch_multires 0.9992 / 0.0008 / 0.0230 -> 0.9990 / 0.0009 / 0.0055 (114 steps: held to the 0.01 of large
+# world sizes); video_mix 0.9984 / 0.0016 / 0.0149 -> 0.9972 / 0.0025 / 0.0031.
+CASES = [("text_long_tail", 8, 20_000, 0.005), ("single_image_short_text", 64, 40_000, 0.005),
+         ("patch_multires", 64, 40_000, 0.01), ("video_mix", 64, 40_000, 0.005)]
+
+
+@pytest.mark.parametrize("kind, world_size, n, max_dist", CASES)
+def test_steps_balance_cost_and_both_loads(kind, world_size, n, max_dist):
+    lengths = synthetic_lengths(kind, n, seed=2)
+    plan = plan_packs(lengths, world_size=world_size)
+    report = balance_report(plan, lengths)
+    assert report.num_steps >= 50
+    assert report.step_efficiency >= 0.995
+    assert report.vit_dist <= max_dist and report.llm_dist <= max_dist
+    assert load_trend(plan, lengths) < 0.1
+    bounds = pack_lower_bounds(lengths, plan.vit_capacity, plan.llm_capacity)
+    assert report.num_packs <= 1.03 * bounds.volume
+
+
+def test_long_text_steps_balance_attention_cost():
+    # Packs of equal tokens differ in cost by the attention term: one 30k-token sample against thirty 1k ones.
+    lengths = synthetic_lengths("text_long_tail", 30_000, seed=3)
+    plan = plan_packs(lengths, world_size=8, vit_capacity=0, llm_capacity=65_536)
+    report = balance_report(plan, lengths)
+    assert report.step_efficiency >= 0.995  # 0.965 before
+    tokens_only = balance_report(plan, lengths, CostModel.tokens_only())
+    assert tokens_only.step_efficiency >= 0.995
+
+
+def test_epochs_draw_new_packs():
+    lengths = synthetic_lengths("single_image_short_text", 20_000, seed=4)
+    first = plan_packs(lengths, world_size=64, epoch=0)
+    second = plan_packs(lengths, world_size=64, epoch=1)
+    assert repeated_pack_share(first, second) < 0.10
+    assert repeated_pack_share(first, first) == 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(50, 3000),
+    world_size=st.sampled_from([2, 3, 8, 16, 64]),
+    drop_last=st.booleans(),
+    oversize=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+    data_seed=st.integers(0, 2**32 - 1),
+)
+def test_swaps_keep_every_sample_once_and_capacities(n, world_size, drop_last, oversize, seed, data_seed):
+    # Steps of many packs with room to swap in: the swaps between packs must keep every invariant.
+    rng = np.random.default_rng(data_seed)
+    vit = np.where(rng.random(n) < 0.3, 0, rng.integers(1, 13, n))
+    llm = vit * 256 + rng.integers(10, 3000, n)
+    lengths = Lengths(vit, llm)
+    vit_cap, llm_cap = int(vit.max()) + 6, int(llm.max()) + 2000
+    if oversize:  # a few samples over the LLM capacity, as singles (_check_plan takes dropped oversize
+        llm_cap = int(np.quantile(llm, 0.97))  # samples for oversize="drop": no drop_last with them)
+        drop_last = False
+    kwargs = dict(world_size=world_size, vit_capacity=vit_cap, llm_capacity=llm_cap, drop_last=drop_last,
+                  oversize="single", seed=seed)
+    try:
+        plan = plan_packs(lengths, **kwargs)
+    except ValueError as exc:
+        assert drop_last and "no step is left" in str(exc)
+        return
+    _check_plan(plan, lengths)
+    assert plan_packs(lengths, **kwargs).fingerprint() == plan.fingerprint()
+
+
+# --- leftover packs of one chunk merged with the others' ----------------------------------------------------
+
+
+def test_capacity_far_above_a_chunk_gives_full_packs():
+    # Packs are formed in chunks of 16k samples; with a capacity far above a chunk's load, every chunk used
+    # to leave one pack of its own (10M one-token samples at 2**30 gave 611 packs).
+    n = 200_000
+    plan = plan_packs(Lengths(np.zeros(n, np.int64), np.ones(n, np.int64)), world_size=1, vit_capacity=0,
+                      llm_capacity=2**30)
+    assert plan.num_packs == 1 and plan.pack_sizes()[0] == n
+    # two capacities: a merged pack must hold both loads
+    lengths = Lengths(np.ones(n, np.int64), np.full(n, 3, np.int64))
+    plan = plan_packs(lengths, world_size=1, vit_capacity=60_000, llm_capacity=2**30)
+    assert plan.num_packs == pack_lower_bounds(lengths, 60_000, 2**30).volume == 4
+    _check_plan(plan, lengths)
+
+
+@pytest.mark.parametrize("kind", ["half_text_half_image", "patch_multires"])
+def test_groups_get_the_same_balance(kind):
+    # The multi-group sampler plans every group (here text-only and image samples) through plan_packs.
+    # Measured on this data before: step efficiency 0.9904 and 0.9899, ViT dist 0.0009 and 0.0085.
+    from omnibal_kernels import BalancedBatchSampler
+
+    lengths = synthetic_lengths(kind, 20_000, seed=5)
+    sampler = BalancedBatchSampler(lengths, world_size=8, rank=0, groups=(lengths.vit > 0).astype(np.int64),
+                                   oversize="single")
+    report = sampler.balance_report()
+    assert report.step_efficiency >= 0.995
+    assert report.micro_vit_dist <= 0.005 and report.micro_llm_dist <= 0.005
+    assert all(group.oversize == 0 for group in report.groups)
