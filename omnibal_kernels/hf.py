@@ -184,10 +184,11 @@ def _check_sampler_state(path: Path, identity: dict[str, Any]) -> None:
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
-    """Write ``value`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(tmp, path)
+    """Write ``value`` as JSON to ``path`` atomically (a temporary file, fsync, then a rename)."""
+    from ._files import atomic_write
+
+    with atomic_write(path, "w") as f:
+        f.write(json.dumps(value, indent=1) + "\n")
 
 
 def _sampler_state_callback(trainer: Any) -> Any:

@@ -5,7 +5,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,12 @@ def add_bench_parser(sub: Any) -> None:
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Writes ``text`` to ``path`` through a temporary file in the same folder, then renames it."""
+    from .._files import atomic_write
+
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_write(target, "w") as f:
+        f.write(text)
 
 
 def check_plot_dependency() -> None:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
@@ -198,17 +196,12 @@ class ModelProfile:
             raise ValueError(f"{source}: {exc}") from None
 
     def save(self, path: Union[str, Path]) -> Path:
-        """Writes the JSON form atomically (temporary file, then rename)."""
+        """Writes the JSON form atomically (temporary file, fsync, then rename)."""
+        from .._files import atomic_write
+
         path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_write(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
         return path
 
 
