@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -13,21 +12,7 @@ from omnibal_kernels.hf import BalancedTrainerMixin  # noqa: E402
 from omnibal_kernels.lengths import Lengths  # noqa: E402
 from omnibal_kernels.packing import PackCollator  # noqa: E402
 from omnibal_kernels.sampler import BalancedBatchSampler  # noqa: E402
-from omnibal_kernels.testing import TinyCausalLM, causal_lm_loss  # noqa: E402
-
-
-class PackedLM(nn.Module):
-    """TinyCausalLM taking a packed batch; records the sample ids it was fed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lm = TinyCausalLM(vocab_size=64, hidden=16, layers=1, heads=2, kv_heads=1, mlp_hidden=32)
-        self.seen: list[list[int]] = []
-
-    def forward(self, input_ids, labels, position_ids, cu_seqlens, max_seqlen, sample_id, **_):
-        self.seen.append(sample_id.tolist())
-        logits = self.lm(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-        return {"loss": causal_lm_loss(logits, labels)}
+from omnibal_kernels.testing.models import RecordingLM  # noqa: E402
 
 
 class BalancedTrainer(BalancedTrainerMixin, transformers.Trainer):
@@ -44,7 +29,7 @@ def test_trainer_recipe(tmp_path):
         report_to=[], save_strategy="no", logging_steps=1, use_cpu=True, remove_unused_columns=False,
         dataloader_num_workers=0, seed=5,
     )
-    model = PackedLM()
+    model = RecordingLM()
     options = {"vit_capacity": 8, "llm_capacity": 160}
     trainer = BalancedTrainer(model=model, args=args, train_dataset=data, data_collator=PackCollator(),
                               train_lengths=Lengths(vit, llm), sampler_options=options)

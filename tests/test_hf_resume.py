@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -24,27 +23,12 @@ from omnibal_kernels.hf import SAMPLER_STATE_FILE, BalancedTrainerMixin  # noqa:
 from omnibal_kernels.lengths import Lengths  # noqa: E402
 from omnibal_kernels.packing import PackCollator  # noqa: E402
 from omnibal_kernels.sampler import BalancedBatchSampler  # noqa: E402
-from omnibal_kernels.testing import TinyCausalLM, causal_lm_loss  # noqa: E402
+from omnibal_kernels.testing.models import RecordingLM  # noqa: E402
 
 NUM_SAMPLES = 120
 EPOCHS = 3
 ACCUMULATION = 2
 OPTIONS = {"vit_capacity": 8, "llm_capacity": 160}
-
-
-class RecordingLM(nn.Module):
-    """TinyCausalLM on a packed batch; records the sample ids of every batch it trains on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.lm = TinyCausalLM(vocab_size=64, hidden=16, layers=1, heads=2, kv_heads=1, mlp_hidden=32)
-        self.seen: list[list[int]] = []
-
-    def forward(self, input_ids, labels, position_ids, cu_seqlens, max_seqlen, sample_id, **_):
-        self.seen.append(sample_id.tolist())
-        logits = self.lm(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-        return {"loss": causal_lm_loss(logits, labels)}
 
 
 class BalancedTrainer(BalancedTrainerMixin, transformers.Trainer):
@@ -89,7 +73,7 @@ def _train(output_dir: Path, seed: int, *, save_at: tuple[int, ...] = (),
         learning_rate=1e-2, report_to=[], logging_strategy="no", use_cpu=True, remove_unused_columns=False,
         dataloader_num_workers=0, seed=seed, save_strategy="no", disable_tqdm=True,
     )
-    model = RecordingLM()
+    model = RecordingLM(seed=0)
     trainer = BalancedTrainer(model=model, args=args, train_dataset=data, data_collator=PackCollator(),
                               train_lengths=lengths, sampler_options=OPTIONS, callbacks=[SaveAt(save_at)])
     trainer.train(resume_from_checkpoint=str(resume_from) if isinstance(resume_from, Path) else resume_from)

@@ -11,14 +11,13 @@ Adam: 16-bit weights and gradients, fp32 master weights and two moments).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .profile import LayerProfile, ModelProfile
+from .profile import LayerProfile, ModelProfile, read_json
 
 __all__ = ["TransformerShape", "VLMConfig", "CONFIGS", "load_config", "profile_from_config", "packs_from_plan"]
 
@@ -132,10 +131,7 @@ def load_config(config: Union[str, Path, VLMConfig, Mapping[str, Any]]) -> VLMCo
         path = Path(config)
         if not path.is_file():
             raise FileNotFoundError(f"config: not a known name ({', '.join(CONFIGS)}) nor a file: {config}")
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        config = read_json(path)
         source = str(path)
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a name, a path or a dict, got {type(config).__name__}")

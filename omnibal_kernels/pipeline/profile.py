@@ -210,11 +210,15 @@ def load_profile(path: Union[str, Path]) -> ModelProfile:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"profile file not found: {path}")
+    return ModelProfile.from_dict(read_json(path), source=str(path))
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value in ``path``; invalid JSON is a ``ValueError`` naming the file."""
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    return ModelProfile.from_dict(data, source=str(path))
 
 
 def as_profile(profile: Union[ModelProfile, Mapping[str, Any], Sequence[LayerProfile]]) -> ModelProfile:

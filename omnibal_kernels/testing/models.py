@@ -6,6 +6,8 @@ packed batch and the same samples one at a time can be compared exactly.
 from __future__ import annotations
 
 
+from typing import Optional
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -166,3 +168,25 @@ class TinyCausalLM(nn.Module):
         for block in self.blocks:
             x = block(x, position_ids, cu_seqlens, max_seqlen, attention_backend)
         return self.lm_head(self.norm(x))
+
+
+class RecordingLM(nn.Module):
+    """A :class:`TinyCausalLM` that trains on packed batches and records the ``sample_id`` of every batch it sees
+    (what a Trainer test compares between runs); ``forward`` returns ``{"loss": ...}`` as transformers expects.
+
+    Args:
+        seed: ``torch.manual_seed`` before the weights are made (None: the global generator as it is).
+    """
+
+    def __init__(self, seed: Optional[int] = None) -> None:
+        super().__init__()
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.lm = TinyCausalLM(vocab_size=64, hidden=16, layers=1, heads=2, kv_heads=1, mlp_hidden=32)
+        self.seen: list[list[int]] = []
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor,
+                cu_seqlens: torch.Tensor, max_seqlen: int, sample_id: torch.Tensor, **_: object) -> dict:
+        self.seen.append(sample_id.tolist())
+        logits = self.lm(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        return {"loss": causal_lm_loss(logits, labels)}
