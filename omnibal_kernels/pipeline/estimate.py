@@ -19,7 +19,8 @@ import numpy as np
 
 from .profile import LayerProfile, ModelProfile, read_json
 
-__all__ = ["TransformerShape", "VLMConfig", "CONFIGS", "load_config", "profile_from_config", "packs_from_plan"]
+__all__ = ["TransformerShape", "VLMConfig", "CONFIGS", "cost_model_from_config", "load_config", "profile_from_config",
+           "packs_from_plan"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,18 @@ def _llm_cost(params: float, layers: int, hidden: int) -> Any:
     return CostModel.from_shapes(vit_params=0.0, vit_layers=0, vit_hidden=0, vit_tokens_per_unit=1,
                                  vit_units_attend_jointly=False, llm_params=params, llm_layers=layers,
                                  llm_hidden=hidden)
+
+
+def cost_model_from_config(config: Union[str, Path, VLMConfig, Mapping[str, Any]]) -> Any:
+    """The whole model's ``balance.CostModel`` from its shapes (tiles attended alone, a causal LLM): the per-kind
+    costs :func:`~omnibal_kernels.pipeline.micro_batches.micro_batch_times` scales layers by."""
+    from ..balance.cost import CostModel
+
+    cfg = load_config(config)
+    v, t = cfg.vision, cfg.llm
+    return CostModel.from_shapes(vit_params=v.layers * v.layer_params, vit_layers=v.layers, vit_hidden=v.hidden,
+                                 vit_tokens_per_unit=cfg.vit_tokens_per_tile, vit_units_attend_jointly=False,
+                                 llm_params=t.layers * t.layer_params, llm_layers=t.layers, llm_hidden=t.hidden)
 
 
 def _layer_table(cfg: VLMConfig, dtype_bytes: int) -> list[dict[str, Any]]:
