@@ -343,3 +343,33 @@ def test_the_bound_over_all_splits_is_below_the_optimum(seed, case, m, tight):
     many = _ManyStagesPerRank(costs, mats, Windows.of(schedule, 2, m, v), {})
     for lam in (np.array([0.5, 0.5]), rng.dirichlet([1.0, 1.0])):
         assert many.weighted_bound(lam) <= brute * (1 + 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), case=st.sampled_from(STEP_CASES), P=st.integers(1, 3), m=st.integers(1, 5),
+       tight=st.sampled_from([None, 0.8]))
+def test_branch_and_bound_alone_finds_the_optimum(seed, case, P, m, tight):
+    """Without seeds or local moves the bounds must still lead to the fastest split: a bound that is too high
+    prunes it, one that is too low never stops (the node count stays within the limit)."""
+    from omnibal_kernels.pipeline.bounds import Windows
+    from omnibal_kernels.pipeline.costs import StageCosts
+    from omnibal_kernels.pipeline.partition import _Evaluator
+    from omnibal_kernels.pipeline.search import search_step
+
+    schedule, v = case
+    P = min(P, 2) if v > 1 else P
+    if schedule.startswith("interleaved") and m % max(1, m // P):
+        m = P * max(1, m // P)
+    prof = _profile(np.random.default_rng(seed), 7 if v == 1 else 6)
+    kw = dict(micro_batches=m, link_gb_per_s=LINK, schedule=schedule, virtual_stages=v)
+    budget = None if tight is None else max(partition(prof, P, **kw).memory_bytes) * tight
+    brute, _ = _brute_step(prof, v, m, budget, schedule, P=P)
+    if brute is None:
+        return
+    costs = StageCosts(prof, P, v, m, schedule, None if budget is None else [budget] * P, "plan", LINK, 0.5)
+    mats, _ = costs.recompute_matrices(np.full(len(prof), len(prof) - 1))
+    found = search_step(costs, mats, Windows.of(schedule, P, m, v), {}, _Evaluator(costs).step, [], 10**5,
+                        polish=False)
+    assert found is not None and found.nodes < 10**5
+    assert found.step_ms == pytest.approx(brute, rel=1e-9)
+    assert found.lower_bound_ms == pytest.approx(brute, rel=1e-9)

@@ -118,7 +118,7 @@ class StageCosts:
         ok = self.span(self.c_static, a, b) + self.held[j] * kept <= budget
         return np.where(ok, rec, np.inf)
 
-    def recompute_matrices(self, last: np.ndarray) -> np.ndarray:
+    def recompute_matrices(self, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(S, L, L) least recompute ms per stage for b <= last[a] (inf elsewhere and where nothing fits), and
         (L,) the grid of each start (0: exact). With one stage per rank they are the recompute times
         ``rank_choice`` gives from then on; with several, lower bounds (``lone_recompute``)."""

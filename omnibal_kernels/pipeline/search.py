@@ -103,13 +103,15 @@ class _OneStagePerRank:
 
 def search_step(costs: StageCosts, mats: np.ndarray, windows: Windows, fixed: dict[int, int],
                 evaluate: Callable[[Stages], Optional[float]], seeds: Sequence[Stages],
-                node_limit: int) -> Optional[SearchResult]:
+                node_limit: int, polish: bool = True) -> Optional[SearchResult]:
     """The split of least simulated step (module docstring). ``mats``: (S, L, L) recompute times (lower bounds
     with several stages per rank; inf where a stage cannot be); ``evaluate``: the simulated step of a complete
-    split, ``None`` when it does not fit. ``None`` when no split fits."""
+    split, ``None`` when it does not fit; ``seeds``: splits to start from, to which ``polish`` adds the
+    searches' own and the moves of one boundary at a time (without them the bounds alone find the split).
+    ``None`` when no split fits."""
     if costs.v == 1:
-        return _search_one(costs, mats, windows, fixed, evaluate, seeds, node_limit)
-    return _search_many(costs, mats, windows, fixed, evaluate, seeds, node_limit)
+        return _search_one(costs, mats, windows, fixed, evaluate, seeds, node_limit, polish)
+    return _search_many(costs, mats, windows, fixed, evaluate, seeds, node_limit, polish)
 
 
 def _best_of(seeds: Sequence[Optional[Stages]], evaluate: Callable[[Stages], Optional[float]],
@@ -146,13 +148,14 @@ def _best_of(seeds: Sequence[Optional[Stages]], evaluate: Callable[[Stages], Opt
     return best, _stages_of(tuple(y - 1 for y in starts[1:]) + (L - 1,))
 
 
-def _search_one(costs, mats, windows, fixed, evaluate, seeds, node_limit):
+def _search_one(costs, mats, windows, fixed, evaluate, seeds, node_limit, polish):
     L, S = costs.L, costs.S
     one = _OneStagePerRank(costs, mats, windows, fixed)
     root = float(one.G[0, 0])
     if not math.isfinite(root):
         return None
-    best, best_stages = _best_of([one.seed(), *seeds], evaluate, fixed, 50 * S)
+    seeds = [one.seed(), *seeds] if polish else seeds
+    best, best_stages = _best_of(seeds, evaluate, fixed, 50 * S if polish else 0)
     # node: (bound, seq, s, a, pre, placed, path) with path a tuple of ends
     heap = [(root, 0, 0, 0, 0.0, -math.inf, ())]
     seq, nodes = 1, 0
@@ -414,13 +417,14 @@ class _ManyStagesPerRank:
         return out
 
 
-def _search_many(costs, mats, windows, fixed, evaluate, seeds, node_limit):
+def _search_many(costs, mats, windows, fixed, evaluate, seeds, node_limit, polish):
     """Several stages per rank (the bounds of :class:`_ManyStagesPerRank`)."""
     L, S = costs.L, costs.S
     many = _ManyStagesPerRank(costs, mats, windows, fixed)
     if not math.isfinite(many.beta[0, 0]):
         return None
-    best, best_stages = _best_of(many.seeds(seeds), evaluate, fixed, 50 * S)
+    seeds = many.seeds(seeds) if polish else seeds
+    best, best_stages = _best_of(seeds, evaluate, fixed, 50 * S if polish else 0)
     zero = np.zeros(S)
     heap = [(0.0, 0, (), (zero, zero, zero))]
     seq, nodes, tol = 1, 0, 1e-12
