@@ -1,0 +1,206 @@
+"""The ``hybrid`` layout: short sequences whole on one rank, long ones cut over the ranks, every rank's time equal.
+
+A sequence held whole needs no K/V exchange and no kernel tiles cut in pieces; a long one held whole would make
+its rank the slowest. For a number ``k`` of sharded sequences (the ``k`` costliest), the layout is built in
+three steps:
+
+1. the other sequences are placed whole, costliest first, each on the rank with the least time so far
+   (longest processing time first);
+2. the sharded sequences' work is water-filled onto the ranks, so that each rank's time reaches one level;
+3. the sharded sequences are laid one after another as a stream of work, each rank takes its share as one
+   stretch of that stream, and each sequence is cut among the ranks of its stretch head-tail symmetrically:
+   a rank takes ``n`` tokens from the front and ``n`` from the back of what is left. With the causal pairs of a
+   position growing linearly along a sequence, such a pair of pieces costs the same per token wherever it is
+   cut, so tokens in proportion to work give pairs in proportion to work; and a rank takes part in one or two
+   sharded sequences, not all, which keeps its exchange to the keys of those.
+
+The predicted times (tiles and exchange included, :func:`~.cost.layout_times`) then correct the shares a few
+rounds. Every ``k`` from none to all is a candidate in a geometric grid around the smallest ``k`` that leaves
+no whole sequence costlier than a rank's mean share; the candidate with the least predicted step time wins.
+Everything is deterministic: sorts are stable and ties go to the lower rank.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from .cost import ContextParallelCost, RankTimes, layout_times
+from .layout import Layout, _normalized, tiled_pairs
+
+__all__ = ["hybrid_layout"]
+
+# Rounds of share correction per candidate. The shares' residual after water-filling is the exchange and the
+# tile rounding, a few percent of a rank's time; each round removes most of it (benchmark: the cp part).
+_ROUNDS = 8
+# Candidates (of the screened ones, fastest first) whose shares are corrected.
+_REFINED = 4
+# Stop correcting once the slowest rank is this close to the mean.
+_TOLERANCE = 1e-4
+# Predicted step times this close are a tie, broken by the K/V exchanged: the tile rounding of a cut moves a
+# rank's time by more than this, so a smaller difference is below what the model resolves.
+_TIE = 1e-3
+# Candidates past the first few sharded counts grow by this factor.
+_GROWTH = 1.5
+
+
+def _longest_first(costs: np.ndarray, initial: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks of items already sorted by decreasing cost, each to the rank with the least ``initial`` + placed
+    cost; ``(owner, placed cost per rank)``."""
+    heap = [(float(load), r) for r, load in enumerate(initial.tolist())]
+    heapq.heapify(heap)
+    owner = np.empty(costs.size, np.int64)
+    for i, c in enumerate(costs.tolist()):
+        load, r = heapq.heappop(heap)
+        owner[i] = r
+        heapq.heappush(heap, (load + c, r))
+    return owner, np.bincount(owner, weights=costs, minlength=initial.size)
+
+
+def _water_fill(loads: np.ndarray, work: float) -> np.ndarray:
+    """Shares ``d >= 0`` with ``sum(d) == work`` that bring ``loads + d`` to one level where they can."""
+    order = np.argsort(loads, kind="stable")
+    low = loads[order]
+    level = low[-1]
+    for i in range(low.size):
+        # fill the i + 1 lowest ranks up to the next load, or as far as the work goes
+        room = (low[i + 1] if i + 1 < low.size else np.inf) * (i + 1) - low[: i + 1].sum()
+        if room >= work:
+            level = (work + low[: i + 1].sum()) / (i + 1)
+            break
+    shares = np.zeros_like(loads)
+    shares[order] = np.maximum(level - low, 0.0)
+    return shares * (work / shares.sum()) if shares.sum() > 0 else shares
+
+
+def _aligned(position: int, tile: int, low: int, high: int) -> int:
+    """``position`` rounded to a multiple of ``tile`` within ``[low, high]`` (as it is when none lies near)."""
+    rounded = round(position / tile) * tile
+    return rounded if low <= rounded <= high and abs(rounded - position) <= tile // 2 else position
+
+
+def _head_tail_pieces(length: int, take: np.ndarray, tile: int) -> list[tuple[int, int, int]]:
+    """``(start, stop, rank)`` pieces of one sequence whose ranks hold ``take[r]`` tokens, cut head-tail: each
+    rank in rank order takes the front and the back of what is left, the last one the middle."""
+    front, back = 0, length
+    holders = np.flatnonzero(take > 0).tolist()
+    pieces = []
+    for j, r in enumerate(holders):
+        if j == len(holders) - 1:
+            pieces.append((front, back, r))
+            break
+        n = int(take[r])
+        head = _aligned(front + (n + 1) // 2, tile, front, back) - front
+        tail = back - _aligned(back - (n - head), tile, front + head, back)
+        pieces += [(front, front + head, r), (back - tail, back, r)]
+        front, back = front + head, back - tail
+    return pieces
+
+
+def _stream_cut(lengths: np.ndarray, per_token: np.ndarray, shares: np.ndarray,
+                tile: int) -> tuple[np.ndarray, ...]:
+    """Chunks ``(item, start, stop, rank)`` of the sharded sequences for rank work ``shares`` (see step 3)."""
+    seq_bounds = np.r_[0.0, np.cumsum(lengths * per_token)]
+    rank_bounds = np.r_[0.0, np.cumsum(shares)]
+    rank_bounds[-1] = seq_bounds[-1]  # float sums of the shares may stop short of the last token
+    # (sequences, ranks + 1): where each rank's stretch ends inside each sequence, in tokens
+    inside = (rank_bounds[None, :] - seq_bounds[:-1, None]) / per_token[:, None]
+    cuts = np.rint(np.clip(inside, 0.0, lengths[:, None])).astype(np.int64)
+    cuts[:, 0], cuts[:, -1] = 0, lengths
+    take = np.diff(np.maximum.accumulate(cuts, axis=1), axis=1)
+    holders = np.count_nonzero(take, axis=1)
+    one = np.flatnonzero(holders == 1)
+    items, starts, stops = [one], [np.zeros_like(one)], [lengths[one].astype(np.int64)]
+    ranks = [np.argmax(take[one], axis=1)]
+    for i in np.flatnonzero(holders > 1).tolist():
+        pieces = np.asarray(_head_tail_pieces(int(lengths[i]), take[i], tile), dtype=np.int64)
+        items.append(np.full(len(pieces), i))
+        starts.append(pieces[:, 0])
+        stops.append(pieces[:, 1])
+        ranks.append(pieces[:, 2])
+    return tuple(np.concatenate(x).astype(np.int64) for x in (items, starts, stops, ranks))
+
+
+def _better(a: RankTimes, b: RankTimes) -> bool:
+    """``a`` beats ``b``: faster beyond the tie margin, or as fast and exchanging fewer K/V rows."""
+    if a.step_time < b.step_time * (1.0 - _TIE):
+        return True
+    return a.step_time <= b.step_time * (1.0 + _TIE) and a.kv_exchanged < b.kv_exchanged
+
+
+def _candidate(seqlens: np.ndarray, sharded: np.ndarray, whole: np.ndarray, whole_costs: np.ndarray,
+               cp_size: int, cost: ContextParallelCost, concentrate: bool, rounds: int) -> tuple[Layout, RankTimes]:
+    """The best layout found with ``sharded`` cut and ``whole`` (sorted by decreasing cost) kept whole.
+
+    ``concentrate``: the sharded stream first fills whole ranks at the mean level and the whole sequences go
+    around it (fewer ranks take part in each sharded sequence, so less exchange); else the whole sequences
+    are placed first and the stream is water-filled over every rank.
+    """
+    lengths = seqlens[sharded].astype(np.float64)
+    # exact causal pairs of a head-tail piece: (L + 1) / 2 per token on average, wherever it is cut
+    per_token = cost.token + cost.pair * (lengths + 1.0) / 2.0
+    total = float((lengths * per_token).sum())
+    level = (total + float(whole_costs.sum())) / cp_size
+    initial = np.clip(total - level * np.arange(cp_size), 0.0, level) if concentrate else np.zeros(cp_size)
+    owner, loads = _longest_first(whole_costs, initial)
+    shares = initial if concentrate else _water_fill(loads, total)
+
+    def build(shares: np.ndarray) -> tuple[Layout, RankTimes]:
+        parts = [(whole, np.zeros_like(whole), seqlens[whole], owner)]
+        if sharded.size:
+            item, start, stop, rank = _stream_cut(seqlens[sharded], per_token, shares, cost.tile)
+            parts.append((sharded[item], start, stop, rank))
+        seq, start, stop, rank = (np.concatenate([p[j] for p in parts]) for j in range(4))
+        layout = _normalized("hybrid", cp_size, seqlens, seqlens, seq, start, stop, rank)
+        return layout, layout_times(layout, cost)
+
+    best = current = build(shares)
+    for _ in range(rounds if sharded.size else 0):
+        if current[1].imbalance <= 1.0 + _TOLERANCE:
+            break
+        times = current[1].times
+        shares = np.maximum(shares - (times - times.mean()), 0.0)
+        if shares.sum() <= 0:
+            break
+        shares *= total / shares.sum()
+        current = build(shares)
+        if current[1].step_time < best[1].step_time:
+            best = current
+    return best
+
+
+def _counts(costs: np.ndarray, cp_size: int) -> list[int]:
+    """Candidate numbers of sharded sequences for costs sorted decreasingly."""
+    n = costs.size
+    smallest = int(np.count_nonzero(costs > costs.sum() / cp_size))
+    counts = {0, n, *range(smallest, min(n, smallest + 8) + 1)}
+    step = 8.0
+    while smallest + step < n:
+        counts.add(smallest + int(step))
+        step *= _GROWTH
+    return sorted(counts)
+
+
+def hybrid_layout(seqlens: np.ndarray, cp_size: int, cost: ContextParallelCost) -> Layout:
+    """The hybrid layout of segments ``seqlens`` (int64 ``(S,)``) over ``cp_size`` ranks (module docstring)."""
+    live = np.flatnonzero(seqlens > 0)
+    lengths = seqlens[live]
+    costs = cost.token * lengths + cost.pair * tiled_pairs(lengths, lengths, cost.tile)
+    order = np.argsort(-costs, kind="stable")
+    ranked, ranked_costs = live[order], costs[order]
+    screened = []
+    for k in _counts(ranked_costs, cp_size) if cp_size > 1 else [0]:
+        for concentrate in (False, True) if k else (False,):
+            args = (seqlens, ranked[:k], ranked[k:], ranked_costs[k:], cp_size, cost, concentrate)
+            screened.append((_candidate(*args, rounds=0), args))
+    best: tuple[Layout, RankTimes] | None = None
+    for found, _ in screened:
+        if best is None or _better(found[1], best[1]):
+            best = found
+    # the share correction rounds only for the candidates that screen fastest
+    for _, args in sorted(screened, key=lambda item: item[0][1].step_time)[:_REFINED]:
+        found = _candidate(*args, rounds=_ROUNDS)
+        if best is None or _better(found[1], best[1]):
+            best = found
+    assert best is not None
+    return best[0]
