@@ -65,6 +65,14 @@ _EXPORTS: dict[str, str] = {
     "PackedPatches": "_varlen",
     # attention
     "varlen_attention": "attention",
+    # context parallelism: a pack's shards over CP ranks, their predicted times, the attention across them
+    "shard_for_context_parallel": "context_parallel",
+    "ContextParallelShard": "context_parallel",
+    "ContextParallelShards": "context_parallel",
+    "context_parallel_attention": "context_parallel",
+    "predict_rank_times": "context_parallel",
+    "ContextParallelCost": "context_parallel",
+    "RankTimes": "context_parallel",
 }
 
 # Old names kept for one release: old name -> new name (a DeprecationWarning on use).
