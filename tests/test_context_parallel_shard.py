@@ -247,3 +247,15 @@ def test_empty_ranks_keep_valid_shapes():
     assert empty
     for s in empty:
         assert s.batch["cu_seqlens"].tolist() == [0, 0] and s.batch["input_ids"].shape == (1, 0)
+
+
+def test_for_model_batches_are_sharded():
+    """PackCollator.for_model batches: boundaries only as cu_seq_lens_q, and a use_cache setting copied."""
+    batch = dict(_batch([30, 9, 14]))
+    for key in ("cu_seqlens", "seq_lens", "max_seqlen"):
+        batch.pop(key)
+    batch["use_cache"] = False
+    shards = shard_for_context_parallel(batch, 2, "zigzag")
+    reference = shard_for_context_parallel(_batch([30, 9, 14]), 2, "zigzag")
+    for s, r in zip(shards, reference):
+        assert torch.equal(s.indices, r.indices) and s.batch["use_cache"] is False

@@ -42,8 +42,8 @@ class ContextParallelShard:
             ``input_ids``, ``labels``, ``shift_labels``, ``position_ids`` ``(1, n)``, ``seq_idx`` (int32
             ``(1, n)``, local query segment), ``cu_seqlens`` (int32 ``(c + 1,)``, one query segment per held
             chunk), ``seq_lens``, ``max_seqlen``, ``cu_seqlens_k`` (int32, keys per segment: the chunk's
-            sequence up to its end), ``max_seqlen_k``, the batch's other per-token fields, and the fields
-            named in ``replicate``. The Hugging Face flash-attention keys are left out: a rank's attention
+            sequence up to its end), ``max_seqlen_k``, the batch's other per-token fields, and, as they are,
+            its Python scalars (e.g. ``use_cache``) and the fields named in ``replicate``. The Hugging Face flash-attention keys are left out: a rank's attention
             needs the other ranks' K/V, which only :func:`context_parallel_attention` gathers.
         cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k: the local query and key segments.
         key_index: ``(cu_seqlens_k[-1],)`` int64, the row of each segment's keys in ``cat(own K/V, received)``.
@@ -154,12 +154,16 @@ class ContextParallelShards(Sequence[ContextParallelShard]):
         return joined.index_select(dim, self._inverse.to(joined.device))
 
 
-def _token_fields(batch: Mapping[str, Any], total: int, replicate: tuple[str, ...]) -> list[str]:
-    """Names of the per-token fields ``(..., 1, T)`` of ``batch``; any other field not recomputed or
-    replicated is a ValueError."""
-    fields = []
+def _token_fields(batch: Mapping[str, Any], total: int, replicate: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """``(per-token fields (..., 1, T), fields copied to every rank)`` of ``batch``: Python scalars (settings
+    such as ``use_cache``) and the names in ``replicate`` are copied; any other field not recomputed is a
+    ValueError."""
+    fields, copied = [], list(replicate)
     for key, value in batch.items():
         if key in _RECOMPUTED or key in replicate:
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            copied.append(key)
             continue
         if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[-2:] == (1, total):
             fields.append(key)
@@ -167,24 +171,27 @@ def _token_fields(batch: Mapping[str, Any], total: int, replicate: tuple[str, ..
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"{_FN}: batch field {key!r} ({shape}) is not per token (..., 1, {total}); a rank cannot "
                          "tell which part it holds: leave it out, or name it in replicate= to copy it to every rank")
-    return fields
+    return fields, copied
 
 
 def _check_batch(batch: Any, replicate: Any) -> tuple[np.ndarray, int, tuple[str, ...]]:
     """``(cu_seqlens on the host, T, replicate)`` of a valid batch."""
     if not isinstance(batch, Mapping):
         raise TypeError(f"{_FN}: batch must be a mapping of packed fields (a PackedBatch), got {type(batch).__name__}")
-    for key in ("input_ids", "cu_seqlens"):
-        if key not in batch:
-            raise ValueError(f"{_FN}: batch has no {key!r}")
+    if "input_ids" not in batch:
+        raise ValueError(f"{_FN}: batch has no 'input_ids'")
+    # pack_batch's batches hold cu_seqlens; PackCollator.for_model's only the Hugging Face name of it
+    key = "cu_seqlens" if "cu_seqlens" in batch else "cu_seq_lens_q"
+    if key not in batch:
+        raise ValueError(f"{_FN}: batch has neither 'cu_seqlens' nor 'cu_seq_lens_q'")
     ids = batch["input_ids"]
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1:
         shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"{_FN}: batch['input_ids'] must be a (1, T) tensor, got {shape}")
     total = int(ids.shape[1])
-    cu = batch["cu_seqlens"]
+    cu = batch[key]
     if not isinstance(cu, torch.Tensor):
-        raise TypeError(f"{_FN}: batch['cu_seqlens'] must be an int32 tensor, got {type(cu).__name__}")
+        raise TypeError(f"{_FN}: batch[{key!r}] must be an int32 tensor, got {type(cu).__name__}")
     host = cu.detach().cpu()
     resolve_segments(None, host, total, batch=max(host.numel() - 1, 0), padded_len=None,
                      device=torch.device("cpu"), fn=_FN)
@@ -289,7 +296,8 @@ def shard_for_context_parallel(
 
     Args:
         batch: a packed batch (``pack_batch``'s ``PackedBatch``, or a dict of the same fields): ``input_ids``
-            ``(1, T)``, ``cu_seqlens`` (int32 ``(S + 1,)``), optional ``labels`` (as ``pack_batch`` makes them:
+            ``(1, T)``, ``cu_seqlens`` (int32 ``(S + 1,)``; or ``cu_seq_lens_q``, as ``PackCollator.for_model``
+            batches hold it), optional ``labels`` (as ``pack_batch`` makes them:
             unshifted, ``ignore_index`` on each sequence's first token) and ``position_ids`` ``(1, T)`` or
             mRoPE ``(k, 1, T)``, and any other per-token fields ``(..., 1, T)``. CPU or CUDA.
         cp_size: ranks in the group.
@@ -300,7 +308,8 @@ def shard_for_context_parallel(
             THD layout, which ring-flash-attention also needs); padding tokens get ``pad_token_id``,
             ``ignore_index`` labels and the positions that continue their sequence.
         pad_token_id, ignore_index: the values of padding tokens and of labels nothing learns from.
-        replicate: names of fields that are not per token (e.g. per-sample values) copied to every rank.
+        replicate: names of fields that are not per token (e.g. per-sample values) copied to every rank;
+            Python scalars are copied without being named. Any other field is a ValueError.
 
     Returns:
         :class:`ContextParallelShards`: ``shards[r]`` is rank ``r``'s :class:`ContextParallelShard`;
@@ -314,14 +323,14 @@ def shard_for_context_parallel(
     Raises:
         TypeError/ValueError: a bad argument or batch field, named.
     """
-    cu, total, replicate = _check_batch(batch, replicate)
+    cu, total, names = _check_batch(batch, replicate)
     pad_token_id = check_int("pad_token_id", pad_token_id)
     ignore_index = check_int("ignore_index", ignore_index)
     layout, times = plan_layout(np.diff(cu), cp_size, strategy, cost=cost, pad_sequences=pad_sequences)
-    token_fields = _token_fields(batch, total, replicate)
+    token_fields, copied = _token_fields(batch, total, names)
     plans = rank_plans(layout)
     exchanges = bool(times.kv_exchanged > 0)
-    shards = [_shard(batch, r, plan, layout, cu, token_fields, replicate, (pad_token_id, ignore_index, exchanges))
+    shards = [_shard(batch, r, plan, layout, cu, token_fields, tuple(copied), (pad_token_id, ignore_index, exchanges))
               for r, plan in enumerate(plans)]
     items = None
     if "labels" in batch:
