@@ -1,23 +1,29 @@
 """The ``hybrid`` layout: short sequences whole on one rank, long ones cut over the ranks, every rank's time equal.
 
 A sequence held whole needs no K/V exchange and no kernel tiles cut in pieces; a long one held whole would make
-its rank the slowest. For a number ``k`` of sharded sequences (the ``k`` costliest), the layout is built in
-three steps:
+its rank the slowest. For a number ``k`` of sharded sequences (the ``k`` costliest), a layout is built in two
+ways, both deterministic (stable sorts, ties to the lower rank):
 
-1. the other sequences are placed whole, costliest first, each on the rank with the least time so far
-   (longest processing time first);
-2. the sharded sequences' work is water-filled onto the ranks, so that each rank's time reaches one level;
-3. the sharded sequences are laid one after another as a stream of work, each rank takes its share as one
-   stretch of that stream, and each sequence is cut among the ranks of its stretch head-tail symmetrically:
-   a rank takes ``n`` tokens from the front and ``n`` from the back of what is left. With the causal pairs of a
-   position growing linearly along a sequence, such a pair of pieces costs the same per token wherever it is
-   cut, so tokens in proportion to work give pairs in proportion to work; and a rank takes part in one or two
-   sharded sequences, not all, which keeps its exchange to the keys of those.
+* *spread*: the other sequences are placed whole first, costliest first, each on the rank with the least
+  time so far (longest processing time first); then the sharded sequences' work is water-filled onto the
+  ranks, so that each rank's time reaches one level;
+* *concentrated*: the sharded sequences' work first fills whole ranks, in rank order, at the level every rank
+  should reach; then the whole sequences go, longest first, to the ranks with the least time. Fewer ranks take
+  part in each cut sequence, so less K/V moves.
 
-The predicted times (tiles and exchange included, :func:`~.cost.layout_times`) then correct the shares a few
-rounds. Every ``k`` from none to all is a candidate in a geometric grid around the smallest ``k`` that leaves
-no whole sequence costlier than a rank's mean share; the candidate with the least predicted step time wins.
-Everything is deterministic: sorts are stable and ties go to the lower rank.
+Either way the sharded sequences are laid one after another as a stream of work, each rank takes its share
+as one stretch of that stream, and each sequence is cut among the ranks of its stretch head-tail: each rank
+in turn takes ``n`` tokens from the front and ``n`` from the back of what is left, the last one the middle.
+The causal pairs of a position grow linearly along a sequence, so such a pair of pieces costs the same per
+token wherever it is cut: tokens in proportion to work give pairs in proportion to work. A rank takes part in
+the one or two sequences its stretch covers, not in all. Cuts are rounded to multiples of the kernel tile
+where one lies within half a tile, so that pieces do not end in a partial tile row.
+
+The predicted times (tiles and exchange included, :func:`~.cost.layout_times`) then correct the shares for a
+few rounds, for the candidates that screen fastest. ``k`` runs over a grid: none, all, and a geometric grid
+from the smallest ``k`` that leaves no whole sequence costlier than a rank's mean share. The candidate with
+the least predicted step time wins; times within ``_TIE`` of each other are a tie, won by the one that
+exchanges fewer K/V rows. A short sequence in the stream is cut only where one rank's stretch ends in it.
 """
 from __future__ import annotations
 

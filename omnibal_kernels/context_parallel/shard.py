@@ -6,7 +6,7 @@ a pure function of the sequence lengths and the arguments); rank ``r`` keeps ``s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -74,17 +74,19 @@ class ContextParallelShard:
         """Tokens this rank holds (padding included)."""
         return int(self.indices.numel())
 
+    def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ContextParallelShard:
+        batch = type(self.batch)({k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in self.batch.items()})
+        tensors = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
+                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, batch=batch, **tensors)
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ContextParallelShard:
         """A copy with every tensor (the batch's included) on ``device``."""
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=non_blocking)
+        return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
 
-        batch = self.batch
-        moved_batch = batch.to(device, non_blocking=non_blocking) if hasattr(batch, "to") else type(batch)(
-            {k: move(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
-        tensors = {f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)
-                   if isinstance(getattr(self, f.name), torch.Tensor)}
-        return dataclasses.replace(self, batch=moved_batch, **tensors)
+    def pin_memory(self) -> ContextParallelShard:
+        """A copy with every CPU tensor in pinned memory (what ``DataLoader(pin_memory=True)`` calls)."""
+        return self._map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t)
 
 
 class ContextParallelShards(Sequence[ContextParallelShard]):
