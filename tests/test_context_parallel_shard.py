@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from omnibal_kernels.attention import varlen_attention
@@ -259,3 +259,22 @@ def test_for_model_batches_are_sharded():
     reference = shard_for_context_parallel(_batch([30, 9, 14]), 2, "zigzag")
     for s, r in zip(shards, reference):
         assert torch.equal(s.indices, r.indices) and s.batch["use_cache"] is False
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(0, 300), st.integers(1, 5000)), min_size=1, max_size=12),
+       cp_size=st.integers(1, 8), which=st.sampled_from(STRATEGIES))
+@example(lengths=[266], cp_size=6, which=("hybrid", False))  # a sequence of two kernel tiles over six ranks
+def test_layout_chunks_cover_every_sequence_once(lengths, cp_size, which):
+    """Layouts alone (cheap, so many more examples): chunks inside their sequence, disjoint, covering it."""
+    from omnibal_kernels.context_parallel import plan_layout
+
+    layout, times = plan_layout(lengths, cp_size, which[0], pad_sequences=which[1])
+    assert ((layout.start >= 0) & (layout.start < layout.stop) & (layout.stop <= layout.padded[layout.seq])).all()
+    assert ((layout.rank >= 0) & (layout.rank < cp_size)).all()
+    for s, n in enumerate(layout.padded.tolist()):
+        mine = np.flatnonzero(layout.seq == s)
+        order = mine[np.argsort(layout.start[mine])]
+        assert layout.start[order].tolist() == [0, *layout.stop[order][:-1].tolist()][: order.size]
+        assert (layout.stop[order][-1] if order.size else 0) == n
+    assert int(times.tokens.sum()) == sum(lengths) + times.padding

@@ -95,8 +95,9 @@ def _head_tail_pieces(length: int, take: np.ndarray, tile: int) -> list[tuple[in
         if j == len(holders) - 1:
             pieces.append((front, back, r))
             break
-        n = int(take[r])
-        head = _aligned(front + (n + 1) // 2, tile, front, back) - front
+        # earlier ranks' rounding may have left less than this rank's share
+        n = min(int(take[r]), back - front)
+        head = min(_aligned(front + (n + 1) // 2, tile, front, back) - front, n)
         tail = back - _aligned(back - (n - head), tile, front + head, back)
         pieces += [(front, front + head, r), (back - tail, back, r)]
         front, back = front + head, back - tail

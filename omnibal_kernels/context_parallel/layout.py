@@ -111,6 +111,8 @@ def _normalized(strategy: str, cp_size: int, seqlens: np.ndarray, padded: np.nda
     """The layout of these chunks: empty ones dropped, sorted by (rank, seq, start), touching ones merged."""
     keep = stop > start
     seq, start, stop, rank = seq[keep], start[keep], stop[keep], rank[keep]
+    # every builder cuts inside the (padded) sequences; a chunk outside one is a bug here, never a layout
+    assert bool(((start >= 0) & (stop <= padded[seq])).all()), "a chunk lies outside its sequence"
     order = np.lexsort((start, seq, rank))
     seq, start, stop, rank = seq[order], start[order], stop[order], rank[order]
     if seq.size:
