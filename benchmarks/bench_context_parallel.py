@@ -3,7 +3,7 @@
     python -m pytest benchmarks/bench_context_parallel.py --benchmark-only   # groups: cp layout <mix>, CP <c>
     python benchmarks/bench_context_parallel.py [--quick]                     # the suite's table for this part
 
-Group "cp layout <mix>, CP <c>": the time to plan one pack's layout (``predict_rank_times``) for every
+Group "cp layout <mix>, CP <c>": the time to plan one pack's layout (``context_parallel_rank_times``) for every
 strategy, on the first pack of each long-context mix; the strategy's row of the suite (balance, K/V exchanged,
 padding, step time over contiguous, on that pack) in ``extra_info``.
 """
@@ -20,7 +20,7 @@ if __name__ == "__main__":  # run as a script from a checkout: import the packag
 from omnibal_kernels.bench import environment, run_suite
 from omnibal_kernels.bench.context_parallel import CP_SIZES, MIXES, STRATEGIES, cp_rows, mix_packs
 from omnibal_kernels.bench.markdown import to_markdown
-from omnibal_kernels.context_parallel import predict_rank_times
+from omnibal_kernels.context_parallel import context_parallel_rank_times
 
 
 @pytest.mark.parametrize("cp_size", CP_SIZES)
@@ -32,7 +32,7 @@ def test_layout(benchmark, mix: str, cp_size: int, name: str) -> None:
     row = next(r for r in cp_rows(mix, packs, cp_size) if r["strategy"] == name)
     benchmark.group = f"cp layout {mix}, CP {cp_size}"
     benchmark.extra_info.update(row, sequences=len(packs[0]), **environment()["versions"])
-    benchmark(lambda: predict_rank_times(packs[0], cp_size, strategy, pad_sequences=pad))
+    benchmark(lambda: context_parallel_rank_times(packs[0], cp_size, strategy, pad_sequences=pad))
 
 
 def main(argv: list[str]) -> int:

@@ -70,9 +70,8 @@ _EXPORTS: dict[str, str] = {
     "ContextParallelShard": "context_parallel",
     "ContextParallelShards": "context_parallel",
     "context_parallel_attention": "context_parallel",
-    "predict_rank_times": "context_parallel",
+    "context_parallel_rank_times": "context_parallel",
     "ContextParallelCost": "context_parallel",
-    "RankTimes": "context_parallel",
 }
 
 # Old names kept for one release: old name -> new name (a DeprecationWarning on use).

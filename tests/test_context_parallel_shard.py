@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from omnibal_kernels.attention import varlen_attention
 from omnibal_kernels.context_parallel import (
     ContextParallelCost,
-    predict_rank_times,
+    context_parallel_rank_times,
     shard_for_context_parallel,
 )
 from omnibal_kernels.context_parallel.layout import tiled_pairs
@@ -126,9 +126,9 @@ def test_emulation_catches_a_wrong_key_index():
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(0, 3000), min_size=1, max_size=30), cp_size=st.integers(1, 8))
 def test_auto_is_never_predicted_slower_than_a_fixed_strategy(lengths, cp_size):
-    auto = predict_rank_times(lengths, cp_size, "auto")
+    auto = context_parallel_rank_times(lengths, cp_size, "auto")
     for name in ("zigzag", "per_document", "hybrid", "contiguous"):
-        assert auto.step_time <= predict_rank_times(lengths, cp_size, name).step_time
+        assert auto.step_time <= context_parallel_rank_times(lengths, cp_size, name).step_time
     assert auto.strategy in ("zigzag", "per_document", "hybrid", "contiguous")
     assert int(auto.tokens.sum()) == sum(lengths)
 
@@ -142,14 +142,14 @@ def test_hybrid_keeps_short_sequences_whole_and_balances():
     # short ones are cut only where one rank's share of the cut sequences ends: at most cp - 1 of them
     assert int((pieces[1:] > 1).sum()) <= cp - 1
     assert shards.times.imbalance <= 1.02
-    zigzag = predict_rank_times(lengths, cp, "zigzag")
+    zigzag = context_parallel_rank_times(lengths, cp, "zigzag")
     assert shards.times.kv_exchanged <= zigzag.kv_exchanged / 2
     assert shards.times.step_time < zigzag.step_time
 
 
 def test_hybrid_exchanges_nothing_when_whole_sequences_balance():
     lengths = [1000] * 16
-    times = predict_rank_times(lengths, 4, "hybrid")
+    times = context_parallel_rank_times(lengths, 4, "hybrid")
     assert times.kv_exchanged == 0 and times.imbalance == 1.0
 
 
@@ -171,7 +171,7 @@ def test_zigzag_megatron_padding_matches_the_convention():
 
 
 def test_zigzag_without_padding_deals_the_remainder_evenly():
-    times = predict_rank_times([1001] * 8, 4, "zigzag")
+    times = context_parallel_rank_times([1001] * 8, 4, "zigzag")
     assert times.padding == 0
     assert int(times.tokens.max() - times.tokens.min()) <= 2
 
@@ -234,9 +234,9 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="cu_seqlens"):
         shard_for_context_parallel({**batch, "cu_seqlens": torch.tensor([0, 5, 29], dtype=torch.int32)}, 2)
     with pytest.raises(TypeError, match="cost"):
-        predict_rank_times([10], 2, cost="fast")
+        context_parallel_rank_times([10], 2, cost="fast")
     with pytest.raises(ValueError, match="seqlens"):
-        predict_rank_times([10, -1], 2)
+        context_parallel_rank_times([10, -1], 2)
     with pytest.raises(ValueError, match="pair"):
         ContextParallelCost(1.0, -1.0, 0.0)
 

@@ -27,7 +27,7 @@ by :func:`~omnibal_kernels.context_parallel.context_parallel_attention` for that
 needs) and its ratio to ``zigzag_megatron``'s, padding tokens per real token, and the predicted step time (the
 slowest rank, summed over the packs) over ``contiguous``'s. ``ring_kv`` is what ring or all-gather attention
 moves for the Megatron layout, ``(CP - 1)`` times the padded tokens, for reference. ``ms``: milliseconds to
-plan one pack's layout (``predict_rank_times``). Targets: hybrid and auto max / mean <= 1.02 on every pack; on
+plan one pack's layout (``context_parallel_rank_times``). Targets: hybrid and auto max / mean <= 1.02 on every pack; on
 mixes with short sequences auto exchanges at most a quarter of ``zigzag_megatron``'s K/V; auto is never
 predicted slower than the best fixed strategy on any pack. Misses are listed, never dropped.
 """
@@ -39,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..balance import plan_packs
-from ..context_parallel import predict_rank_times
+from ..context_parallel import context_parallel_rank_times
 from ..lengths import Lengths, default_lengths
 from ..synthetic import synthetic_lengths
 from ..vision import qwen2vl_grid
@@ -116,7 +116,7 @@ def cp_rows(mix: str, packs: list[np.ndarray], cp_size: int) -> list[dict[str, A
     for lengths in packs:
         for name, (strategy, pad) in STRATEGIES.items():
             start = time.perf_counter()
-            times[name].append(predict_rank_times(lengths, cp_size, strategy, pad_sequences=pad))
+            times[name].append(context_parallel_rank_times(lengths, cp_size, strategy, pad_sequences=pad))
             seconds[name] += time.perf_counter() - start
     tokens = float(sum(int(x.sum()) for x in packs))
 

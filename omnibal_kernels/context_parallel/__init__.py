@@ -20,8 +20,8 @@ The predicted time (:mod:`.cost`) counts tokens, attention pairs in kernel tiles
     out = ok.context_parallel_attention(q, k, v, mine, group=cp_group)  # in each attention layer
     full = shards.restore([out_0, out_1, out_2, out_3])               # packed order again
 
-:func:`predict_rank_times` prices a batch from its sequence lengths alone (numpy only), for planners and
-collators. :mod:`.adapters` gives Megatron THD and ring-flash-attention inputs and runs transformers models.
+:func:`context_parallel_rank_times` prices a batch from its sequence lengths alone (numpy only), for planners
+and collators. :mod:`.adapters` gives Megatron THD and ring-flash-attention inputs and runs transformers models.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ _EXPORTS = {
     "RankTimes": "cost",
     "Layout": "layout",
     "STRATEGIES": "strategy",
-    "predict_rank_times": "strategy",
+    "context_parallel_rank_times": "strategy",
     "plan_layout": "strategy",
     "ContextParallelShard": "shard",
     "ContextParallelShards": "shard",

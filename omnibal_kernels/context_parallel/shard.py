@@ -43,8 +43,9 @@ class ContextParallelShard:
             ``(1, n)``, local query segment), ``cu_seqlens`` (int32 ``(c + 1,)``, one query segment per held
             chunk), ``seq_lens``, ``max_seqlen``, ``cu_seqlens_k`` (int32, keys per segment: the chunk's
             sequence up to its end), ``max_seqlen_k``, the batch's other per-token fields, and, as they are,
-            its Python scalars (e.g. ``use_cache``) and the fields named in ``replicate``. The Hugging Face flash-attention keys are left out: a rank's attention
-            needs the other ranks' K/V, which only :func:`context_parallel_attention` gathers.
+            its Python scalars (e.g. ``use_cache``) and the fields named in ``replicate``. The Hugging Face
+            flash-attention keys are left out: a rank's attention needs the other ranks' K/V, which only
+            :func:`context_parallel_attention` gathers.
         cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k: the local query and key segments.
         key_index: ``(cu_seqlens_k[-1],)`` int64, the row of each segment's keys in ``cat(own K/V, received)``.
         send_index: int64 local rows sent to the other ranks, grouped by destination.

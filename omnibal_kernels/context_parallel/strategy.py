@@ -1,9 +1,9 @@
 """Strategies by name, ``auto``'s choice, and the public per-rank time of a batch under a strategy.
 
-:func:`predict_rank_times` is the one function a planner or a collator needs to know what a pack costs on a CP
-group: from the pack's sequence lengths alone (no tensors, no communication) it gives every rank's predicted
-time, tokens, attention pairs and K/V exchange under the strategy that :func:`shard_for_context_parallel`
-would use for the same batch. It imports numpy only.
+:func:`context_parallel_rank_times` is the one function a planner or a collator needs to know what a pack
+costs on a CP group: from the pack's sequence lengths alone (no tensors, no communication) it gives every
+rank's predicted time, tokens, attention pairs and K/V exchange under the layout that
+:func:`shard_for_context_parallel` builds for the same batch and arguments. It imports numpy only.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .cost import ContextParallelCost, RankTimes, layout_times
 from .hybrid import hybrid_layout
 from .layout import Layout, contiguous_layout, per_document_layout, zigzag_layout
 
-__all__ = ["STRATEGIES", "plan_layout", "predict_rank_times"]
+__all__ = ["STRATEGIES", "context_parallel_rank_times", "plan_layout"]
 
 STRATEGIES = ("auto", "zigzag", "per_document", "hybrid", "contiguous")
 # auto's candidates; on equal predicted time the earlier one wins (hybrid exchanges the least K/V)
@@ -73,7 +73,7 @@ def plan_layout(seqlens: Any, cp_size: int, strategy: str = "auto", *, cost: Con
     """The layout of a batch's segments under ``strategy`` and its predicted per-rank times.
 
     ``auto`` builds every fixed strategy's layout and keeps the one with the least predicted step time, so it
-    is never predicted slower than the best of them. Arguments as :func:`predict_rank_times`.
+    is never predicted slower than the best of them. Arguments as :func:`context_parallel_rank_times`.
     """
     cost = check_strategy_args(cp_size, strategy, cost, pad_sequences)
     lengths = check_seqlens(seqlens)
@@ -90,7 +90,7 @@ def plan_layout(seqlens: Any, cp_size: int, strategy: str = "auto", *, cost: Con
     return best
 
 
-def predict_rank_times(seqlens: Any, cp_size: int, strategy: str = "auto", *,
+def context_parallel_rank_times(seqlens: Any, cp_size: int, strategy: str = "auto", *,
                        cost: ContextParallelCost | None = None, pad_sequences: bool = False) -> RankTimes:
     """Predicted work of every rank of a CP group for one batch, from its sequence lengths.
 
