@@ -128,19 +128,22 @@ def build_plan(
     C = _ext.load()
     singles = oversize_ids if oversize == "single" else np.zeros(0, np.int64)
     if method == "balanced":
-        offsets, samples, step_packs, duplicated, dropped_packs = C.plan_balanced(
+        balanced = C.plan_balanced(
             vit, llm, items, singles if singles.size else None, vit_capacity, llm_capacity, cost_model.terms(),
             BEST_FIT_ROUNDS, world_size, drop_last, plan_seed)
+        offsets, samples, assignment = balanced.packs.offsets, balanced.packs.samples, balanced.assignment
     else:
         if method == "isf":
-            offsets, samples = C.isf(vit, llm, items, vit_capacity, llm_capacity, vit_threshold, llm_threshold,
-                                     iterations, plan_seed)
+            packs = C.isf(vit, llm, items, vit_capacity, llm_capacity, vit_threshold, llm_threshold, iterations,
+                          plan_seed)
         else:
-            offsets, samples = C.random_next_fit(vit, llm, items, vit_capacity, llm_capacity, plan_seed)
+            packs = C.random_next_fit(vit, llm, items, vit_capacity, llm_capacity, plan_seed)
+        offsets, samples = packs.offsets, packs.samples
         if singles.size:
             offsets = np.concatenate([offsets, offsets[-1] + np.arange(1, singles.size + 1, dtype=np.int64)])
             samples = np.concatenate([samples, singles])
-        step_packs, duplicated, dropped_packs = C.assign_random(len(offsets) - 1, world_size, drop_last, plan_seed)
+        assignment = C.assign_random(len(offsets) - 1, world_size, drop_last, plan_seed)
+    step_packs, duplicated, dropped_packs = assignment.step_packs, assignment.duplicated_slots, assignment.dropped_packs
 
     if step_packs.shape[0] == 0:
         raise TooFewPacksError(
