@@ -225,6 +225,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("seed"), py::arg("a"), py::arg("b") = 0, "The seed of one random stream: derive_seed(seed, STREAMS[name], index).");
 
   m.def(
+      "splitmix64", [](uint64_t state) { return omnibal::splitmix64(state); }, py::arg("state"),
+      "The output of one SplitMix64 step from `state` (the engine's seed expander).");
+
+  m.def(
       "shuffle",
       [](const IntArray& values, uint64_t seed) {
         std::vector<int64_t> v(values.data(), values.data() + values.size());

@@ -384,7 +384,7 @@ def test_property_resume_anywhere(setup, where):
 
 
 def test_inspecting_other_epochs_does_not_replan_the_current_one(real, monkeypatch):
-    import omnibal_kernels.sampler as sampler_module
+    import omnibal_kernels.sampler.epochs as sampler_module
 
     s = BalancedBatchSampler(real, world_size=2, rank=0, seed=4)
     s.set_epoch(1)
