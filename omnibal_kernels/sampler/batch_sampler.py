@@ -20,6 +20,11 @@ from .state import Cursor, config_fingerprint, make_state, read_state, resume_po
 __all__ = ["BalancedBatchSampler"]
 
 
+def _shared_field(name: str) -> Any:
+    """A read-only attribute of the sampler: field ``name`` of the options, the same for every group."""
+    return property(lambda self: getattr(self.options[0], name), doc=f"The options' ``{name}`` (every group's).")
+
+
 class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yields, for this rank, one list of sample ids per micro-step: ``DataLoader(ds, batch_sampler=...)``.
 
@@ -107,25 +112,11 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         """``(vit_capacity, llm_capacity)`` of every group."""
         return self._groups.capacities
 
-    @property
-    def method(self) -> str:
-        return self.options[0].method
-
-    @property
-    def seed(self) -> int:
-        return self.options[0].seed
-
-    @property
-    def drop_last(self) -> bool:
-        return self.options[0].drop_last
-
-    @property
-    def oversize(self) -> str:
-        return self.options[0].oversize
-
-    @property
-    def cost_model(self) -> CostModel:
-        return self.options[0].cost_model
+    method = _shared_field("method")
+    seed = _shared_field("seed")
+    drop_last = _shared_field("drop_last")
+    oversize = _shared_field("oversize")
+    cost_model = _shared_field("cost_model")
 
     # ------------------------------------------------------------------------------------------ sampling
 
