@@ -27,6 +27,8 @@ _EXPORTS: dict[str, str] = {
     "RawLengths": "raw_lengths",
     # balance: plans, capacities, metrics
     "Plan": "balance",
+    "PlanOptions": "balance",
+    "IsfOptions": "balance",
     "CostModel": "balance",
     "plan_packs": "balance",
     "search_capacity": "balance",
