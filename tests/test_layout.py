@@ -154,5 +154,3 @@ def test_public_names_resolve_to_their_modules() -> None:
 
     for name, module in ok._EXPORTS.items():
         assert getattr(importlib.import_module(f"omnibal_kernels.{module}"), name) is not None
-    with pytest.warns(DeprecationWarning, match="use omnibal_kernels.unpad"):
-        assert ok.pack is ok.unpad
