@@ -55,11 +55,11 @@ _EXPORTS: dict[str, str] = {
     "unpad": "ops.unpad",
     "pad": "ops.unpad",
     "unpad_from_mask": "ops.unpad",
-    "PackedTokens": "_varlen",
+    "PackedTokens": "_contracts.unpad",
     "varlen_metadata": "ops.varlen_metadata",
-    "VarlenMetadata": "_varlen",
+    "VarlenMetadata": "_contracts.varlen_metadata",
     "patchify": "ops.patchify",
-    "PackedPatches": "_varlen",
+    "PackedPatches": "_contracts.patchify",
     # attention
     "varlen_attention": "attention",
 }

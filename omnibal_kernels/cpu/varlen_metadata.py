@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .._varlen import VarlenMetadata, check_varlen_args
+from .._contracts.varlen_metadata import VarlenMetadata, check_varlen_args
 
 
 def varlen_metadata(
