@@ -42,6 +42,9 @@ _EXPORTS: dict[str, str] = {
     "PackCollator": "packing",
     "PackedBatch": "packing",
     "PackOptions": "packing",
+    "StaticShapes": "packing",
+    "MRopeOptions": "packing",
+    "LabelOptions": "packing",
     "unpack_batch": "packing",
     # vision: loads, counts, multimodal fields
     "compute_loads": "vision",
