@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..cpu.varlen_metadata import warmup as _warmup_fill
-from ..model_inputs import ModelInputs
+from ..model_inputs import ModelInputs, model_inputs
 from .batch import PackedBatch
 from .fields import add_sample_fields
 from .inputs import sample_error
@@ -113,8 +113,6 @@ class PackCollator:
         ``second_per_grid_ts``. :func:`~omnibal_kernels.packing.unpack_batch` needs the full batch of a plain
         :class:`PackCollator`.
         """
-        from ..model_inputs import model_inputs
-
         spec = model_inputs(model_or_config)
         collator = cls(options, warmup=warmup, **{**spec.options, **keywords})
         collator.model_inputs = spec
