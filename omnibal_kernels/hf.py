@@ -9,8 +9,9 @@ Recipe::
     class BalancedTrainer(BalancedTrainerMixin, Trainer):
         pass
 
-    trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset, data_collator=PackCollator(),
-                              train_lengths=lengths, sampler_options={"target_batch_size": 4})
+    trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset,
+                              data_collator=PackCollator.for_model(model), train_lengths=lengths,
+                              sampler_options={"target_batch_size": 4})
     trainer.train()
 
 The model receives packed batches (``input_ids (1, T)``, ``position_ids``, ``cu_seqlens``/``cu_seq_lens_q``,
