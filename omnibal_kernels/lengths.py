@@ -97,7 +97,8 @@ class Lengths:
         """Totals and maxima (one pass in C++, computed once per ``Lengths``)."""
         cached = self.__dict__.get("_stats")
         if cached is None:
-            cached = LoadStats(*_ext.load().load_stats(self.vit, self.llm, LLM_BIN))
+            s = _ext.load().load_stats(self.vit, self.llm, LLM_BIN)
+            cached = LoadStats(s.vit_sum, s.llm_sum, s.vit_max, s.llm_max, s.llm_sum_binned)
             object.__setattr__(self, "_stats", cached)
         return cached
 
@@ -212,11 +213,11 @@ def _utf8_json(path: Path, data: bytes) -> memoryview:
 
 
 def _read_records(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray]:
-    vit, llm, error, sample = _ext.load().parse_length_records(data, "vit_num", "token_num")
-    if error:
-        where = f"sample {sample}: " if sample >= 0 else ""
-        raise ValueError(f"{path}: {where}{error}")
-    return vit, llm
+    records = _ext.load().parse_length_records(data, "vit_num", "token_num")
+    if records.error:
+        where = f"sample {records.error_sample}: " if records.error_sample >= 0 else ""
+        raise ValueError(f"{path}: {where}{records.error}")
+    return records.vit, records.llm
 
 
 def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
