@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .._checks import check_int
-from .._varlen import resolve_segments
+from .._contracts.segments import resolve_segments
 from .cost import ContextParallelCost, RankTimes
 from .layout import Layout
 from .strategy import plan_layout
