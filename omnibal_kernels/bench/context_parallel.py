@@ -27,7 +27,8 @@ by :func:`~omnibal_kernels.context_parallel.context_parallel_attention` for that
 needs) and its ratio to ``zigzag_megatron``'s, padding tokens per real token, and the predicted step time (the
 slowest rank, summed over the packs) over ``contiguous``'s. ``ring_kv`` is what ring or all-gather attention
 moves for the Megatron layout, ``(CP - 1)`` times the padded tokens, for reference. ``ms``: milliseconds to
-plan one pack's layout (``context_parallel_rank_times``). Targets: hybrid and auto max / mean <= 1.02 on every pack; on
+plan one pack's layout (``context_parallel_rank_times``); ``token_imbalance``: the most tokens a rank holds over
+the mean, worst pack (activation memory grows with it). Targets: hybrid and auto max / mean <= 1.02 on every pack; on
 mixes with short sequences auto exchanges at most a quarter of ``zigzag_megatron``'s K/V; auto is never
 predicted slower than the best fixed strategy on any pack. Misses are listed, never dropped.
 """
@@ -127,7 +128,9 @@ def cp_rows(mix: str, packs: list[np.ndarray], cp_size: int) -> list[dict[str, A
     for name in STRATEGIES:
         imbalance = [t.imbalance for t in times[name]]
         row = dict(mix=mix, cp_size=cp_size, strategy=name, packs=len(packs), imbalance=float(np.mean(imbalance)),
-                   worst_imbalance=float(max(imbalance)), kv_per_pack=total(name, "kv_exchanged") / len(packs),
+                   worst_imbalance=float(max(imbalance)),
+                   token_imbalance=float(max(t.tokens.max() / t.tokens.mean() for t in times[name])),
+                   kv_per_pack=total(name, "kv_exchanged") / len(packs),
                    kv_vs_zigzag=total(name, "kv_exchanged") / max(total("zigzag_megatron", "kv_exchanged"), 1.0),
                    padding=total(name, "padding") / tokens,
                    step_vs_contiguous=total(name, "step_time") / total("contiguous", "step_time"),

@@ -172,6 +172,8 @@ def _cp(report: dict[str, Any]) -> list[str]:
                         lambda r: f"{r['imbalance']:.4f} / {r['worst_imbalance']:.4f}"),
                        ("K/V rows exchanged per pack, and over zigzag_megatron's",
                         lambda r: f"{r['kv_per_pack']:,.0f} ({r['kv_vs_zigzag']:.2f}x)"),
+                       ("Tokens held per rank max / mean, worst pack (activation memory follows tokens)",
+                        lambda r: f"{r['token_imbalance']:.2f}"),
                        ("Predicted step time over contiguous's (padding share in brackets when not 0)",
                         lambda r: f"{r['step_vs_contiguous']:.3f}" + (f" [{r['padding']:.4f}]" if r["padding"] else ""))):
         out += [f"{title}:", ""]
