@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 if __name__ == "__main__":  # run as a script from a checkout: import the package next to this folder
@@ -28,11 +29,13 @@ from omnibal_kernels.context_parallel import context_parallel_rank_times
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_layout(benchmark, mix: str, cp_size: int, name: str) -> None:
     packs = mix_packs(mix, 1)
-    strategy, pad = STRATEGIES[name]
+    strategy, pad, slack = STRATEGIES[name]
+    cap = None if slack is None else int(np.ceil(slack * int(packs[0].sum()) / cp_size))
     row = next(r for r in cp_rows(mix, packs, cp_size) if r["strategy"] == name)
     benchmark.group = f"cp layout {mix}, CP {cp_size}"
     benchmark.extra_info.update(row, sequences=len(packs[0]), **environment()["versions"])
-    benchmark(lambda: context_parallel_rank_times(packs[0], cp_size, strategy, pad_sequences=pad))
+    benchmark(lambda: context_parallel_rank_times(packs[0], cp_size, strategy, pad_sequences=pad,
+                                                  max_rank_tokens=cap))
 
 
 def main(argv: list[str]) -> int:

@@ -19,15 +19,17 @@ def test_packs_are_full_and_rows_cover_every_strategy():
         assert by["zigzag_megatron"]["padding"] > 0 and by["zigzag"]["padding"] == 0
         assert by["auto"]["step_vs_contiguous"] <= min(by[n]["step_vs_contiguous"] for n in STRATEGIES) + 1e-12
         assert not any("slower" in m for m in by["auto"]["misses"])
+        assert by["auto_tokens_1.1"]["token_imbalance"] <= 1.1 + 4 / (capacity / 4)
 
 
 def test_misses_are_reported():
     """Negative control: rows over the targets are listed as misses."""
     packs = [np.array([60_000, 3_000, 2_000])]
-    times = {name: [context_parallel_rank_times(packs[0], 2, s, pad_sequences=p)] for name, (s, p) in STRATEGIES.items()}
+    times = {name: [context_parallel_rank_times(packs[0], 2, s, pad_sequences=p)] for name, (s, p, _) in
+             STRATEGIES.items()}
     rows = [dict(strategy=name, worst_imbalance=1.0, kv_vs_zigzag=0.1) for name in STRATEGIES]
     assert _misses("long_and_short_128k", 2, times, rows) == {}
-    rows[-1].update(worst_imbalance=1.05, kv_vs_zigzag=0.5)
+    next(r for r in rows if r["strategy"] == "auto").update(worst_imbalance=1.05, kv_vs_zigzag=0.5)
     times["auto"] = times["contiguous"]  # slower than the best fixed strategy on this pack
     misses = _misses("long_and_short_128k", 2, times, rows)["auto"]
     assert len(misses) == 3 and "1.0500 > 1.02" in misses[0] and "0.50x" in misses[1] and "1 packs" in misses[2]

@@ -278,3 +278,33 @@ def test_layout_chunks_cover_every_sequence_once(lengths, cp_size, which):
         assert layout.start[order].tolist() == [0, *layout.stop[order][:-1].tolist()][: order.size]
         assert (layout.stop[order][-1] if order.size else 0) == n
     assert int(times.tokens.sum()) == sum(lengths) + times.padding
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 20_000), min_size=1, max_size=20), cp_size=st.integers(2, 8),
+       slack=st.sampled_from([1.0, 1.1, 1.5]))
+def test_max_rank_tokens_is_held(lengths, cp_size, slack):
+    total = sum(lengths)
+    cap = max(1, int(np.ceil(slack * total / cp_size)))
+    auto = context_parallel_rank_times(lengths, cp_size, "auto", max_rank_tokens=cap)
+    assert int(auto.tokens.max()) <= cap
+    # within the cap auto is still no slower than any fixed strategy that keeps to it
+    for name in ("zigzag", "per_document", "contiguous", "hybrid"):
+        try:
+            fixed = context_parallel_rank_times(lengths, cp_size, name, max_rank_tokens=cap)
+        except ValueError:
+            continue
+        assert int(fixed.tokens.max()) <= cap and auto.step_time <= fixed.step_time
+
+
+def test_max_rank_tokens_errors_name_it():
+    lengths = [50_000, 2_000, 1_000]
+    with pytest.raises(ValueError, match="max_rank_tokens"):
+        context_parallel_rank_times(lengths, 4, "auto", max_rank_tokens=10_000)  # under T / P
+    # Megatron padding puts 1254 tokens on every rank of [5001, 3] at CP 4, more than the 1251 of the real ones
+    with pytest.raises(ValueError, match="1254 tokens, more than max_rank_tokens=1251"):
+        context_parallel_rank_times([5001, 3], 4, "zigzag", pad_sequences=True, max_rank_tokens=1251)
+    with pytest.raises(ValueError, match="max_rank_tokens"):
+        context_parallel_rank_times(lengths, 4, "zigzag", max_rank_tokens=0)
+    shards = shard_for_context_parallel(_batch([3000, 200, 100]), 4, max_rank_tokens=900)
+    assert max(s.num_tokens for s in shards) <= 900

@@ -50,15 +50,28 @@ _TIE = 1e-3
 _GROWTH = 1.5
 
 
-def _longest_first(costs: np.ndarray, initial: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _longest_first(costs: np.ndarray, initial: np.ndarray, tokens: np.ndarray, room: np.ndarray) -> tuple[
+        np.ndarray, np.ndarray]:
     """Ranks of items already sorted by decreasing cost, each to the rank with the least ``initial`` + placed
-    cost; ``(owner, placed cost per rank)``."""
+    cost among those whose ``room`` still holds its ``tokens`` (any rank when none does);
+    ``(owner, placed cost per rank)``."""
     heap = [(float(load), r) for r, load in enumerate(initial.tolist())]
     heapq.heapify(heap)
+    room = room.astype(np.float64).copy()
     owner = np.empty(costs.size, np.int64)
-    for i, c in enumerate(costs.tolist()):
+    for i, (c, n) in enumerate(zip(costs.tolist(), tokens.tolist())):
+        skipped = []
+        while len(heap) > 1 and room[heap[0][1]] < n:
+            skipped.append(heapq.heappop(heap))
+        if room[heap[0][1]] < n:  # no rank has room: the least loaded of all takes it
+            heap += skipped
+            heapq.heapify(heap)
+            skipped = []
         load, r = heapq.heappop(heap)
+        for item in skipped:
+            heapq.heappush(heap, item)
         owner[i] = r
+        room[r] -= n
         heapq.heappush(heap, (load + c, r))
     return owner, np.bincount(owner, weights=costs, minlength=initial.size)
 
@@ -128,20 +141,28 @@ def _stream_cut(lengths: np.ndarray, per_token: np.ndarray, shares: np.ndarray,
     return tuple(np.concatenate(x).astype(np.int64) for x in (items, starts, stops, ranks))
 
 
-def _better(a: RankTimes, b: RankTimes) -> bool:
-    """``a`` beats ``b``: faster beyond the tie margin, or as fast and exchanging fewer K/V rows."""
+def _better(a: RankTimes, b: RankTimes, max_rank_tokens: int | None) -> bool:
+    """``a`` beats ``b``: within ``max_rank_tokens`` when ``b`` is not (or fuller than ``b`` less), else faster
+    beyond the tie margin, or as fast and exchanging fewer K/V rows."""
+    if max_rank_tokens is not None:
+        over_a = max(0, int(a.tokens.max()) - max_rank_tokens)
+        over_b = max(0, int(b.tokens.max()) - max_rank_tokens)
+        if over_a != over_b:
+            return over_a < over_b
     if a.step_time < b.step_time * (1.0 - _TIE):
         return True
     return a.step_time <= b.step_time * (1.0 + _TIE) and a.kv_exchanged < b.kv_exchanged
 
 
 def _candidate(seqlens: np.ndarray, sharded: np.ndarray, whole: np.ndarray, whole_costs: np.ndarray,
-               cp_size: int, cost: ContextParallelCost, concentrate: bool, rounds: int) -> tuple[Layout, RankTimes]:
+               cp_size: int, cost: ContextParallelCost, concentrate: bool, rounds: int,
+               max_rank_tokens: int | None) -> tuple[Layout, RankTimes]:
     """The best layout found with ``sharded`` cut and ``whole`` (sorted by decreasing cost) kept whole.
 
     ``concentrate``: the sharded stream first fills whole ranks at the mean level and the whole sequences go
     around it (fewer ranks take part in each sharded sequence, so less exchange); else the whole sequences
-    are placed first and the stream is water-filled over every rank.
+    are placed first and the stream is water-filled over every rank. With ``max_rank_tokens``, whole
+    sequences go where that many tokens still have room.
     """
     lengths = seqlens[sharded].astype(np.float64)
     # exact causal pairs of a head-tail piece: (L + 1) / 2 per token on average, wherever it is cut
@@ -149,7 +170,11 @@ def _candidate(seqlens: np.ndarray, sharded: np.ndarray, whole: np.ndarray, whol
     total = float((lengths * per_token).sum())
     level = (total + float(whole_costs.sum())) / cp_size
     initial = np.clip(total - level * np.arange(cp_size), 0.0, level) if concentrate else np.zeros(cp_size)
-    owner, loads = _longest_first(whole_costs, initial)
+    room = np.full(cp_size, np.inf if max_rank_tokens is None else float(max_rank_tokens))
+    if concentrate and sharded.size:
+        _, start, stop, rank = _stream_cut(seqlens[sharded], per_token, initial, cost.tile)
+        room -= np.bincount(rank, weights=stop - start, minlength=cp_size)
+    owner, loads = _longest_first(whole_costs, initial, seqlens[whole], room)
     shares = initial if concentrate else _water_fill(loads, total)
 
     def build(shares: np.ndarray) -> tuple[Layout, RankTimes]:
@@ -171,7 +196,8 @@ def _candidate(seqlens: np.ndarray, sharded: np.ndarray, whole: np.ndarray, whol
             break
         shares *= total / shares.sum()
         current = build(shares)
-        if current[1].step_time < best[1].step_time:
+        if (current[1].step_time < best[1].step_time if max_rank_tokens is None
+                else _better(current[1], best[1], max_rank_tokens)):
             best = current
     return best
 
@@ -188,8 +214,10 @@ def _counts(costs: np.ndarray, cp_size: int) -> list[int]:
     return sorted(counts)
 
 
-def hybrid_layout(seqlens: np.ndarray, cp_size: int, cost: ContextParallelCost) -> Layout:
-    """The hybrid layout of segments ``seqlens`` (int64 ``(S,)``) over ``cp_size`` ranks (module docstring)."""
+def hybrid_layout(seqlens: np.ndarray, cp_size: int, cost: ContextParallelCost,
+                  max_rank_tokens: int | None = None) -> Layout:
+    """The hybrid layout of segments ``seqlens`` (int64 ``(S,)``) over ``cp_size`` ranks (module docstring);
+    with ``max_rank_tokens``, the fastest layout found within it, else the one whose fullest rank holds fewest."""
     live = np.flatnonzero(seqlens > 0)
     lengths = seqlens[live]
     costs = cost.token * lengths + cost.pair * tiled_pairs(lengths, lengths, cost.tile)
@@ -199,15 +227,21 @@ def hybrid_layout(seqlens: np.ndarray, cp_size: int, cost: ContextParallelCost) 
     for k in _counts(ranked_costs, cp_size) if cp_size > 1 else [0]:
         for concentrate in (False, True) if k else (False,):
             args = (seqlens, ranked[:k], ranked[k:], ranked_costs[k:], cp_size, cost, concentrate)
-            screened.append((_candidate(*args, rounds=0), args))
+            screened.append((_candidate(*args, 0, max_rank_tokens), args))
     best: tuple[Layout, RankTimes] | None = None
     for found, _ in screened:
-        if best is None or _better(found[1], best[1]):
+        if best is None or _better(found[1], best[1], max_rank_tokens):
             best = found
+
+    def rank(item: tuple) -> tuple:
+        times = item[0][1]
+        over = 0 if max_rank_tokens is None else max(0, int(times.tokens.max()) - max_rank_tokens)
+        return over, times.step_time
+
     # the share correction rounds only for the candidates that screen fastest
-    for _, args in sorted(screened, key=lambda item: item[0][1].step_time)[:_REFINED]:
-        found = _candidate(*args, rounds=_ROUNDS)
-        if best is None or _better(found[1], best[1]):
+    for _, args in sorted(screened, key=rank)[:_REFINED]:
+        found = _candidate(*args, _ROUNDS, max_rank_tokens)
+        if best is None or _better(found[1], best[1], max_rank_tokens):
             best = found
     assert best is not None
     return best[0]

@@ -291,6 +291,7 @@ def shard_for_context_parallel(
     *,
     cost: ContextParallelCost | None = None,
     pad_sequences: bool = False,
+    max_rank_tokens: int | None = None,
     pad_token_id: int = 0,
     ignore_index: int = -100,
     replicate: Sequence[str] = (),
@@ -310,6 +311,8 @@ def shard_for_context_parallel(
         pad_sequences: zigzag only: pad every sequence at its end to a multiple of ``2 * cp_size`` (Megatron's
             THD layout, which ring-flash-attention also needs); padding tokens get ``pad_token_id``,
             ``ignore_index`` labels and the positions that continue their sequence.
+        max_rank_tokens: the most tokens one rank may hold (its activation memory), or None: see
+            :func:`~.strategy.context_parallel_rank_times`.
         pad_token_id, ignore_index: the values of padding tokens and of labels nothing learns from.
         replicate: names of fields that are not per token (e.g. per-sample values) copied to every rank;
             Python scalars are copied without being named. Any other field is a ValueError.
@@ -329,7 +332,8 @@ def shard_for_context_parallel(
     cu, total, names = _check_batch(batch, replicate)
     pad_token_id = check_int("pad_token_id", pad_token_id)
     ignore_index = check_int("ignore_index", ignore_index)
-    layout, times = plan_layout(np.diff(cu), cp_size, strategy, cost=cost, pad_sequences=pad_sequences)
+    layout, times = plan_layout(np.diff(cu), cp_size, strategy, cost=cost, pad_sequences=pad_sequences,
+                                max_rank_tokens=max_rank_tokens)
     token_fields, copied = _token_fields(batch, total, names)
     plans = rank_plans(layout)
     exchanges = bool(times.kv_exchanged > 0)

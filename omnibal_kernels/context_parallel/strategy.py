@@ -32,7 +32,8 @@ def default_cost() -> ContextParallelCost:
     return _DEFAULT_COST
 
 
-def check_strategy_args(cp_size: Any, strategy: Any, cost: Any, pad_sequences: Any) -> ContextParallelCost:
+def check_strategy_args(cp_size: Any, strategy: Any, cost: Any, pad_sequences: Any,
+                        max_rank_tokens: Any = None) -> ContextParallelCost:
     """Validates the arguments every strategy takes; returns the cost model (the default for ``None``)."""
     check_positive_int("cp_size", cp_size)
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
@@ -41,6 +42,8 @@ def check_strategy_args(cp_size: Any, strategy: Any, cost: Any, pad_sequences: A
         raise TypeError(f"pad_sequences must be a bool, got {pad_sequences!r}")
     if pad_sequences and strategy != "zigzag":
         raise ValueError(f"pad_sequences=True is the zigzag strategy's Megatron padding; strategy is {strategy!r}")
+    if max_rank_tokens is not None:
+        check_positive_int("max_rank_tokens", max_rank_tokens)
     if cost is None:
         return default_cost()
     if not isinstance(cost, ContextParallelCost):
@@ -58,40 +61,53 @@ def check_seqlens(seqlens: Any) -> np.ndarray:
 
 
 def _fixed_layout(seqlens: np.ndarray, cp_size: int, strategy: str, cost: ContextParallelCost,
-                  pad_sequences: bool) -> Layout:
+                  pad_sequences: bool, max_rank_tokens: int | None) -> Layout:
     if strategy == "zigzag":
         return zigzag_layout(seqlens, cp_size, pad_sequences)
     if strategy == "per_document":
         return per_document_layout(seqlens, cp_size)
     if strategy == "contiguous":
         return contiguous_layout(seqlens, cp_size)
-    return hybrid_layout(seqlens, cp_size, cost)
+    return hybrid_layout(seqlens, cp_size, cost, max_rank_tokens)
 
 
 def plan_layout(seqlens: Any, cp_size: int, strategy: str = "auto", *, cost: ContextParallelCost | None = None,
-                pad_sequences: bool = False) -> tuple[Layout, RankTimes]:
+                pad_sequences: bool = False, max_rank_tokens: int | None = None) -> tuple[Layout, RankTimes]:
     """The layout of a batch's segments under ``strategy`` and its predicted per-rank times.
 
-    ``auto`` builds every fixed strategy's layout and keeps the one with the least predicted step time, so it
-    is never predicted slower than the best of them. Arguments as :func:`context_parallel_rank_times`.
+    ``auto`` builds every fixed strategy's layout and keeps the one with the least predicted step time among
+    those that keep every rank within ``max_rank_tokens``, so it is never predicted slower than the best of
+    them. Arguments as :func:`context_parallel_rank_times`.
     """
-    cost = check_strategy_args(cp_size, strategy, cost, pad_sequences)
+    cost = check_strategy_args(cp_size, strategy, cost, pad_sequences, max_rank_tokens)
     lengths = check_seqlens(seqlens)
     if strategy != "auto":
-        layout = _fixed_layout(lengths, cp_size, strategy, cost, pad_sequences)
-        return layout, layout_times(layout, cost)
-    best: tuple[Layout, RankTimes] | None = None
-    for name in _AUTO_CANDIDATES:
-        layout = _fixed_layout(lengths, cp_size, name, cost, False)
+        layout = _fixed_layout(lengths, cp_size, strategy, cost, pad_sequences, max_rank_tokens)
         times = layout_times(layout, cost)
+        if max_rank_tokens is not None and int(times.tokens.max()) > max_rank_tokens:
+            raise ValueError(f"strategy {strategy!r} gives a rank {int(times.tokens.max())} tokens, more than "
+                             f"max_rank_tokens={max_rank_tokens}")
+        return layout, times
+    best: tuple[Layout, RankTimes] | None = None
+    fewest = None
+    for name in _AUTO_CANDIDATES:
+        layout = _fixed_layout(lengths, cp_size, name, cost, False, max_rank_tokens)
+        times = layout_times(layout, cost)
+        most = int(times.tokens.max())
+        fewest = most if fewest is None else min(fewest, most)
+        if max_rank_tokens is not None and most > max_rank_tokens:
+            continue
         if best is None or times.step_time < best[1].step_time:
             best = (layout, times)
-    assert best is not None
+    if best is None:
+        raise ValueError(f"no strategy keeps every rank within max_rank_tokens={max_rank_tokens}: the fewest "
+                         f"tokens any gives its fullest rank is {fewest}")
     return best
 
 
 def context_parallel_rank_times(seqlens: Any, cp_size: int, strategy: str = "auto", *,
-                       cost: ContextParallelCost | None = None, pad_sequences: bool = False) -> RankTimes:
+                                cost: ContextParallelCost | None = None, pad_sequences: bool = False,
+                                max_rank_tokens: int | None = None) -> RankTimes:
     """Predicted work of every rank of a CP group for one batch, from its sequence lengths.
 
     This is what :func:`shard_for_context_parallel` plans with (same lengths, same arguments, same layout),
@@ -107,12 +123,17 @@ def context_parallel_rank_times(seqlens: Any, cp_size: int, strategy: str = "aut
         cost: the cost terms (default :meth:`ContextParallelCost.llama3_8b`).
         pad_sequences: zigzag only: pad every sequence to a multiple of ``2 * cp_size`` (Megatron THD,
             ring-flash-attention).
+        max_rank_tokens: the most tokens one rank may hold (its activation memory), or None. ``hybrid``
+            keeps only layouts within it and places whole sequences where tokens have room; ``auto``
+            chooses among the strategies within it; a fixed strategy over it is a ValueError.
 
     Returns:
         :class:`RankTimes`: ``times``, ``tokens``, ``pairs``, ``exact_pairs``, ``kv_received`` per rank, the
         ``padding`` added, and ``step_time`` (slowest rank), ``imbalance`` (slowest over mean), ``kv_exchanged``.
 
     Raises:
-        TypeError/ValueError: a bad argument, named.
+        TypeError/ValueError: a bad argument, named; ValueError when no layout of ``strategy`` keeps every
+        rank within ``max_rank_tokens``.
     """
-    return plan_layout(seqlens, cp_size, strategy, cost=cost, pad_sequences=pad_sequences)[1]
+    return plan_layout(seqlens, cp_size, strategy, cost=cost, pad_sequences=pad_sequences,
+                       max_rank_tokens=max_rank_tokens)[1]
