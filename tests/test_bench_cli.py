@@ -50,7 +50,7 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
     assert all(r["dropped"] == 0 for r in rows)  # every input sample is scheduled by every method
     assert report["gpu"] == {"skipped": "no CUDA device"} or report["gpu"]["rows"]
     assert {r["strategy"] for r in report["cp"]} == {"contiguous", "zigzag_megatron", "zigzag", "per_document",
-                                                     "hybrid", "auto"}
+                                                     "hybrid", "auto", "auto_tokens_1.1"}
 
     # the Markdown file and stdout are the report's rendering
     text = (tmp_path / "r.md").read_text()
