@@ -153,5 +153,9 @@ def test_public_names_resolve_to_their_modules() -> None:
 
     import omnibal_kernels as ok
 
+    assert set(ok.__all__) == {"__version__", *ok._EXPORTS}
     for name, module in ok._EXPORTS.items():
-        assert getattr(importlib.import_module(f"omnibal_kernels.{module}"), name) is not None
+        defined = getattr(importlib.import_module(f"omnibal_kernels.{module}"), name)
+        # the lazy export hands out the very object of the module it names, and lists it
+        assert getattr(ok, name) is defined, name
+        assert name in dir(ok)
