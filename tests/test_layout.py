@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("synthetic", "pipeline"),  # load distributions; model and memory balance (pipeline partitions)
     ("sampler", "streaming"),  # samplers over plans
     ("packing",),  # pack_batch (calls vision.fields and cpu.collate)
+    ("calibration",),  # models timed on packed batches, cost models fitted to the times
     ("hf", "testing", "raw_lengths"),  # integrations, references and tiny models, length files from raw data
     ("bench",),  # the benchmarks suite (measures everything below)
     ("cli",),  # every subcommand
