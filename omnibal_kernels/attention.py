@@ -37,9 +37,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ._checks import backends, check_backend
+
 __all__ = ["varlen_attention", "available_backends", "BACKENDS"]
 
-BACKENDS = ("auto", "flash_attn", "torch_varlen", "sdpa")
+# the "attention" row of the package's one backend vocabulary (omnibal_kernels._checks.BACKENDS)
+BACKENDS = backends("attention")
 
 # The CUDA varlen kernels (flash-attn and torch's varlen_attn, which wraps the same flash kernels) take
 # only half-precision inputs.
@@ -167,8 +170,7 @@ def _cuda_backend_problem(backend: str, q: torch.Tensor, dropout_p: float) -> st
 
 
 def _choose_backend(backend: str, q: torch.Tensor, dropout_p: float) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_backend("varlen_attention", backend, "attention")
     if backend == "sdpa":
         return backend
     if backend != "auto":

@@ -37,7 +37,7 @@ _REPORT_ROWS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .balance.packs import METHODS, OVERSIZE_POLICIES
+    from .balance.options import METHODS, OVERSIZE_POLICIES
     from .bench.cli import add_bench_parser
     from .pipeline.cli import add_parsers as add_pipeline_parsers
 
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from .balance import balance_report, plan_packs
+    from .balance import PlanOptions, balance_report, plan_packs
     from .lengths import default_lengths, load_lengths
 
     if args.out:
@@ -97,21 +97,13 @@ def _run_plan(args: argparse.Namespace) -> int:
         methods = ["balanced"]
     else:
         methods = ["random", "isf", "balanced"]
+    options = PlanOptions(method=methods[0], target_batch_size=args.target_batch_size, vit_capacity=args.vit_capacity,
+                          llm_capacity=args.llm_capacity, oversize=args.oversize, drop_last=args.drop_last,
+                          seed=args.seed)
 
     rows, plans = [], {}
     for method in methods:
-        plan = plan_packs(
-            lengths,
-            world_size=args.world_size,
-            method=method,
-            target_batch_size=args.target_batch_size,
-            vit_capacity=args.vit_capacity,
-            llm_capacity=args.llm_capacity,
-            oversize=args.oversize,
-            drop_last=args.drop_last,
-            seed=args.seed,
-            epoch=args.epoch,
-        )
+        plan = plan_packs(lengths, options=options, method=method, world_size=args.world_size, epoch=args.epoch)
         report = balance_report(plan, lengths).to_dict()
         report.update(method=method, vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity,
                       world_size=plan.world_size)
@@ -124,10 +116,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         from .bench.plots import plot_plans
 
         check_plot_dependency()
-        options = dict(world_size=args.world_size, target_batch_size=args.target_batch_size, seed=args.seed,
-                       vit_capacity=args.vit_capacity, llm_capacity=args.llm_capacity, oversize=args.oversize,
-                       drop_last=args.drop_last, epoch=args.epoch)
-        drawn = {m: plans.get(m) or plan_packs(lengths, method=m, **options) for m in ("random", "balanced")}
+        drawn = {m: plans.get(m) or plan_packs(lengths, options=options, method=m, world_size=args.world_size,
+                                               epoch=args.epoch) for m in ("random", "balanced")}
         print(f"picture written to {plot_plans(drawn, lengths, args.plot)}", file=sys.stderr)
 
     if args.json:

@@ -9,8 +9,9 @@ Recipe::
     class BalancedTrainer(BalancedTrainerMixin, Trainer):
         pass
 
-    trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset, data_collator=PackCollator(),
-                              train_lengths=lengths, sampler_options={"target_batch_size": 4})
+    trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset,
+                              data_collator=PackCollator.for_model(model), train_lengths=lengths,
+                              sampler_options={"target_batch_size": 4})
     trainer.train()
 
 The model receives packed batches (``input_ids (1, T)``, ``position_ids``, ``cu_seqlens``/``cu_seq_lens_q``,
@@ -131,8 +132,9 @@ def balanced_train_dataloader(
             ``dataloader_pin_memory``, ``dataloader_persistent_workers``, ``dataloader_prefetch_factor``).
         lengths: per-sample loads of ``train_dataset`` (see :class:`BalancedBatchSampler`).
         collate_fn: default ``trainer.data_collator`` (pass ``data_collator=PackCollator()`` to the Trainer).
-        **sampler_options: more :class:`BalancedBatchSampler` options (``target_batch_size``, capacities,
-            ``groups``, ``method``, ...); they override the values taken from ``args``.
+        **sampler_options: more :class:`BalancedBatchSampler` options (``options``, ``target_batch_size``,
+            capacities, ``groups``, ``method``, ...); they override the values taken from ``args`` (a
+            ``PlanOptions`` as ``options`` those of ``seed`` and ``drop_last``).
 
     Returns:
         A DataLoader yielding one packed batch per micro-step, with ``set_epoch``; every epoch has the length
@@ -151,6 +153,9 @@ def balanced_train_dataloader(
         "drop_last": args.dataloader_drop_last,
         "dataset": dataset,
     }
+    if "options" in sampler_options:
+        # a PlanOptions holds its own seed and drop_last, and sampler options override the arguments
+        del options["seed"], options["drop_last"]
     options.update(sampler_options)
     sampler = BalancedBatchSampler(lengths, **options)
     workers = args.dataloader_num_workers

@@ -118,7 +118,8 @@ class Lengths:
         """Totals and maxima (one pass in C++, computed once per ``Lengths``)."""
         cached = self.__dict__.get("_stats")
         if cached is None:
-            cached = LoadStats(*_ext.load().load_stats(self.vit, self.llm, LLM_BIN))
+            s = _ext.load().load_stats(self.vit, self.llm, LLM_BIN)
+            cached = LoadStats(s.vit_sum, s.llm_sum, s.vit_max, s.llm_max, s.llm_sum_binned)
             object.__setattr__(self, "_stats", cached)
         return cached
 
@@ -291,11 +292,11 @@ def _utf8_json(path: Path, data: bytes) -> memoryview:
 
 
 def _read_records(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray]:
-    vit, llm, error, sample = _ext.load().parse_length_records(data, "vit_num", "token_num")
-    if error:
-        where = f"sample {sample}: " if sample >= 0 else ""
-        raise ValueError(f"{path}: {where}{error}")
-    return vit, llm
+    records = _ext.load().parse_length_records(data, "vit_num", "token_num")
+    if records.error:
+        where = f"sample {records.error_sample}: " if records.error_sample >= 0 else ""
+        raise ValueError(f"{path}: {where}{records.error}")
+    return records.vit, records.llm
 
 
 # The JSON key of per-sample ViT sequence lengths, as the bytes a file holding it must contain.

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +24,10 @@ def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
-    start = time.perf_counter()
+    # the subprocess timeout is the time bound: a slower run raises TimeoutExpired and fails the test
     proc = _cli("bench", "--quick", "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md"),
                 "--plot", str(tmp_path / "png"), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert time.perf_counter() - start < 180
     report = json.loads((tmp_path / "r.json").read_text())
 
     speedup = report["simulated_speedup"]

@@ -50,6 +50,20 @@ def test_sampler_options_override_and_dataset_size_is_checked():
         balanced_train_dataloader(trainer, _lengths(50))
 
 
+def test_plan_options_override_the_training_arguments():
+    from omnibal_kernels.balance import PlanOptions
+
+    options = PlanOptions(vit_capacity=8, llm_capacity=160, seed=9, drop_last=True)
+    loader = balanced_train_dataloader(_trainer(101), _lengths(101), options=options)
+    sampler = loader.batch_sampler.sampler
+    assert (sampler.seed, sampler.drop_last, sampler.micro_steps_per_step) == (9, True, 2)
+    reference = BalancedBatchSampler(_lengths(101), options=options, world_size=2, rank=1, micro_steps_per_step=2)
+    assert list(loader) == reference.rank_batches(epoch=0)
+    # a keyword beside the options still replaces its field
+    reseeded = balanced_train_dataloader(_trainer(101), _lengths(101), options=options, seed=4)
+    assert reseeded.batch_sampler.sampler.seed == 4
+
+
 def test_epochs_keep_the_length_of_plan_epoch_zero():
     # plans of 28, 26, 28, 28 micro-steps: the Trainer's epochs all have 28, taken from the plans back to back
     rng = np.random.default_rng(0)
