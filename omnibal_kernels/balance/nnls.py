@@ -114,7 +114,7 @@ def summarize_errors(errors: np.ndarray) -> FitErrors:
 
 
 # Huber's threshold in robust standard deviations of the residuals: 95% of least squares' efficiency on
-# normal errors (Huber, Robust Statistics, 1981), while a few packs far off no longer steer the fit.
+# normal errors (Huber, Robust Statistics, 1981), while a few packs far off do not steer the fit.
 HUBER_K = 1.345
 # Reweighting rounds of the Huber fit (it settles in a few; the weights change little after).
 _HUBER_ROUNDS = 20
