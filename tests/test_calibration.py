@@ -57,7 +57,8 @@ def test_segment_attention_trains_like_sdpa_on_packed_rows(name, monkeypatch):
     vit = [sum(s) for s in seqs]
     tokens_per_unit = {"qwen2_vl": 0.25, "qwen2_5_vl": 0.25, "internvl": 4}.get(name, 0)
     lengths = Lengths(vit, [int(v * tokens_per_unit) + 9 + 3 * i for i, v in enumerate(vit)],
-                      vit_seqlens=[x for s in seqs for x in s], vit_seqlens_offsets=np.cumsum([0] + [len(s) for s in seqs]))
+                      vit_seqlens=[x for s in seqs for x in s],
+                      vit_seqlens_offsets=np.cumsum([0] + [len(s) for s in seqs]))
     batch = PackCollator.for_model(reference)(maker.samples(lengths, [0, 1, 2], seed=3))
     want, want_grads = _loss_and_grads(reference, batch)
     got, got_grads = _loss_and_grads(ours, batch)
@@ -185,8 +186,9 @@ def test_reference_runs_divide_every_run():
     assert times.raw_runs.shape == (2, 4) and times.reference_runs.shape == (2, 5)
     refs, scale = times.reference_runs, np.median(times.reference_runs)
     # pass 0 runs batches 0..3 between references 0..4; pass 1 runs them backwards
-    np.testing.assert_allclose(times.runs[0], times.raw_runs[0] / ((refs[0, :-1] + refs[0, 1:]) / 2) * scale)
-    np.testing.assert_allclose(times.runs[1, ::-1], times.raw_runs[1, ::-1] / ((refs[1, :-1] + refs[1, 1:]) / 2) * scale)
+    around = (refs[:, :-1] + refs[:, 1:]) / 2
+    np.testing.assert_allclose(times.runs[0], times.raw_runs[0] / around[0] * scale)
+    np.testing.assert_allclose(times.runs[1, ::-1], times.raw_runs[1, ::-1] / around[1] * scale)
     assert "raw_spread_median" in times.summary()
     plain = measure_pack_times(model, batches, repeats=1, warmup=0, reference=None)
     assert plain.reference is None and plain.raw_runs is None
