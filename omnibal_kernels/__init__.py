@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "BalanceReport": "balance",
     "OversizeError": "balance",
     "TooFewPacksError": "balance",
+    # cost models fitted to measured time
+    "measure_pack_times": "calibration",
     # training: samplers over plans
     "BalancedBatchSampler": "sampler",
     "SamplerReport": "sampler",

@@ -188,14 +188,6 @@ def _check_sampler_state(path: Path, identity: dict[str, Any]) -> None:
         )
 
 
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    """Write ``value`` as JSON to ``path`` atomically (a temporary file, fsync, then a rename)."""
-    from ._files import atomic_write
-
-    with atomic_write(path, "w") as f:
-        f.write(json.dumps(value, indent=1) + "\n")
-
-
 def _sampler_state_callback(trainer: Any) -> Any:
     """A ``transformers.TrainerCallback`` writing :data:`SAMPLER_STATE_FILE` into every checkpoint."""
     from transformers import TrainerCallback
@@ -206,7 +198,9 @@ def _sampler_state_callback(trainer: Any) -> Any:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             identity = trainer._sampler_identity
             if args.should_save and identity is not None and folder.is_dir():
-                _write_json(folder / SAMPLER_STATE_FILE, identity)
+                from ._files import write_json
+
+                write_json(folder / SAMPLER_STATE_FILE, identity, indent=1)
 
     return SaveSamplerState()
 

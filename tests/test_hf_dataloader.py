@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from omnibal_kernels.hf import SAMPLER_STATE_FILE, _check_sampler_state, _write_json, balanced_train_dataloader
+from omnibal_kernels._files import write_json
+from omnibal_kernels.hf import SAMPLER_STATE_FILE, _check_sampler_state, balanced_train_dataloader
 from omnibal_kernels.lengths import Lengths
 from omnibal_kernels.sampler import BalancedBatchSampler
 
@@ -94,7 +95,7 @@ def test_checkpoint_sampler_state_is_checked(tmp_path):
                                       llm_capacity=160).batch_sampler.identity()
     path = tmp_path / SAMPLER_STATE_FILE
     _check_sampler_state(path, identity)  # a checkpoint without one: nothing to check
-    _write_json(path, identity)
+    write_json(path, identity)
     _check_sampler_state(path, identity)
     with pytest.raises(ValueError, match=f"{SAMPLER_STATE_FILE}: the checkpoint was written by a run with other "
                                          r"lengths or sampler options \(config_fingerprint"):
