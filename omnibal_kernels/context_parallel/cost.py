@@ -8,8 +8,9 @@ pairs its attention kernel computes in ``tile`` x ``tile`` blocks (:func:`~.layo
 backward pass). The group's step takes as long as its slowest rank. The exchange is counted on the critical
 path, not overlapped with compute, which is what an exchange before each layer's attention costs.
 
-The time unit is the one of :class:`~omnibal_kernels.CostModel` (GFLOP of training work), so the two can be
-summed; :meth:`ContextParallelCost.from_cost_model` takes the LLM terms of a ``CostModel``.
+The time unit is GFLOP of training work, the unit of the named cost models of
+:class:`~omnibal_kernels.CostModel`, so the two can be summed; :meth:`ContextParallelCost.from_cost_model` takes
+the LLM terms of any ``CostModel`` (a fitted one in seconds included).
 """
 from __future__ import annotations
 
@@ -103,7 +104,9 @@ class ContextParallelCost:
     @classmethod
     def from_cost_model(cls, cost_model: Any, *, kv_token: float, tile: int = 128) -> ContextParallelCost:
         """The LLM terms of a :class:`~omnibal_kernels.CostModel` (``llm_linear`` per token; ``llm_quadratic``
-        per ``t**2``, i.e. per half a causal pair), with the exchange term given."""
+        per ``t**2``, i.e. per half a causal pair), with the exchange term ``kv_token`` given in the cost
+        model's unit (GFLOP for the named models, seconds for a fitted one). Its ViT terms and fixed overheads
+        (``per_sample``, ``per_pack``) are not a CP rank's work and are left out."""
         return cls(float(cost_model.llm_linear), 2.0 * float(cost_model.llm_quadratic), kv_token, tile)
 
     @classmethod
