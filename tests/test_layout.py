@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cpu",),  # the CPU twins (numba, numpy, torch); never import ops/
     ("ops",),  # Triton kernels; CPU data goes down to cpu/
     ("attention",),  # varlen attention adapters
+    ("context_parallel",),  # CP shards, their predicted times, CP attention (below the planner and the collator)
     ("lengths",),  # per-sample loads
     ("vision", "model_inputs"),  # counts, loads, buckets, mrope, batch fields; what a transformers model reads
     ("balance",),  # planning
