@@ -1,6 +1,7 @@
+// The reader of per-sample length records declared in length_records.hpp: a strict JSON scanner and the
+// loop over the records of a JSON list or of JSON Lines.
 #include "length_records.hpp"
 
-#include <algorithm>
 #include <cstring>
 
 namespace omnibal {
@@ -386,8 +387,7 @@ LengthRecords parse_length_records(const char* text, size_t size, const std::str
     }
     s.skip_ws();
     if (!s.at_end()) {
-      return fail("unexpected data after the closing ']' (two JSON lists back to back? give each its own file)",
-                  -1);
+      return fail("unexpected data after the closing ']' (two JSON lists back to back? give each its own file)", -1);
     }
     return out;
   }
@@ -400,29 +400,6 @@ LengthRecords parse_length_records(const char* text, size_t size, const std::str
     }
     if (s.at_end()) return out;
   }
-}
-
-LoadStats load_stats(const int64_t* vit, const int64_t* llm, int64_t n, int64_t llm_bin) {
-  LoadStats s;
-  for (int64_t i = 0; i < n; ++i) {
-    s.vit_sum += vit[i];
-    s.llm_sum += llm[i];
-    s.vit_max = std::max(s.vit_max, vit[i]);
-    s.llm_max = std::max(s.llm_max, llm[i]);
-    s.llm_sum_binned += (llm[i] + llm_bin - 1) / llm_bin;
-  }
-  s.llm_sum_binned *= llm_bin;
-  return s;
-}
-
-bool ids_in_range(const int64_t* ids, int64_t count, int64_t num_samples, int64_t& bad) {
-  for (int64_t k = 0; k < count; ++k) {
-    if (ids[k] < 0 || ids[k] >= num_samples) {
-      bad = k;
-      return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace omnibal

@@ -24,14 +24,4 @@ struct LengthRecords {
 LengthRecords parse_length_records(const char* text, size_t size, const std::string& vit_key,
                                    const std::string& llm_key);
 
-// Totals and maxima of per-sample loads in one pass, and the LLM total with every sample rounded up to
-// `llm_bin` tokens (the capacity search's grid step).
-struct LoadStats {
-  int64_t vit_sum = 0, llm_sum = 0, vit_max = 0, llm_max = 0, llm_sum_binned = 0;
-};
-LoadStats load_stats(const int64_t* vit, const int64_t* llm, int64_t n, int64_t llm_bin);
-
-// Whether every id in ids[0:count] is in [0, num_samples); on failure `bad` is the first offending position.
-bool ids_in_range(const int64_t* ids, int64_t count, int64_t num_samples, int64_t& bad);
-
 }  // namespace omnibal

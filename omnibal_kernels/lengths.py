@@ -10,6 +10,15 @@
   ``(vit, llm)`` rows;
 * ``.npz``: arrays ``vit`` and ``llm`` (or ``vit_num`` and ``token_num``); ``llm`` alone means text-only.
 
+Each sample may also carry its ViT sequence lengths, ``vit_seqlens``: one per image, video frame group or tile,
+in ViT load units, summing to the sample's ViT load (a text-only sample has none). In ``.npz`` files they are
+the arrays ``vit_seqlens`` (flat int64) and ``vit_seqlens_offsets`` (``N + 1`` int64 from 0: sample ``i`` has
+``vit_seqlens[offsets[i]:offsets[i + 1]]``); in JSON and JSON Lines the key ``"vit_seqlens": [...]`` of each
+sample. The C++ scanner reads ``vit_num`` and ``token_num`` only: a JSON file that mentions ``vit_seqlens`` is
+read a second time, in Python, for that key (a Python object per sample, so slower than the scan). Without
+them, a cost model takes each sample's whole ViT load as one sequence
+(:class:`~omnibal_kernels.balance.CostModel`).
+
 A missing ``vit_num`` means a text-only sample (ViT load 0). A missing ``token_num``, a negative, non-integer
 or too large value raises ``ValueError`` naming the file and the sample index. JSON is scanned by the C++
 extension in one pass, with no Python object per sample, so inputs of tens of millions of samples load in
@@ -33,6 +42,7 @@ import numpy as np
 
 from . import _ext
 from ._checks import is_tensor
+from ._csr import check_offsets, row_ids, row_sums, take_rows
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -67,12 +77,19 @@ class Lengths:
         llm: (N,) int64 LLM load per sample (tokens, image tokens included).
         source: (N,) int32 index into ``sources`` of the file each sample came from.
         sources: the files, in the order read.
+        vit_seqlens: (S,) int64 ViT sequence lengths of all samples back to back (one per image, video frame
+            group or tile, in ViT load units), or None when the loads do not say.
+        vit_seqlens_offsets: (N + 1,) int64 from 0: sample ``i``'s sequences are
+            ``vit_seqlens[vit_seqlens_offsets[i]:vit_seqlens_offsets[i + 1]]``; they sum to ``vit[i]``
+            (none for a text-only sample). Given together with ``vit_seqlens`` or not at all.
     """
 
     vit: np.ndarray
     llm: np.ndarray
     source: np.ndarray = field(default=None)  # type: ignore[assignment]
     sources: tuple[str, ...] = ()
+    vit_seqlens: Optional[np.ndarray] = None
+    vit_seqlens_offsets: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         vit = _as_load_array(self.vit, "vit")
@@ -89,6 +106,10 @@ class Lengths:
         object.__setattr__(self, "llm", _read_only(llm, self.llm))
         object.__setattr__(self, "source", _read_only(source, self.source))
         object.__setattr__(self, "sources", tuple(str(s) for s in self.sources) or ("<memory>",))
+        if self.vit_seqlens is not None or self.vit_seqlens_offsets is not None:
+            seqlens, offsets = _check_vit_seqlens(self.vit_seqlens, self.vit_seqlens_offsets, vit)
+            object.__setattr__(self, "vit_seqlens", _read_only(seqlens, self.vit_seqlens))
+            object.__setattr__(self, "vit_seqlens_offsets", _read_only(offsets, self.vit_seqlens_offsets))
 
     def __len__(self) -> int:
         return int(self.vit.shape[0])
@@ -97,14 +118,20 @@ class Lengths:
         """Totals and maxima (one pass in C++, computed once per ``Lengths``)."""
         cached = self.__dict__.get("_stats")
         if cached is None:
-            cached = LoadStats(*_ext.load().load_stats(self.vit, self.llm, LLM_BIN))
+            s = _ext.load().load_stats(self.vit, self.llm, LLM_BIN)
+            cached = LoadStats(s.vit_sum, s.llm_sum, s.vit_max, s.llm_max, s.llm_sum_binned)
             object.__setattr__(self, "_stats", cached)
         return cached
 
     def __getitem__(self, index: slice | np.ndarray | Sequence[int]) -> "Lengths":
-        """A subset of samples (by slice, index array or boolean mask), keeping their sources."""
+        """A subset of samples (by slice, index array or boolean mask), keeping their sources and ViT sequences."""
+        seqlens = offsets = None
+        if self.vit_seqlens is not None:
+            rows = np.arange(len(self), dtype=np.int64)[index]
+            offsets, seqlens = take_rows(self.vit_seqlens_offsets, self.vit_seqlens, np.atleast_1d(rows))
+            offsets, seqlens = _frozen(offsets), _frozen(seqlens)
         return Lengths(_frozen(self.vit[index]), _frozen(self.llm[index]), _frozen(self.source[index]),
-                       self.sources)
+                       self.sources, seqlens, offsets)
 
     @classmethod
     def concat(cls, parts: Iterable["Lengths"]) -> "Lengths":
@@ -118,11 +145,14 @@ class Lengths:
             offset = len(sources)
             sources.extend(part.sources)
             source_ids.append(part.source + offset)
+        seqlens, offsets = _concat_vit_seqlens(parts)
         return cls(
             _frozen(np.concatenate([p.vit for p in parts])),
             _frozen(np.concatenate([p.llm for p in parts])),
             _frozen(np.concatenate(source_ids)),
             tuple(sources),
+            seqlens,
+            offsets,
         )
 
     def summary(self) -> dict[str, float]:
@@ -134,6 +164,56 @@ class Lengths:
             out[f"{name}_mean"] = float(arr.mean()) if len(arr) else 0.0
             out[f"{name}_max"] = int(arr.max()) if len(arr) else 0
         return out
+
+
+def _concat_vit_seqlens(parts: Sequence[Lengths]) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    """The ViT sequences of ``parts`` one after another: None when no part has them; a part without them
+    joins with none per sample only if it is text-only (else a ValueError naming it: its images are unknown)."""
+    if all(p.vit_seqlens is None for p in parts):
+        return None, None
+    flat, counts = [], []
+    for part in parts:
+        if part.vit_seqlens is not None:
+            flat.append(part.vit_seqlens)
+            counts.append(np.diff(part.vit_seqlens_offsets))
+        elif not part.vit.any():
+            counts.append(np.zeros(len(part), dtype=np.int64))
+        else:
+            raise ValueError(f"{', '.join(part.sources)}: has no vit_seqlens but ViT loads, while other parts have "
+                             f"vit_seqlens; give every part with images its ViT sequence lengths")
+    offsets = np.zeros(sum(c.shape[0] for c in counts) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(counts), out=offsets[1:])
+    return _frozen(np.concatenate(flat).astype(np.int64, copy=False)), _frozen(offsets)
+
+
+def _check_vit_seqlens(seqlens: object, offsets: object, vit: np.ndarray, where: str = "") -> tuple[np.ndarray,
+                                                                                                      np.ndarray]:
+    """``(seqlens, offsets)`` as int64 CSR rows of ``vit``'s samples, each row non-negative and summing to the
+    sample's ViT load; else a ValueError naming ``where`` and the first bad sample."""
+    prefix = f"{where}: " if where else ""
+    if seqlens is None or offsets is None:
+        missing = "vit_seqlens_offsets" if offsets is None else "vit_seqlens"
+        raise ValueError(f"{prefix}vit_seqlens and vit_seqlens_offsets come together; {missing} is missing")
+    values = np.asarray(seqlens.detach().cpu().numpy() if is_tensor(seqlens) else seqlens)
+    if values.size == 0:
+        values = values.reshape(0).astype(np.int64)
+    if values.ndim != 1 or values.dtype.kind not in "iu":
+        raise ValueError(f"{prefix}vit_seqlens must be a 1-D integer array, got dtype {values.dtype}, "
+                         f"shape {values.shape}")
+    offsets = check_offsets("vit_seqlens_offsets", offsets, vit.shape[0], values.shape[0], where)
+    bad = np.flatnonzero((values < 0) | (values > _MAX_LOAD))
+    if bad.size:
+        j = int(bad[0])
+        kind = "negative" if values[j] < 0 else "too large (>= 2**31)"
+        raise ValueError(f"{prefix}sample {int(row_ids(offsets)[j])}: vit_seqlens holds a {kind} length "
+                         f"({int(values[j])})")
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    sums = row_sums(offsets, values)
+    bad = np.flatnonzero(sums != vit)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{prefix}sample {i}: vit_seqlens sum to {int(sums[i])}, but its ViT load is {int(vit[i])}")
+    return values, offsets
 
 
 def _writeable_anywhere(arr: np.ndarray) -> bool:
@@ -212,11 +292,62 @@ def _utf8_json(path: Path, data: bytes) -> memoryview:
 
 
 def _read_records(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray]:
-    vit, llm, error, sample = _ext.load().parse_length_records(data, "vit_num", "token_num")
-    if error:
-        where = f"sample {sample}: " if sample >= 0 else ""
-        raise ValueError(f"{path}: {where}{error}")
-    return vit, llm
+    records = _ext.load().parse_length_records(data, "vit_num", "token_num")
+    if records.error:
+        where = f"sample {records.error_sample}: " if records.error_sample >= 0 else ""
+        raise ValueError(f"{path}: {where}{records.error}")
+    return records.vit, records.llm
+
+
+# The JSON key of per-sample ViT sequence lengths, as the bytes a file holding it must contain.
+_SEQLENS_KEY = b'"vit_seqlens"'
+
+
+def _json_records(data: memoryview) -> list[Any]:
+    """The records of a JSON list, a single JSON object, or JSON Lines (objects one after another)."""
+    text = bytes(data).decode("utf-8")
+    decoder = json.JSONDecoder()
+    records: list[Any] = []
+    pos, end = 0, len(text)
+    while True:
+        while pos < end and text[pos] in " \t\r\n":
+            pos += 1
+        if pos == end:
+            return records
+        value, pos = decoder.raw_decode(text, pos)
+        if isinstance(value, list):
+            records.extend(value)
+        else:
+            records.append(value)
+
+
+def _read_json_seqlens(path: Path, data: memoryview, vit: np.ndarray) -> tuple[Optional[np.ndarray],
+                                                                              Optional[np.ndarray]]:
+    """The ``"vit_seqlens"`` of every record (the scanner has validated the file); None when no record has it.
+    A record without it has none, which only a text-only sample may; the sums are checked by ``Lengths``."""
+    records = _json_records(data)
+    if len(records) != vit.shape[0]:
+        raise ValueError(f"{path}: {len(records)} records hold vit_seqlens, the scan found {vit.shape[0]} samples")
+    if not any(isinstance(r, dict) and "vit_seqlens" in r for r in records):
+        return None, None
+    flat: list[int] = []
+    offsets = np.zeros(len(records) + 1, dtype=np.int64)
+    for i, rec in enumerate(records):
+        entry = rec.get("vit_seqlens")
+        if entry is None:
+            if vit[i]:
+                raise ValueError(f"{path}: sample {i}: no vit_seqlens but a ViT load of {int(vit[i])}, while "
+                                 f"other samples have vit_seqlens")
+            entry = []
+        if not isinstance(entry, list) or not all(type(x) is int for x in entry):
+            raise ValueError(f"{path}: sample {i}: vit_seqlens must be a list of integers, got {entry!r}")
+        flat.extend(entry)
+        offsets[i + 1] = len(flat)
+    if any(abs(x) > _MAX_LOAD for x in flat):
+        j = next(j for j, x in enumerate(flat) if abs(x) > _MAX_LOAD)
+        sample = int(np.searchsorted(offsets, j, side="right") - 1)
+        raise ValueError(f"{path}: sample {sample}: vit_seqlens holds a length out of range ({flat[j]})")
+    return _frozen(np.asarray(flat, dtype=np.int64)), _frozen(offsets)
 
 
 def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
@@ -263,7 +394,8 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError(f"{path}: holds a single array (.npy data), not an .npz archive of arrays")
     with archive as z:
-        wanted = [k for k in ("llm", "token_num", "vit", "vit_num") if k in z.files]
+        wanted = [k for k in ("llm", "token_num", "vit", "vit_num", "vit_seqlens", "vit_seqlens_offsets")
+                  if k in z.files]
         if not any(k in wanted for k in ("llm", "token_num")):
             raise ValueError(f"{path}: needs an array 'llm' (or 'token_num'), has {z.files}")
         try:
@@ -290,7 +422,11 @@ def _load_array_file(path: Path, suffix: str) -> Lengths:
     vit = _frozen(np.zeros_like(llm) if vit_arr is None else _as_load_array(vit_arr, "vit", where))
     if vit.shape != llm.shape:
         raise ValueError(f"{path}: vit has {vit.shape[0]} samples, llm has {llm.shape[0]}")
-    return Lengths(vit, llm, sources=(where,))
+    seqlens, offsets = arrays.get("vit_seqlens"), arrays.get("vit_seqlens_offsets")
+    if seqlens is not None or offsets is not None:
+        seqlens, offsets = _check_vit_seqlens(seqlens, offsets, vit, where)
+        seqlens, offsets = _frozen(seqlens), _frozen(offsets)
+    return Lengths(vit, llm, sources=(where,), vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
 
 
 def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool = False) -> Lengths:
@@ -307,7 +443,13 @@ def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool 
         if meta is not None:
             return _meta_parts(path, meta, (*_meta_chain, path.resolve()), allow_empty)
         vit, llm = _read_records(path, data)
-        lengths = Lengths(_frozen(vit), _frozen(llm), sources=(str(path),))
+        seqlens = offsets = None
+        if _SEQLENS_KEY in data.obj:
+            seqlens, offsets = _read_json_seqlens(path, data, vit)
+            if seqlens is not None:
+                _check_vit_seqlens(seqlens, offsets, vit, str(path))
+        lengths = Lengths(_frozen(vit), _frozen(llm), sources=(str(path),), vit_seqlens=seqlens,
+                          vit_seqlens_offsets=offsets)
     else:
         raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
     if len(lengths) == 0 and not allow_empty:
@@ -369,46 +511,73 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
 
     Args:
         path: ``.json`` for the OmniBal format (a list of ``{"vit_num": int, "token_num": int}``, one per
-            sample) or ``.npz`` for int32 arrays ``vit`` and ``llm``.
+            sample), ``.jsonl`` for the same objects one per line, or ``.npz`` for int32 arrays ``vit`` and
+            ``llm``. ViT sequence lengths, when the loads have them, go along: ``"vit_seqlens": [...]`` in every
+            JSON object, arrays ``vit_seqlens`` and ``vit_seqlens_offsets`` (int64) in ``.npz``.
         loads: :class:`Lengths` (what :func:`~omnibal_kernels.vision.compute_loads` returns), a mapping with
-            ``vit`` and ``llm`` ``(N,)``, or a ``(vit, llm)`` tuple (arrays, lists or tensors).
-        fmt: ``"json"`` or ``"npz"`` to override the suffix.
+            ``vit`` and ``llm`` ``(N,)`` (and optionally ``vit_seqlens`` with ``vit_seqlens_offsets``), or a
+            ``(vit, llm)`` tuple (arrays, lists or tensors).
+        fmt: ``"json"``, ``"jsonl"`` or ``"npz"`` to override the suffix.
         allow_empty: write a file without samples (``load_lengths`` reads it only with ``allow_empty=True``).
 
     Returns:
         The path written.
 
     Raises:
-        ValueError: values ``load_lengths`` would refuse (negative, non-integer, ``>= 2**31``, no samples),
-            naming the sample; an unknown format. Every file written here loads with ``load_lengths``.
+        ValueError: values ``load_lengths`` would refuse (negative, non-integer, ``>= 2**31``, no samples, ViT
+            sequences that do not sum to the ViT load), naming the sample; an unknown format. Every file written
+            here loads with ``load_lengths``, ViT sequences included.
     """
     from ._files import atomic_write
 
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".")).lower()
-    if fmt not in ("json", "npz"):
-        raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json or .npz suffix or fmt=")
+    if fmt not in ("json", "jsonl", "npz"):
+        raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json, .jsonl or .npz suffix "
+                         f"or fmt=")
     where = f"writing {path}"
+    vit, llm, seqlens, offsets = _loads_to_write(loads, where)
+    if vit.size == 0 and not allow_empty:
+        raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
+                         f"(pass allow_empty=True here too if that is intended)")
+    if fmt == "npz":
+        arrays = dict(vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
+        if seqlens is not None:
+            arrays.update(vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
+        with atomic_write(path) as f:
+            np.savez(f, **arrays)
+        return path
+    records = [f'{{"vit_num": {v}, "token_num": {t}' for v, t in zip(vit.tolist(), llm.tolist())]
+    if seqlens is not None:
+        bounds = offsets.tolist()
+        flat = seqlens.tolist()
+        records = [f'{r}, "vit_seqlens": {flat[a:b]}' for r, a, b in zip(records, bounds[:-1], bounds[1:])]
+    with atomic_write(path, "w") as f:
+        if fmt == "json":
+            # One sample per line: the OmniBal list format, readable and diffable.
+            f.write("[\n" + ",\n".join(r + "}" for r in records) + "\n]\n")
+        else:
+            f.write("".join(r + "}\n" for r in records))
+    return path
+
+
+def _loads_to_write(loads: Union[Lengths, Mapping[str, Any], tuple], where: str) -> tuple[
+        np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray]]:
+    """``write_lengths``' loads as checked ``(vit, llm, vit_seqlens, vit_seqlens_offsets)`` arrays."""
+    seqlens = offsets = None
     if isinstance(loads, Lengths):
         vit, llm = loads.vit, loads.llm
+        seqlens, offsets = loads.vit_seqlens, loads.vit_seqlens_offsets
+    elif isinstance(loads, tuple):
+        vit, llm = loads
     else:
-        vit = loads[0] if isinstance(loads, tuple) else loads["vit"]
-        llm = loads[1] if isinstance(loads, tuple) else loads["llm"]
-        vit, llm = (x.detach().cpu().numpy() if is_tensor(x) else x for x in (vit, llm))
+        vit, llm = loads["vit"], loads["llm"]
+        seqlens, offsets = loads.get("vit_seqlens"), loads.get("vit_seqlens_offsets")
+    vit, llm, offsets = (x.detach().cpu().numpy() if is_tensor(x) else x for x in (vit, llm, offsets))
     vit = _as_load_array(vit, "vit", where)
     llm = _as_load_array(llm, "llm", where)
     if vit.shape != llm.shape:
         raise ValueError(f"{where}: vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
-    if vit.size == 0 and not allow_empty:
-        raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
-                         f"(pass allow_empty=True here too if that is intended)")
-    if fmt == "json":
-        with atomic_write(path, "w") as f:
-            # One sample per line: the OmniBal list format, readable and diffable.
-            f.write("[\n")
-            f.write(",\n".join(f'{{"vit_num": {v}, "token_num": {t}}}' for v, t in zip(vit.tolist(), llm.tolist())))
-            f.write("\n]\n")
-    else:
-        with atomic_write(path) as f:
-            np.savez(f, vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
-    return path
+    if seqlens is not None or offsets is not None:
+        seqlens, offsets = _check_vit_seqlens(seqlens, offsets, vit, where)
+    return vit, llm, seqlens, offsets

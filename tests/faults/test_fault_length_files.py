@@ -224,8 +224,8 @@ def _reference(text: bytes) -> tuple[list[int], list[int]] | None:
 
 
 def _scan(text: bytes) -> tuple[list[int], list[int]] | None:
-    vit, llm, error, _ = load_extension().parse_length_records(text, "vit_num", "token_num")
-    return None if error else (vit.tolist(), llm.tolist())
+    records = load_extension().parse_length_records(text, "vit_num", "token_num")
+    return None if records.error else (records.vit.tolist(), records.llm.tolist())
 
 
 @settings(max_examples=80, deadline=None)
