@@ -26,7 +26,6 @@ import argparse
 import itertools
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from omnibal_kernels.pipeline import (
     stage_modules,
 )
 from omnibal_kernels.testing.models import causal_lm_loss
+from omnibal_kernels.testing.processes import free_port
 from omnibal_kernels.testing.tiny_vlm import (
     PATCHES,
     TinyVLM,
@@ -202,12 +202,6 @@ def _worker(rank: int, port: int, plans: dict[str, PipelinePlan], batches: dict[
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _least_free_peak(profile: Any, micro_batches: int, schedule: str, chunks: int) -> float:
     """The least peak memory (worst rank) of any split when nothing is recomputed."""
     L, S = len(profile), RANKS * chunks
@@ -238,7 +232,7 @@ def run(steps: int = 3, micro_batches: int = 4, schedule: str = "interleaved", v
     plans = {"searched": partition(profile, RANKS, **common),
              "uniform": partition(profile, RANKS, method="uniform", recompute="uniform", **common)}
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(_free_port(), plans, batches, micro_batches, steps, sizes, out_dir),
+        ctx = mp.start_processes(_worker, args=(free_port(), plans, batches, micro_batches, steps, sizes, out_dir),
                                  nprocs=RANKS, join=False, start_method="spawn")
         deadline = time.monotonic() + 300
         while not ctx.join(timeout=1):

@@ -21,10 +21,19 @@ import numpy as np
 @numba.njit(cache=True, nogil=True)
 def add_item(w: np.ndarray, c: np.ndarray, n: int, item_w: float, item_c: float, cap: float,
              out_w: np.ndarray, out_c: np.ndarray) -> int:
-    """Merges the frontier ``(w[:n], c[:n])`` with itself plus one item into ``out_*``; returns its size.
+    """Merges the frontier ``(w[:n], c[:n])`` with itself plus one item into ``out_*``; returns its size."""
+    return _merge(w, c, n, item_w, item_c, cap, out_w, out_c, np.zeros(0, np.bool_), np.zeros(0, np.int64))
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge(w: np.ndarray, c: np.ndarray, n: int, item_w: float, item_c: float, cap: float, out_w: np.ndarray,
+           out_c: np.ndarray, took: np.ndarray, parent: np.ndarray) -> int:
+    """The merge of :func:`add_item`; with ``took`` and ``parent`` as long as the output it also records, per
+    output point, whether it holds the item and its index in the input (empty arrays: not recorded).
 
     Both inputs are sorted by ``w``; the merge walks them from the largest ``w`` down and keeps a point only
     when it is cheaper than every point saving at least as much (equal ``w``: the cheaper first)."""
+    track = took.shape[0] > 0
     i, j, k = n - 1, n - 1, 0
     best = np.inf
     while i >= 0 or j >= 0:
@@ -33,19 +42,25 @@ def add_item(w: np.ndarray, c: np.ndarray, n: int, item_w: float, item_c: float,
         wi = w[i] if i >= 0 else -1.0
         ci = c[i] if i >= 0 else np.inf
         if j >= 0 and (i < 0 or wj > wi or (wj == wi and cj < ci)):
-            pw, pc = wj, cj
+            pw, pc, pt, pp = wj, cj, True, j
             j -= 1
         else:
-            pw, pc = wi, ci
+            pw, pc, pt, pp = wi, ci, False, i
             i -= 1
         if pc < best:
             out_w[k], out_c[k] = pw, pc
+            if track:
+                took[k], parent[k] = pt, pp
             best = pc
             k += 1
     # reverse into ascending order
     for t in range(k // 2):
-        out_w[t], out_w[k - 1 - t] = out_w[k - 1 - t], out_w[t]
-        out_c[t], out_c[k - 1 - t] = out_c[k - 1 - t], out_c[t]
+        u = k - 1 - t
+        out_w[t], out_w[u] = out_w[u], out_w[t]
+        out_c[t], out_c[u] = out_c[u], out_c[t]
+        if track:
+            took[t], took[u] = took[u], took[t]
+            parent[t], parent[u] = parent[u], parent[t]
     return k
 
 
@@ -126,36 +141,6 @@ def recompute_matrix(save: np.ndarray, cost: np.ndarray, c_static: np.ndarray, c
 
 
 @numba.njit(cache=True, nogil=True)
-def _add_tracked(w: np.ndarray, c: np.ndarray, n: int, item_w: float, item_c: float, cap: float,
-                 out_w: np.ndarray, out_c: np.ndarray, took: np.ndarray, parent: np.ndarray) -> int:
-    """``add_item`` that also records, per output point, whether it holds the item and its input index."""
-    i, j, k = n - 1, n - 1, 0
-    best = np.inf
-    while i >= 0 or j >= 0:
-        wj = min(w[j] + item_w, cap) if j >= 0 else -1.0
-        cj = c[j] + item_c if j >= 0 else np.inf
-        wi = w[i] if i >= 0 else -1.0
-        ci = c[i] if i >= 0 else np.inf
-        if j >= 0 and (i < 0 or wj > wi or (wj == wi and cj < ci)):
-            pw, pc, pt, pp = wj, cj, True, j
-            j -= 1
-        else:
-            pw, pc, pt, pp = wi, ci, False, i
-            i -= 1
-        if pc < best:
-            out_w[k], out_c[k], took[k], parent[k] = pw, pc, pt, pp
-            best = pc
-            k += 1
-    for t in range(k // 2):
-        u = k - 1 - t
-        out_w[t], out_w[u] = out_w[u], out_w[t]
-        out_c[t], out_c[u] = out_c[u], out_c[t]
-        took[t], took[u] = took[u], took[t]
-        parent[t], parent[u] = parent[u], parent[t]
-    return k
-
-
-@numba.njit(cache=True, nogil=True)
 def solve(weights: np.ndarray, costs: np.ndarray, need: float, grid: float, limit: int,
           chosen: np.ndarray) -> tuple[float, bool]:
     """Least cost of a subset of items whose (grid-floored) weights sum to at least ``need``, and whether the
@@ -177,7 +162,7 @@ def solve(weights: np.ndarray, costs: np.ndarray, need: float, grid: float, limi
             for k in range(n):
                 parent[t, k] = k
             continue
-        n = _add_tracked(fw[cur], fc[cur], n, s, costs[t], need, fw[1 - cur], fc[1 - cur], took[t], parent[t])
+        n = _merge(fw[cur], fc[cur], n, s, costs[t], need, fw[1 - cur], fc[1 - cur], took[t], parent[t])
         cur = 1 - cur
         if n > limit:
             return np.inf, False

@@ -218,6 +218,27 @@ def _layer_table(cfg: VLMConfig, dtype_bytes: int) -> list[dict[str, Any]]:
     return rows
 
 
+def pack_loads(packs: Sequence[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``packs`` (a sequence of ``(vit, llm)`` per-sample load pairs, or one pair) as checked float64 arrays;
+    ``ValueError`` names the pack."""
+    if isinstance(packs, tuple) and len(packs) == 2 and np.ndim(packs[0]) == 1:
+        packs = [packs]  # one pack given as (vit, llm)
+    if not isinstance(packs, Sequence) or len(packs) == 0:
+        raise ValueError("packs must be a non-empty sequence of (vit, llm) per-sample load pairs")
+    loads = []
+    for p, pack in enumerate(packs):
+        if not isinstance(pack, (tuple, list)) or len(pack) != 2:
+            raise ValueError(f"packs[{p}] must be a (vit, llm) pair of per-sample loads")
+        vit = np.atleast_1d(np.asarray(pack[0], dtype=np.float64))
+        llm = np.atleast_1d(np.asarray(pack[1], dtype=np.float64))
+        if vit.shape != llm.shape or vit.ndim != 1:
+            raise ValueError(f"packs[{p}]: vit and llm must be 1-D of one length, got {vit.shape} and {llm.shape}")
+        if (vit < 0).any() or (llm < 0).any() or not (np.isfinite(vit).all() and np.isfinite(llm).all()):
+            raise ValueError(f"packs[{p}]: loads must be finite and >= 0")
+        loads.append((vit, llm))
+    return loads
+
+
 def profile_from_config(
     config: Union[str, Path, VLMConfig, Mapping[str, Any]],
     packs: Sequence[tuple[Any, Any]],
@@ -239,21 +260,7 @@ def profile_from_config(
         static_bytes_per_param: parameter + gradient + optimizer bytes per parameter.
     """
     cfg = load_config(config)
-    if isinstance(packs, tuple) and len(packs) == 2 and np.ndim(packs[0]) == 1:
-        packs = [packs]  # one pack given as (vit, llm)
-    if not isinstance(packs, Sequence) or len(packs) == 0:
-        raise ValueError("packs must be a non-empty sequence of (vit, llm) per-sample load pairs")
-    loads = []
-    for p, pack in enumerate(packs):
-        if not isinstance(pack, (tuple, list)) or len(pack) != 2:
-            raise ValueError(f"packs[{p}] must be a (vit, llm) pair of per-sample loads")
-        vit = np.atleast_1d(np.asarray(pack[0], dtype=np.float64))
-        llm = np.atleast_1d(np.asarray(pack[1], dtype=np.float64))
-        if vit.shape != llm.shape or vit.ndim != 1:
-            raise ValueError(f"packs[{p}]: vit and llm must be 1-D of one length, got {vit.shape} and {llm.shape}")
-        if (vit < 0).any() or (llm < 0).any() or not (np.isfinite(vit).all() and np.isfinite(llm).all()):
-            raise ValueError(f"packs[{p}]: loads must be finite and >= 0")
-        loads.append((vit, llm))
+    loads = pack_loads(packs)
     for key, value in (("tflops", tflops), ("efficiency", efficiency)):
         if not value > 0:
             raise ValueError(f"{key} must be > 0, got {value}")

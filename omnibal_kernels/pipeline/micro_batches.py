@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .estimate import pack_loads
 from .partition import PipelinePlan
 from .profile import ModelProfile, as_profile
 from .schedule import ScheduleResult, simulate
@@ -25,7 +26,8 @@ def kind_costs(cost_model: Any = None) -> dict[str, Any]:
     """The cost model of each layer kind, from one model's ``balance.CostModel`` (default
     ``CostModel.internvl_7b()``): ``"vit"`` its ViT terms, ``"llm"`` its LLM terms, ``"projector"`` the ViT
     tiles' linear term (it maps image tokens), ``"head"`` the tokens' linear term; ``""`` (no kind) the whole
-    model. This is where a model with more terms per kind plugs in."""
+    model. The fixed ``per_sample`` and ``per_pack`` terms belong to no layer and scale none. This is the one
+    place a layer kind meets the cost model."""
     from ..balance.cost import CostModel
 
     model = CostModel.internvl_7b() if cost_model is None else cost_model
@@ -48,25 +50,6 @@ class MicroBatchTimes:
     backward_ms: np.ndarray
 
 
-def _pack_loads(packs: Sequence[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    if isinstance(packs, tuple) and len(packs) == 2 and np.ndim(packs[0]) == 1:
-        packs = [packs]
-    if not isinstance(packs, Sequence) or len(packs) == 0:
-        raise ValueError("packs must be a non-empty sequence of (vit, llm) per-sample load pairs")
-    out = []
-    for p, pack in enumerate(packs):
-        if not isinstance(pack, (tuple, list)) or len(pack) != 2:
-            raise ValueError(f"packs[{p}] must be a (vit, llm) pair of per-sample loads")
-        vit = np.atleast_1d(np.asarray(pack[0], dtype=np.float64))
-        llm = np.atleast_1d(np.asarray(pack[1], dtype=np.float64))
-        if vit.shape != llm.shape or vit.ndim != 1:
-            raise ValueError(f"packs[{p}]: vit and llm must be 1-D of one length, got {vit.shape} and {llm.shape}")
-        if (vit < 0).any() or (llm < 0).any() or not (np.isfinite(vit).all() and np.isfinite(llm).all()):
-            raise ValueError(f"packs[{p}]: loads must be finite and >= 0")
-        out.append((vit, llm))
-    return out
-
-
 def micro_batch_times(profile: Any, packs: Sequence[tuple[Any, Any]], *, cost_model: Any = None,
                       reference: Optional[Sequence[tuple[Any, Any]]] = None) -> MicroBatchTimes:
     """Per (micro-batch, layer) times of ``packs`` (each a ``(vit, llm)`` pair of per-sample loads).
@@ -76,8 +59,8 @@ def micro_batch_times(profile: Any, packs: Sequence[tuple[Any, Any]], *, cost_mo
     of zero reference cost keeps the profile's time.
     """
     profile = as_profile(profile)
-    loads = _pack_loads(packs)
-    ref = loads if reference is None else _pack_loads(reference)
+    loads = pack_loads(packs)
+    ref = loads if reference is None else pack_loads(reference)
     models = kind_costs(cost_model)
     kinds = [layer.kind if layer.kind in models else "" for layer in profile.layers]
     scale = {}

@@ -199,12 +199,14 @@ def _stages_of(ends: tuple[int, ...]) -> Stages:
 
 
 def _min_max_table(costs: StageCosts, t: Callable[[int, int, np.ndarray], np.ndarray], fixed: dict[int, int],
-                   squares: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """``beta[s, a]``: least over splits of layers a.. into stages s.. of the largest ``t`` (with ``squares``,
-    of the sum of the squares of ``t``: stages as equal as the layers allow); and its argmin."""
+                   squares: bool = False, cap: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
+    """``beta[s, a]``: least over splits of layers a.. into stages s.. of the largest ``t``; with ``squares``,
+    of the sum of the squares of ``t`` (stages as equal as the layers allow); with ``cap``, of the sum of ``t``
+    over splits whose every stage is within ``cap``. Returns it and its argmin (last layer per stage)."""
     L, S = costs.L, costs.S
+    summed = squares or cap is not None
     beta = np.full((S + 1, L + 1), np.inf)
-    beta[S, L] = 0.0 if squares else -np.inf
+    beta[S, L] = 0.0 if summed else -np.inf
     arg = np.full((S, L), -1, np.int64)
     for s in range(S - 1, -1, -1):
         for a in range(s, L):
@@ -212,7 +214,12 @@ def _min_max_table(costs: StageCosts, t: Callable[[int, int, np.ndarray], np.nda
             if b.size == 0:
                 continue
             ts = t(s, a, b)
-            val = ts * ts + beta[s + 1, b + 1] if squares else np.maximum(ts, beta[s + 1, b + 1])
+            if cap is not None:
+                val = np.where(ts <= cap, ts + beta[s + 1, b + 1], np.inf)
+            elif squares:
+                val = ts * ts + beta[s + 1, b + 1]
+            else:
+                val = np.maximum(ts, beta[s + 1, b + 1])
             k = int(np.argmin(val))
             if math.isfinite(val[k]):
                 beta[s, a], arg[s, a] = val[k], b[k]
@@ -460,30 +467,15 @@ def _search_many(costs, mats, windows, fixed, evaluate, seeds, node_limit, polis
 def search_bottleneck(costs: StageCosts, mats: np.ndarray, fixed: dict[int, int]) -> Optional[Stages]:
     """The split of least bottleneck ``max_s (F_s + B_s + W_s)``, ties broken by the least total (one stage per
     rank): a min-max then a min-sum dynamic program under the bottleneck."""
-    L, S = costs.L, costs.S
 
     def t(s, a, b):
         f, bb, w = costs.parts(s, a, b, mats[s, a, b])
         return f + bb + w
 
     beta, _ = _min_max_table(costs, t, fixed)
-    tau = beta[0, 0]
-    if not math.isfinite(tau):
+    if not math.isfinite(beta[0, 0]):
         return None
-    cap = tau * (1 + 1e-12)
-    total = np.full((S + 1, L + 1), np.inf)
-    total[S, L] = 0.0
-    arg = np.full((S, L), -1, np.int64)
-    for s in range(S - 1, -1, -1):
-        for a in range(s, L):
-            b = allowed_ends(L, S, s, a, fixed, costs.last)
-            if b.size == 0:
-                continue
-            ts = t(s, a, b)
-            val = np.where(ts <= cap, ts + total[s + 1, b + 1], np.inf)
-            k = int(np.argmin(val))
-            if math.isfinite(val[k]):
-                total[s, a], arg[s, a] = val[k], b[k]
+    total, arg = _min_max_table(costs, t, fixed, cap=beta[0, 0] * (1 + 1e-12))
     return _split_of(arg, total)
 
 
