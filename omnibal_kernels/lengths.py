@@ -8,7 +8,8 @@
   read in order (relative paths are taken from the meta file's folder);
 * ``.npy``: a 1-D array of token counts (text-only data, ViT load 0) or an ``(N, 2)`` array of
   ``(vit, llm)`` rows;
-* ``.npz``: arrays ``vit`` and ``llm`` (or ``vit_num`` and ``token_num``); ``llm`` alone means text-only.
+* ``.npz``: arrays ``vit`` and ``llm`` (or ``vit_num`` and ``token_num``); ``llm`` alone means text-only;
+  an optional array ``label`` holds each sample's label tokens (see ``Lengths.label``).
 
 A missing ``vit_num`` means a text-only sample (ViT load 0). A missing ``token_num``, a negative, non-integer
 or too large value raises ``ValueError`` naming the file and the sample index. JSON is scanned by the C++
@@ -67,12 +68,17 @@ class Lengths:
         llm: (N,) int64 LLM load per sample (tokens, image tokens included).
         source: (N,) int32 index into ``sources`` of the file each sample came from.
         sources: the files, in the order read.
+        label: None, or (N,) int64 label tokens per sample as a causal LM loss counts them: the positions after
+            the sample's first whose label is not ``ignore_index`` (the targets after the shift by one; packing
+            masks every sample's first label, so a pack trains exactly the sum of its samples' counts). At most
+            ``llm - 1``. With it a sampler knows every optimizer step's label tokens from the plan.
     """
 
     vit: np.ndarray
     llm: np.ndarray
     source: np.ndarray = field(default=None)  # type: ignore[assignment]
     sources: tuple[str, ...] = ()
+    label: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         vit = _as_load_array(self.vit, "vit")
@@ -89,6 +95,8 @@ class Lengths:
         object.__setattr__(self, "llm", _read_only(llm, self.llm))
         object.__setattr__(self, "source", _read_only(source, self.source))
         object.__setattr__(self, "sources", tuple(str(s) for s in self.sources) or ("<memory>",))
+        if self.label is not None:
+            object.__setattr__(self, "label", _read_only(_check_label(self.label, llm), self.label))
 
     def __len__(self) -> int:
         return int(self.vit.shape[0])
@@ -105,11 +113,12 @@ class Lengths:
     def __getitem__(self, index: slice | np.ndarray | Sequence[int]) -> "Lengths":
         """A subset of samples (by slice, index array or boolean mask), keeping their sources."""
         return Lengths(_frozen(self.vit[index]), _frozen(self.llm[index]), _frozen(self.source[index]),
-                       self.sources)
+                       self.sources, None if self.label is None else _frozen(self.label[index]))
 
     @classmethod
     def concat(cls, parts: Iterable["Lengths"]) -> "Lengths":
-        """Samples of several ``Lengths`` one after another (sample ids follow that order)."""
+        """Samples of several ``Lengths`` one after another (sample ids follow that order); ``label`` when every
+        part has it."""
         parts = list(parts)
         if not parts:
             raise ValueError("concat needs at least one Lengths")
@@ -124,6 +133,7 @@ class Lengths:
             _frozen(np.concatenate([p.llm for p in parts])),
             _frozen(np.concatenate(source_ids)),
             tuple(sources),
+            None if any(p.label is None for p in parts) else _frozen(np.concatenate([p.label for p in parts])),
         )
 
     def summary(self) -> dict[str, float]:
@@ -182,6 +192,21 @@ def _as_load_array(values: object, name: str, where: str = "") -> np.ndarray:
             value = int(arr[i]) if arr.dtype.kind != "f" else float(arr[i])
             raise ValueError(f"{prefix}sample {i}: {name} is {kind} ({value})")
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _check_label(label: object, llm: np.ndarray, where: str = "") -> np.ndarray:
+    """``label`` as loads (:func:`_as_load_array`), one per sample and at most ``llm - 1`` each (the first token
+    of a sample is never a target)."""
+    label = _as_load_array(label, "label", where)
+    prefix = f"{where}: " if where else ""
+    if label.shape != llm.shape:
+        raise ValueError(f"{prefix}label must have one entry per sample, got {label.shape[0]} for {llm.shape[0]}")
+    bad = np.flatnonzero(label > np.maximum(llm - 1, 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{prefix}sample {i}: label is {int(label[i])} but llm is {int(llm[i])}; a sample has at "
+                         "most llm - 1 label tokens (its first token is never a target)")
+    return label
 
 
 # Byte order marks of the other encodings a JSON length file may arrive in (UTF-32 first: its little-endian
@@ -264,7 +289,7 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError(f"{path}: holds a single array (.npy data), not an .npz archive of arrays")
     with archive as z:
-        wanted = [k for k in ("llm", "token_num", "vit", "vit_num") if k in z.files]
+        wanted = [k for k in ("llm", "token_num", "vit", "vit_num", "label") if k in z.files]
         if not any(k in wanted for k in ("llm", "token_num")):
             raise ValueError(f"{path}: needs an array 'llm' (or 'token_num'), has {z.files}")
         try:
@@ -291,7 +316,10 @@ def _load_array_file(path: Path, suffix: str) -> Lengths:
     vit = _frozen(np.zeros_like(llm) if vit_arr is None else _as_load_array(vit_arr, "vit", where))
     if vit.shape != llm.shape:
         raise ValueError(f"{path}: vit has {vit.shape[0]} samples, llm has {llm.shape[0]}")
-    return Lengths(vit, llm, sources=(where,))
+    label = arrays.get("label")
+    if label is not None:
+        label = _frozen(_check_label(label, llm, where))
+    return Lengths(vit, llm, sources=(where,), label=label)
 
 
 def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool = False) -> Lengths:
@@ -370,9 +398,11 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
 
     Args:
         path: ``.json`` for the OmniBal format (a list of ``{"vit_num": int, "token_num": int}``, one per
-            sample) or ``.npz`` for int32 arrays ``vit`` and ``llm``.
+            sample, plus ``"label_num"`` with label counts) or ``.npz`` for int32 arrays ``vit``, ``llm`` and
+            ``label`` (with label counts).
         loads: :class:`Lengths` (what :func:`~omnibal_kernels.vision.compute_loads` returns), a mapping with
-            ``vit`` and ``llm`` ``(N,)``, or a ``(vit, llm)`` tuple (arrays, lists or tensors).
+            ``vit`` and ``llm`` ``(N,)`` and optionally ``label``, or a ``(vit, llm)`` tuple (arrays, lists or
+            tensors).
         fmt: ``"json"`` or ``"npz"`` to override the suffix.
         allow_empty: write a file without samples (``load_lengths`` reads it only with ``allow_empty=True``).
 
@@ -391,15 +421,18 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
         raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json or .npz suffix or fmt=")
     where = f"writing {path}"
     if isinstance(loads, Lengths):
-        vit, llm = loads.vit, loads.llm
+        vit, llm, label = loads.vit, loads.llm, loads.label
     else:
         vit = loads[0] if isinstance(loads, tuple) else loads["vit"]
         llm = loads[1] if isinstance(loads, tuple) else loads["llm"]
-        vit, llm = (x.detach().cpu().numpy() if is_tensor(x) else x for x in (vit, llm))
+        label = None if isinstance(loads, tuple) else loads.get("label")
+        vit, llm, label = (x.detach().cpu().numpy() if is_tensor(x) else x for x in (vit, llm, label))
     vit = _as_load_array(vit, "vit", where)
     llm = _as_load_array(llm, "llm", where)
     if vit.shape != llm.shape:
         raise ValueError(f"{where}: vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
+    if label is not None:
+        label = _check_label(label, llm, where)
     if vit.size == 0 and not allow_empty:
         raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
                          f"(pass allow_empty=True here too if that is intended)")
@@ -407,9 +440,17 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
         with atomic_write(path, "w") as f:
             # One sample per line: the OmniBal list format, readable and diffable.
             f.write("[\n")
-            f.write(",\n".join(f'{{"vit_num": {v}, "token_num": {t}}}' for v, t in zip(vit.tolist(), llm.tolist())))
+            if label is None:
+                rows = (f'{{"vit_num": {v}, "token_num": {t}}}' for v, t in zip(vit.tolist(), llm.tolist()))
+            else:
+                rows = (f'{{"vit_num": {v}, "token_num": {t}, "label_num": {n}}}'
+                        for v, t, n in zip(vit.tolist(), llm.tolist(), label.tolist()))
+            f.write(",\n".join(rows))
             f.write("\n]\n")
     else:
+        arrays = {"vit": vit.astype(np.int32), "llm": llm.astype(np.int32)}  # < 2**31: checked above
+        if label is not None:
+            arrays["label"] = label.astype(np.int32)
         with atomic_write(path) as f:
-            np.savez(f, vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
+            np.savez(f, **arrays)
     return path
