@@ -420,6 +420,7 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
     if fmt not in ("json", "npz"):
         raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json or .npz suffix or fmt=")
     where = f"writing {path}"
+    label: Any
     if isinstance(loads, Lengths):
         vit, llm, label = loads.vit, loads.llm, loads.label
     else:
@@ -448,7 +449,7 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
             f.write(",\n".join(rows))
             f.write("\n]\n")
     else:
-        arrays = {"vit": vit.astype(np.int32), "llm": llm.astype(np.int32)}  # < 2**31: checked above
+        arrays: dict[str, Any] = {"vit": vit.astype(np.int32), "llm": llm.astype(np.int32)}  # < 2**31: checked
         if label is not None:
             arrays["label"] = label.astype(np.int32)
         with atomic_write(path) as f:

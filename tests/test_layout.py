@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("synthetic", "pipeline"),  # load distributions; model and memory balance (pipeline partitions)
     ("sampler", "streaming"),  # samplers over plans
     ("packing",),  # pack_batch (calls vision.fields and cpu.varlen_metadata)
+    ("loss",),  # the loss of a packed micro-step over its optimizer step (counts from the plan or one all-reduce)
     ("hf", "testing", "raw_lengths"),  # integrations, references and tiny models, length files from raw data
     ("bench",),  # the benchmarks suite (measures everything below)
     ("cli",),  # every subcommand
