@@ -50,6 +50,10 @@ _EXPORTS: dict[str, str] = {
     "MRopeOptions": "packing",
     "LabelOptions": "packing",
     "unpack_batch": "packing",
+    "LossCounts": "packing",
+    # the loss over the optimizer step: counts from the plan, or one all-reduce per step
+    "step_loss": "loss",
+    "step_batches": "loss",
     # vision: loads, counts, multimodal fields
     "compute_loads": "vision",
     "internvl_num_tiles": "vision",

@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("synthetic", "pipeline"),  # load distributions; model and memory balance (pipeline partitions)
     ("sampler", "streaming"),  # samplers over plans
     ("packing",),  # pack_batch (calls vision.fields and cpu.varlen_metadata)
-    ("calibration",),  # models timed on packed batches, cost models fitted to the times
+    ("calibration", "loss"),  # models timed on packed batches and cost models fitted to them; the loss of a
+    # packed micro-step over its optimizer step (counts from the plan or one all-reduce)
     ("hf", "testing", "raw_lengths"),  # integrations, references and tiny models, length files from raw data
     ("bench",),  # the benchmarks suite (measures everything below)
     ("cli",),  # every subcommand

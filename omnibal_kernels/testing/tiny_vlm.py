@@ -37,12 +37,13 @@ IMAGE_TOKEN = VOCAB - 1  # placeholder id where image embeddings go
 
 
 def scaled_lengths(num_samples: int, seed: int) -> Lengths:
-    """``num_samples`` bundled samples (seeded draw) scaled by 1/16: ``vit`` tiles, ``llm`` tokens."""
+    """``num_samples`` bundled samples (seeded draw) scaled by 1/16: ``vit`` tiles, ``llm`` tokens, and the
+    ``label`` tokens of :func:`make_sample` (its text tokens after the first position)."""
     real = default_lengths()
     pick = np.sort(np.random.default_rng(seed).choice(len(real), num_samples, replace=False))
     tiles = real.vit[pick]
-    text = np.maximum(real.llm[pick] - 256 * tiles, 0)
-    return Lengths(tiles, tiles * PATCHES + np.ceil(text / SCALE).astype(np.int64) + 1)
+    text = np.ceil(np.maximum(real.llm[pick] - 256 * tiles, 0) / SCALE).astype(np.int64) + 1
+    return Lengths(tiles, tiles * PATCHES + text, label=text - (tiles == 0))
 
 
 def make_sample(lengths: Lengths, i: int, seed: int) -> dict[str, torch.Tensor]:
