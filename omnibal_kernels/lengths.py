@@ -21,6 +21,7 @@ Derive new loads as a new ``Lengths``, e.g. ``Lengths(L.vit, L.llm + 2000, L.sou
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zipfile
@@ -212,12 +213,86 @@ def _utf8_json(path: Path, data: bytes) -> memoryview:
     return memoryview(data)
 
 
-def _read_records(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray]:
-    records = _ext.load().parse_length_records(data, "vit_num", "token_num")
+class _JsonRecords(NamedTuple):
+    """What a JSON or JSON Lines length file of N samples holds, checked (``_read_records``).
+
+    Attributes:
+        vit, llm: (N,) int64 loads (``vit_num``, ``token_num``).
+        vit_seqlens: (total,) int64 ViT sequence lengths (``vit_seqlens``: per image, video frame group or tile,
+            in ViT load units), every sample's run one after another; None when no sample has the key.
+        vit_seqlens_offsets: (N + 1,) int64 from 0: sample i's run is ``vit_seqlens[offsets[i]:offsets[i + 1]]``
+            and sums to ``vit[i]``; None with ``vit_seqlens``.
+        label: (N,) int64 trained label tokens (``label_num``), each at most ``llm[i]``; None when no sample has
+            the key.
+    """
+
+    vit: np.ndarray
+    llm: np.ndarray
+    vit_seqlens: np.ndarray | None
+    vit_seqlens_offsets: np.ndarray | None
+    label: np.ndarray | None
+
+
+def _read_records(path: Path, data: memoryview) -> _JsonRecords:
+    """The samples of a JSON list or JSON Lines ``data`` (UTF-8 without a byte order mark), scanned in C++.
+
+    Malformed JSON, bytes that are not UTF-8 and bad values are a ValueError naming ``path``, the sample, the line
+    and the column. A sample without ``vit_seqlens`` in a file where others have them is one ViT sequence of its
+    whole ViT load (none if that is 0): what a file without the key means for every sample. ``label_num`` is
+    given for every sample or for none: a sample without it would have no label count to weight its loss by.
+    """
+    records = _ext.load().parse_length_records(data, "vit_num", "token_num", "vit_seqlens", "label_num")
     if records.error:
         where = f"sample {records.error_sample}: " if records.error_sample >= 0 else ""
         raise ValueError(f"{path}: {where}{records.error}")
-    return records.vit, records.llm
+    vit_seqlens, offsets = records.vit_seqlens, records.vit_seqlens_offsets
+    if vit_seqlens is not None:
+        vit_seqlens, offsets = _one_run_where_absent(records.vit, vit_seqlens, offsets, records.vit_seqlens_given)
+    label = records.label
+    if label is not None and label.size and label.min() < 0:  # -1: the sample has no label_num
+        missing, given = int(np.flatnonzero(label < 0)[0]), int(np.flatnonzero(label >= 0)[0])
+        raise ValueError(f"{path}: sample {missing}: 'label_num' is missing, but sample {given} has it (give it "
+                         f"for every sample or for none)")
+    return _JsonRecords(records.vit, records.llm, vit_seqlens, offsets, label)
+
+
+def _one_run_where_absent(vit: np.ndarray, seqlens: np.ndarray, offsets: np.ndarray,
+                          given: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR ``(seqlens, offsets)`` with one run ``[vit[i]]`` for each sample i with ``vit[i] > 0`` that had
+    no ``vit_seqlens`` (the scanner gives such a sample an empty run)."""
+    fill = ~given & (vit > 0)
+    if not fill.any():
+        return seqlens, offsets
+    run_lengths = np.diff(offsets)
+    new_offsets = np.zeros_like(offsets)
+    np.cumsum(run_lengths + fill, out=new_offsets[1:])
+    out = np.empty(int(new_offsets[-1]), dtype=np.int64)
+    out[np.arange(seqlens.size) + np.repeat(new_offsets[:-1] - offsets[:-1], run_lengths)] = seqlens
+    out[new_offsets[:-1][fill]] = vit[fill]
+    return out, new_offsets
+
+
+# The Lengths fields that carry a JSON length file's optional per-sample keys.
+_RECORD_FIELDS = {"vit_seqlens": ("vit_seqlens", "vit_seqlens_offsets"), "label_num": ("label",)}
+
+
+def _lengths_from_records(path: Path, records: _JsonRecords) -> Lengths:
+    """The ``Lengths`` of one JSON length file: the one place where its per-sample fields reach ``Lengths``.
+
+    ``Lengths`` receives by keyword, only for the keys the file holds, ``vit_seqlens`` (flat int64) with
+    ``vit_seqlens_offsets`` ((N + 1,) int64 from 0, sample i's run summing to ``vit[i]``) and ``label`` ((N,)
+    int64, each at most ``llm[i]``), checked and read-only. A ``Lengths`` without such a field refuses the
+    file: its values would be lost.
+    """
+    extra: dict[str, Any] = {}
+    for names in _RECORD_FIELDS.values():
+        extra.update({name: _frozen(getattr(records, name)) for name in names if getattr(records, name) is not None})
+    carried = {f.name for f in dataclasses.fields(Lengths)}
+    lost = [key for key, names in _RECORD_FIELDS.items() if any(n in extra and n not in carried for n in names)]
+    if lost:
+        raise ValueError(f"{path}: holds {' and '.join(repr(k) for k in lost)} per sample, which Lengths does not "
+                         f"carry (the values would be lost)")
+    return Lengths(_frozen(records.vit), _frozen(records.llm), sources=(str(path),), **extra)
 
 
 def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
@@ -307,8 +382,7 @@ def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool 
         meta = _read_meta(path, data) if suffix == ".json" else None
         if meta is not None:
             return _meta_parts(path, meta, (*_meta_chain, path.resolve()), allow_empty)
-        vit, llm = _read_records(path, data)
-        lengths = Lengths(_frozen(vit), _frozen(llm), sources=(str(path),))
+        lengths = _lengths_from_records(path, _read_records(path, data))
     else:
         raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
     if len(lengths) == 0 and not allow_empty:
