@@ -54,31 +54,31 @@ inline int utf8_sequence(const char* p, const char* end) {
   const auto* u = reinterpret_cast<const unsigned char*>(p);
   const unsigned char c = u[0];
   if (c < 0x80) return 1;
-  const auto continues = [](unsigned char b) { return (b & 0xC0) == 0x80; };
-  const std::ptrdiff_t left = end - p;
+  // The range of the second byte (later ones are 0x80..0xBF): below 0xA0 after 0xE0 and below 0x90 after 0xF0
+  // is an overlong form, above 0x9F after 0xED a UTF-16 surrogate, above 0x8F after 0xF4 past U+10FFFF.
+  int n = 0;
+  unsigned char low = 0x80, high = 0xBF;
   if (c >= 0xC2 && c <= 0xDF) {
-    if (left < 2) return -1;
-    return continues(u[1]) ? 2 : -2;
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    low = c == 0xE0 ? 0xA0 : 0x80;
+    high = c == 0xED ? 0x9F : 0xBF;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    low = c == 0xF0 ? 0x90 : 0x80;
+    high = c == 0xF4 ? 0x8F : 0xBF;
+  } else {
+    return -1;  // a continuation byte without a lead, an overlong lead (0xC0, 0xC1) or 0xF5..0xFF
   }
-  // The range of the second byte: below 0xA0 after 0xE0 and below 0x90 after 0xF0 is an overlong form, above
-  // 0x9F after 0xED a UTF-16 surrogate, above 0x8F after 0xF4 past U+10FFFF.
-  if (c >= 0xE0 && c <= 0xEF) {
-    const unsigned char low = c == 0xE0 ? 0xA0 : 0x80, high = c == 0xED ? 0x9F : 0xBF;
-    if (left < 2) return -1;
-    if (u[1] < low || u[1] > high) return -2;
-    if (left < 3) return -2;
-    return continues(u[2]) ? 3 : -3;
+  const std::ptrdiff_t left = end - p;
+  if (left < 2) return -1;  // cut by the end of the text
+  if (u[1] < low || u[1] > high) return -2;
+  for (int k = 2; k < n; ++k) {
+    if (left <= k) return -k;
+    if ((u[k] & 0xC0) != 0x80) return -(k + 1);
   }
-  if (c >= 0xF0 && c <= 0xF4) {
-    const unsigned char low = c == 0xF0 ? 0x90 : 0x80, high = c == 0xF4 ? 0x8F : 0xBF;
-    if (left < 2) return -1;
-    if (u[1] < low || u[1] > high) return -2;
-    if (left < 3) return -2;
-    if (!continues(u[2])) return -3;
-    if (left < 4) return -3;
-    return continues(u[3]) ? 4 : -4;
-  }
-  return -1;  // a continuation byte without a lead, an overlong lead (0xC0, 0xC1) or 0xF5..0xFF
+  return n;
 }
 
 // Valid UTF-8 text shown in a message: at most `limit` bytes, never cut inside a character, control characters
