@@ -351,6 +351,10 @@ void bind_random(py::module_& m) {
       "The seed of one random stream: derive_seed(seed, STREAMS[name], index).");
 
   m.def(
+      "splitmix64", [](uint64_t state) { return omnibal::splitmix64(state); }, py::arg("state"),
+      "The output of one SplitMix64 step from `state` (the engine's seed expander).");
+
+  m.def(
       "shuffle",
       [](const py::object& values, uint64_t seed) {
         const IntArray v = as_1d_int64(values, "values");

@@ -99,8 +99,8 @@ OMNIBAL_COLD std::string about_element(const std::string& key, int64_t k, const 
 OMNIBAL_COLD std::string sum_problem(const RecordKeys& keys, const Record& rec) {
   const std::string sum =
       rec.vit_seqlens_sum >= kCountLimit ? "more than 2**31 - 1" : std::to_string(rec.vit_seqlens_sum);
-  if (rec.vit < 0) return about(keys.vit_seqlens, "add up to", sum + ", too large for a ViT load (below 2**31)");
-  return about(keys.vit_seqlens, "add up to", sum + ", but '" + keys.vit + "' is " + std::to_string(rec.vit));
+  if (rec.vit < 0) return about(keys.vit_seqlens, "sum to", sum + ", too large for a ViT load (below 2**31)");
+  return about(keys.vit_seqlens, "sum to", sum + ", but '" + keys.vit + "' is " + std::to_string(rec.vit));
 }
 OMNIBAL_COLD std::string label_problem(const RecordKeys& keys, const Record& rec) {
   return about(keys.label, "is",

@@ -9,9 +9,6 @@ triton, numba nor the compiled extension; each name is imported from its module 
 """
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
@@ -27,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "RawLengths": "raw_lengths",
     # balance: plans, capacities, metrics
     "Plan": "balance",
+    "PlanOptions": "balance",
+    "IsfOptions": "balance",
     "CostModel": "balance",
     "plan_packs": "balance",
     "search_capacity": "balance",
@@ -34,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "BalanceReport": "balance",
     "OversizeError": "balance",
     "TooFewPacksError": "balance",
+    # cost models fitted to measured time
+    "measure_pack_times": "calibration",
     # training: samplers over plans
     "BalancedBatchSampler": "sampler",
     "SamplerReport": "sampler",
@@ -45,6 +46,9 @@ _EXPORTS: dict[str, str] = {
     "PackCollator": "packing",
     "PackedBatch": "packing",
     "PackOptions": "packing",
+    "StaticShapes": "packing",
+    "MRopeOptions": "packing",
+    "LabelOptions": "packing",
     "unpack_batch": "packing",
     # vision: loads, counts, multimodal fields
     "compute_loads": "vision",
@@ -58,33 +62,16 @@ _EXPORTS: dict[str, str] = {
     "unpad": "ops.unpad",
     "pad": "ops.unpad",
     "unpad_from_mask": "ops.unpad",
-    "PackedTokens": "_varlen",
+    "PackedTokens": "_contracts.unpad",
     "varlen_metadata": "ops.varlen_metadata",
-    "VarlenMetadata": "_varlen",
+    "VarlenMetadata": "_contracts.varlen_metadata",
     "patchify": "ops.patchify",
-    "PackedPatches": "_varlen",
+    "PackedPatches": "_contracts.patchify",
     # attention
     "varlen_attention": "attention",
-}
-
-# Old names kept for one release: old name -> new name (a DeprecationWarning on use).
-_DEPRECATED: dict[str, str] = {
-    "pack": "unpad",
-    "unpack": "pad",
-    "pack_from_mask": "unpad_from_mask",
-    "pack_patches": "patchify",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 
-_export, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        new = _DEPRECATED[name]
-        warnings.warn(f"omnibal_kernels.{name} is deprecated; use omnibal_kernels.{new}", DeprecationWarning,
-                      stacklevel=2)
-        return _export(new)
-    return _export(name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

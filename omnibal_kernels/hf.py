@@ -9,8 +9,9 @@ Recipe::
     class BalancedTrainer(BalancedTrainerMixin, Trainer):
         pass
 
-    trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset, data_collator=PackCollator(),
-                              train_lengths=lengths, sampler_options={"target_batch_size": 4})
+    trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset,
+                              data_collator=PackCollator.for_model(model), train_lengths=lengths,
+                              sampler_options={"target_batch_size": 4})
     trainer.train()
 
 The model receives packed batches (``input_ids (1, T)``, ``position_ids``, ``cu_seqlens``/``cu_seq_lens_q``,
@@ -131,8 +132,9 @@ def balanced_train_dataloader(
             ``dataloader_pin_memory``, ``dataloader_persistent_workers``, ``dataloader_prefetch_factor``).
         lengths: per-sample loads of ``train_dataset`` (see :class:`BalancedBatchSampler`).
         collate_fn: default ``trainer.data_collator`` (pass ``data_collator=PackCollator()`` to the Trainer).
-        **sampler_options: more :class:`BalancedBatchSampler` options (``target_batch_size``, capacities,
-            ``groups``, ``method``, ...); they override the values taken from ``args``.
+        **sampler_options: more :class:`BalancedBatchSampler` options (``options``, ``target_batch_size``,
+            capacities, ``groups``, ``method``, ...); they override the values taken from ``args`` (a
+            ``PlanOptions`` as ``options`` those of ``seed`` and ``drop_last``).
 
     Returns:
         A DataLoader yielding one packed batch per micro-step, with ``set_epoch``; every epoch has the length
@@ -151,6 +153,9 @@ def balanced_train_dataloader(
         "drop_last": args.dataloader_drop_last,
         "dataset": dataset,
     }
+    if "options" in sampler_options:
+        # a PlanOptions holds its own seed and drop_last, and sampler options override the arguments
+        del options["seed"], options["drop_last"]
     options.update(sampler_options)
     sampler = BalancedBatchSampler(lengths, **options)
     workers = args.dataloader_num_workers
@@ -183,14 +188,6 @@ def _check_sampler_state(path: Path, identity: dict[str, Any]) -> None:
         )
 
 
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    """Write ``value`` as JSON to ``path`` atomically (a temporary file, fsync, then a rename)."""
-    from ._files import atomic_write
-
-    with atomic_write(path, "w") as f:
-        f.write(json.dumps(value, indent=1) + "\n")
-
-
 def _sampler_state_callback(trainer: Any) -> Any:
     """A ``transformers.TrainerCallback`` writing :data:`SAMPLER_STATE_FILE` into every checkpoint."""
     from transformers import TrainerCallback
@@ -201,7 +198,9 @@ def _sampler_state_callback(trainer: Any) -> Any:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             identity = trainer._sampler_identity
             if args.should_save and identity is not None and folder.is_dir():
-                _write_json(folder / SAMPLER_STATE_FILE, identity)
+                from ._files import write_json
+
+                write_json(folder / SAMPLER_STATE_FILE, identity, indent=1)
 
     return SaveSamplerState()
 

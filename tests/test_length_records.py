@@ -31,7 +31,7 @@ RECORDS = [
     {"token_num": 40, "label_num": 0},  # text only
     {"vit_seqlens": [64, 0, 16], "token_num": 120, "label_num": 7},  # vit_num from the list
     {"token_num": 50, "vit_num": 0, "vit_seqlens": [], "label_num": 50},
-    {"token_num": 70, "vit_num": 30, "label_num": 1, "vit_seqlens_note": [1, 2]},  # no list: one whole run
+    {"token_num": 70, "label_num": 1, "vit_seqlens_note": [1, 2]},  # text only, without the key
 ]
 
 
@@ -41,7 +41,7 @@ def test_vit_seqlens_and_labels_are_read_as_csr_with_their_presence(layout):
     text = ("[\n" + ",\n".join(lines) + "\n]" if layout == "list" else "\n".join(lines) + "\n").encode()
     r = _parse(text)
     assert r.error == "" and r.error_sample == -1
-    assert r.vit.tolist() == [512, 0, 80, 0, 30] and r.llm.tolist() == [900, 40, 120, 50, 70]
+    assert r.vit.tolist() == [512, 0, 80, 0, 0] and r.llm.tolist() == [900, 40, 120, 50, 70]
     assert r.vit_seqlens.tolist() == [256, 256, 64, 0, 16]
     assert r.vit_seqlens_offsets.tolist() == [0, 2, 2, 5, 5, 5]
     assert r.vit_seqlens_given.dtype == np.bool_
@@ -79,7 +79,7 @@ def test_errors_point_at_the_value_at_fault_in_characters():
     text = '[{"token_num": 9},\n {"n\u00f6te": "\u00e9\u20ac\U0001F600", "vit_num": 8, "vit_seqlens": [4, 5], ' \
            '"token_num": 9}]'
     r = _parse(text.encode())
-    assert r.error_sample == 1 and r.error.startswith("'vit_seqlens' add up to 9, but 'vit_num' is 8")
+    assert r.error_sample == 1 and r.error.startswith("'vit_seqlens' sum to 9, but 'vit_num' is 8")
     second_line = text.split("\n")[1]
     assert _where(r.error) == (2, second_line.index("[4, 5]") + 1)
     # A bad byte after multi-byte characters: its column counts characters, not bytes.
@@ -124,29 +124,27 @@ def _write(tmp_path: Path, records: list, name: str = "records.json") -> Path:
     return path
 
 
-def test_read_records_gives_every_sample_a_run_that_sums_to_its_vit_load(tmp_path):
+def test_read_records_returns_the_checked_fields_by_name(tmp_path):
     path = _write(tmp_path, RECORDS)
     got = _read_records(path, memoryview(path.read_bytes()))
     assert got._fields == ("vit", "llm", "vit_seqlens", "vit_seqlens_offsets", "label")
-    # Sample 4 has no list: one run of its whole ViT load; sample 1 (text only) none.
-    assert got.vit_seqlens.tolist() == [256, 256, 64, 0, 16, 30]
-    assert got.vit_seqlens_offsets.tolist() == [0, 2, 2, 5, 5, 6]
-    sums = np.add.reduceat(np.append(got.vit_seqlens, 0), got.vit_seqlens_offsets[:-1])
-    runs = np.diff(got.vit_seqlens_offsets)
-    assert np.where(runs > 0, sums, 0).tolist() == got.vit.tolist()
+    assert got.vit.tolist() == [512, 0, 80, 0, 0] and got.llm.tolist() == [900, 40, 120, 50, 70]
+    assert got.vit_seqlens.tolist() == [256, 256, 64, 0, 16]
+    assert got.vit_seqlens_offsets.tolist() == [0, 2, 2, 5, 5, 5]
     assert got.label.tolist() == [300, 0, 7, 50, 1]
-    plain = _write(tmp_path, [{"token_num": 3}], "plain.json")
+    plain = _write(tmp_path, [{"token_num": 3, "vit_num": 2}], "plain.json")
     got = _read_records(plain, memoryview(plain.read_bytes()))
     assert (got.vit_seqlens, got.vit_seqlens_offsets, got.label) == (None, None, None)
 
 
-def test_read_records_fills_absent_runs_between_given_ones(tmp_path):
-    records = [{"token_num": 1, "vit_num": 5}, {"token_num": 1, "vit_seqlens": [1, 2]}, {"token_num": 1},
+def test_a_sample_with_images_needs_vit_seqlens_where_others_have_them(tmp_path):
+    records = [{"token_num": 1}, {"token_num": 1, "vit_seqlens": [1, 2]}, {"token_num": 1, "vit_num": 0},
                {"token_num": 1, "vit_num": 7}, {"token_num": 1, "vit_num": 3, "vit_seqlens": [3]}]
-    path = _write(tmp_path, records)
-    got = _read_records(path, memoryview(path.read_bytes()))
-    assert got.vit_seqlens.tolist() == [5, 1, 2, 7, 3]
-    assert got.vit_seqlens_offsets.tolist() == [0, 1, 3, 3, 4, 5]
+    path = _write(tmp_path, records, "mixed.json")
+    with pytest.raises(ValueError, match=r"mixed\.json: sample 3: no vit_seqlens but a ViT load of 7, while other"):
+        load_lengths(path)
+    del records[3]
+    assert load_lengths(_write(tmp_path, records, "ok.json")).vit_seqlens_offsets.tolist() == [0, 0, 2, 2, 3]
 
 
 def test_labels_are_given_for_every_sample_or_none(tmp_path):
