@@ -15,22 +15,23 @@ Each sample may also carry its ViT sequence lengths, ``vit_seqlens``: one per im
 in ViT load units, summing to the sample's ViT load (a text-only sample has none). In ``.npz`` files they are
 the arrays ``vit_seqlens`` (flat int64) and ``vit_seqlens_offsets`` (``N + 1`` int64 from 0: sample ``i`` has
 ``vit_seqlens[offsets[i]:offsets[i + 1]]``); in JSON and JSON Lines the key ``"vit_seqlens": [...]`` of each
-sample. The C++ scanner reads ``vit_num`` and ``token_num`` only: a JSON file that mentions ``vit_seqlens`` is
-read a second time, in Python, for that key (a Python object per sample, so slower than the scan). Without
+sample (without ``vit_num`` a sample's ViT load is their sum), read by the same C++ scan as the loads. Without
 them, a cost model takes each sample's whole ViT load as one sequence
 (:class:`~omnibal_kernels.balance.CostModel`).
 
 A missing ``vit_num`` means a text-only sample (ViT load 0). A missing ``token_num``, a negative, non-integer
 or too large value raises ``ValueError`` naming the file and the sample index. JSON is scanned by the C++
 extension in one pass, with no Python object per sample, so inputs of tens of millions of samples load in
-seconds. The JSON must be strict (commas between samples, nothing after a list's closing ``]``) and UTF-8 (a
-byte order mark is skipped); a file without samples is an error unless ``allow_empty=True``.
+seconds. The JSON must be strict (commas between samples, nothing after a list's closing ``]``) and UTF-8
+everywhere, ignored fields included (a byte order mark is skipped; errors name the line and column); a file
+without samples is an error unless ``allow_empty=True``.
 
 The arrays of a ``Lengths`` are read-only: statistics computed once (and the plans made from them) stay true.
 Derive new loads as a new ``Lengths``, e.g. ``Lengths(L.vit, L.llm + 2000, L.source, L.sources)``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zipfile
@@ -317,63 +318,73 @@ def _utf8_json(path: Path, data: bytes) -> memoryview:
     return memoryview(data)
 
 
-def _read_records(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray]:
-    records = _ext.load().parse_length_records(data, "vit_num", "token_num")
+class _JsonRecords(NamedTuple):
+    """What a JSON or JSON Lines length file of N samples holds, checked (``_read_records``).
+
+    Attributes:
+        vit, llm: (N,) int64 loads (``vit_num``, ``token_num``).
+        vit_seqlens: (total,) int64 ViT sequence lengths (``vit_seqlens``: per image, video frame group or tile,
+            in ViT load units), every sample's run one after another; None when no sample has the key.
+        vit_seqlens_offsets: (N + 1,) int64 from 0: sample i's run is ``vit_seqlens[offsets[i]:offsets[i + 1]]``
+            and sums to ``vit[i]``; None with ``vit_seqlens``.
+        label: (N,) int64 trained label tokens (``label_num``), each at most ``llm[i]``; None when no sample has
+            the key.
+    """
+
+    vit: np.ndarray
+    llm: np.ndarray
+    vit_seqlens: np.ndarray | None
+    vit_seqlens_offsets: np.ndarray | None
+    label: np.ndarray | None
+
+
+def _read_records(path: Path, data: memoryview) -> _JsonRecords:
+    """The samples of a JSON list or JSON Lines ``data`` (UTF-8 without a byte order mark), scanned in C++.
+
+    Malformed JSON, bytes that are not UTF-8 and bad values are a ValueError naming ``path``, the sample, the line
+    and the column. Where some sample has ``vit_seqlens``, every sample with a ViT load needs them (a text-only
+    sample has none). ``label_num`` is given for every sample or for none: a sample without it would have no
+    label count to weight its loss by.
+    """
+    records = _ext.load().parse_length_records(data, "vit_num", "token_num", "vit_seqlens", "label_num")
     if records.error:
         where = f"sample {records.error_sample}: " if records.error_sample >= 0 else ""
         raise ValueError(f"{path}: {where}{records.error}")
-    return records.vit, records.llm
+    if records.vit_seqlens is not None:
+        bare = np.flatnonzero(~records.vit_seqlens_given & (records.vit > 0))
+        if bare.size:  # a text-only sample needs none; a sample with images would be costed as one sequence
+            i = int(bare[0])
+            raise ValueError(f"{path}: sample {i}: no vit_seqlens but a ViT load of {int(records.vit[i])}, while "
+                             f"other samples have vit_seqlens")
+    label = records.label
+    if label is not None and label.size and label.min() < 0:  # -1: the sample has no label_num
+        missing, given = int(np.flatnonzero(label < 0)[0]), int(np.flatnonzero(label >= 0)[0])
+        raise ValueError(f"{path}: sample {missing}: 'label_num' is missing, but sample {given} has it (give it "
+                         f"for every sample or for none)")
+    return _JsonRecords(records.vit, records.llm, records.vit_seqlens, records.vit_seqlens_offsets, label)
 
 
-# The JSON key of per-sample ViT sequence lengths, as the bytes a file holding it must contain.
-_SEQLENS_KEY = b'"vit_seqlens"'
+# The Lengths fields that carry a JSON length file's optional per-sample keys.
+_RECORD_FIELDS = {"vit_seqlens": ("vit_seqlens", "vit_seqlens_offsets"), "label_num": ("label",)}
 
 
-def _json_records(data: memoryview) -> list[Any]:
-    """The records of a JSON list, a single JSON object, or JSON Lines (objects one after another)."""
-    text = bytes(data).decode("utf-8")
-    decoder = json.JSONDecoder()
-    records: list[Any] = []
-    pos, end = 0, len(text)
-    while True:
-        while pos < end and text[pos] in " \t\r\n":
-            pos += 1
-        if pos == end:
-            return records
-        value, pos = decoder.raw_decode(text, pos)
-        if isinstance(value, list):
-            records.extend(value)
-        else:
-            records.append(value)
+def _lengths_from_records(path: Path, records: _JsonRecords) -> Lengths:
+    """The ``Lengths`` of one JSON length file: the one place where its per-sample fields reach ``Lengths``.
 
-
-def _read_json_seqlens(path: Path, data: memoryview, vit: np.ndarray) -> tuple[Optional[np.ndarray],
-                                                                              Optional[np.ndarray]]:
-    """The ``"vit_seqlens"`` of every record (the scanner has validated the file); None when no record has it.
-    A record without it has none, which only a text-only sample may; the sums are checked by ``Lengths``."""
-    records = _json_records(data)
-    if len(records) != vit.shape[0]:
-        raise ValueError(f"{path}: {len(records)} records hold vit_seqlens, the scan found {vit.shape[0]} samples")
-    if not any(isinstance(r, dict) and "vit_seqlens" in r for r in records):
-        return None, None
-    flat: list[int] = []
-    offsets = np.zeros(len(records) + 1, dtype=np.int64)
-    for i, rec in enumerate(records):
-        entry = rec.get("vit_seqlens")
-        if entry is None:
-            if vit[i]:
-                raise ValueError(f"{path}: sample {i}: no vit_seqlens but a ViT load of {int(vit[i])}, while "
-                                 f"other samples have vit_seqlens")
-            entry = []
-        if not isinstance(entry, list) or not all(type(x) is int for x in entry):
-            raise ValueError(f"{path}: sample {i}: vit_seqlens must be a list of integers, got {entry!r}")
-        flat.extend(entry)
-        offsets[i + 1] = len(flat)
-    if any(abs(x) > _MAX_LOAD for x in flat):
-        j = next(j for j, x in enumerate(flat) if abs(x) > _MAX_LOAD)
-        sample = int(np.searchsorted(offsets, j, side="right") - 1)
-        raise ValueError(f"{path}: sample {sample}: vit_seqlens holds a length out of range ({flat[j]})")
-    return _frozen(np.asarray(flat, dtype=np.int64)), _frozen(offsets)
+    ``Lengths`` receives by keyword, only for the keys the file holds, ``vit_seqlens`` (flat int64) with
+    ``vit_seqlens_offsets`` ((N + 1,) int64 from 0, sample i's run summing to ``vit[i]``) and ``label`` ((N,)
+    int64, each at most ``llm[i]``), checked and read-only. A ``Lengths`` without such a field refuses the
+    file: its values would be lost.
+    """
+    extra: dict[str, Any] = {}
+    for names in _RECORD_FIELDS.values():
+        extra.update({name: _frozen(getattr(records, name)) for name in names if getattr(records, name) is not None})
+    carried = {f.name for f in dataclasses.fields(Lengths)}
+    lost = [key for key, names in _RECORD_FIELDS.items() if any(n in extra and n not in carried for n in names)]
+    if lost:
+        raise ValueError(f"{path}: holds {' and '.join(repr(k) for k in lost)} per sample, which Lengths does not "
+                         f"carry (the values would be lost)")
+    return Lengths(_frozen(records.vit), _frozen(records.llm), sources=(str(path),), **extra)
 
 
 def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
@@ -471,14 +482,7 @@ def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool 
         meta = _read_meta(path, data) if suffix == ".json" else None
         if meta is not None:
             return _meta_parts(path, meta, (*_meta_chain, path.resolve()), allow_empty)
-        vit, llm = _read_records(path, data)
-        seqlens = offsets = None
-        if _SEQLENS_KEY in data.obj:
-            seqlens, offsets = _read_json_seqlens(path, data, vit)
-            if seqlens is not None:
-                _check_vit_seqlens(seqlens, offsets, vit, str(path))
-        lengths = Lengths(_frozen(vit), _frozen(llm), sources=(str(path),), vit_seqlens=seqlens,
-                          vit_seqlens_offsets=offsets)
+        lengths = _lengths_from_records(path, _read_records(path, data))
     else:
         raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
     if len(lengths) == 0 and not allow_empty:
