@@ -2,6 +2,7 @@
 // the strict scanner of json_scanner.hpp, in a JSON list or in JSON Lines.
 #include "length_records.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "json_scanner.hpp"
@@ -104,8 +105,8 @@ OMNIBAL_COLD std::string sum_problem(const RecordKeys& keys, const Record& rec) 
 }
 OMNIBAL_COLD std::string label_problem(const RecordKeys& keys, const Record& rec) {
   return about(keys.label, "is",
-               std::to_string(rec.label) + ", more than '" + keys.llm + "' (" + std::to_string(rec.llm) +
-                   "): the labels are among the sample's tokens");
+               std::to_string(rec.label) + ", more than '" + keys.llm + "' - 1 (" + std::to_string(rec.llm) +
+                   " - 1): the targets are the sample's tokens after its first");
 }
 
 // Reads the list of ViT sequence lengths (the value is next), appending them to `flat`.
@@ -202,7 +203,7 @@ bool check_record(Scanner& s, const RecordKeys& keys, Record& rec, std::string& 
     }
   }
   if (rec.vit < 0) rec.vit = 0;
-  if (rec.label > rec.llm) {
+  if (rec.label > std::max<int64_t>(rec.llm - 1, 0)) {
     s.rewind(rec.label_at);
     problem = label_problem(keys, rec);
     return false;

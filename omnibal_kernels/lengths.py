@@ -31,7 +31,6 @@ Derive new loads as a new ``Lengths``, e.g. ``Lengths(L.vit, L.llm + 2000, L.sou
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import zipfile
@@ -364,27 +363,11 @@ def _read_records(path: Path, data: memoryview) -> _JsonRecords:
     return _JsonRecords(records.vit, records.llm, records.vit_seqlens, records.vit_seqlens_offsets, label)
 
 
-# The Lengths fields that carry a JSON length file's optional per-sample keys.
-_RECORD_FIELDS = {"vit_seqlens": ("vit_seqlens", "vit_seqlens_offsets"), "label_num": ("label",)}
-
-
 def _lengths_from_records(path: Path, records: _JsonRecords) -> Lengths:
-    """The ``Lengths`` of one JSON length file: the one place where its per-sample fields reach ``Lengths``.
-
-    ``Lengths`` receives by keyword, only for the keys the file holds, ``vit_seqlens`` (flat int64) with
-    ``vit_seqlens_offsets`` ((N + 1,) int64 from 0, sample i's run summing to ``vit[i]``) and ``label`` ((N,)
-    int64, each at most ``llm[i]``), checked and read-only. A ``Lengths`` without such a field refuses the
-    file: its values would be lost.
-    """
-    extra: dict[str, Any] = {}
-    for names in _RECORD_FIELDS.values():
-        extra.update({name: _frozen(getattr(records, name)) for name in names if getattr(records, name) is not None})
-    carried = {f.name for f in dataclasses.fields(Lengths)}
-    lost = [key for key, names in _RECORD_FIELDS.items() if any(n in extra and n not in carried for n in names)]
-    if lost:
-        raise ValueError(f"{path}: holds {' and '.join(repr(k) for k in lost)} per sample, which Lengths does not "
-                         f"carry (the values would be lost)")
-    return Lengths(_frozen(records.vit), _frozen(records.llm), sources=(str(path),), **extra)
+    """The ``Lengths`` of one JSON length file, with the optional per-sample fields the file holds."""
+    optional = {name: _frozen(getattr(records, name)) for name in ("vit_seqlens", "vit_seqlens_offsets", "label")
+                if getattr(records, name) is not None}
+    return Lengths(_frozen(records.vit), _frozen(records.llm), sources=(str(path),), **optional)
 
 
 def _read_meta(path: Path, data: memoryview) -> Optional[dict]:

@@ -2,7 +2,6 @@
 errors at the right line and column, and what ``load_lengths`` does with the optional fields."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -30,7 +29,7 @@ RECORDS = [
     {"token_num": 900, "vit_num": 512, "vit_seqlens": [256, 256], "label_num": 300},
     {"token_num": 40, "label_num": 0},  # text only
     {"vit_seqlens": [64, 0, 16], "token_num": 120, "label_num": 7},  # vit_num from the list
-    {"token_num": 50, "vit_num": 0, "vit_seqlens": [], "label_num": 50},
+    {"token_num": 50, "vit_num": 0, "vit_seqlens": [], "label_num": 49},
     {"token_num": 70, "label_num": 1, "vit_seqlens_note": [1, 2]},  # text only, without the key
 ]
 
@@ -46,16 +45,16 @@ def test_vit_seqlens_and_labels_are_read_as_csr_with_their_presence(layout):
     assert r.vit_seqlens_offsets.tolist() == [0, 2, 2, 5, 5, 5]
     assert r.vit_seqlens_given.dtype == np.bool_
     assert r.vit_seqlens_given.tolist() == [True, False, True, True, False]
-    assert r.label.tolist() == [300, 0, 7, 50, 1]
+    assert r.label.tolist() == [300, 0, 7, 49, 1]
     assert all(a.dtype == np.int64 for a in (r.vit, r.llm, r.vit_seqlens, r.vit_seqlens_offsets, r.label))
 
 
 def test_optional_fields_are_none_without_their_keys_and_start_late_with_their_first_sample():
     plain = _parse(b'[{"vit_num": 2, "token_num": 10}, {"token_num": 7}]')
     assert (plain.vit_seqlens, plain.vit_seqlens_offsets, plain.vit_seqlens_given, plain.label) == (None,) * 4
-    late = _parse(b'{"token_num": 1}\n{"token_num": 2}\n{"token_num": 3, "vit_seqlens": [4], "label_num": 3}\n')
+    late = _parse(b'{"token_num": 1}\n{"token_num": 2}\n{"token_num": 3, "vit_seqlens": [4], "label_num": 2}\n')
     assert late.vit_seqlens_offsets.tolist() == [0, 0, 0, 1] and late.vit_seqlens_given.tolist() == [0, 0, 1]
-    assert late.label.tolist() == [-1, -1, 3] and late.vit.tolist() == [0, 0, 4]
+    assert late.label.tolist() == [-1, -1, 2] and late.vit.tolist() == [0, 0, 4]
 
 
 def test_a_repeated_key_counts_with_its_last_value_as_in_json():
@@ -88,7 +87,7 @@ def test_errors_point_at_the_value_at_fault_in_characters():
     assert r.error.startswith("bytes that are not UTF-8: 0xE2 0x28") and _where(r.error) == (2, len(before) + 1)
     assert r.error_sample == 1
     r = _parse(b'[{"token_num": 9, "label_num": 12}]')
-    assert r.error.startswith("'label_num' is 12, more than 'token_num' (9)") and _where(r.error) == (1, 32)
+    assert r.error.startswith("'label_num' is 12, more than 'token_num' - 1 (9 - 1)") and _where(r.error) == (1, 32)
 
 
 @pytest.mark.parametrize("character", ["\u00e9", "\u20ac", "\U0001F600"])
@@ -131,7 +130,7 @@ def test_read_records_returns_the_checked_fields_by_name(tmp_path):
     assert got.vit.tolist() == [512, 0, 80, 0, 0] and got.llm.tolist() == [900, 40, 120, 50, 70]
     assert got.vit_seqlens.tolist() == [256, 256, 64, 0, 16]
     assert got.vit_seqlens_offsets.tolist() == [0, 2, 2, 5, 5, 5]
-    assert got.label.tolist() == [300, 0, 7, 50, 1]
+    assert got.label.tolist() == [300, 0, 7, 49, 1]
     plain = _write(tmp_path, [{"token_num": 3, "vit_num": 2}], "plain.json")
     got = _read_records(plain, memoryview(plain.read_bytes()))
     assert (got.vit_seqlens, got.vit_seqlens_offsets, got.label) == (None, None, None)
@@ -153,19 +152,14 @@ def test_labels_are_given_for_every_sample_or_none(tmp_path):
         load_lengths(path)
 
 
-def test_load_lengths_keeps_or_refuses_the_optional_fields(tmp_path):
-    """Never a silent loss: a Lengths that carries the fields gets them as read; one that does not refuses."""
+def test_load_lengths_keeps_the_optional_fields(tmp_path):
+    """Never a silent loss: each optional field of a file reaches the Lengths as read."""
     path = _write(tmp_path, RECORDS)
     expected = _read_records(path, memoryview(path.read_bytes()))
-    carried = {f.name for f in dataclasses.fields(Lengths)}
     for key, names in (("vit_seqlens", ("vit_seqlens", "vit_seqlens_offsets")), ("label_num", ("label",))):
         one = _write(tmp_path, [{k: v for k, v in r.items() if k in ("token_num", "vit_num", key)} for r in RECORDS],
                      f"{key}.json")
-        if set(names) <= carried:
-            lengths = load_lengths(one)
-            for name in names:
-                assert getattr(lengths, name).tolist() == getattr(expected, name).tolist()
-        else:
-            with pytest.raises(ValueError, match=rf"{re.escape(str(one))}: holds '{key}' per sample, which Lengths"):
-                load_lengths(one)
+        lengths = load_lengths(one)
+        for name in names:
+            assert getattr(lengths, name).tolist() == getattr(expected, name).tolist()
     assert load_lengths(_write(tmp_path, [{"token_num": 3, "vit_num": 1}], "plain.json")).vit.tolist() == [1]

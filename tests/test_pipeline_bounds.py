@@ -41,16 +41,15 @@ for P in (8, 16):
 
 
 def _measure(body: str) -> dict:
-    """Runs ``body`` (which fills ``out``) in a fresh interpreter; adds its CPU seconds and peak RSS in MiB (the
-    largest of this process's children so far: the simulations run first, the search is the largest)."""
-    code = "import json\nout = {}\n" + textwrap.dedent(body) + "\nprint(json.dumps(out))\n"
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Runs ``body`` (which fills ``out``) in a fresh interpreter; adds its CPU seconds and its own peak RSS in MiB,
+    both read inside that interpreter so no other child of the test process counts."""
+    code = ("import json, resource\nout = {}\n" + textwrap.dedent(body)
+            + "\nu = resource.getrusage(resource.RUSAGE_SELF)\n"
+            + "out['cpu_s'] = u.ru_utime + u.ru_stime\nout['peak_mib'] = u.ru_maxrss / 1024\n"
+            + "print(json.dumps(out))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    out["peak_mib"] = after.ru_maxrss / 1024
     print(out)
     return out
 

@@ -91,7 +91,7 @@ CORPUS = [
     ("seqlens_too_large.json", b'[{"token_num": 9, "vit_seqlens": [2147483647, 1]}]', "too large for a ViT load", 0),
     ("label_negative.json", b'[{"token_num": 9, "label_num": -2}]', "'label_num' is a negative value", 0),
     ("label_float.json", b'[{"token_num": 9, "label_num": 2.5}]', "'label_num' is a non-integer", 0),
-    ("label_above_tokens.json", b'[{"token_num": 9, "label_num": 10}]', "more than 'token_num' (9)", 0),
+    ("label_above_tokens.json", b'[{"token_num": 9, "label_num": 9}]', "more than 'token_num' - 1 (9 - 1)", 0),
     ("label_missing.json", b'[{"token_num": 9, "label_num": 3}, {"token_num": 4}]', "'label_num' is missing, but sample 0",
      1),
     ("label_missing_first.jsonl", b'{"token_num": 4}\n{"token_num": 9, "label_num": 3}\n', "but sample 1 has it", 0),
@@ -250,7 +250,7 @@ def _valid_record(draw: st.DrawFn) -> dict:
     if "vit_seqlens" not in rec or draw(st.booleans()):
         rec["vit_num"] = sum(seqlens)
     if draw(st.booleans()):
-        rec["label_num"] = draw(st.integers(0, tokens))
+        rec["label_num"] = draw(st.integers(0, max(tokens - 1, 0)))
     rec.update(draw(st.dictionaries(st.text(max_size=4), _VALUES, max_size=2)))
     return dict(draw(st.permutations(list(rec.items()))))
 
@@ -282,7 +282,7 @@ def _reference(records: object) -> tuple | None:
                 return None
             v = sum(run)
             seqlens.extend(run)
-        if rec.get("label_num", -1) > rec["token_num"]:
+        if rec.get("label_num", -1) > max(rec["token_num"] - 1, 0):
             return None
         vit.append(v or 0)
         llm.append(rec["token_num"])
