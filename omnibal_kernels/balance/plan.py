@@ -51,8 +51,9 @@ def plan_packs(
         options: a :class:`~omnibal_kernels.balance.options.PlanOptions` (default: its defaults).
         method, target_batch_size, vit_capacity, llm_capacity, oversize, drop_last, seed, cost_model,
             context_parallel_size: fields of ``PlanOptions``, replacing those of ``options``;
-            ``vit_threshold``, ``llm_threshold`` and ``iterations`` are fields of its ``isf`` part. Capacities not given are searched from
-            ``target_batch_size`` (:func:`~omnibal_kernels.balance.search_capacity`). With
+            ``vit_threshold``, ``llm_threshold`` and ``iterations`` are fields of its ``isf`` part.
+            Capacities not given are searched from ``target_batch_size``
+            (:func:`~omnibal_kernels.balance.search_capacity`). With
             ``context_parallel_size = C`` the capacities are those of a CP group: ``llm_capacity`` is the
             tokens of a whole pack (Megatron's ``--seq-length`` and torchtitan's ``seq_len`` with CP are the
             full sequence too), which :func:`~omnibal_kernels.shard_for_context_parallel` then splits over

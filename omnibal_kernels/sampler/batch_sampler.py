@@ -61,9 +61,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             group (:func:`~omnibal_kernels.balance.plan_packs`). :attr:`world_size` and :attr:`rank` are the
             data-parallel ones, :attr:`context_parallel_rank` this rank's place in its group.
         method, target_batch_size, vit_capacity, llm_capacity, seed, drop_last, oversize, cost_model,
-            context_parallel_size: fields of ``PlanOptions``, replacing those of ``options``; ``target_batch_size`` and the capacities may
-            be sequences with one value per group. Capacities not given are searched once, on each group's
-            whole data, and kept for all epochs.
+            context_parallel_size: fields of ``PlanOptions``, replacing those of ``options``;
+            ``target_batch_size`` and the capacities may be sequences with one value per group. Capacities
+            not given are searched once, on each group's whole data, and kept for all epochs.
         micro_steps_per_step: micro-steps (gradient accumulation steps) per optimizer step.
         groups: ``None`` (one group), a per-sample array of integer group ids (groups in sorted id order), or
             a list of index arrays partitioning the samples. Each group is packed under its own capacities;
