@@ -226,3 +226,55 @@ def test_sampler_context_parallel_arguments_are_named():
         ok.plan_packs(lengths, world_size=2, context_parallel_size=1.5)
     with pytest.raises(ValueError, match="context_parallel_size"):
         ok.PlanOptions(context_parallel_size=-1)
+
+
+def _readme_loop() -> str:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"\*\*A DataLoader per CP rank\.\*\*.*?```python\n(.*?)```", text, flags=re.S)
+    assert match, "README.md has no 'A DataLoader per CP rank' example"
+    return match.group(1)
+
+
+class _TokenModel(torch.nn.Module):
+    """Per-token logits from the token and its position: what a shard computes for a token is what the whole
+    pack computes for it exactly when ids and positions are right."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.tokens = torch.nn.Embedding(128, 128, dtype=torch.float64)
+        self.positions = torch.nn.Embedding(4096, 128, dtype=torch.float64)
+
+    def forward(self, input_ids, position_ids, **kwargs):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.tokens(input_ids) + self.positions(position_ids))
+
+
+@pytest.mark.filterwarnings("ignore:epoch 0")
+def test_the_readme_loop_trains_the_gradient_of_the_packs():
+    """The README's example on 2 groups of 2 CP ranks has the gradient of 2 data-parallel ranks without CP
+    (gradients averaged over the ranks, as DDP does), and fails it when both ranks of a group take shard 0."""
+    rng = np.random.default_rng(2)
+    samples = _samples(rng.integers(300, 4000, 64).tolist(), seed=2)
+    lengths = lengths_of(samples)
+
+    def run(code: str, world_size: int) -> torch.Tensor:
+        model = _TokenModel()
+        for rank in range(world_size):
+            scope = {"ok": ok, "DataLoader": torch.utils.data.DataLoader, "lengths": lengths, "dataset": samples,
+                     "world_size": world_size, "rank": rank, "model": model, "cp_group": None}
+            exec(code, scope)
+            assert scope["report"].times.shape[1:] == (world_size // scope["cp"], scope["cp"])
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters()]) / world_size
+
+    code = _readme_loop()
+    got = run(code, 4)
+    want = run(code.replace("cp = 2 ", "cp = 1 "), 2)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert float(got.abs().max()) > 0
+    same = run(code.replace("context_parallel_rank=sampler.context_parallel_rank", "context_parallel_rank=0"), 4)
+    assert float((same - want).abs().max()) > 1e-6

@@ -9,12 +9,14 @@ Modules, in the order they build on each other (no module imports one below it i
 ``packs``    what a plan is (``Plan``) and the planning errors
 ``engine``   the C++ engine for given capacities (the methods: balanced, isf, random)
 ``report``   balance metrics of a plan (the paper's Dist Ratio, fills, step efficiency)
-``context_parallel``  every CP rank's predicted time for a plan's packs on context-parallel groups
 ``search``   capacities from a wanted mean pack size
 ``plan``     ``plan_packs``: capacity search where needed, then the engine
 ``schedule`` several plans as one schedule: groups one after another or interleaved, micro-steps
 ``targets``  measures beyond the report: pack lower bounds, load trend over the epoch, packs repeated
 ===========  =========================================================================================
+
+``context_parallel`` (after ``report``) prices a plan's packs on context-parallel groups: every CP rank's
+predicted time per step.
 """
 from .context_parallel import ContextParallelReport, context_parallel_report
 from .cost import CostModel
