@@ -35,6 +35,8 @@ _EXPORTS: dict[str, str] = {
     "search_capacity": "balance",
     "balance_report": "balance",
     "BalanceReport": "balance",
+    "context_parallel_report": "balance",
+    "ContextParallelReport": "balance",
     "OversizeError": "balance",
     "TooFewPacksError": "balance",
     # cost models fitted to measured time

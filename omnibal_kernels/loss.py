@@ -19,6 +19,14 @@ in every micro-step; the accumulated gradient is then exactly that of the token 
 For models that return logits (not a transformers loss) :func:`step_loss` computes the same share from
 ``(logits, batch)``, in the token mode or the sample mode (every sample weighted equally, whatever its
 length: each sample's mean token loss, averaged over the step's samples that have targets).
+
+Context parallelism: a batch of ``PackCollator(context_parallel_size=C)`` is one CP rank's shard of a pack,
+with the pack's counts. :func:`step_loss` pairs each held token with its target in ``shift_labels`` (never
+with its local neighbour, which may belong to another chunk) and weights samples by their targets over the
+whole pack; :func:`step_batches` counts each shard's own targets (summed over all ranks, CP ranks included,
+they are the step's) and each labelled sample once (on CP rank 0). The ``world_size`` to multiply by is then
+every rank the gradient average spans, data- and context-parallel (Megatron and torchtitan reduce gradients
+over both).
 """
 from __future__ import annotations
 
@@ -57,9 +65,30 @@ def _segments(sample_lens: tuple[int, ...], total: int, device: torch.device) ->
     return torch.repeat_interleave(torch.arange(lens.shape[0], device=device), lens)
 
 
+def _shard_of(batch: Any) -> Any:
+    """The batch's ContextParallelShard (a CP rank's part of a pack), or None for a whole pack."""
+    from .context_parallel import ContextParallelShard
+
+    shard = batch.get("context_parallel_shard") if isinstance(batch, PackedBatch) else None
+    return shard if isinstance(shard, ContextParallelShard) else None
+
+
+def _shard_segments(sample_lens: tuple[int, ...], indices: torch.Tensor) -> torch.Tensor:
+    """``(n,)`` int64 sample index of every token a shard holds (its packed position ``indices``); padding
+    (position ``-1``, or past the samples) gets ``len(sample_lens)``."""
+    ends = torch.tensor(sample_lens, dtype=torch.int64, device=indices.device).cumsum(0)
+    segments = torch.searchsorted(ends, indices, right=True)
+    return torch.where(indices < 0, len(sample_lens), segments)
+
+
 def _local_counts(batch: PackedBatch, ignore_index: int) -> tuple[int, int]:
-    """This batch's targets and samples with at least one target."""
+    """This batch's targets and samples with at least one target (for a CP shard: its own targets, and the
+    pack's labelled samples on CP rank 0 only, so that a sum over all ranks counts each once)."""
     counts = _counts_of(batch)
+    shard = _shard_of(batch)
+    if shard is not None:
+        labelled = sum(t > 0 for t in counts.sample_targets or ()) if shard.rank == 0 else 0
+        return int((batch["shift_labels"] != ignore_index).sum()), int(labelled)
     targets = _targets(batch["labels"], ignore_index)
     segments = _segments(counts.sample_lens, targets.shape[0] + 1, targets.device)[1:]
     per_sample = torch.bincount(segments[targets], minlength=len(counts.sample_lens) + 1)[:-1]
@@ -73,7 +102,9 @@ def step_loss(logits: torch.Tensor, batch: PackedBatch, *, mode: LossMode = "tok
 
     Args:
         logits: ``(1, T, vocab)`` or ``(T, vocab)``, position ``i`` predicting ``labels[i + 1]`` (the causal
-            shift, as transformers' losses do). Computed in float32 at least (float64 stays float64).
+            shift, as transformers' losses do); for a context-parallel shard (a batch with
+            ``context_parallel_shard``) the ``n`` held tokens' logits, position ``i`` predicting
+            ``shift_labels[i]``. Computed in float32 at least (float64 stays float64).
         batch: the :class:`~omnibal_kernels.packing.PackedBatch` the logits come from, with its step's counts:
             a batch of ``sampler.wrap(dataset)`` with label counts in the lengths, or one yielded by
             :func:`step_batches`.
@@ -92,7 +123,8 @@ def step_loss(logits: torch.Tensor, batch: PackedBatch, *, mode: LossMode = "tok
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     counts = _counts_of(batch)
-    labels = batch["labels"].reshape(-1)
+    shard = _shard_of(batch)
+    labels = batch["shift_labels" if shard is not None else "labels"].reshape(-1)
     flat = logits.reshape(-1, logits.shape[-1]) if logits.dim() == 3 else logits
     if logits.dim() not in (2, 3) or flat.shape[0] != labels.shape[0]:
         raise ValueError(f"logits {tuple(logits.shape)} do not match the batch's {labels.shape[0]} tokens "
@@ -104,15 +136,24 @@ def step_loss(logits: torch.Tensor, batch: PackedBatch, *, mode: LossMode = "tok
             "(Lengths.label) and use DataLoader(sampler.wrap(dataset), batch_sampler=sampler, ...), or iterate "
             "omnibal_kernels.step_batches(loader), which counts each step with one all-reduce")
     dtype = torch.promote_types(flat.dtype, torch.float32)
-    losses = F.cross_entropy(flat[:-1].to(dtype), labels[1:].to(flat.device), ignore_index=ignore_index,
-                             reduction="none")
+    labels = labels.to(flat.device)
+    # a CP shard's targets are already paired with their tokens; a whole pack pairs token i with label i + 1
+    inputs, targets = (flat, labels) if shard is not None else (flat[:-1], labels[1:])
+    losses = F.cross_entropy(inputs.to(dtype), targets, ignore_index=ignore_index, reduction="none")
     if mode == "token":
         return losses.sum() / max(total, 1)
-    segments = _segments(counts.sample_lens, labels.shape[0], flat.device)[1:]
     num_slots = len(counts.sample_lens) + 1
+    if shard is not None:
+        if counts.sample_targets is None:
+            raise ValueError("a context-parallel shard needs its samples' targets over the whole pack "
+                             "(LossCounts.sample_targets, which PackCollator(context_parallel_size=...) sets)")
+        segments = _shard_segments(counts.sample_lens, shard.indices.to(flat.device))
+        per_sample = torch.tensor([*(counts.sample_targets or ()), 0], dtype=torch.int64, device=flat.device)
+    else:
+        segments = _segments(counts.sample_lens, labels.shape[0], flat.device)[1:]
+        per_sample = torch.bincount(segments[_targets(labels, ignore_index)], minlength=num_slots)
     sums = torch.zeros(num_slots, dtype=dtype, device=flat.device).index_add_(0, segments, losses)
-    targets = torch.bincount(segments[_targets(labels, ignore_index).to(flat.device)], minlength=num_slots)
-    return (sums[:-1] / targets[:-1].clamp_min(1)).sum() / max(total, 1)
+    return (sums[:-1] / per_sample[:-1].clamp_min(1)).sum() / max(total, 1)
 
 
 def _step_key(counts: LossCounts) -> Optional[tuple[int, int]]:

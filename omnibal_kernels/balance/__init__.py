@@ -14,7 +14,11 @@ Modules, in the order they build on each other (no module imports one below it i
 ``schedule`` several plans as one schedule: groups one after another or interleaved, micro-steps
 ``targets``  measures beyond the report: pack lower bounds, load trend over the epoch, packs repeated
 ===========  =========================================================================================
+
+``context_parallel`` (after ``report``) prices a plan's packs on context-parallel groups: every CP rank's
+predicted time per step.
 """
+from .context_parallel import ContextParallelReport, context_parallel_report
 from .cost import CostModel
 from .options import METHODS, OVERSIZE_POLICIES, IsfOptions, PlanOptions
 from .packs import OversizeError, Plan, TooFewPacksError
@@ -27,6 +31,7 @@ from .targets import PackBounds, load_trend, pack_lower_bounds, repeated_pack_sh
 __all__ = [
     "BalanceReport",
     "Capacities",
+    "ContextParallelReport",
     "CostModel",
     "IsfOptions",
     "METHODS",
@@ -37,6 +42,7 @@ __all__ = [
     "PlanOptions",
     "TooFewPacksError",
     "balance_report",
+    "context_parallel_report",
     "dist_ratio",
     "epoch_seed",
     "load_trend",

@@ -120,6 +120,9 @@ class PlanOptions:
         seed: with the epoch, what a plan is drawn from; an int in ``[-2**63, 2**64)``.
         cost_model: the per-sample cost the balanced method equalizes (``None``: ``CostModel.internvl_7b()``).
         isf: the ``isf`` method's settings; thresholds are an error with another method.
+        context_parallel_size: ranks of a context-parallel (CP) group that share each pack (default 1: none).
+            The capacities are then per CP group (a pack's tokens over all its ``C`` ranks, each holding about
+            ``llm_capacity / C``), and the plan's ranks are the data-parallel ones, one pack per CP group.
     """
 
     method: Method = "balanced"
@@ -131,6 +134,7 @@ class PlanOptions:
     seed: int = 0
     cost_model: CostModel = field(default_factory=CostModel.internvl_7b)
     isf: IsfOptions = field(default_factory=IsfOptions)
+    context_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -157,6 +161,9 @@ class PlanOptions:
             raise TypeError(f"isf must be an IsfOptions, got {type(self.isf).__name__}")
         if self.isf.has_thresholds and self.method != "isf":
             raise ValueError("vit_threshold/llm_threshold apply to method='isf' only")
+        object.__setattr__(self, "context_parallel_size",
+                           check_positive_int("context_parallel_size", self.context_parallel_size,
+                                              maximum=MAX_WORLD_SIZE))
         if self.has_capacities and self.method == "isf":
             self.isf_thresholds()  # thresholds above the capacities fail here, not at the first plan
 

@@ -42,7 +42,8 @@ class Plan:
         pack_offsets: (num_packs + 1,) int64; pack ``p`` holds ``pack_samples[pack_offsets[p]:pack_offsets[p+1]]``.
         pack_samples: int64 sample ids, pack after pack.
         step_packs: (num_steps, world_size) int64 pack id of every (step, rank) slot.
-        world_size: number of data-parallel ranks.
+        world_size: number of data-parallel ranks (with context parallelism: of CP groups, each training the
+            pack of its slot on all its ranks).
         vit_capacity, llm_capacity: the capacities packs were made under.
         vit_threshold, llm_threshold: ISF's keep thresholds (``None`` for other methods).
         seed, epoch: what the plan was drawn from.
@@ -52,6 +53,8 @@ class Plan:
         duplicated_slots: slots of the ragged last step filled by reusing packs.
         num_input_samples: samples in the input.
         seconds: planning time (capacity search included).
+        context_parallel_size: ranks of the context-parallel group that shares each pack (1: none); the
+            capacities are per group.
     """
 
     method: str
@@ -70,6 +73,7 @@ class Plan:
     duplicated_slots: int = 0
     num_input_samples: int = 0
     seconds: float = 0.0
+    context_parallel_size: int = 1
 
     @property
     def num_packs(self) -> int:
@@ -117,7 +121,8 @@ class Plan:
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
         meta = {k: getattr(self, k) for k in ("method", "world_size", "vit_capacity", "llm_capacity", "seed",
-                                              "epoch", "duplicated_slots", "num_input_samples", "seconds")}
+                                              "epoch", "duplicated_slots", "num_input_samples", "seconds",
+                                              "context_parallel_size")}
         with atomic_write(path) as f:
             self._write_npz(f, meta)
         return path

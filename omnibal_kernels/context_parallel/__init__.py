@@ -21,7 +21,8 @@ The predicted time (:mod:`.cost`) counts tokens, attention pairs in kernel tiles
     full = shards.restore([out_0, out_1, out_2, out_3])               # packed order again
 
 :func:`context_parallel_rank_times` prices a batch from its sequence lengths alone (numpy only), for planners
-and collators. :mod:`.adapters` gives Megatron THD and ring-flash-attention inputs and runs transformers models.
+and collators. In a DataLoader, ``PackCollator(context_parallel_size=P)`` returns each rank its shard of the
+packed batch and ``BalancedBatchSampler(context_parallel_size=P)`` gives the ranks of a group the same pack. :mod:`.adapters` gives Megatron THD and ring-flash-attention inputs and runs transformers models.
 """
 from __future__ import annotations
 

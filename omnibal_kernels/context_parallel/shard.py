@@ -75,6 +75,10 @@ class ContextParallelShard:
         """Tokens this rank holds (padding included)."""
         return int(self.indices.numel())
 
+    def __repr__(self) -> str:
+        return (f"ContextParallelShard(rank={self.rank}, cp_size={self.cp_size}, strategy={self.strategy!r}, "
+                f"tokens={self.num_tokens}, received={sum(self.recv_counts)})")
+
     def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ContextParallelShard:
         batch = type(self.batch)({k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in self.batch.items()})
         tensors = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)

@@ -35,16 +35,17 @@ With mRoPE on (:class:`MRopeOptions`), ``position_ids`` is ``(3, 1, T)`` (or ``(
 ``text_position_ids`` ``(1, T)`` holds the 1-D positions. :func:`unpack_batch` splits a batch back into its
 samples. The options are :class:`PackOptions` (static shapes, labels, mRoPE, backend).
 
-=============== =============================================================================================
-``options``     :class:`PackOptions` and its parts :class:`LabelOptions`, :class:`StaticShapes`,
-                :class:`MRopeOptions`
-``batch``       :class:`PackedBatch`, :class:`LossCounts`, :func:`unpack_batch`
-``inputs``      each sample's sequences as int64 tensors, errors naming the sample
-``text``        the text core :func:`pack_sequences` (the text fields as a plain dict)
-``fields``      the other sample fields: token fields, per-sample values, the vision fields
-``planned``     samples of a sampler's plan: loads checked against the lengths, the step's loss counts
-``collate``     :func:`pack_batch`, :class:`PackCollator`, :func:`warmup`
-=============== =============================================================================================
+===================== =======================================================================================
+``options``           :class:`PackOptions` and its parts :class:`LabelOptions`, :class:`StaticShapes`,
+                      :class:`MRopeOptions`
+``batch``             :class:`PackedBatch`, :class:`LossCounts`, :func:`unpack_batch`
+``inputs``            each sample's sequences as int64 tensors, errors naming the sample
+``text``              the text core :func:`pack_sequences` (the text fields as a plain dict)
+``fields``            the other sample fields: token fields, per-sample values, the vision fields
+``planned``           samples of a sampler's plan: loads checked against the lengths, the step's loss counts
+``context_parallel``  a packed batch -> this CP rank's shard, with the pack's loss counts
+``collate``           :func:`pack_batch`, :class:`PackCollator`, :func:`warmup`
+===================== =======================================================================================
 """
 from __future__ import annotations
 

@@ -41,6 +41,8 @@ class LossCounts(NamedTuple):
             for a batch outside a plan).
         takes_num_items: the batch hands ``num_items_in_batch`` to the model as a field (every batch of a
             plain collator; with ``for_model``, where the model's forward takes it).
+        sample_targets: for a context-parallel shard (which holds a part of each sample's tokens), each
+            sample's targets over the whole pack; None for a whole pack (its labels give them).
     """
 
     sample_lens: tuple[int, ...]
@@ -52,6 +54,7 @@ class LossCounts(NamedTuple):
     micro_steps_per_step: Optional[int] = None
     world_size: Optional[int] = None
     takes_num_items: bool = True
+    sample_targets: Optional[tuple[int, ...]] = None
 
 
 class PackedBatch(Mapping[str, Any]):
@@ -137,6 +140,9 @@ class PackedBatch(Mapping[str, Any]):
                 if out is None:
                     out = done[id(value)] = fn(value)
                 return out
+            if hasattr(type(value), "_map_tensors"):
+                # a context-parallel shard: its batch's tensors are this batch's, moved once and kept shared
+                return value._map_tensors(apply)
             if isinstance(value, list):
                 return [apply(v) for v in value]
             if isinstance(value, tuple):

@@ -6,10 +6,12 @@ from typing import Any
 
 import torch
 
+from ..context_parallel import ContextParallelCost
 from ..cpu.varlen_metadata import warmup as _warmup_fill
 from ..model_inputs import ModelInputs, model_inputs
 from ..sampler.steps import PlannedSamples
 from .batch import PackedBatch
+from .context_parallel import context_parallel_collate, shard_packed_batch
 from .fields import add_sample_fields
 from .inputs import sample_error
 from .options import PackOptions, with_keywords
@@ -17,6 +19,11 @@ from .planned import batch_counts, check_planned_loads
 from .text import pack_sequences
 
 __all__ = ["PackCollator", "pack_batch", "warmup"]
+
+# The forward arguments of vision-language models: their forward merges every image's features into the
+# placeholders of input_ids, which a context-parallel shard holds only a part of.
+_VISION_INPUTS = frozenset({"pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
+                            "image_flags"})
 
 
 def warmup(backend: str = "auto") -> None:
@@ -95,14 +102,30 @@ class PackCollator:
     options, keywords: as for :func:`pack_batch` (keywords replace the fields of ``options`` they name).
     warmup: compile the numba fill now (in the main process, so forked DataLoader workers inherit it
         instead of each compiling on its first batch).
+    context_parallel_size: ranks of a context-parallel group, ``C`` (default 1: whole packs). With ``C > 1``
+        every batch is this CP rank's shard of the packed batch (:mod:`omnibal_kernels.packing.context_parallel`
+        lists its fields): give every rank of the group the same samples (a ``BalancedBatchSampler`` with the
+        same ``context_parallel_size`` does) and each gets its part.
+    context_parallel_rank: this process's rank in its CP group, in ``[0, C)``; None: the rank in
+        ``context_parallel_group``, else the process's rank modulo ``C`` (torch.distributed's, or torchrun's
+        ``RANK``), else a ValueError. Fixed when the collator is built.
+    context_parallel_group: the CP process group (only to read this process's rank in it).
+    strategy, pad_sequences, max_rank_tokens, context_parallel_cost: how packs are sharded, as
+        :func:`~omnibal_kernels.shard_for_context_parallel` takes them (its ``cost``).
     """
 
-    def __init__(self, options: PackOptions | None = None, *, warmup: bool = True, **keywords: Any) -> None:
+    def __init__(self, options: PackOptions | None = None, *, warmup: bool = True, context_parallel_size: int = 1,
+                 context_parallel_rank: int | None = None, context_parallel_group: Any = None,
+                 strategy: str = "auto", pad_sequences: bool = False, max_rank_tokens: int | None = None,
+                 context_parallel_cost: ContextParallelCost | None = None, **keywords: Any) -> None:
         if isinstance(options, (list, tuple)):
             raise TypeError(
                 f"PackCollator was called with a batch of {len(options)} samples: collate_fn must be an instance, "
                 "collate_fn=PackCollator(...) or PackCollator.for_model(model), not the class PackCollator")
         self.options = with_keywords("PackCollator", options, keywords)
+        self.context_parallel = context_parallel_collate(context_parallel_size, context_parallel_rank,
+                                                         context_parallel_group, strategy, context_parallel_cost,
+                                                         pad_sequences, max_rank_tokens)
         self.model_inputs: ModelInputs | None = None
         if warmup:
             _warmup_fill(self.options.backend)
@@ -133,16 +156,36 @@ class PackCollator:
         """
         spec = model_inputs(model_or_config)
         collator = cls(options, warmup=warmup, **{**spec.options, **keywords})
+        if collator.context_parallel is not None and spec.keys & _VISION_INPUTS:
+            raise ValueError(
+                f"PackCollator.for_model: context_parallel_size > 1 with a {spec.model_type!r} model: its forward "
+                "merges the features of all the pack's images into the placeholders it is given, and a shard holds "
+                "only some of them; shard text models, or use PackCollator(context_parallel_size=...) with a model "
+                "that takes each rank's placeholders")
         collator.model_inputs = spec
         return collator
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> PackedBatch:
-        if self.model_inputs is None:
-            return _pack_samples(samples, self.options)
-        batch = _pack_samples(samples, self.options, "num_items_in_batch" in self.model_inputs.keys)
-        return PackedBatch._wrap(self.model_inputs.select(batch._fields), batch.loss_counts)
+        spec = self.model_inputs
+        if spec is None:
+            batch = _pack_samples(samples, self.options)
+        else:
+            batch = _pack_samples(samples, self.options, "num_items_in_batch" in spec.keys)
+            selected = spec.select(batch._fields)
+            if self.context_parallel is None:
+                return PackedBatch._wrap(selected, batch.loss_counts)
+        if self.context_parallel is None:
+            return batch
+        keys = None if spec is None else frozenset(spec.keys) | frozenset(spec.constants)
+        shard = shard_packed_batch(batch, self.context_parallel, self.options, keys)
+        if spec is not None:
+            shard._fields.update(spec.constants)
+        return shard
 
     def __repr__(self) -> str:
+        cp = self.context_parallel
+        extra = "" if cp is None else (f", context_parallel_size={cp.size}, context_parallel_rank={cp.rank}, "
+                                       f"strategy={cp.strategy!r}")
         if self.model_inputs is not None:
-            return f"PackCollator.for_model({self.model_inputs.model_type!r}, {self.options!r})"
-        return f"PackCollator({self.options!r})"
+            return f"PackCollator.for_model({self.model_inputs.model_type!r}, {self.options!r}{extra})"
+        return f"PackCollator({self.options!r}{extra})"

@@ -11,9 +11,11 @@ import numpy as np
 import torch.utils.data
 
 from .._checks import check_epoch, check_int, check_positive_int, default_world
+from ..balance.context_parallel import ContextParallelReport, slot_rank_times
 from ..balance.cost import CostModel
 from ..balance.options import UNSET, Method, OversizePolicy, PlanOptions
 from ..balance.packs import Plan, as_lengths
+from ..context_parallel import ContextParallelCost
 from ..lengths import Lengths
 from .epochs import EpochCache, EpochSchedule, plan_epoch
 from .groups import build_groups
@@ -47,13 +49,21 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             sample ``i`` is ``dataset[i]``.
         options: a :class:`~omnibal_kernels.balance.options.PlanOptions` for every group, or a sequence with
             one per group (:mod:`~omnibal_kernels.sampler.groups` says which fields may differ).
-        world_size, rank: data-parallel ranks and this one, both or neither; default torch.distributed's when
+        world_size, rank: all ranks and this one, both or neither; default torch.distributed's when
             initialized, else 1 and 0 (with ``WORLD_SIZE > 1`` in the environment that is an error: call
             ``torch.distributed.init_process_group`` first).
-        method, target_batch_size, vit_capacity, llm_capacity, seed, drop_last, oversize, cost_model: fields
-            of ``PlanOptions``, replacing those of ``options``; ``target_batch_size`` and the capacities may
-            be sequences with one value per group. Capacities not given are searched once, on each group's
-            whole data, and kept for all epochs.
+        context_parallel_size: ranks per context-parallel (CP) group, ``C`` (default 1: no CP). The sampler's
+            world is then the data-parallel one: ``world_size / C`` groups of the ``C`` consecutive ranks
+            ``d * C, ..., d * C + C - 1`` (Megatron's and torchtitan's order without tensor parallelism; with
+            another layout pass ``world_size = C * data-parallel size`` and ``rank = C * data-parallel rank +
+            CP rank``), each group getting one pack per micro-step, the same on its ``C`` ranks (a
+            ``PackCollator(context_parallel_size=C)`` then hands each its shard). The capacities are per CP
+            group (:func:`~omnibal_kernels.balance.plan_packs`). :attr:`world_size` and :attr:`rank` are the
+            data-parallel ones, :attr:`context_parallel_rank` this rank's place in its group.
+        method, target_batch_size, vit_capacity, llm_capacity, seed, drop_last, oversize, cost_model,
+            context_parallel_size: fields of ``PlanOptions``, replacing those of ``options``;
+            ``target_batch_size`` and the capacities may be sequences with one value per group. Capacities
+            not given are searched once, on each group's whole data, and kept for all epochs.
         micro_steps_per_step: micro-steps (gradient accumulation steps) per optimizer step.
         groups: ``None`` (one group), a per-sample array of integer group ids (groups in sorted id order), or
             a list of index arrays partitioning the samples. Each group is packed under its own capacities;
@@ -61,7 +71,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         dataset, num_samples: when given, the number of samples must equal ``len(lengths)``.
 
     Raises:
-        ValueError/TypeError: rank not in ``[0, world_size)``, only one of ``world_size`` and ``rank``,
+        ValueError/TypeError: rank not in ``[0, world_size)``, only one of ``world_size`` and ``rank``, a
+            ``context_parallel_size`` that is not a positive int or does not divide ``world_size``,
             ``WORLD_SIZE > 1`` without a process group, too few packs for the ranks with ``drop_last``, lengths
             not matching the dataset, bad groups or options (naming the argument, group or sample).
 
@@ -87,6 +98,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         micro_steps_per_step: int = 1,
         oversize: OversizePolicy = UNSET,
         cost_model: Optional[CostModel] = UNSET,
+        context_parallel_size: int = UNSET,
         groups: Any = None,
         dataset: Any = None,
         num_samples: Optional[int] = None,
@@ -102,13 +114,19 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 raise ValueError(f"lengths has {n} samples but the dataset has {len(dataset)}")
         if num_samples is not None and num_samples != n:
             raise ValueError(f"lengths has {n} samples but num_samples is {num_samples}")
-        self.world_size, self.rank = default_world(world_size, rank, owner="BalancedBatchSampler")
+        world_size, rank = default_world(world_size, rank, owner="BalancedBatchSampler")
+        cp = _context_parallel_size(options, context_parallel_size)
+        if world_size % cp:
+            raise ValueError(f"BalancedBatchSampler: context_parallel_size={cp} does not divide world_size="
+                             f"{world_size}: the ranks must form whole context-parallel groups")
+        self.world_size, self.rank = world_size // cp, rank // cp
+        self.context_parallel_size, self.context_parallel_rank = cp, rank % cp
         self.micro_steps_per_step = check_positive_int("micro_steps_per_step", micro_steps_per_step)
         self._groups = build_groups(self.lengths, groups, options, world_size=self.world_size,
                                     micro_steps=self.micro_steps_per_step, method=method,
                                     target_batch_size=target_batch_size, vit_capacity=vit_capacity,
                                     llm_capacity=llm_capacity, seed=seed, drop_last=drop_last, oversize=oversize,
-                                    cost_model=cost_model)
+                                    cost_model=cost_model, context_parallel_size=cp)
         self._config_fingerprint = config_fingerprint(self.lengths, self._groups, self.world_size,
                                                       self.micro_steps_per_step)
         self._cursor = Cursor()
@@ -292,10 +310,32 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                                           self.micro_step_loads(schedule.epoch))
         return schedule.report
 
+    def context_parallel_report(self, strategy: str = "auto", *, epoch: Optional[int] = None,
+                                cost: Optional[ContextParallelCost] = None, pad_sequences: bool = False,
+                                max_rank_tokens: Optional[int] = None,
+                                progress: Optional[bool] = None) -> ContextParallelReport:
+        """Every CP rank's predicted time for every micro-step of the epoch (default: the current one):
+        :func:`~omnibal_kernels.balance.context_parallel_report` over ``(num_micro_steps, world_size,
+        context_parallel_size)``, each pack priced under ``strategy`` as the collator shards it."""
+        schedule = self._schedule(epoch)
+        return slot_rank_times(schedule.pack_offsets, schedule.pack_samples, schedule.micro_packs, self.lengths.llm,
+                               self.context_parallel_size, strategy, cost=cost, pad_sequences=pad_sequences,
+                               max_rank_tokens=max_rank_tokens, progress=progress)
+
     def __repr__(self) -> str:
-        return (f"BalancedBatchSampler(samples={len(self.lengths)}, world_size={self.world_size}, rank={self.rank}, "
-                f"method={self.method!r}, capacities={self.capacities}, micro_steps_per_step="
+        cp = f", context_parallel_size={self.context_parallel_size}" if self.context_parallel_size > 1 else ""
+        return (f"BalancedBatchSampler(samples={len(self.lengths)}, world_size={self.world_size}, rank={self.rank}"
+                f"{cp}, method={self.method!r}, capacities={self.capacities}, micro_steps_per_step="
                 f"{self.micro_steps_per_step}, groups={len(self.groups)}, epoch={self.epoch})")
+
+
+def _context_parallel_size(options: Union[PlanOptions, Sequence[PlanOptions], None], keyword: Any) -> int:
+    """The CP group size: the keyword, else the options' (the first group's; groups must agree), else 1."""
+    if keyword is not UNSET:
+        return check_positive_int("context_parallel_size", keyword)
+    if isinstance(options, Sequence) and not isinstance(options, str) and len(options):
+        options = options[0]
+    return options.context_parallel_size if isinstance(options, PlanOptions) else 1
 
 
 def _iterated_as_a_plain_sampler(sampler: BalancedBatchSampler, caller: Optional[FrameType]) -> bool:

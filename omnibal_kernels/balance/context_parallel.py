@@ -1,0 +1,154 @@
+"""A plan on context-parallel (CP) groups: the predicted time of every CP rank for every step's packs.
+
+With ``context_parallel_size = C`` a plan's ranks are the data-parallel ones, each a CP group of ``C`` ranks
+that trains its slot's pack sharded by :func:`~omnibal_kernels.shard_for_context_parallel`. A step lasts as
+long as its slowest rank over all groups and all their CP ranks; this report prices every pack from its
+samples' LLM lengths, in pack order, with :func:`~omnibal_kernels.context_parallel_rank_times` (the layout the
+collator builds for the same batch and arguments), so that imbalance inside a group is reported, not hidden
+behind balanced pack totals.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from .._checks import check_positive_int
+from .._progress import progress_bar
+from ..context_parallel import ContextParallelCost, context_parallel_rank_times
+from ..lengths import Lengths
+from .packs import Plan, as_lengths
+
+__all__ = ["ContextParallelReport", "context_parallel_report", "slot_rank_times"]
+
+
+@dataclass(frozen=True)
+class ContextParallelReport:
+    """Every step's packs on their CP groups under one strategy.
+
+    Attributes:
+        strategy: the strategy asked for (``"auto"`` chooses per pack; :attr:`strategies` says what).
+        context_parallel_size: ranks per CP group, ``C``.
+        times: ``(steps, groups, C)`` float64 predicted time of every CP rank of every data-parallel rank (CP
+            group) in every step, in the unit of the :class:`~omnibal_kernels.ContextParallelCost`.
+        tokens: ``(steps, groups, C)`` int64 tokens each CP rank holds (padding included).
+        kv_exchanged: ``(steps, groups)`` int64 K/V rows the ranks of the group receive.
+        padding: ``(steps, groups)`` int64 tokens the layout adds (Megatron padding).
+        strategies: ``(steps, groups)`` the strategy of each pack's layout (``"auto"`` resolved).
+    """
+
+    strategy: str
+    context_parallel_size: int
+    times: np.ndarray
+    tokens: np.ndarray
+    kv_exchanged: np.ndarray
+    padding: np.ndarray
+    strategies: np.ndarray
+
+    @property
+    def group_imbalance(self) -> np.ndarray:
+        """``(steps, groups)`` slowest CP rank over the mean CP rank of each pack (1.0: perfect balance)."""
+        mean = self.times.mean(axis=2)
+        return np.where(mean > 0, self.times.max(axis=2) / np.where(mean > 0, mean, 1.0), 1.0)
+
+    @property
+    def step_times(self) -> np.ndarray:
+        """``(steps,)`` the slowest rank of each step, over every group and CP rank."""
+        return self.times.reshape(self.times.shape[0], -1).max(axis=1)
+
+    @property
+    def step_efficiency(self) -> float:
+        """Mean over steps of ``mean / max`` over all ranks (groups times CP ranks): the share of a step the
+        average rank works rather than waits."""
+        flat = self.times.reshape(self.times.shape[0], -1)
+        peak = flat.max(axis=1) if flat.size else np.zeros(0)
+        if peak.size == 0:
+            return 1.0
+        return float(np.mean(np.where(peak > 0, flat.mean(axis=1) / np.where(peak > 0, peak, 1.0), 1.0)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Summary numbers: mean and worst group imbalance, step efficiency, K/V rows and padding per step,
+        and how often ``"auto"`` chose each strategy."""
+        imbalance = self.group_imbalance
+        names, counts = np.unique(self.strategies, return_counts=True)
+        steps = max(self.times.shape[0], 1)
+        return {
+            "strategy": self.strategy,
+            "context_parallel_size": self.context_parallel_size,
+            "mean_group_imbalance": float(imbalance.mean()) if imbalance.size else 1.0,
+            "worst_group_imbalance": float(imbalance.max()) if imbalance.size else 1.0,
+            "step_efficiency": self.step_efficiency,
+            "kv_exchanged_per_step": float(self.kv_exchanged.sum()) / steps,
+            "padding_per_step": float(self.padding.sum()) / steps,
+            "strategies": {str(n): int(c) for n, c in zip(names, counts)},
+        }
+
+
+def slot_rank_times(pack_offsets: np.ndarray, pack_samples: np.ndarray, slots: np.ndarray, llm: np.ndarray,
+                    context_parallel_size: int, strategy: str = "auto", *,
+                    cost: Optional[ContextParallelCost] = None, pad_sequences: bool = False,
+                    max_rank_tokens: Optional[int] = None, progress: Optional[bool] = None) -> ContextParallelReport:
+    """The :class:`ContextParallelReport` of a table of pack ids.
+
+    Args:
+        pack_offsets, pack_samples: the packs (pack ``p`` holds ``pack_samples[pack_offsets[p]:pack_offsets[p+1]]``).
+        slots: ``(steps, groups)`` int pack id of every slot (a plan's ``step_packs``, a sampler's micro-steps).
+        llm: per-sample LLM tokens, indexed by the ids in ``pack_samples``.
+        context_parallel_size, strategy, cost, pad_sequences, max_rank_tokens: as
+            :func:`~omnibal_kernels.context_parallel_rank_times`.
+        progress: a progress bar over the distinct packs (default: when stderr is a terminal).
+    """
+    cp = check_positive_int("context_parallel_size", context_parallel_size)
+    slots = np.asarray(slots, dtype=np.int64)
+    distinct, inverse = np.unique(slots, return_inverse=True)
+    n = distinct.size
+    times, tokens = np.zeros((n, cp)), np.zeros((n, cp), np.int64)
+    kv, padding, names = np.zeros(n, np.int64), np.zeros(n, np.int64), np.empty(n, dtype=object)
+    bar = progress_bar(n, "context-parallel rank times", progress)
+    try:
+        for i, p in enumerate(distinct.tolist()):
+            seqlens = llm[pack_samples[pack_offsets[p] : pack_offsets[p + 1]]]
+            rt = context_parallel_rank_times(seqlens, cp, strategy, cost=cost, pad_sequences=pad_sequences,
+                                             max_rank_tokens=max_rank_tokens)
+            times[i], tokens[i], kv[i], padding[i], names[i] = rt.times, rt.tokens, rt.kv_exchanged, rt.padding, \
+                rt.strategy
+            bar.update()
+    finally:
+        bar.close()
+    inverse = inverse.reshape(slots.shape)
+    return ContextParallelReport(strategy, cp, times[inverse], tokens[inverse], kv[inverse], padding[inverse],
+                                 names[inverse].astype(str))
+
+
+def context_parallel_report(plan: Plan, lengths: Union[Lengths, tuple, np.ndarray], strategy: str = "auto", *,
+                            cost: Optional[ContextParallelCost] = None, pad_sequences: bool = False,
+                            max_rank_tokens: Optional[int] = None, progress: Optional[bool] = None
+                            ) -> ContextParallelReport:
+    """Every CP rank's predicted time for every step of ``plan`` (planned with ``context_parallel_size``).
+
+    Args:
+        plan: a plan of :func:`~omnibal_kernels.balance.plan_packs`; its ``context_parallel_size`` is ``C``.
+        lengths: the loads it was planned from.
+        strategy: the strategy the collator shards with (``"auto"``, ``"zigzag"``, ``"per_document"``,
+            ``"hybrid"``, ``"contiguous"``).
+        cost: the CP cost terms (default :meth:`ContextParallelCost.llama3_8b`, the collator's default too).
+        pad_sequences, max_rank_tokens: as :func:`~omnibal_kernels.context_parallel_rank_times`.
+        progress: a progress bar over the packs (default: when stderr is a terminal).
+
+    Returns:
+        :class:`ContextParallelReport` with ``(num_steps, world_size, C)`` times. Each pack is priced by its
+        samples' lengths; a padding segment that a collator's static shapes add is not in them.
+
+    Raises:
+        ValueError: lengths of another size than the plan's input, and what ``context_parallel_rank_times``
+            raises (a bad strategy, a fixed strategy over ``max_rank_tokens``).
+    """
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a Plan, got {type(plan).__name__}")
+    lengths = as_lengths(lengths)
+    if len(lengths) != plan.num_input_samples:
+        raise ValueError(f"plan was made for {plan.num_input_samples} samples, lengths has {len(lengths)}")
+    return slot_rank_times(plan.pack_offsets, plan.pack_samples, plan.step_packs, lengths.llm,
+                           plan.context_parallel_size, strategy, cost=cost, pad_sequences=pad_sequences,
+                           max_rank_tokens=max_rank_tokens, progress=progress)
