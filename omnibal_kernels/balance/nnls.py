@@ -40,8 +40,8 @@ def nnls(a: np.ndarray, b: np.ndarray, *, tol: float | None = None, max_iter: in
     Args:
         a: ``(m, n)`` float matrix.
         b: ``(m,)`` float vector.
-        tol: a zero-set column enters only when its gradient ``a.T @ (b - a @ x)`` exceeds this (default: a
-            multiple of the machine epsilon scaled by the norms of ``a`` and ``b``).
+        tol: a zero-set column enters only when its gradient ``a.T @ (b - a @ x)``, with ``a``'s columns scaled to
+            unit norm, exceeds this (default: a multiple of the machine epsilon scaled by the norm of ``b``).
         max_iter: bound on passive-set solves (default ``3 * n``; each solve adds or removes a column).
 
     Returns:
@@ -57,6 +57,12 @@ def nnls(a: np.ndarray, b: np.ndarray, *, tol: float | None = None, max_iter: in
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("nnls: a and b must be finite")
     m, n = a.shape
+    # Columns of unit norm: the cost terms' features differ by orders of magnitude, and lstsq's cut of small
+    # singular values would otherwise drop a column that is only small in its unit, not dependent.
+    original = a
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    a = a / norms
     if tol is None:
         tol = 10.0 * max(m, n) * np.finfo(np.float64).eps * max(np.linalg.norm(a, 1), 1.0) * max(
             np.linalg.norm(b), 1.0)
@@ -91,7 +97,8 @@ def nnls(a: np.ndarray, b: np.ndarray, *, tol: float | None = None, max_iter: in
             iterations += 1
         x = np.where(passive, np.maximum(z, 0.0), 0.0)
         blocked[:] = False
-    return NNLSResult(x, float(np.linalg.norm(a @ x - b)), iterations)
+    x = x / norms
+    return NNLSResult(x, float(np.linalg.norm(original @ x - b)), iterations)
 
 
 class FitErrors(NamedTuple):
