@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "search_capacity": "balance",
     "balance_report": "balance",
     "BalanceReport": "balance",
+    "epoch_cost": "balance",
+    "epoch_bound": "balance",
     "OversizeError": "balance",
     "TooFewPacksError": "balance",
     # cost models fitted to measured time
