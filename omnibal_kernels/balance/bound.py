@@ -49,8 +49,8 @@ and ``n(x)`` for the number of distinct packs whose samples cost more than ``x``
 
 Samples over a capacity count as their own packs (``oversize="single"``): their loads are clipped to the
 capacity, which keeps every step above valid for such packs. Exact where every sample fills a pack (then
-``L = U = n``; up to ``MAX_LEVELS - 1024`` distinct costs, all of them levels); tested against exhaustive optima of tiny instances and against plans of every method
-(``tests/test_epoch_bound.py``).
+``L = U = n``; up to ``MAX_LEVELS - 1024`` distinct costs, all of them levels). Tested against exhaustive
+optima of tiny instances and against plans of every method (``tests/test_epoch_bound.py``).
 """
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def named_cost_model(name: str) -> CostModel:
     return NAMED_COST_MODELS[name]()
 
 
-def cost_model_from_spec(spec: Union[str, "os.PathLike[str]"]) -> CostModel:
+def cost_model_from_spec(spec: Union[str, os.PathLike[str]]) -> CostModel:
     """A cost model from a name of :data:`NAMED_COST_MODELS`, a JSON file of its terms
     (:meth:`CostModel.from_json`, as ``omnibal-kernels calibrate`` writes), or a transformers config folder
     (:meth:`CostModel.from_config`).
