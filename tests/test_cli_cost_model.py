@@ -110,13 +110,14 @@ def test_sampler_and_streaming_report_under_the_given_cost_model() -> None:
     from omnibal_kernels import BalancedBatchSampler, streaming_report
 
     lengths = synthetic_lengths("video_mix", 4_000, seed=0)
-    model = named_cost_model("qwen2_5_vl_7b")
+    model = CostModel(**{**named_cost_model("qwen2_5_vl_7b").to_dict(), "per_pack": 1e4})
     groups = (lengths.vit > 10_000).astype(np.int64)
     sampler = BalancedBatchSampler(lengths, world_size=8, rank=0, groups=groups, cost_model=model)
     report = sampler.balance_report()
     costs = model.sample_costs(lengths)
-    assert report.epoch_ideal * 8 == pytest.approx(sum(costs[np.asarray(b, np.int64)].sum() for r in range(8)
-                                                       for b in sampler.rank_batches(r)), rel=1e-9)
+    # every micro-step's pack: its samples' costs (with their ViT sequences) plus per_pack
+    assert report.epoch_ideal * 8 == pytest.approx(sum(costs[np.asarray(b, np.int64)].sum() + model.per_pack
+                                                       for r in range(8) for b in sampler.rank_batches(r)), rel=1e-9)
     assert report.epoch_cost >= report.epoch_ideal
     stream = streaming_report(lengths, vit_capacity=30_000, llm_capacity=12_000, buffer_size=512, world_size=8,
                               cost_model=model)

@@ -79,12 +79,13 @@ class SamplerReport:
         return out
 
 
-def micro_step_loads(schedule: EpochSchedule, lengths: Lengths,
-                     sample_costs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step."""
+def micro_step_loads(schedule: EpochSchedule, lengths: Lengths, sample_costs: np.ndarray,
+                     per_pack: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step (a
+    pack's cost: its samples' ``sample_costs`` plus ``per_pack``)."""
     vit, llm, cost = (pack_sums(schedule.pack_offsets, schedule.pack_samples, values)[schedule.micro_packs]
                       for values in (lengths.vit, lengths.llm, sample_costs))
-    return vit, llm, cost
+    return vit, llm, cost + per_pack
 
 
 def make_report(schedule: EpochSchedule, groups: SamplerGroups, micro_steps: int,
