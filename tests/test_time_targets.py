@@ -76,3 +76,18 @@ def test_planning_speed_and_markdown(quick_rows) -> None:
                if line.startswith("| ") and line.split("|")[2].strip() in models]
     assert len(results) == len(quick_rows) and all(r == "pass" or r.startswith("miss: ") for r in results)
     assert np.isfinite([r["epoch_over_ideal"] for r in quick_rows]).all()
+
+
+def test_streaming_and_groups_under_each_class_model() -> None:
+    from omnibal_kernels.bench.time_targets import time_modes_rows
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = time_modes_rows(n=3_000, buffer_size=1_024)
+    assert [(r["kind"], r["cost_model"]) for r in rows] == list(CLASS_MODELS)
+    for r in rows:
+        # no plan, streamed or offline, goes below the bound, itself at least the ideal
+        assert r["stream_over_ideal"] >= r["stream_over_bound"] * (1 - 1e-9) >= 1 - 1e-9
+        assert r["offline_over_ideal"] >= r["offline_over_bound"] * (1 - 1e-9) >= 1 - 1e-9
+    # the sampler runs its two groups where a class has both text-only and image samples
+    assert {r["kind"] for r in rows if "groups_over_ideal" in r} == {"half_text_half_image", "patch_multires"}

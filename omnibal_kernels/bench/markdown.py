@@ -172,6 +172,20 @@ def _time_targets(report: dict[str, Any]) -> list[str]:
              "miss: " + "; ".join(r["misses"]) if r["misses"] else "pass"] for r in report["time_targets"]]
     out += _table(["class", "cost model", "ranks", "samples", "steps", "epoch/ideal", "bound/ideal", "epoch/bound",
                    "sorted/ideal", "packs/volume", "repeated", "result"], rows, "llrrrrrrrrrl")
+    if report.get("time_modes"):
+        out += ["Epoch / ideal (epoch / bound) of the offline plan, the streaming packer (buffer 4096) and the "
+                "multi-group sampler (text-only / image groups: epoch / ideal), each under the class's cost model, "
+                f"{report['time_modes'][0]['samples']:,} samples, 8 ranks.", ""]
+
+        def cell(r: dict[str, Any], prefix: str) -> str:
+            if f"{prefix}_over_ideal" not in r:
+                return "-"
+            bound = r.get(f"{prefix}_over_bound")
+            return f"{r[prefix + '_over_ideal']:.4f}" + ("" if bound is None else f" ({bound:.4f})")
+
+        out += _table(["class", "cost model", "offline", "streaming", "groups"],
+                      [[r["kind"], r["cost_model"], cell(r, "offline"), cell(r, "stream"), cell(r, "groups")]
+                       for r in report["time_modes"]], "llrrr")
     out += ["Planning speed (balanced with its capacity search, 8 ranks) against `numpy.argsort` of the token "
             "counts, best of 2 taking turns; target <= 5x.", ""]
     out += _table(["class", "samples", "plan s", "argsort s", "ratio", "result"],

@@ -24,7 +24,7 @@ from ..sampler import BalancedBatchSampler
 from ..streaming import streaming_report
 from ..synthetic import DISTRIBUTIONS, synthetic_lengths
 from .runner import Config, register
-from .time_targets import QUICK_PLANNING_SAMPLES, planning_speed_rows, time_targets_table
+from .time_targets import QUICK_PLANNING_SAMPLES, planning_speed_rows, time_modes_rows, time_targets_table
 
 TARGET = 4.0
 WORLD_SIZES = (8, 64, 512, 1024)
@@ -133,4 +133,6 @@ def run(config: Config) -> dict[str, Any]:
     config.say("  time-balance targets")
     time_rows = time_targets_table(world_sizes, quick=config.quick, say=config.say)
     speed = planning_speed_rows(QUICK_PLANNING_SAMPLES) if config.quick else planning_speed_rows()
-    return {"targets": rows, "targets_modes": modes, "time_targets": time_rows, "time_planning": speed}
+    time_modes = time_modes_rows(n=20_000 if config.quick else 100_000)
+    return {"targets": rows, "targets_modes": modes, "time_targets": time_rows, "time_modes": time_modes,
+            "time_planning": speed}

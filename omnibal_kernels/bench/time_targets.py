@@ -9,6 +9,8 @@ per pack) planned *with that cost model*, on enough samples for at least 50 step
 * never above the same packs sorted by cost and cut into runs of ``world_size`` (``sorted``);
 * packs within 3% of the volume bound; every sample in exactly one distinct pack; under 10% of the packs of
   epoch 0 again in epoch 1;
+* the streaming packer (shuffled stream, buffer 4096) and the multi-group sampler (text-only and image samples
+  as two groups), planned with the same cost model at 8 ranks: their epoch / ideal beside the offline plan's;
 * planning 1.2M samples of the class (8 ranks, as the planning part) within 5x ``numpy.argsort`` of their token
   counts (best of 2, taking turns).
 
@@ -26,12 +28,15 @@ from typing import Any, Optional
 import numpy as np
 
 from ..balance import balance_report, named_cost_model, plan_packs, search_capacity
+from ..sampler import BalancedBatchSampler
+from ..streaming import streaming_report
 from ..balance.report import pack_costs
 from ..balance.targets import pack_lower_bounds, repeated_pack_share
 from ..lengths import Lengths
 from ..synthetic import synthetic_lengths
 
-__all__ = ["CLASS_MODELS", "planning_speed_rows", "time_target_misses", "time_target_row", "time_targets_table"]
+__all__ = ["CLASS_MODELS", "planning_speed_rows", "time_modes_rows", "time_target_misses", "time_target_row",
+           "time_targets_table"]
 
 TARGET = 4.0
 WORLD_SIZES = (8, 64, 512, 1024)
@@ -148,4 +153,29 @@ def planning_speed_rows(n: int = PLANNING_SAMPLES, world_size: int = 8, repeats:
         rows.append(dict(kind=kind, samples=n, world_size=world_size, plan_seconds=plan, argsort_seconds=argsort,
                          over_argsort=ratio, misses=[] if ratio <= MAX_ARGSORTS else
                          [f"planning {ratio:.1f}x numpy.argsort > {MAX_ARGSORTS:g}x"]))
+    return rows
+
+
+def time_modes_rows(n: int = 100_000, world_size: int = 8, buffer_size: int = 4096) -> list[dict[str, Any]]:
+    """Per (class, cost model): ``epoch / ideal`` of the offline plan, the streaming packer and (classes with
+    text-only and image samples) the multi-group sampler, each planned and measured under that cost model."""
+    rows = []
+    for kind, model_name in CLASS_MODELS:
+        model = named_cost_model(model_name)
+        lengths = synthetic_lengths(kind, n, seed=0)
+        caps = search_capacity(lengths, TARGET)
+        stream = streaming_report(lengths, vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity,
+                                  buffer_size=buffer_size, world_size=world_size, cost_model=model)
+        row: dict[str, Any] = dict(kind=kind, cost_model=model_name, samples=n, world_size=world_size,
+                                   stream_over_ideal=stream.streaming.epoch_over_ideal,
+                                   stream_over_bound=stream.streaming.epoch_over_bound)
+        if stream.offline is not None:
+            row.update(offline_over_ideal=stream.offline.epoch_over_ideal,
+                       offline_over_bound=stream.offline.epoch_over_bound)
+        has_image = lengths.vit > 0
+        if 0 < has_image.sum() < len(lengths):
+            groups = BalancedBatchSampler(lengths, world_size=world_size, rank=0, groups=has_image.astype(np.int64),
+                                          target_batch_size=TARGET, cost_model=model).balance_report()
+            row.update(groups_over_ideal=groups.epoch_over_ideal)
+        rows.append(row)
     return rows
