@@ -9,7 +9,11 @@ import pytest
 
 from omnibal_kernels.bench.markdown import to_markdown
 from omnibal_kernels.bench.time_targets import (
-    CLASS_MODELS, MIN_STEPS, planning_speed_rows, time_target_misses, time_targets_table,
+    CLASS_MODELS,
+    MIN_STEPS,
+    planning_speed_rows,
+    time_target_misses,
+    time_targets_table,
 )
 
 

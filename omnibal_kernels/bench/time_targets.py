@@ -28,11 +28,11 @@ from typing import Any, Optional
 import numpy as np
 
 from ..balance import balance_report, named_cost_model, plan_packs, search_capacity
-from ..sampler import BalancedBatchSampler
-from ..streaming import streaming_report
 from ..balance.report import pack_costs
 from ..balance.targets import pack_lower_bounds, repeated_pack_share
 from ..lengths import Lengths
+from ..sampler import BalancedBatchSampler
+from ..streaming import streaming_report
 from ..synthetic import synthetic_lengths
 
 __all__ = ["CLASS_MODELS", "planning_speed_rows", "time_modes_rows", "time_target_misses", "time_target_row",
