@@ -160,7 +160,8 @@ def _time_targets(report: dict[str, Any]) -> list[str]:
     if "time_targets" not in report:
         return []
     out = ["### Time-balance targets", "",
-           "`balanced` planned and measured under the cost model each class resembles, at least 50 steps. "
+           "`balanced` planned and measured under the cost model each class resembles, at least 50 steps "
+           "and 70,000 samples. "
            "epoch: sum over steps of the slowest rank's pack cost; ideal: all cost over the ranks; bound: "
            "`epoch_bound`, a proven lower bound of any plan; sorted: the same packs sorted by cost in runs of "
            "the world size. Targets: epoch/ideal <= 1.005 up to 64 ranks, <= 1.02 above (or epoch/bound <= 1.002 "
