@@ -238,7 +238,7 @@ def epoch_bound(lengths: Union[Lengths, tuple, np.ndarray], cost_model: Optional
     plan that schedules every sample once (each over a capacity in a pack of its own) goes below this number.
     It is at least the ideal, ``(sum of sample costs + per_pack * min_packs) / world_size``, and higher where
     costly samples, or the few packs costly enough to stand out, force steps of their own. The module
-    docstring derives it; it runs in a few seconds for a million samples.
+    docstring derives it; it takes a few sorts of the samples (``O(N log N)``), fast enough for every report.
 
     Args:
         lengths: a ``Lengths`` (its ``vit_seqlens`` used by the cost model), a ``(vit, llm)`` tuple or token
