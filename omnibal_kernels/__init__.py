@@ -37,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     "BalanceReport": "balance",
     "context_parallel_report": "balance",
     "ContextParallelReport": "balance",
+    "epoch_cost": "balance",
+    "epoch_bound": "balance",
     "OversizeError": "balance",
     "TooFewPacksError": "balance",
     # cost models fitted to measured time

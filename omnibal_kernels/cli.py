@@ -29,6 +29,10 @@ _REPORT_ROWS = (
     ("vit_dist", "ViT dist ratio", "{:.4f}"),
     ("llm_dist", "LLM dist ratio", "{:.4f}"),
     ("step_efficiency", "step efficiency", "{:.4f}"),
+    ("epoch_cost", "epoch cost", "{:.4g}"),
+    ("epoch_bound", "epoch lower bound", "{:.4g}"),
+    ("epoch_over_ideal", "epoch / ideal", "{:.4f}"),
+    ("epoch_over_bound", "epoch / bound", "{:.4f}"),
     ("dropped", "dropped samples", "{:,d}"),
     ("duplicated", "duplicated samples", "{:,d}"),
     ("oversize", "oversize singles", "{:,d}"),
@@ -67,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--drop-last", action="store_true", help="drop a ragged last step instead of reusing packs")
     plan.add_argument("--seed", type=int, default=0)
     plan.add_argument("--epoch", type=int, default=0)
+    plan.add_argument("--cost-model", default="internvl_7b", metavar="NAME|FILE.json|CONFIG_DIR",
+                      help="the cost model to plan with and report in: a name (internvl_7b, the default; "
+                      "qwen2_vl_7b, qwen2_5_vl_7b, llama_7b, tokens_only), a JSON file of its terms (as calibrate "
+                      "writes) or a transformers config folder")
     plan.add_argument("--json", action="store_true", help="print one JSON object (one method)")
     plan.add_argument("--out", default=None, help="write the plan to this .npz file (one method)")
     plan.add_argument("--plot", default=None, metavar="DIR",
@@ -85,6 +93,7 @@ def _run_plan(args: argparse.Namespace) -> int:
 
     if args.out:
         _check_output_path(args.out)
+    cost_model = _cost_model_argument(args.cost_model)
     if args.paths:
         lengths = load_lengths(*args.paths)
         source = f"{len(args.paths)} file(s)"
@@ -99,14 +108,14 @@ def _run_plan(args: argparse.Namespace) -> int:
         methods = ["random", "isf", "balanced"]
     options = PlanOptions(method=methods[0], target_batch_size=args.target_batch_size, vit_capacity=args.vit_capacity,
                           llm_capacity=args.llm_capacity, oversize=args.oversize, drop_last=args.drop_last,
-                          seed=args.seed)
+                          seed=args.seed, cost_model=cost_model)
 
     rows, plans = [], {}
     for method in methods:
         plan = plan_packs(lengths, options=options, method=method, world_size=args.world_size, epoch=args.epoch)
-        report = balance_report(plan, lengths).to_dict()
+        report = balance_report(plan, lengths, cost_model).to_dict()
         report.update(method=method, vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity,
-                      world_size=plan.world_size)
+                      world_size=plan.world_size, cost_model=cost_model.to_dict())
         rows.append(report)
         plans[method] = plan
         if args.out:
@@ -134,6 +143,16 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.out:
         print(f"plan written to {written}")
     return 0
+
+
+def _cost_model_argument(spec: str) -> Any:
+    """The ``--cost-model`` value as a ``CostModel``; every refusal a one-line error naming the argument."""
+    from .balance.cost_models import cost_model_from_spec
+
+    try:
+        return cost_model_from_spec(spec)
+    except (ValueError, TypeError, OSError) as exc:
+        raise ValueError(f"--cost-model: {exc}") from exc
 
 
 def _check_output_path(path: str) -> None:

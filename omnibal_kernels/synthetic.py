@@ -14,7 +14,8 @@ class here draws ``n`` samples with a fixed seed, from shapes seen in public tra
 ===========================  ===================================================================================
 
 ViT loads are tiles for the InternVL-style classes and patches for the Qwen2-VL-style ones; LLM loads count
-text tokens plus the image tokens (256 per InternVL tile, one per 2x2 merged Qwen2-VL patches).
+text tokens plus the image tokens (256 per InternVL tile, one per 2x2 merged Qwen2-VL patches). The Qwen2-VL
+classes carry ``vit_seqlens``: one per image and one per video frame group (what the ViT attends over).
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def _internvl_tiles(rng: np.random.Generator, n: int, max_tiles: int = 12) -> np
 
 
 def _qwen2vl_patches(rng: np.random.Generator, n: int, num_frames: Optional[np.ndarray] = None) -> np.ndarray:
-    """ViT patches of ``n`` images (or videos) of random resolution, counted as Qwen2-VL's processor would."""
+    """``(n, 2)`` ViT patches of ``n`` images (or videos) of random resolution, counted as Qwen2-VL's processor
+    would, and their frame groups (1 for an image), each of which the ViT attends over on its own."""
     from .vision import qwen2vl_grid
 
     # Image sides from 64 px to 4k, log-uniform; videos at typical 360p-720p frame sizes with fewer pixels each.
@@ -51,11 +53,23 @@ def _qwen2vl_patches(rng: np.random.Generator, n: int, num_frames: Optional[np.n
         width = np.exp(rng.uniform(np.log(64), np.log(4096), n)).astype(np.int64)
         aspect = np.exp(rng.uniform(np.log(0.33), np.log(3.0), n))
         height = np.clip(np.round(width * aspect), 28, 8192).astype(np.int64)
-        return np.asarray(qwen2vl_grid(width, height).num_patches, dtype=np.int64)
-    width = rng.choice(np.array([480, 640, 854, 1280]), size=n)
-    height = (width * 9) // 16
-    grid = qwen2vl_grid(width, height, num_frames, max_pixels=360 * 420)
-    return np.asarray(grid.num_patches, dtype=np.int64)
+        grid = qwen2vl_grid(width, height)
+    else:
+        width = rng.choice(np.array([480, 640, 854, 1280]), size=n)
+        height = (width * 9) // 16
+        grid = qwen2vl_grid(width, height, num_frames, max_pixels=360 * 420)
+    thw = np.asarray(grid.grid_thw, dtype=np.int64).reshape(-1, 3)
+    return np.stack([np.asarray(grid.num_patches, dtype=np.int64), thw[:, 0]], axis=1)
+
+
+def _with_sequences(vit: np.ndarray, llm: np.ndarray, items: np.ndarray, counts: np.ndarray) -> Lengths:
+    """Loads whose ViT sequences are the frame groups of each sample's ``counts`` consecutive ``items`` (rows of
+    :func:`_qwen2vl_patches`)."""
+    groups = items[:, 1]
+    seqlens = np.repeat(items[:, 0] // groups, groups)
+    per_sample = _per_sample(counts, groups)
+    offsets = np.concatenate([[0], np.cumsum(per_sample)]).astype(np.int64)
+    return Lengths(vit, llm, vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
 
 
 def _per_sample(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -82,18 +96,21 @@ def _many_images_long_text(rng: np.random.Generator, n: int) -> Lengths:
 
 def _patch_multires(rng: np.random.Generator, n: int) -> Lengths:
     images = rng.choice(np.array([0, 1, 2, 3]), size=n, p=[0.15, 0.6, 0.15, 0.1])
-    patches = _per_sample(images, _qwen2vl_patches(rng, int(images.sum())))
-    return Lengths(patches, patches // _MERGE + _lognormal_tokens(rng, n, 120, 1.0, 4, 4_096))
+    items = _qwen2vl_patches(rng, int(images.sum()))
+    patches = _per_sample(images, items[:, 0])
+    return _with_sequences(patches, patches // _MERGE + _lognormal_tokens(rng, n, 120, 1.0, 4, 4_096), items, images)
 
 
 def _video_mix(rng: np.random.Generator, n: int) -> Lengths:
     is_video = rng.random(n) < 0.3
-    patches = np.zeros(n, np.int64)
+    items = np.zeros((n, 2), np.int64)
     num_videos = int(is_video.sum())
     frames = rng.integers(8, 65, num_videos)
-    patches[is_video] = _qwen2vl_patches(rng, num_videos, frames)
-    patches[~is_video] = _qwen2vl_patches(rng, n - num_videos)
-    return Lengths(patches, patches // _MERGE + _lognormal_tokens(rng, n, 150, 0.9, 4, 4_096))
+    items[is_video] = _qwen2vl_patches(rng, num_videos, frames)
+    items[~is_video] = _qwen2vl_patches(rng, n - num_videos)
+    patches = items[:, 0]
+    return _with_sequences(patches, patches // _MERGE + _lognormal_tokens(rng, n, 150, 0.9, 4, 4_096), items,
+                           np.ones(n, np.int64))
 
 
 def _half_text_half_image(rng: np.random.Generator, n: int) -> Lengths:
@@ -141,4 +158,5 @@ def synthetic_lengths(kind: str, n: Optional[int] = 100_000, seed: int = 0) -> L
         raise ValueError(f"n must be a positive integer, got {n!r}")
     rng = np.random.default_rng([seed, sorted(DISTRIBUTIONS).index(kind)])
     lengths = DISTRIBUTIONS[kind](rng, n)
-    return Lengths(lengths.vit, lengths.llm, sources=(f"synthetic:{kind}",))
+    return Lengths(lengths.vit, lengths.llm, sources=(f"synthetic:{kind}",), vit_seqlens=lengths.vit_seqlens,
+                   vit_seqlens_offsets=lengths.vit_seqlens_offsets)

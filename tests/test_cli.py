@@ -12,7 +12,8 @@ from omnibal_kernels.cli import main
 
 REPORT_KEYS = {"num_samples", "num_packs", "num_steps", "ave_bs", "vit_fill", "llm_fill", "vit_dist", "llm_dist",
                "step_efficiency", "dropped", "duplicated", "seconds", "oversize", "duplicated_fraction", "method", "vit_capacity",
-               "llm_capacity", "world_size"}
+               "llm_capacity", "world_size", "epoch_cost", "epoch_ideal", "epoch_bound", "epoch_over_ideal",
+               "epoch_over_bound", "cost_model"}
 
 
 def test_default_run_prints_three_methods_side_by_side(capsys):

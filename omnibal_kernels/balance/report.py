@@ -1,4 +1,5 @@
-"""Balance metrics of a plan, as the OmniBal paper defines them, plus fill and a cost-model step efficiency."""
+"""Balance metrics of a plan, as the OmniBal paper defines them, plus fill, a cost-model step efficiency and the
+epoch cost against its ideal and its lower bound (:mod:`omnibal_kernels.balance.bound`)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -7,10 +8,11 @@ from typing import Optional
 import numpy as np
 
 from ..lengths import Lengths
+from .bound import costs_epoch_bound, min_packs
 from .cost import CostModel
 from .packs import Plan
 
-__all__ = ["BalanceReport", "balance_report", "dist_ratio", "mean_over_max", "pack_sums"]
+__all__ = ["BalanceReport", "balance_report", "dist_ratio", "epoch_cost", "mean_over_max", "pack_costs", "pack_sums"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,15 @@ class BalanceReport:
         seconds: planning time.
         oversize: scheduled samples over a capacity, each in a pack of its own (``oversize="single"``).
         duplicated_fraction: ``duplicated / num_samples``, the share of the epoch trained twice.
+        epoch_cost: sum over steps of the slowest rank's pack cost (:func:`epoch_cost`), in the cost model's
+            units: what data-parallel training waits for.
+        epoch_ideal: the scheduled samples' costs plus ``per_pack`` for the fewest packs that can hold them,
+            over ``world_size``: every rank busy every step.
+        epoch_bound: :func:`~omnibal_kernels.balance.bound.epoch_bound` of the scheduled samples under the
+            plan's capacities and world size: no plan of them goes below it (at least ``epoch_ideal``).
+        epoch_over_ideal: ``epoch_cost / epoch_ideal`` (1 when both are 0).
+        epoch_over_bound: ``epoch_cost / epoch_bound`` (1 when both are 0): how far the plan is from the best
+            any plan could do, as far as the bound can tell.
     """
 
     num_samples: int
@@ -49,6 +60,11 @@ class BalanceReport:
     seconds: float
     oversize: int = 0
     duplicated_fraction: float = 0.0
+    epoch_cost: float = 0.0
+    epoch_ideal: float = 0.0
+    epoch_bound: float = 0.0
+    epoch_over_ideal: float = 1.0
+    epoch_over_bound: float = 1.0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -85,15 +101,56 @@ def mean_over_max(costs: np.ndarray) -> float:
     return float(np.mean(np.where(peak > 0, costs.mean(axis=1) / np.where(peak > 0, peak, 1.0), 1.0)))
 
 
+def pack_costs(plan: Plan, sample_costs: np.ndarray, per_pack: float = 0.0) -> np.ndarray:
+    """``(num_packs,)`` float64 cost of every pack of ``plan``: its samples' ``sample_costs`` plus ``per_pack``."""
+    return pack_sums(plan.pack_offsets, plan.pack_samples, np.asarray(sample_costs, np.float64)) + per_pack
+
+
+def epoch_cost(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel] = None) -> float:
+    """Sum over the steps of ``plan`` of the costliest pack in the step (the slowest rank's), under
+    ``cost_model`` (``None``: ``CostModel.internvl_7b()``): a pack costs its samples'
+    ``cost_model.sample_costs(lengths)`` plus ``per_pack``. In the cost model's units."""
+    model = cost_model or CostModel.internvl_7b()
+    return _slowest_sum(plan, pack_costs(plan, model.sample_costs(lengths), model.per_pack))
+
+
+def _slowest_sum(plan: Plan, pack_cost: np.ndarray) -> float:
+    return float(pack_cost[plan.step_packs].max(axis=1).sum()) if plan.num_steps else 0.0
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else (1.0 if a == 0 else float("inf"))
+
+
+def _epoch_fields(plan: Plan, lengths: Lengths, cost_model: CostModel, sample_costs: np.ndarray,
+                  pack_cost: np.ndarray, scheduled: np.ndarray) -> dict[str, float]:
+    """The report's ``epoch_*`` fields, the ideal and the bound over the samples ``plan`` schedules."""
+    cost = _slowest_sum(plan, pack_cost)
+    in_slot = np.zeros(plan.num_packs, bool)
+    in_slot[scheduled] = True
+    samples = plan.pack_samples[np.repeat(in_slot, plan.pack_sizes())]
+    vit, llm, costs = lengths.vit[samples], lengths.llm[samples], sample_costs[samples]
+    ideal = (float(costs.sum()) + cost_model.per_pack * min_packs(vit, llm, plan.vit_capacity, plan.llm_capacity)) \
+        / plan.world_size
+    bound = costs_epoch_bound(costs, vit, llm, vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity,
+                              world_size=plan.world_size, per_pack=cost_model.per_pack)
+    return dict(epoch_cost=cost, epoch_ideal=ideal, epoch_bound=bound, epoch_over_ideal=_ratio(cost, ideal),
+                epoch_over_bound=_ratio(cost, bound))
+
+
 def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel] = None) -> BalanceReport:
-    """Metrics of ``plan`` over ``lengths`` (the loads it was planned from)."""
+    """Metrics of ``plan`` over ``lengths`` (the loads it was planned from) under ``cost_model`` (``None``:
+    ``CostModel.internvl_7b()``, the planner's default); see :class:`BalanceReport`."""
     if len(lengths) != plan.num_input_samples:
         raise ValueError(f"plan was made for {plan.num_input_samples} samples, lengths has {len(lengths)}")
     cost_model = cost_model or CostModel.internvl_7b()
+    if not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
     sizes = plan.pack_sizes()
     pack_vit = pack_sums(plan.pack_offsets, plan.pack_samples, lengths.vit)
     pack_llm = pack_sums(plan.pack_offsets, plan.pack_samples, lengths.llm)
-    pack_cost = pack_sums(plan.pack_offsets, plan.pack_samples, cost_model.sample_costs(lengths.vit, lengths.llm))
+    sample_costs = cost_model.sample_costs(lengths)
+    pack_cost = pack_costs(plan, sample_costs, cost_model.per_pack)
 
     slots = plan.step_packs
     scheduled = np.unique(slots)
@@ -124,4 +181,5 @@ def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel]
         seconds=float(plan.seconds),
         oversize=oversize,
         duplicated_fraction=duplicated / num_samples if num_samples else 0.0,
+        **_epoch_fields(plan, lengths, cost_model, sample_costs, pack_cost, scheduled),
     )

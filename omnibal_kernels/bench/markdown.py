@@ -153,6 +153,46 @@ def _targets(report: dict[str, Any]) -> list[str]:
     out += _table(["class", "offline", "streaming", "groups"],
                   [[r["kind"], cell(r, "offline"), cell(r, "stream"), cell(r, "groups")]
                    for r in report["targets_modes"]], "lrrr")
+    return out + _time_targets(report)
+
+
+def _time_targets(report: dict[str, Any]) -> list[str]:
+    if "time_targets" not in report:
+        return []
+    out = ["### Time-balance targets", "",
+           "`balanced` planned and measured under the cost model each class resembles, at least 50 steps "
+           "and 70,000 samples. "
+           "epoch: sum over steps of the slowest rank's pack cost; ideal: all cost over the ranks; bound: "
+           "`epoch_bound`, a proven lower bound of any plan; sorted: the same packs sorted by cost in runs of "
+           "the world size. Targets: epoch/ideal <= 1.005 up to 64 ranks, <= 1.02 above (or epoch/bound <= 1.002 "
+           "where the bound exceeds those), never above sorted, packs <= 1.03x the volume bound, every sample "
+           "once, repeated < 10%.", ""]
+    rows = [[r["kind"], r["cost_model"], r["world_size"], f"{r['samples']:,}", r["steps"],
+             f"{r['epoch_over_ideal']:.4f}", f"{r['bound_over_ideal']:.4f}", f"{r['epoch_over_bound']:.4f}",
+             f"{r['sorted_over_ideal']:.4f}", f"{r['packs_over_volume']:.3f}", f"{r['repeated']:.1%}",
+             "miss: " + "; ".join(r["misses"]) if r["misses"] else "pass"] for r in report["time_targets"]]
+    out += _table(["class", "cost model", "ranks", "samples", "steps", "epoch/ideal", "bound/ideal", "epoch/bound",
+                   "sorted/ideal", "packs/volume", "repeated", "result"], rows, "llrrrrrrrrrl")
+    if report.get("time_modes"):
+        out += ["Epoch / ideal (epoch / bound) of the offline plan, the streaming packer (buffer 4096) and the "
+                "multi-group sampler (text-only / image groups: epoch / ideal), each under the class's cost model, "
+                f"{report['time_modes'][0]['samples']:,} samples, 8 ranks.", ""]
+
+        def cell(r: dict[str, Any], prefix: str) -> str:
+            if f"{prefix}_over_ideal" not in r:
+                return "-"
+            bound = r.get(f"{prefix}_over_bound")
+            return f"{r[prefix + '_over_ideal']:.4f}" + ("" if bound is None else f" ({bound:.4f})")
+
+        out += _table(["class", "cost model", "offline", "streaming", "groups"],
+                      [[r["kind"], r["cost_model"], cell(r, "offline"), cell(r, "stream"), cell(r, "groups")]
+                       for r in report["time_modes"]], "llrrr")
+    out += ["Planning speed (balanced with its capacity search, 8 ranks) against `numpy.argsort` of the token "
+            "counts, best of 2 taking turns; target <= 5x.", ""]
+    out += _table(["class", "samples", "plan s", "argsort s", "ratio", "result"],
+                  [[r["kind"], f"{r['samples']:,}", f"{r['plan_seconds']:.3f}", f"{r['argsort_seconds']:.4f}",
+                    f"{r['over_argsort']:.1f}x", "miss: " + "; ".join(r["misses"]) if r["misses"] else "pass"]
+                   for r in report["time_planning"]], "lrrrrl")
     return out
 
 

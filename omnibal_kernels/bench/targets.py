@@ -24,6 +24,7 @@ from ..sampler import BalancedBatchSampler
 from ..streaming import streaming_report
 from ..synthetic import DISTRIBUTIONS, synthetic_lengths
 from .runner import Config, register
+from .time_targets import QUICK_PLANNING_SAMPLES, planning_speed_rows, time_modes_rows, time_targets_table
 
 TARGET = 4.0
 WORLD_SIZES = (8, 64, 512, 1024)
@@ -120,11 +121,18 @@ def modes_table(n: int = 100_000, world_size: int = 8, buffer_size: int = 4096) 
 
 @register("targets")
 def run(config: Config) -> dict[str, Any]:
-    """The targets table, its misses, and the streaming / groups comparison."""
+    """The targets table, its misses, the streaming / groups comparison, and the time-balance targets
+    (:mod:`omnibal_kernels.bench.time_targets`)."""
     world_sizes = (8,) if config.quick else WORLD_SIZES
     rows = targets_table(world_sizes)
     for row in rows:
         row["misses"] = target_misses(row)
         config.say(f"  {row['kind']} at {row['world_size']} ranks: step efficiency {row['step_efficiency']:.4f}"
                    + (f"; misses {', '.join(row['misses'])}" if row["misses"] else ""))
-    return {"targets": rows, "targets_modes": modes_table(n=20_000 if config.quick else 100_000)}
+    modes = modes_table(n=20_000 if config.quick else 100_000)
+    config.say("  time-balance targets")
+    time_rows = time_targets_table(world_sizes, quick=config.quick, say=config.say)
+    speed = planning_speed_rows(QUICK_PLANNING_SAMPLES) if config.quick else planning_speed_rows()
+    time_modes = time_modes_rows(n=20_000 if config.quick else 100_000)
+    return {"targets": rows, "targets_modes": modes, "time_targets": time_rows, "time_modes": time_modes,
+            "time_planning": speed}

@@ -299,8 +299,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
     def micro_step_loads(self, epoch: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step."""
         if self._sample_costs is None:
-            self._sample_costs = self.cost_model.sample_costs(self.lengths.vit, self.lengths.llm)
-        return micro_step_loads(self._schedule(epoch), self.lengths, self._sample_costs)
+            self._sample_costs = self.cost_model.sample_costs(self.lengths)
+        return micro_step_loads(self._schedule(epoch), self.lengths, self._sample_costs, self.cost_model.per_pack)
 
     def balance_report(self, epoch: Optional[int] = None) -> SamplerReport:
         """The :class:`SamplerReport` of the epoch (default: the current one; made once per planned epoch)."""

@@ -37,6 +37,9 @@ class SamplerReport:
             (None where they were given).
         capacities_raised: every group: its searched capacities were raised past those of its
             ``target_batch_size`` so that its largest sample fits (``search_capacity`` warns).
+        epoch_cost: sum over optimizer steps of the slowest rank's cost summed over its micro-steps (what
+            data-parallel training waits for), under the sampler's cost model.
+        epoch_ideal: all scheduled cost over ``world_size``; ``epoch_over_ideal`` their ratio (1 for none).
     """
 
     epoch: int
@@ -57,13 +60,16 @@ class SamplerReport:
     duplicated_fraction: float = 0.0
     predicted_batch_sizes: tuple[Optional[float], ...] = ()
     capacities_raised: tuple[bool, ...] = ()
+    epoch_cost: float = 0.0
+    epoch_ideal: float = 0.0
+    epoch_over_ideal: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """Numbers only (group reports as dicts, sample id lists as counts)."""
         out = {k: getattr(self, k) for k in (
             "epoch", "world_size", "micro_steps_per_step", "num_micro_steps", "num_steps", "num_samples",
             "micro_vit_dist", "micro_llm_dist", "step_vit_dist", "step_llm_dist", "micro_step_efficiency",
-            "step_efficiency")}
+            "step_efficiency", "epoch_cost", "epoch_ideal", "epoch_over_ideal")}
         out["dropped"] = int(self.dropped_samples.size)
         out["duplicated"] = int(self.duplicated_samples.size)
         out["duplicated_fraction"] = self.duplicated_fraction
@@ -73,12 +79,13 @@ class SamplerReport:
         return out
 
 
-def micro_step_loads(schedule: EpochSchedule, lengths: Lengths,
-                     sample_costs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step."""
+def micro_step_loads(schedule: EpochSchedule, lengths: Lengths, sample_costs: np.ndarray,
+                     per_pack: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step (a
+    pack's cost: its samples' ``sample_costs`` plus ``per_pack``)."""
     vit, llm, cost = (pack_sums(schedule.pack_offsets, schedule.pack_samples, values)[schedule.micro_packs]
                       for values in (lengths.vit, lengths.llm, sample_costs))
-    return vit, llm, cost
+    return vit, llm, cost + per_pack
 
 
 def make_report(schedule: EpochSchedule, groups: SamplerGroups, micro_steps: int,
@@ -100,6 +107,8 @@ def make_report(schedule: EpochSchedule, groups: SamplerGroups, micro_steps: int
     num_samples = int(sum(r.num_samples for r in group_reports))
     duplicated_samples = np.sort(np.concatenate(duplicated)) if duplicated else np.zeros(0, np.int64)
     searched = groups.searched or (None,) * len(groups)
+    epoch_cost = float(step_cost.max(axis=1).sum()) if steps else 0.0
+    epoch_ideal = float(step_cost.sum()) / world
     return SamplerReport(
         epoch=schedule.epoch,
         world_size=world,
@@ -119,4 +128,7 @@ def make_report(schedule: EpochSchedule, groups: SamplerGroups, micro_steps: int
         duplicated_fraction=duplicated_samples.size / num_samples if num_samples else 0.0,
         predicted_batch_sizes=tuple(None if c is None else float(c.predicted_batch_size) for c in searched),
         capacities_raised=tuple(c is not None and bool(c.raised) for c in searched),
+        epoch_cost=epoch_cost,
+        epoch_ideal=epoch_ideal,
+        epoch_over_ideal=epoch_cost / epoch_ideal if epoch_ideal > 0 else 1.0,
     )

@@ -1,0 +1,97 @@
+"""The suite's time-balance targets (bench.time_targets) in quick mode: rows measured as documented, pass/miss
+with reasons, the Markdown table."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from omnibal_kernels.bench.markdown import to_markdown
+from omnibal_kernels.bench.time_targets import (
+    CLASS_MODELS,
+    MIN_STEPS,
+    planning_speed_rows,
+    time_target_misses,
+    time_targets_table,
+)
+
+
+@pytest.fixture(scope="module")
+def quick_rows():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # capacity searches raised to hold the largest sample
+        return time_targets_table((8,), quick=True)
+
+
+def test_quick_rows_cover_every_class_and_model(quick_rows) -> None:
+    assert [(r["kind"], r["cost_model"]) for r in quick_rows] == list(CLASS_MODELS)
+    for r in quick_rows:
+        assert r["world_size"] == 8 and r["steps"] >= MIN_STEPS
+        assert r["each_sample_once"]
+        # the bound is at least the ideal and at most what any plan does: this plan and its packs sorted
+        assert 1.0 - 1e-9 <= r["bound_over_ideal"] <= min(r["epoch_over_ideal"], r["sorted_over_ideal"]) * (1 + 1e-9)
+        assert r["epoch_over_bound"] == pytest.approx(r["epoch_over_ideal"] / r["bound_over_ideal"])
+        assert 1.0 <= r["packs_over_volume"] and 0.0 <= r["repeated"] <= 1.0
+        assert r["misses"] == time_target_misses(r)
+
+
+def _row(**changes) -> dict:
+    row = dict(world_size=8, epoch_over_ideal=1.001, bound_over_ideal=1.0, epoch_over_bound=1.001,
+               sorted_over_ideal=1.002, packs_over_volume=1.01, each_sample_once=True, repeated=0.01, steps=60)
+    return {**row, **changes}
+
+
+def test_misses_say_why_with_the_bound() -> None:
+    assert time_target_misses(_row()) == []
+    assert time_target_misses(_row(world_size=512, epoch_over_ideal=1.015, epoch_over_bound=1.015,
+                                   sorted_over_ideal=1.016)) == []
+    (miss,) = time_target_misses(_row(epoch_over_ideal=1.01, epoch_over_bound=1.01, sorted_over_ideal=1.02))
+    assert miss == "epoch/ideal 1.0100 > 1.005, bound/ideal 1.0000"
+    # the bound shows the ideal out of reach: within 0.2% of the bound passes, beyond it misses
+    assert time_target_misses(_row(epoch_over_ideal=1.031, bound_over_ideal=1.03, epoch_over_bound=1.031 / 1.03,
+                                   sorted_over_ideal=1.04)) == []
+    (miss,) = time_target_misses(_row(epoch_over_ideal=1.04, bound_over_ideal=1.03, epoch_over_bound=1.04 / 1.03,
+                                      sorted_over_ideal=1.05))
+    assert miss == "epoch/bound 1.0097 > 1.002 (bound/ideal 1.0300 > 1.005)"
+    assert time_target_misses(_row(sorted_over_ideal=1.0005)) == ["above sorted (1.0005)"]
+    assert "volume bound" in time_target_misses(_row(packs_over_volume=1.05))[0]
+    assert "exactly one pack" in time_target_misses(_row(each_sample_once=False))[0]
+    assert "repeated packs 12.0%" in time_target_misses(_row(repeated=0.12))[0]
+    assert "40 steps < 50" in time_target_misses(_row(steps=40))[0]
+
+
+def test_planning_speed_and_markdown(quick_rows) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        speed = planning_speed_rows(n=20_000, repeats=1)
+    assert {r["kind"] for r in speed} == {k for k, _ in CLASS_MODELS}
+    for r in speed:
+        assert r["over_argsort"] == pytest.approx(r["plan_seconds"] / r["argsort_seconds"])
+        assert (r["misses"] == []) == (r["over_argsort"] <= 5.0)
+    env = dict(versions={}, date="today", machine="here", cpu="cpu", device="cpu")
+    text = to_markdown({"environment": env, "targets": [], "targets_modes": [], "time_targets": quick_rows,
+                        "time_planning": speed})
+    assert "### Time-balance targets" in text
+    table = [line for line in text.splitlines() if line.startswith("| text_long_tail | llama_7b")]
+    assert len(table) == 1
+    models = {m for _, m in CLASS_MODELS}
+    results = [line.rsplit("|", 2)[-2].strip() for line in text.splitlines()
+               if line.startswith("| ") and line.split("|")[2].strip() in models]
+    assert len(results) == len(quick_rows) and all(r == "pass" or r.startswith("miss: ") for r in results)
+    assert np.isfinite([r["epoch_over_ideal"] for r in quick_rows]).all()
+
+
+def test_streaming_and_groups_under_each_class_model() -> None:
+    from omnibal_kernels.bench.time_targets import time_modes_rows
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = time_modes_rows(n=3_000, buffer_size=1_024)
+    assert [(r["kind"], r["cost_model"]) for r in rows] == list(CLASS_MODELS)
+    for r in rows:
+        # no plan, streamed or offline, goes below the bound, itself at least the ideal
+        assert r["stream_over_ideal"] >= r["stream_over_bound"] * (1 - 1e-9) >= 1 - 1e-9
+        assert r["offline_over_ideal"] >= r["offline_over_bound"] * (1 - 1e-9) >= 1 - 1e-9
+    # the sampler runs its two groups where a class has both text-only and image samples
+    assert {r["kind"] for r in rows if "groups_over_ideal" in r} == {"half_text_half_image", "patch_multires"}
