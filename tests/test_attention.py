@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from omnibal_kernels import attention
 from omnibal_kernels.attention import available_backends, varlen_attention
@@ -38,8 +40,11 @@ LENGTH_CASES = {
     "single_token": [1],
     "zeros_between": [5, 0, 0, 17, 3, 64, 0],
     "off_block": [113, 31, 1, 2, 65],
-    # several length groups in the sdpa backend (longest/shortest = 200)
+    # distinct lengths: one SDPA call per segment in the sdpa backend
     "spread": [200, 150, 99, 60, 41, 20, 9, 4, 1, 180, 7],
+    # equal lengths back to back (one call over a view) and scattered among others (one gathered call)
+    "tiles": [16, 16, 16, 16, 16],
+    "equal_scattered": [16, 5, 16, 0, 16, 3, 5, 16],
 }
 
 
@@ -179,16 +184,40 @@ def test_auto_uses_sdpa_for_cpu() -> None:
     assert torch.equal(varlen_attention(q, k, v, cu, 11), varlen_attention(q, k, v, cu, 11, backend="sdpa"))
 
 
-def test_segment_groups_cover_every_segment_once() -> None:
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        lengths = rng.integers(0, 3000, size=rng.integers(1, 64))
-        lengths[rng.random(lengths.size) < 0.2] = 0
-        groups = attention._segment_groups(lengths)
-        members = np.concatenate(groups) if groups else np.array([], dtype=np.int64)
-        assert sorted(members.tolist()) == np.flatnonzero(lengths > 0).tolist()
-        for group in groups:
-            assert lengths[group].min() >= attention._GROUP_MIN_FILL * lengths[group].max()
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=40))
+def test_length_groups_hold_every_live_segment_once_at_one_length(pairs: list[tuple[int, int]]) -> None:
+    lens_q, lens_k = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+    groups = attention._length_groups(lens_q, lens_k)
+    members = np.concatenate(groups) if groups else np.array([], dtype=np.int64)
+    assert sorted(members.tolist()) == np.flatnonzero((lens_q > 0) & (lens_k > 0)).tolist()
+    for group in groups:
+        assert len(set(lens_q[group].tolist())) == 1 and len(set(lens_k[group].tolist())) == 1
+        assert (np.diff(group) > 0).all()  # packed order within a group
+    # one group per distinct pair: segments of one length are never split over calls
+    assert len(groups) == len({p for p in pairs if p[0] > 0 and p[1] > 0})
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sdpa_backend_pads_nothing(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    """Every SDPA call of the sdpa backend sees segments of one length and no padded row: the query rows and
+    key columns it is given add up to each segment's own, so a pack costs what its segments cost."""
+    calls: list[tuple[int, ...]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kwargs):
+        calls.append((q.shape[0], q.shape[2], k.shape[2]))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    lengths = [200, 16, 3, 16, 101, 16, 0, 7]
+    q, k, v = _qkv(sum(lengths), 4, 2, 8)
+    out = varlen_attention(q, k, v, _cu(lengths), 200, causal=causal, backend="sdpa")
+    torch.testing.assert_close(out, varlen_attention_reference(q, k, v, _cu(lengths), causal=causal),
+                               atol=ATOL_F32, rtol=RTOL_F32)
+    assert sum(n * lq for n, lq, _ in calls) == sum(lengths)
+    assert sum(n * lq * lk for n, lq, lk in calls) == sum(x * x for x in lengths)
+    assert sorted(calls) == [(1, 3, 3), (1, 7, 7), (1, 101, 101), (1, 200, 200), (3, 16, 16)]
 
 
 # ----------------------------------------------------------------------------------------------------

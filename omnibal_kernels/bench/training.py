@@ -1,0 +1,338 @@
+"""Measured training steps of the tiny VLM, balanced packs against random padded batches, and the cost model
+calibrated in the same run that predicts them.
+
+Shared by the suite's DDP part (:mod:`omnibal_kernels.bench.ddp`: two CPU processes, gloo) and the GPU check
+(``benchmarks/bench_train_gpu.py``: one CUDA device). The pieces:
+
+* :class:`Workload`: the samples (the bundled loads scaled by 1/16, :func:`~omnibal_kernels.testing.tiny_vlm.scaled_lengths`,
+  one ViT sequence per tile), and three sets of packs over them: ``random`` (a seeded permutation cut into
+  micro-batches of ``batch`` samples, each trained as a dense ``(batch, longest)`` padded batch: the padding is
+  computed, as a padding collator makes a model compute it), ``balanced`` (``plan_packs`` packs of about ``batch``
+  samples under the FLOP cost of the model's shapes, each trained as one ``pack_batch`` varlen row) and
+  ``calibration`` (packs of samples of their own, packed alike: each pack draws its number of samples, their
+  tiles and their text length apart, so that the fit can tell every term from the others; packs of the run's
+  samples cannot, as their LLM tokens are mostly the tiles' 16 placeholders each and grow with the samples).
+* :func:`run_schedule`: three replicas of the model (same initial weights, an optimizer each) take turns, one
+  step at a time: a ``random`` step, a ``balanced`` step (which goes first alternates) and a ``calibration``
+  step, ``rounds`` times over the epoch. Every step is a real training step (forward, backward, optimizer).
+  Taking turns step by step puts the three under the same machine: on a shared CPU the speed of a core drifts
+  by tens of percent within a minute, which would otherwise fall on one mode, or between the calibration and
+  the run it predicts.
+* :func:`summarize`: the calibration packs' times (median over their runs) fit ``CostModel.fit`` (half of them
+  held out); the fitted model predicts every ``random`` and ``balanced`` step of every rank (a padded batch as
+  ``batch`` samples of its longest sample's tokens, the tiles as they are), and the report puts the measured
+  and predicted busy time of every rank, and the epoch time and speed-up they give, side by side. A step lasts
+  as long as its slowest rank: epoch = sum over steps of the slowest rank's busy time.
+
+A step's ``busy`` time is measured on the robust clock of its device (the thread's CPU time on the CPU, CUDA
+events on a GPU) and excludes the time spent inside the gradient all-reduce (waiting for the other rank plus the
+transfer); its ``wall`` time is the step's ``time.perf_counter`` duration, waiting included: what a user sees.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .._progress import progress_bar
+from ..balance import CostModel, Plan, plan_packs
+from ..lengths import Lengths
+from ..testing.tiny_vlm import PATCHES, scaled_lengths
+from .baselines import random_padded_plan
+
+__all__ = ["FIELDS", "MODES", "Sizes", "Workload", "padded_batch", "run_schedule", "summarize"]
+
+MODES = ("random", "balanced", "calibration")
+# What every timed step records, in this order: busy on the robust clock (all-reduce excluded), busy on the wall
+# clock, the wall time inside the all-reduce, the whole step on the wall clock.
+FIELDS = ("busy", "busy_wall", "allreduce_wall", "step_wall")
+# Calibration packs (see calibration_workload): samples per pack, tiles per sample, text tokens per sample (each
+# sample of a pack within +-CALIBRATION_JITTER of the pack's), and the most LLM tokens a pack holds. The ranges
+# cover the steps the fit predicts: balanced packs of about `batch` samples, padded rows of up to 148 tokens.
+# At least one tile per sample: DDP needs a gradient for every parameter, the ViT's included, in every step.
+CALIBRATION_SAMPLES = (2, 16)
+CALIBRATION_TILES = (1, 5)
+CALIBRATION_TEXT = (4, 130)
+CALIBRATION_JITTER = 8
+CALIBRATION_MAX_TOKENS = 1800
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes of one measurement.
+
+    Attributes:
+        samples: samples drawn from the bundled loads (scaled by 1/16).
+        batch: samples per random padded micro-batch, and the balanced packs' target.
+        hidden: the LLM width (the ViT is half as wide); layers: blocks of each.
+        rounds: epochs of every mode (each step's time is its fastest over the rounds).
+        calibration_packs: packs the fit is made on.
+        calibration_steps: calibration steps after every step of the two measured modes.
+        world_size: data-parallel ranks.
+        warmup: untimed steps of every replica first.
+    """
+
+    samples: int
+    batch: int
+    hidden: int
+    layers: int
+    rounds: int
+    calibration_packs: int
+    calibration_steps: int = 1
+    world_size: int = 2
+    warmup: int = 3
+
+
+def padded_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """A dense padded batch: ``(B, longest)`` ids (pad 0), labels (-100 on padding), tiles concatenated."""
+    import torch
+
+    longest = max(int(s["input_ids"].numel()) for s in samples)
+    ids = torch.zeros(len(samples), longest, dtype=torch.int64)
+    labels = torch.full((len(samples), longest), -100, dtype=torch.int64)
+    for row, s in enumerate(samples):
+        n = s["input_ids"].numel()
+        ids[row, :n], labels[row, :n] = s["input_ids"], s["labels"]
+        labels[row, 0] = -100
+    pixels = torch.cat([s["pixel_values"] for s in samples])
+    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(longest).expand(len(samples), -1),
+            "pixel_values": pixels if pixels.shape[0] else None}
+
+
+def _tile_lengths(base: Lengths) -> Lengths:
+    """``base`` with one ViT sequence per tile (each tile is attended alone)."""
+    offsets = np.concatenate([[0], np.cumsum(base.vit)]).astype(np.int64)
+    return Lengths(base.vit, base.llm, vit_seqlens=np.ones(int(offsets[-1]), np.int64), vit_seqlens_offsets=offsets)
+
+
+def calibration_workload(num_packs: int, seed: int) -> tuple[Lengths, list[np.ndarray]]:
+    """The calibration samples' loads and ``num_packs`` packs of them (sample ids), one ViT sequence per tile.
+
+    Pack ``p`` holds ``k`` samples of ``a`` tiles and about ``b`` text tokens each (``k``, ``a``, ``b`` drawn
+    uniformly, apart; a pack over ``CALIBRATION_MAX_TOKENS`` is drawn again), so tiles, tokens, samples and the
+    squares of the sample lengths vary on their own from pack to pack; the samples' text lengths differ by a
+    few tokens, so that the attention computes every sample alone, as in the run's packs.
+    """
+    rng = np.random.default_rng([seed, 7])
+    tiles: list[np.ndarray] = []
+    text: list[np.ndarray] = []
+    while len(tiles) < num_packs:
+        k = int(rng.integers(CALIBRATION_SAMPLES[0], CALIBRATION_SAMPLES[1] + 1))
+        a = int(rng.integers(CALIBRATION_TILES[0], CALIBRATION_TILES[1] + 1))
+        b = rng.integers(CALIBRATION_TEXT[0], CALIBRATION_TEXT[1] + 1)
+        t = np.maximum(b + rng.integers(-CALIBRATION_JITTER, CALIBRATION_JITTER + 1, k), 1)
+        if int((a * PATCHES + t).sum()) <= CALIBRATION_MAX_TOKENS:
+            tiles.append(np.full(k, a))
+            text.append(t)
+    sizes = np.array([x.shape[0] for x in tiles])
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    vit = np.concatenate(tiles)
+    lengths = _tile_lengths(Lengths(vit, vit * PATCHES + np.concatenate(text)))
+    return lengths, [np.arange(a, b) for a, b in zip(starts[:-1], starts[1:])]
+
+
+def _plan_packs(plan: Plan) -> list[np.ndarray]:
+    return [plan.pack_samples[a:b] for a, b in zip(plan.pack_offsets[:-1], plan.pack_offsets[1:])]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The samples' loads and the packs of every mode (see the module docstring); the same on every rank.
+
+    Attributes:
+        lengths: ``(N,)`` loads with one ViT sequence per tile.
+        plans: the ``random`` and ``balanced`` plans (steps x ranks of packs).
+        calibration_lengths: the calibration samples' loads.
+        calibration: the calibration packs, sample ids into ``calibration_lengths``.
+    """
+
+    lengths: Lengths
+    plans: dict[str, Plan]
+    calibration_lengths: Lengths
+    calibration: list[np.ndarray]
+    calibration_steps: int = 1
+
+    @classmethod
+    def build(cls, sizes: Sizes, seed: int, cost_model: CostModel) -> "Workload":
+        """The workload of ``sizes``; ``cost_model`` (the model's FLOP estimate) plans the balanced packs."""
+        lengths = _tile_lengths(scaled_lengths(sizes.samples, seed))
+        plans = {
+            "random": random_padded_plan(lengths, world_size=sizes.world_size, batch_size=sizes.batch, seed=seed),
+            "balanced": plan_packs(lengths, world_size=sizes.world_size, target_batch_size=sizes.batch,
+                                   cost_model=cost_model, seed=seed),
+        }
+        extra, packs = calibration_workload(sizes.calibration_packs, seed)
+        return cls(lengths, plans, extra, packs, sizes.calibration_steps)
+
+    def mode_lengths(self, mode: str) -> Lengths:
+        """The loads ``mode``'s packs index: the calibration samples' for ``calibration``, else the run's."""
+        return self.calibration_lengths if mode == "calibration" else self.lengths
+
+    def steps(self, mode: str) -> int:
+        """Steps of ``mode`` per epoch (``calibration``: ``calibration_steps`` per step of the longer of the
+        other two)."""
+        if mode == "calibration":
+            return max(p.num_steps for p in self.plans.values()) * self.calibration_steps
+        return self.plans[mode].num_steps
+
+    def rank_packs(self, mode: str, rank: int) -> list[np.ndarray]:
+        """``rank``'s packs of ``mode`` in step order (``calibration``: every calibration pack)."""
+        if mode == "calibration":
+            return self.calibration
+        return self.plans[mode].rank_batches(rank)
+
+    def calibration_pack(self, round_: int, step: int, rank: int) -> int:
+        """The calibration pack ``rank`` trains at calibration step ``step`` of round ``round_``: the packs in
+        turn, ranks interleaved, so that every pack runs about equally often on every rank."""
+        k = (round_ * self.steps("calibration") + step) * self.plans["random"].world_size + rank
+        return k % len(self.calibration)
+
+    def predicted(self, model: CostModel, mode: str) -> np.ndarray:
+        """``(steps, ranks)`` busy time ``model`` predicts for every rank's pack of ``mode``; a padded batch costs
+        its samples padded to the longest one's tokens (tiles unpadded)."""
+        plan = self.plans[mode]
+        packs = _plan_packs(plan)
+        if mode == "random":
+            longest = np.array([self.lengths.llm[p].max() for p in packs])
+            vit = np.concatenate([self.lengths.vit[p] for p in packs])
+            llm = np.concatenate([np.full(p.shape[0], t) for p, t in zip(packs, longest)])
+            rows = np.concatenate([[0], np.cumsum([p.shape[0] for p in packs])])
+            costs = model.pack_costs(_tile_lengths(Lengths(vit, llm)),
+                                     [np.arange(a, b) for a, b in zip(rows[:-1], rows[1:])])
+        else:
+            costs = model.pack_costs(self.lengths, packs)
+        return costs[plan.step_packs]
+
+    def tokens(self, mode: str) -> int:
+        """Real (unpadded) LLM tokens ``mode`` trains in an epoch, repeated samples counted each time."""
+        return int(self.lengths.llm[self.plans[mode].slot_samples()].sum())
+
+    def padding(self) -> float:
+        """Share of the random padded batches' token positions that are padding."""
+        plan = self.plans["random"]
+        packs = _plan_packs(plan)
+        positions = sum(packs[int(p)].shape[0] * int(self.lengths.llm[packs[int(p)]].max())
+                        for p in plan.step_packs.reshape(-1))
+        return 1.0 - self.tokens("random") / positions
+
+
+def run_schedule(work: Workload, sizes: Sizes, ranks: list[int],
+                 step: Callable[[str, int, int], np.ndarray], progress: Optional[bool] = None) -> dict[str, np.ndarray]:
+    """Runs every mode's steps in turn (see the module docstring) and returns what they recorded.
+
+    Args:
+        work, sizes: the workload and its sizes.
+        ranks: the ranks this process trains, one after another in every step (``[rank]`` under DDP, every
+            rank on one device).
+        step: ``step(mode, rank, pack) -> (len(FIELDS),)`` trains ``rank``'s pack ``pack`` (an index into
+            ``work.rank_packs(mode, rank)``) of ``mode`` once and returns its times. ``pack < 0`` asks for an
+            untimed warm-up step.
+        progress: a progress bar on stderr (default: when stderr is a terminal).
+
+    Returns:
+        ``{mode: (rounds, steps, len(ranks), len(FIELDS))}`` and ``"calibration_pack"``: ``(rounds, steps,
+        len(ranks))`` the calibration pack of every calibration step.
+    """
+    out = {m: np.full((sizes.rounds, work.steps(m), len(ranks), len(FIELDS)), np.nan) for m in MODES}
+    which = np.zeros((sizes.rounds, work.steps("calibration"), len(ranks)), np.int64)
+    total = len(MODES) * sizes.warmup + sum(sizes.rounds * work.steps(m) for m in MODES)
+    bar = progress_bar(total, "training steps", enabled=progress)
+    for mode in MODES:
+        for k in range(sizes.warmup):
+            for r in ranks:
+                step(mode, r, -1 - k)
+            bar.update(1)
+    for rnd in range(sizes.rounds):
+        for j in range(work.steps("calibration") // work.calibration_steps):
+            # the two measured modes alternate which goes first; calibration follows both
+            for mode in ("random", "balanced") if (j + rnd) % 2 == 0 else ("balanced", "random"):
+                if j < work.steps(mode):
+                    for i, r in enumerate(ranks):
+                        out[mode][rnd, j, i] = step(mode, r, j)
+                    bar.update(1)
+            for c in range(j * work.calibration_steps, (j + 1) * work.calibration_steps):
+                for i, r in enumerate(ranks):
+                    which[rnd, c, i] = work.calibration_pack(rnd, c, r)
+                    out["calibration"][rnd, c, i] = step("calibration", r, int(which[rnd, c, i]))
+                bar.update(1)
+    bar.close()
+    return {**out, "calibration_pack": which}
+
+
+def _epoch(busy: np.ndarray) -> float:
+    """Sum over steps of the slowest rank (``busy``: (steps, ranks))."""
+    return float(busy.max(axis=1).sum())
+
+
+def _calibrate(work: Workload, records: dict[str, np.ndarray], seed: int, flops: CostModel) -> tuple[Any, Any]:
+    """``CostModel.fit`` on the median busy time of every calibration pack over all its runs: on all packs (the
+    model that predicts the run) and on half of them, predicting the other half (its held-out error)."""
+    busy = records["calibration"][..., 0].reshape(-1)
+    which = records["calibration_pack"].reshape(-1)
+    seconds = np.array([np.mean(busy[which == p]) for p in range(len(work.calibration))])
+    if not np.isfinite(seconds).all():
+        raise ValueError("a calibration pack was never timed: more steps or fewer calibration packs")
+    fit = CostModel.fit(work.calibration_lengths, work.calibration, seconds, holdout=0.0, seed=seed)
+    held = CostModel.fit(work.calibration_lengths, work.calibration, seconds, holdout=0.5, seed=seed, reference=flops)
+    return fit, held
+
+
+def summarize(work: Workload, records: dict[str, np.ndarray], *, seed: int, flops: CostModel) -> dict[str, Any]:
+    """The report entry: measured and predicted busy time per rank, epochs and speed-ups, and the fit.
+
+    Args:
+        work: the workload the records were measured on.
+        records: :func:`run_schedule`'s output over all ranks (``(rounds, steps, ranks, fields)``).
+        seed: the seed of the fit's held-out draw.
+        flops: the model's FLOP estimate, fitted beside (one factor) for comparison.
+
+    Returns:
+        A flat dict; ``<mode>_busy_s`` / ``<mode>_busy_predicted_s`` are per rank, ``<mode>_s`` the epoch (slowest
+        rank per step, robust clock), ``<mode>_wall_s`` the epoch on the wall clock; ``speedup`` (robust clock),
+        ``speedup_predicted`` and ``speedup_wall`` are balanced over random padded in tokens per second.
+    """
+    fit, held = _calibrate(work, records, seed, flops)
+    out: dict[str, Any] = {}
+    per_step_errors = []
+    for mode in ("random", "balanced"):
+        median = np.mean(records[mode], axis=0)  # (steps, ranks, fields), each step's mean over the rounds
+        busy, predicted = median[..., 0], work.predicted(fit.model, mode)
+        tokens = work.tokens(mode)
+        out[f"{mode}_steps"] = int(busy.shape[0])
+        out[f"{mode}_tokens"] = tokens
+        out[f"{mode}_s"] = _epoch(busy)
+        out[f"{mode}_predicted_s"] = _epoch(predicted)
+        out[f"{mode}_wall_s"] = _epoch(median[..., 3])
+        out[f"{mode}_tokens_per_s"] = tokens / out[f"{mode}_s"]
+        out[f"{mode}_busy_s"] = busy.sum(axis=0).tolist()
+        out[f"{mode}_busy_predicted_s"] = predicted.sum(axis=0).tolist()
+        out[f"{mode}_busy_wall_s"] = median[..., 1].sum(axis=0).tolist()
+        out[f"wait_fraction_{mode}"] = float(median[..., 2].sum() / median[..., 3].sum())
+        out[f"{mode}_rounds_s"] = [round(_epoch(r[..., 0]), 4) for r in records[mode]]
+        per_step_errors.append(np.abs(predicted / busy - 1).reshape(-1))
+    ratio = work.tokens("balanced") / work.tokens("random")
+    out["speedup"] = out["balanced_tokens_per_s"] / out["random_tokens_per_s"]
+    out["speedup_predicted"] = ratio * out["random_predicted_s"] / out["balanced_predicted_s"]
+    out["speedup_wall"] = ratio * out["random_wall_s"] / out["balanced_wall_s"]
+    busy_errors = [p / m - 1 for mode in ("random", "balanced")
+                   for p, m in zip(out[f"{mode}_busy_predicted_s"], out[f"{mode}_busy_s"])]
+    out["busy_error_max"] = float(np.max(np.abs(busy_errors)))
+    out["speedup_error"] = out["speedup_predicted"] / out["speedup"] - 1
+    out["step_error_median"] = float(np.median(np.concatenate(per_step_errors)))
+    out["padding_random"] = work.padding()
+    out["samples"] = len(work.lengths)
+    out["input_tokens"] = int(work.lengths.llm.sum())
+    out["calibration"] = _fit_summary(fit, held, records)
+    import os
+    if os.environ.get("RAW"):
+        out["raw"] = {k: v.tolist() for k, v in records.items()}
+    return out
+
+
+def _fit_summary(fit: Any, held: Any, records: dict[str, np.ndarray]) -> dict[str, Any]:
+    errors = held.to_dict()
+    return {"packs": int(fit.seconds.shape[0]), "runs_per_pack": records["calibration_pack"].size / fit.seconds.shape[0],
+            "model": fit.model.to_dict(), "fit_error": fit.to_dict()["fit_error"],
+            "heldout_packs": int(held.heldout_packs.shape[0]), "heldout_error": errors["heldout_error"],
+            "flops_heldout_error": errors["reference_heldout_error"]}
