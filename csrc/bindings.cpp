@@ -43,18 +43,21 @@ struct BalancedPlanResult {
 };
 struct LengthRecordsResult {
   py::array vit, llm;
+  // None where no record has the key.
+  py::object vit_seqlens = py::none(), vit_seqlens_offsets = py::none(), vit_seqlens_given = py::none();
+  py::object label = py::none();
   std::string error;
   Index error_sample;
 };
 
 // Hands a vector to numpy without copying: the array owns the vector through a capsule.
 template <typename Vector>
-py::array_t<int64_t> to_numpy(Vector&& v, std::vector<py::ssize_t> shape = {}) {
+py::array_t<typename std::decay_t<Vector>::value_type> to_numpy(Vector&& v, std::vector<py::ssize_t> shape = {}) {
   using Owned = std::decay_t<Vector>;
   auto* owned = new Owned(std::move(v));
   py::capsule free_when_done(owned, [](void* p) { delete static_cast<Owned*>(p); });
   if (shape.empty()) shape = {static_cast<py::ssize_t>(owned->size())};
-  return py::array_t<int64_t>(shape, owned->data(), free_when_done);
+  return py::array_t<typename Owned::value_type>(shape, owned->data(), free_when_done);
 }
 
 // `obj` (an array or a sequence) as a C-contiguous int64 array. Integer arrays of any width are converted;
@@ -187,6 +190,16 @@ void bind_results(py::module_& m) {
   py::class_<LengthRecordsResult>(m, "LengthRecords", "Per-sample loads read from length records.")
       .def_readonly("vit", &LengthRecordsResult::vit, "int64 (num_records,)")
       .def_readonly("llm", &LengthRecordsResult::llm, "int64 (num_records,)")
+      .def_readonly("vit_seqlens", &LengthRecordsResult::vit_seqlens,
+                    "int64 (total,): every record's ViT sequence lengths, one run after another; None if no "
+                    "record has the key")
+      .def_readonly("vit_seqlens_offsets", &LengthRecordsResult::vit_seqlens_offsets,
+                    "int64 (num_records + 1,) from 0: record i's run starts at [i] and ends at [i + 1]; or None")
+      .def_readonly("vit_seqlens_given", &LengthRecordsResult::vit_seqlens_given,
+                    "bool (num_records,): whether record i has the key (else its run is empty); or None")
+      .def_readonly("label", &LengthRecordsResult::label,
+                    "int64 (num_records,): label token counts, -1 where a record has none; None if no record has "
+                    "the key")
       .def_readonly("error", &LengthRecordsResult::error, "empty on success, else what went wrong and where")
       .def_readonly("error_sample", &LengthRecordsResult::error_sample, "the failing sample's index, or -1");
   py::class_<omnibal::LoadStats>(m, "LoadStats", "Totals and maxima of both loads in one pass.")
@@ -279,19 +292,33 @@ void bind_grouping(py::module_& m) {
 void bind_lengths(py::module_& m) {
   m.def(
       "parse_length_records",
-      [](const py::buffer& data, const std::string& vit_key, const std::string& llm_key) {
+      [](const py::buffer& data, const std::string& vit_key, const std::string& llm_key,
+         const std::string& vit_seqlens_key, const std::string& label_key) {
         const py::buffer_info info = data.request();
+        const omnibal::RecordKeys keys{vit_key, llm_key, vit_seqlens_key, label_key};
         omnibal::LengthRecords rec;
         {
           py::gil_scoped_release release;
           rec = omnibal::parse_length_records(static_cast<const char*>(info.ptr),
-                                              static_cast<size_t>(info.size * info.itemsize), vit_key, llm_key);
+                                              static_cast<size_t>(info.size * info.itemsize), keys);
         }
-        return LengthRecordsResult{to_numpy(std::move(rec.vit)), to_numpy(std::move(rec.llm)), std::move(rec.error),
-                                   rec.error_sample};
+        LengthRecordsResult out;
+        out.vit = to_numpy(std::move(rec.vit));
+        out.llm = to_numpy(std::move(rec.llm));
+        out.error = std::move(rec.error);
+        out.error_sample = rec.error_sample;
+        if (rec.has_vit_seqlens) {
+          out.vit_seqlens = to_numpy(std::move(rec.vit_seqlens));
+          out.vit_seqlens_offsets = to_numpy(std::move(rec.vit_seqlens_offsets));
+          // One byte per record, shown to numpy as its bool.
+          out.vit_seqlens_given = to_numpy(std::move(rec.vit_seqlens_given)).attr("view")("bool");
+        }
+        if (rec.has_label) out.label = to_numpy(std::move(rec.label));
+        return out;
       },
-      py::arg("data"), py::arg("vit_key"), py::arg("llm_key"),
-      "Reads per-sample length records (JSON list or JSON Lines); returns LengthRecords.");
+      py::arg("data"), py::arg("vit_key"), py::arg("llm_key"), py::arg("vit_seqlens_key") = "vit_seqlens",
+      py::arg("label_key") = "label_num",
+      "Reads per-sample length records (JSON list or JSON Lines, strict UTF-8); returns LengthRecords.");
 
   m.def(
       "load_stats",

@@ -50,6 +50,10 @@ _EXPORTS: dict[str, str] = {
     "MRopeOptions": "packing",
     "LabelOptions": "packing",
     "unpack_batch": "packing",
+    "LossCounts": "packing",
+    # the loss over the optimizer step: counts from the plan, or one all-reduce per step
+    "step_loss": "loss",
+    "step_batches": "loss",
     # vision: loads, counts, multimodal fields
     "compute_loads": "vision",
     "internvl_num_tiles": "vision",
@@ -69,6 +73,13 @@ _EXPORTS: dict[str, str] = {
     "PackedPatches": "_contracts.patchify",
     # attention
     "varlen_attention": "attention",
+    # context parallelism: a pack's shards over CP ranks, their predicted times, the attention across them
+    "shard_for_context_parallel": "context_parallel",
+    "ContextParallelShard": "context_parallel",
+    "ContextParallelShards": "context_parallel",
+    "context_parallel_attention": "context_parallel",
+    "context_parallel_rank_times": "context_parallel",
+    "ContextParallelCost": "context_parallel",
 }
 
 __all__ = ["__version__", *_EXPORTS]

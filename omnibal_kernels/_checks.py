@@ -197,20 +197,42 @@ def check_image_sizes(widths: np.ndarray, heights: np.ndarray, *, max_ratio: Opt
                              f"{ratio[i]:.1f}, above the limit of {max_ratio:g}")
 
 
-def default_world(world_size: Optional[int] = None, rank: Optional[int] = None) -> tuple[int, int]:
+def default_world(world_size: Optional[int] = None, rank: Optional[int] = None, *,
+                  owner: str = "") -> tuple[int, int]:
     """``(world_size, rank)``: the given values, else torch.distributed's when initialized, else ``(1, 0)``.
 
-    Raises ValueError when ``rank`` is not in ``[0, world_size)``.
+    ``owner`` names the caller in errors. No silent fallback: ``world_size`` and ``rank`` are given together or
+    not at all, and without them a ``WORLD_SIZE`` above 1 in the environment (``torchrun``, ``accelerate
+    launch``) needs an initialized process group, else every process would think it is rank 0 of 1 and train
+    the same batches.
+
+    Raises:
+        ValueError: only one of ``world_size`` and ``rank`` given; ``WORLD_SIZE > 1`` without an initialized
+            process group (naming ``torch.distributed.init_process_group``); ``rank`` not in ``[0, world_size)``.
+        TypeError: a non-integer world size or rank.
     """
+    import os
+
     import torch.distributed as dist
 
-    initialized = dist.is_available() and dist.is_initialized()
+    prefix = f"{owner}: " if owner else ""
+    if (world_size is None) != (rank is None):
+        given, missing = ("world_size", "rank") if rank is None else ("rank", "world_size")
+        raise ValueError(f"{prefix}{given} was given without {missing}; give both (every process its own rank) "
+                         "or neither (then torch.distributed's are used)")
     if world_size is None:
-        world_size = dist.get_world_size() if initialized else 1
-    if rank is None:
-        rank = dist.get_rank() if initialized else 0
+        if dist.is_available() and dist.is_initialized():
+            world_size, rank = dist.get_world_size(), dist.get_rank()
+        else:
+            env = os.environ.get("WORLD_SIZE", "").strip()
+            if env.isdigit() and int(env) > 1:
+                raise ValueError(
+                    f"{prefix}WORLD_SIZE={env} in the environment but no torch.distributed process group is "
+                    "initialized: call torch.distributed.init_process_group(...) first (or pass world_size and "
+                    "rank); without it every process would be rank 0 of 1 and train the same batches")
+            world_size, rank = 1, 0
     world_size = check_positive_int("world_size", world_size)
     rank = check_int("rank", rank)
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        raise ValueError(f"{prefix}rank must be in [0, world_size={world_size}), got {rank}")
     return world_size, rank

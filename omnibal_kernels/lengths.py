@@ -8,22 +8,23 @@
   read in order (relative paths are taken from the meta file's folder);
 * ``.npy``: a 1-D array of token counts (text-only data, ViT load 0) or an ``(N, 2)`` array of
   ``(vit, llm)`` rows;
-* ``.npz``: arrays ``vit`` and ``llm`` (or ``vit_num`` and ``token_num``); ``llm`` alone means text-only.
+* ``.npz``: arrays ``vit`` and ``llm`` (or ``vit_num`` and ``token_num``); ``llm`` alone means text-only;
+  an optional array ``label`` holds each sample's label tokens (see ``Lengths.label``).
 
 Each sample may also carry its ViT sequence lengths, ``vit_seqlens``: one per image, video frame group or tile,
 in ViT load units, summing to the sample's ViT load (a text-only sample has none). In ``.npz`` files they are
 the arrays ``vit_seqlens`` (flat int64) and ``vit_seqlens_offsets`` (``N + 1`` int64 from 0: sample ``i`` has
 ``vit_seqlens[offsets[i]:offsets[i + 1]]``); in JSON and JSON Lines the key ``"vit_seqlens": [...]`` of each
-sample. The C++ scanner reads ``vit_num`` and ``token_num`` only: a JSON file that mentions ``vit_seqlens`` is
-read a second time, in Python, for that key (a Python object per sample, so slower than the scan). Without
+sample (without ``vit_num`` a sample's ViT load is their sum), read by the same C++ scan as the loads. Without
 them, a cost model takes each sample's whole ViT load as one sequence
 (:class:`~omnibal_kernels.balance.CostModel`).
 
 A missing ``vit_num`` means a text-only sample (ViT load 0). A missing ``token_num``, a negative, non-integer
 or too large value raises ``ValueError`` naming the file and the sample index. JSON is scanned by the C++
 extension in one pass, with no Python object per sample, so inputs of tens of millions of samples load in
-seconds. The JSON must be strict (commas between samples, nothing after a list's closing ``]``) and UTF-8 (a
-byte order mark is skipped); a file without samples is an error unless ``allow_empty=True``.
+seconds. The JSON must be strict (commas between samples, nothing after a list's closing ``]``) and UTF-8
+everywhere, ignored fields included (a byte order mark is skipped; errors name the line and column); a file
+without samples is an error unless ``allow_empty=True``.
 
 The arrays of a ``Lengths`` are read-only: statistics computed once (and the plans made from them) stay true.
 Derive new loads as a new ``Lengths``, e.g. ``Lengths(L.vit, L.llm + 2000, L.source, L.sources)``.
@@ -82,6 +83,10 @@ class Lengths:
         vit_seqlens_offsets: (N + 1,) int64 from 0: sample ``i``'s sequences are
             ``vit_seqlens[vit_seqlens_offsets[i]:vit_seqlens_offsets[i + 1]]``; they sum to ``vit[i]``
             (none for a text-only sample). Given together with ``vit_seqlens`` or not at all.
+        label: None, or (N,) int64 label tokens per sample as a causal LM loss counts them: the positions after
+            the sample's first whose label is not ``ignore_index`` (the targets after the shift by one; packing
+            masks every sample's first label, so a pack trains exactly the sum of its samples' counts). At most
+            ``llm - 1``. With it a sampler knows every optimizer step's label tokens from the plan.
     """
 
     vit: np.ndarray
@@ -90,6 +95,7 @@ class Lengths:
     sources: tuple[str, ...] = ()
     vit_seqlens: Optional[np.ndarray] = None
     vit_seqlens_offsets: Optional[np.ndarray] = None
+    label: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         vit = _as_load_array(self.vit, "vit")
@@ -110,6 +116,8 @@ class Lengths:
             seqlens, offsets = _check_vit_seqlens(self.vit_seqlens, self.vit_seqlens_offsets, vit)
             object.__setattr__(self, "vit_seqlens", _read_only(seqlens, self.vit_seqlens))
             object.__setattr__(self, "vit_seqlens_offsets", _read_only(offsets, self.vit_seqlens_offsets))
+        if self.label is not None:
+            object.__setattr__(self, "label", _read_only(_check_label(self.label, llm), self.label))
 
     def __len__(self) -> int:
         return int(self.vit.shape[0])
@@ -130,12 +138,14 @@ class Lengths:
             rows = np.arange(len(self), dtype=np.int64)[index]
             offsets, seqlens = take_rows(self.vit_seqlens_offsets, self.vit_seqlens, np.atleast_1d(rows))
             offsets, seqlens = _frozen(offsets), _frozen(seqlens)
+        label = None if self.label is None else _frozen(self.label[index])
         return Lengths(_frozen(self.vit[index]), _frozen(self.llm[index]), _frozen(self.source[index]),
-                       self.sources, seqlens, offsets)
+                       self.sources, seqlens, offsets, label)
 
     @classmethod
     def concat(cls, parts: Iterable["Lengths"]) -> "Lengths":
-        """Samples of several ``Lengths`` one after another (sample ids follow that order)."""
+        """Samples of several ``Lengths`` one after another (sample ids follow that order); ``label`` when every
+        part has it."""
         parts = list(parts)
         if not parts:
             raise ValueError("concat needs at least one Lengths")
@@ -153,6 +163,7 @@ class Lengths:
             tuple(sources),
             seqlens,
             offsets,
+            None if any(p.label is None for p in parts) else _frozen(np.concatenate([p.label for p in parts])),
         )
 
     def summary(self) -> dict[str, float]:
@@ -164,6 +175,21 @@ class Lengths:
             out[f"{name}_mean"] = float(arr.mean()) if len(arr) else 0.0
             out[f"{name}_max"] = int(arr.max()) if len(arr) else 0
         return out
+
+
+def _check_label(label: object, llm: np.ndarray, where: str = "") -> np.ndarray:
+    """``label`` as loads (:func:`_as_load_array`), one per sample and at most ``llm - 1`` each (the first token
+    of a sample is never a target)."""
+    label = _as_load_array(label, "label", where)
+    prefix = f"{where}: " if where else ""
+    if label.shape != llm.shape:
+        raise ValueError(f"{prefix}label must have one entry per sample, got {label.shape[0]} for {llm.shape[0]}")
+    bad = np.flatnonzero(label > np.maximum(llm - 1, 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{prefix}sample {i}: label is {int(label[i])} but llm is {int(llm[i])}; a sample has at "
+                         "most llm - 1 label tokens (its first token is never a target)")
+    return label
 
 
 def _concat_vit_seqlens(parts: Sequence[Lengths]) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
@@ -291,63 +317,57 @@ def _utf8_json(path: Path, data: bytes) -> memoryview:
     return memoryview(data)
 
 
-def _read_records(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray]:
-    records = _ext.load().parse_length_records(data, "vit_num", "token_num")
+class _JsonRecords(NamedTuple):
+    """What a JSON or JSON Lines length file of N samples holds, checked (``_read_records``).
+
+    Attributes:
+        vit, llm: (N,) int64 loads (``vit_num``, ``token_num``).
+        vit_seqlens: (total,) int64 ViT sequence lengths (``vit_seqlens``: per image, video frame group or tile,
+            in ViT load units), every sample's run one after another; None when no sample has the key.
+        vit_seqlens_offsets: (N + 1,) int64 from 0: sample i's run is ``vit_seqlens[offsets[i]:offsets[i + 1]]``
+            and sums to ``vit[i]``; None with ``vit_seqlens``.
+        label: (N,) int64 trained label tokens (``label_num``), each at most ``llm[i]``; None when no sample has
+            the key.
+    """
+
+    vit: np.ndarray
+    llm: np.ndarray
+    vit_seqlens: np.ndarray | None
+    vit_seqlens_offsets: np.ndarray | None
+    label: np.ndarray | None
+
+
+def _read_records(path: Path, data: memoryview) -> _JsonRecords:
+    """The samples of a JSON list or JSON Lines ``data`` (UTF-8 without a byte order mark), scanned in C++.
+
+    Malformed JSON, bytes that are not UTF-8 and bad values are a ValueError naming ``path``, the sample, the line
+    and the column. Where some sample has ``vit_seqlens``, every sample with a ViT load needs them (a text-only
+    sample has none). ``label_num`` is given for every sample or for none: a sample without it would have no
+    label count to weight its loss by.
+    """
+    records = _ext.load().parse_length_records(data, "vit_num", "token_num", "vit_seqlens", "label_num")
     if records.error:
         where = f"sample {records.error_sample}: " if records.error_sample >= 0 else ""
         raise ValueError(f"{path}: {where}{records.error}")
-    return records.vit, records.llm
+    if records.vit_seqlens is not None:
+        bare = np.flatnonzero(~records.vit_seqlens_given & (records.vit > 0))
+        if bare.size:  # a text-only sample needs none; a sample with images would be costed as one sequence
+            i = int(bare[0])
+            raise ValueError(f"{path}: sample {i}: no vit_seqlens but a ViT load of {int(records.vit[i])}, while "
+                             f"other samples have vit_seqlens")
+    label = records.label
+    if label is not None and label.size and label.min() < 0:  # -1: the sample has no label_num
+        missing, given = int(np.flatnonzero(label < 0)[0]), int(np.flatnonzero(label >= 0)[0])
+        raise ValueError(f"{path}: sample {missing}: 'label_num' is missing, but sample {given} has it (give it "
+                         f"for every sample or for none)")
+    return _JsonRecords(records.vit, records.llm, records.vit_seqlens, records.vit_seqlens_offsets, label)
 
 
-# The JSON key of per-sample ViT sequence lengths, as the bytes a file holding it must contain.
-_SEQLENS_KEY = b'"vit_seqlens"'
-
-
-def _json_records(data: memoryview) -> list[Any]:
-    """The records of a JSON list, a single JSON object, or JSON Lines (objects one after another)."""
-    text = bytes(data).decode("utf-8")
-    decoder = json.JSONDecoder()
-    records: list[Any] = []
-    pos, end = 0, len(text)
-    while True:
-        while pos < end and text[pos] in " \t\r\n":
-            pos += 1
-        if pos == end:
-            return records
-        value, pos = decoder.raw_decode(text, pos)
-        if isinstance(value, list):
-            records.extend(value)
-        else:
-            records.append(value)
-
-
-def _read_json_seqlens(path: Path, data: memoryview, vit: np.ndarray) -> tuple[Optional[np.ndarray],
-                                                                              Optional[np.ndarray]]:
-    """The ``"vit_seqlens"`` of every record (the scanner has validated the file); None when no record has it.
-    A record without it has none, which only a text-only sample may; the sums are checked by ``Lengths``."""
-    records = _json_records(data)
-    if len(records) != vit.shape[0]:
-        raise ValueError(f"{path}: {len(records)} records hold vit_seqlens, the scan found {vit.shape[0]} samples")
-    if not any(isinstance(r, dict) and "vit_seqlens" in r for r in records):
-        return None, None
-    flat: list[int] = []
-    offsets = np.zeros(len(records) + 1, dtype=np.int64)
-    for i, rec in enumerate(records):
-        entry = rec.get("vit_seqlens")
-        if entry is None:
-            if vit[i]:
-                raise ValueError(f"{path}: sample {i}: no vit_seqlens but a ViT load of {int(vit[i])}, while "
-                                 f"other samples have vit_seqlens")
-            entry = []
-        if not isinstance(entry, list) or not all(type(x) is int for x in entry):
-            raise ValueError(f"{path}: sample {i}: vit_seqlens must be a list of integers, got {entry!r}")
-        flat.extend(entry)
-        offsets[i + 1] = len(flat)
-    if any(abs(x) > _MAX_LOAD for x in flat):
-        j = next(j for j, x in enumerate(flat) if abs(x) > _MAX_LOAD)
-        sample = int(np.searchsorted(offsets, j, side="right") - 1)
-        raise ValueError(f"{path}: sample {sample}: vit_seqlens holds a length out of range ({flat[j]})")
-    return _frozen(np.asarray(flat, dtype=np.int64)), _frozen(offsets)
+def _lengths_from_records(path: Path, records: _JsonRecords) -> Lengths:
+    """The ``Lengths`` of one JSON length file, with the optional per-sample fields the file holds."""
+    optional = {name: _frozen(getattr(records, name)) for name in ("vit_seqlens", "vit_seqlens_offsets", "label")
+                if getattr(records, name) is not None}
+    return Lengths(_frozen(records.vit), _frozen(records.llm), sources=(str(path),), **optional)
 
 
 def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
@@ -394,7 +414,7 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError(f"{path}: holds a single array (.npy data), not an .npz archive of arrays")
     with archive as z:
-        wanted = [k for k in ("llm", "token_num", "vit", "vit_num", "vit_seqlens", "vit_seqlens_offsets")
+        wanted = [k for k in ("llm", "token_num", "vit", "vit_num", "vit_seqlens", "vit_seqlens_offsets", "label")
                   if k in z.files]
         if not any(k in wanted for k in ("llm", "token_num")):
             raise ValueError(f"{path}: needs an array 'llm' (or 'token_num'), has {z.files}")
@@ -426,7 +446,10 @@ def _load_array_file(path: Path, suffix: str) -> Lengths:
     if seqlens is not None or offsets is not None:
         seqlens, offsets = _check_vit_seqlens(seqlens, offsets, vit, where)
         seqlens, offsets = _frozen(seqlens), _frozen(offsets)
-    return Lengths(vit, llm, sources=(where,), vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
+    label = arrays.get("label")
+    if label is not None:
+        label = _frozen(_check_label(label, llm, where))
+    return Lengths(vit, llm, sources=(where,), vit_seqlens=seqlens, vit_seqlens_offsets=offsets, label=label)
 
 
 def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool = False) -> Lengths:
@@ -442,14 +465,7 @@ def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool 
         meta = _read_meta(path, data) if suffix == ".json" else None
         if meta is not None:
             return _meta_parts(path, meta, (*_meta_chain, path.resolve()), allow_empty)
-        vit, llm = _read_records(path, data)
-        seqlens = offsets = None
-        if _SEQLENS_KEY in data.obj:
-            seqlens, offsets = _read_json_seqlens(path, data, vit)
-            if seqlens is not None:
-                _check_vit_seqlens(seqlens, offsets, vit, str(path))
-        lengths = Lengths(_frozen(vit), _frozen(llm), sources=(str(path),), vit_seqlens=seqlens,
-                          vit_seqlens_offsets=offsets)
+        lengths = _lengths_from_records(path, _read_records(path, data))
     else:
         raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
     if len(lengths) == 0 and not allow_empty:
@@ -512,10 +528,12 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
     Args:
         path: ``.json`` for the OmniBal format (a list of ``{"vit_num": int, "token_num": int}``, one per
             sample), ``.jsonl`` for the same objects one per line, or ``.npz`` for int32 arrays ``vit`` and
-            ``llm``. ViT sequence lengths, when the loads have them, go along: ``"vit_seqlens": [...]`` in every
-            JSON object, arrays ``vit_seqlens`` and ``vit_seqlens_offsets`` (int64) in ``.npz``.
+            ``llm``. ViT sequence lengths and label counts, when the loads have them, go along:
+            ``"vit_seqlens": [...]`` and ``"label_num"`` in every JSON object, arrays ``vit_seqlens``,
+            ``vit_seqlens_offsets`` (int64) and ``label`` (int32) in ``.npz``.
         loads: :class:`Lengths` (what :func:`~omnibal_kernels.vision.compute_loads` returns), a mapping with
-            ``vit`` and ``llm`` ``(N,)`` (and optionally ``vit_seqlens`` with ``vit_seqlens_offsets``), or a
+            ``vit`` and ``llm`` ``(N,)`` (and optionally ``vit_seqlens`` with ``vit_seqlens_offsets``, and
+            ``label``), or a
             ``(vit, llm)`` tuple (arrays, lists or tensors).
         fmt: ``"json"``, ``"jsonl"`` or ``"npz"`` to override the suffix.
         allow_empty: write a file without samples (``load_lengths`` reads it only with ``allow_empty=True``).
@@ -536,7 +554,7 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
         raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json, .jsonl or .npz suffix "
                          f"or fmt=")
     where = f"writing {path}"
-    vit, llm, seqlens, offsets = _loads_to_write(loads, where)
+    vit, llm, seqlens, offsets, label = _loads_to_write(loads, where)
     if vit.size == 0 and not allow_empty:
         raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
                          f"(pass allow_empty=True here too if that is intended)")
@@ -544,6 +562,8 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
         arrays = dict(vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
         if seqlens is not None:
             arrays.update(vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
+        if label is not None:
+            arrays.update(label=label.astype(np.int32))
         with atomic_write(path) as f:
             np.savez(f, **arrays)
         return path
@@ -552,6 +572,8 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
         bounds = offsets.tolist()
         flat = seqlens.tolist()
         records = [f'{r}, "vit_seqlens": {flat[a:b]}' for r, a, b in zip(records, bounds[:-1], bounds[1:])]
+    if label is not None:
+        records = [f'{r}, "label_num": {n}' for r, n in zip(records, label.tolist())]
     with atomic_write(path, "w") as f:
         if fmt == "json":
             # One sample per line: the OmniBal list format, readable and diffable.
@@ -562,22 +584,24 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
 
 
 def _loads_to_write(loads: Union[Lengths, Mapping[str, Any], tuple], where: str) -> tuple[
-        np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray]]:
-    """``write_lengths``' loads as checked ``(vit, llm, vit_seqlens, vit_seqlens_offsets)`` arrays."""
-    seqlens = offsets = None
+        np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray], Optional[np.ndarray]]:
+    """``write_lengths``' loads as checked ``(vit, llm, vit_seqlens, vit_seqlens_offsets, label)`` arrays."""
+    seqlens = offsets = label = None
     if isinstance(loads, Lengths):
         vit, llm = loads.vit, loads.llm
-        seqlens, offsets = loads.vit_seqlens, loads.vit_seqlens_offsets
+        seqlens, offsets, label = loads.vit_seqlens, loads.vit_seqlens_offsets, loads.label
     elif isinstance(loads, tuple):
         vit, llm = loads
     else:
         vit, llm = loads["vit"], loads["llm"]
-        seqlens, offsets = loads.get("vit_seqlens"), loads.get("vit_seqlens_offsets")
-    vit, llm, offsets = (x.detach().cpu().numpy() if is_tensor(x) else x for x in (vit, llm, offsets))
+        seqlens, offsets, label = loads.get("vit_seqlens"), loads.get("vit_seqlens_offsets"), loads.get("label")
+    vit, llm, offsets, label = (x.detach().cpu().numpy() if is_tensor(x) else x for x in (vit, llm, offsets, label))
     vit = _as_load_array(vit, "vit", where)
     llm = _as_load_array(llm, "llm", where)
     if vit.shape != llm.shape:
         raise ValueError(f"{where}: vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
     if seqlens is not None or offsets is not None:
         seqlens, offsets = _check_vit_seqlens(seqlens, offsets, vit, where)
-    return vit, llm, seqlens, offsets
+    if label is not None:
+        label = _check_label(label, llm, where)
+    return vit, llm, seqlens, offsets, label

@@ -160,7 +160,7 @@ class BalancedPacker(torch.utils.data.IterableDataset):
                 "epoch, another DataLoader worker); pass an object whose __iter__ starts the stream anew")
         self.source = source
         self.lengths_fn = lengths_fn
-        self.world_size, self.rank = default_world(world_size, rank)
+        self.world_size, self.rank = default_world(world_size, rank, owner="BalancedPacker")
         self.options = _stream_options(options, vit_capacity=vit_capacity, llm_capacity=llm_capacity,
                                        method=method, seed=seed, drop_last=drop_last, oversize=oversize,
                                        cost_model=cost_model)

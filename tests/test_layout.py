@@ -21,13 +21,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("cpu",),  # the CPU twins (numba, numpy, torch); never import ops/
     ("ops",),  # Triton kernels; CPU data goes down to cpu/
     ("attention",),  # varlen attention adapters
+    ("context_parallel",),  # CP shards, their predicted times, CP attention (below the planner and the collator)
     ("lengths",),  # per-sample loads
     ("vision", "model_inputs"),  # counts, loads, buckets, mrope, batch fields; what a transformers model reads
     ("balance",),  # planning
     ("synthetic", "pipeline"),  # load distributions; model and memory balance (pipeline partitions)
     ("sampler", "streaming"),  # samplers over plans
     ("packing",),  # pack_batch (calls vision.fields and cpu.varlen_metadata)
-    ("calibration",),  # models timed on packed batches, cost models fitted to the times
+    ("calibration", "loss"),  # models timed on packed batches and cost models fitted to them; the loss of a
+    # packed micro-step over its optimizer step (counts from the plan or one all-reduce)
     ("hf", "testing", "raw_lengths"),  # integrations, references and tiny models, length files from raw data
     ("bench",),  # the benchmarks suite (measures everything below)
     ("cli",),  # every subcommand

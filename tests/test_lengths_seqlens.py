@@ -110,13 +110,13 @@ def test_reading_bad_sequences_names_file_and_sample(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"vit_num": 2, "token_num": 9, "vit_seqlens": [1, 1]}\n{"vit_num": 3, "token_num": 9, '
                     '"vit_seqlens": [1, 1]}\n')
-    with pytest.raises(ValueError, match=f"{path}: sample 1: vit_seqlens sum to 2, but its ViT load is 3"):
+    with pytest.raises(ValueError, match=f"{path}: sample 1: 'vit_seqlens' sum to 2, but 'vit_num' is 3"):
         load_lengths(path)
     path.write_text('[{"vit_num": 2, "token_num": 9, "vit_seqlens": [2]}, {"vit_num": 1, "token_num": 9}]')
     with pytest.raises(ValueError, match="sample 1: no vit_seqlens but a ViT load of 1"):
         load_lengths(path)
     path.write_text('[{"vit_num": 2, "token_num": 9, "vit_seqlens": [2.0]}]')
-    with pytest.raises(ValueError, match="sample 0: vit_seqlens must be a list of integers"):
+    with pytest.raises(ValueError, match="sample 0: 'vit_seqlens' element 0 is a non-integer value 2.0"):
         load_lengths(path)
     path.write_text('[{"vit_num": 2, "token_num": 9, "vit_seqlens": [2]}, {"token_num": 9}]')
     assert _rows(load_lengths(path)) == [[2], []]  # a text-only sample needs none

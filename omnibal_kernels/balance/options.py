@@ -139,8 +139,10 @@ class PlanOptions:
             raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {self.oversize!r}")
         self._set_capacities()
         target = self.target_batch_size
-        if not (isinstance(target, numbers.Real) and not isinstance(target, bool) and target > 0
-                and math.isfinite(target)):
+        if not isinstance(target, numbers.Real) or isinstance(target, bool):
+            raise TypeError(f"target_batch_size must be a positive number (int or float), got "
+                            f"{type(target).__name__} ({target!r})")
+        if not (target > 0 and math.isfinite(target)):
             raise ValueError(f"target_batch_size must be a positive number, got {target!r}")
         object.__setattr__(self, "target_batch_size", float(target))
         if not isinstance(self.drop_last, (bool, np.bool_)):

@@ -19,6 +19,7 @@ Capacities given by the user are never searched: then the ``oversize`` policy of
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable, NamedTuple, Optional, Union
 
 import numpy as np
@@ -46,13 +47,18 @@ _ALIGN = 16
 
 
 class Capacities(NamedTuple):
-    """Searched capacities, ISF's default thresholds for them, and the predicted mean samples per pack."""
+    """Searched capacities, ISF's default thresholds for them, and the predicted mean samples per pack.
+
+    ``raised``: the capacities were raised past those of ``target_batch_size`` so that the largest sample fits;
+    ``predicted_batch_size`` then says how many samples packs hold instead (``search_capacity`` warns).
+    """
 
     vit_capacity: int
     llm_capacity: int
     vit_threshold: int
     llm_threshold: int
     predicted_batch_size: float
+    raised: bool = False
 
 
 def _grid_step(lengths: Lengths) -> tuple[int, int]:
@@ -91,8 +97,12 @@ def search_capacity(
         progress: show a progress bar over ISF candidates (default: when stderr is a terminal).
 
     Returns:
-        ``Capacities(vit_capacity, llm_capacity, vit_threshold, llm_threshold, predicted_batch_size)``;
+        ``Capacities(vit_capacity, llm_capacity, vit_threshold, llm_threshold, predicted_batch_size, raised)``;
         the thresholds are ISF's defaults (``vit_capacity`` and ``llm_capacity - 128``).
+
+    Warns:
+        UserWarning: when the capacities had to be raised past the target's so that the largest sample fits
+            (``raised``), naming that sample's loads and the predicted mean samples per pack.
     """
     options = plan_options(options, target_batch_size=target_batch_size, method=method, oversize=oversize,
                            seed=seed, iterations=iterations)
@@ -106,8 +116,24 @@ def search_capacity(
         raise ValueError("lengths is empty")
     # A pack cannot hold more samples than there are: aim at most at one pack of everything.
     target = min(options.target_batch_size, float(n))
-    if options.method != "isf":
-        return _fitted_capacities(lengths, target)
+    caps = _fitted_capacities(lengths, target) if options.method != "isf" else _isf_capacities(
+        lengths, target, options, world_size, progress)
+    if caps.raised:
+        stats = lengths.stats()
+        warnings.warn(
+            f"target_batch_size={options.target_batch_size:g}: the capacities it gives cannot hold the largest "
+            f"sample (ViT load {stats.vit_max}, {stats.llm_max} tokens), so they were raised to ViT "
+            f"{caps.vit_capacity} / LLM {caps.llm_capacity}: packs hold about {caps.predicted_batch_size:.3g} "
+            f"samples on average (predicted_batch_size), not {options.target_batch_size:g}; give the capacities "
+            "with oversize='single' to keep smaller packs", UserWarning, stacklevel=2)
+    return caps
+
+
+def _isf_capacities(lengths: Lengths, target: float, options: PlanOptions, world_size: int,
+                    progress: Optional[bool]) -> Capacities:
+    """The authors' grid candidate for ``target`` (module docstring), raised to hold the largest sample unless
+    ``oversize`` allows oversize samples."""
+    n = len(lengths)
     step, vit0 = _grid_step(lengths)
     stats = lengths.stats()
     vit_total = float(stats.vit_sum)
@@ -128,16 +154,18 @@ def search_capacity(
     if has_vit:
         k = max(k, math.ceil(target * vit_total / n) - vit0)
     k = max(k, math.ceil((target * llm_total / n - _BASE_TOKENS) / step))
+    k_target = k
     if options.oversize == "error":
         if has_vit:
             k = max(k, stats.vit_max - vit0)
         k = max(k, math.ceil((stats.llm_max - _BASE_TOKENS) / step))
+    raised = k > k_target
     while predicted(k) < target * (1 - 1e-12):  # guards the rounding of the closed form (a step or two)
         k += 1
 
     k = _best_isf_candidate(lengths, k, caps, predicted, target, options, world_size, progress)
     qv, qt = caps(k)
-    return Capacities(qv, qt, *default_isf_thresholds(qv, qt), predicted(k))
+    return Capacities(qv, qt, *default_isf_thresholds(qv, qt), predicted(k), raised)
 
 
 def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
@@ -146,8 +174,9 @@ def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
     stats = lengths.stats()
     vit_total, llm_total = float(stats.vit_sum), float(stats.llm_sum)
     if vit_total == 0:  # text only: one capacity
-        qt = max(math.ceil(target * llm_total / n), int(stats.llm_max), 1)
-        return Capacities(0, qt, *default_isf_thresholds(0, qt), n / max(llm_total / qt, 1.0))
+        wanted = max(math.ceil(target * llm_total / n), 1)
+        qt = max(wanted, int(stats.llm_max))
+        return Capacities(0, qt, *default_isf_thresholds(0, qt), n / max(llm_total / qt, 1.0), qt > wanted)
     tokens_per_unit = llm_total / vit_total
     stride = max(n // _SPREAD_SAMPLES, 1)
     vit = lengths.vit[::stride].astype(np.float64)
@@ -171,7 +200,7 @@ def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
     qv_int = max(math.ceil(qv - 1e-9), int(stats.vit_max), 1)
     qt_int = max(math.ceil(qt - 1e-9), int(stats.llm_max), 1)
     packs = max(vit_total / qv_int, llm_total / qt_int, 1.0)
-    return Capacities(qv_int, qt_int, *default_isf_thresholds(qv_int, qt_int), n / packs)
+    return Capacities(qv_int, qt_int, *default_isf_thresholds(qv_int, qt_int), n / packs, scale > target)
 
 
 # ISF packs and orders without a cost model; the report of a candidate does not depend on this one.

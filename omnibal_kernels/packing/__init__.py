@@ -13,6 +13,8 @@ the way flash-attention's varlen kernels and Hugging Face's packed-sequence path
     max_seqlen     int             longest segment (rounded up to a bucket with ``max_seqlen_buckets``)
     cu_seq_lens_q, cu_seq_lens_k   the same tensor as ``cu_seqlens`` (Hugging Face flash-attention kwargs)
     max_length_q, max_length_k     ``max_seqlen``
+    num_items_in_batch () int64    the optimizer step's label tokens, all ranks and micro-steps (samples of
+                                   ``sampler.wrap(dataset)`` with label counts in the lengths only)
 
 ``B`` is the number of samples, ``S`` the number of segments: ``B``, plus one when a padding segment is
 added, or ``max_num_seqs``. There is no ``attention_mask``: the boundaries are the mask. Multimodal samples
@@ -36,16 +38,17 @@ samples. The options are :class:`PackOptions` (static shapes, labels, mRoPE, bac
 =============== =============================================================================================
 ``options``     :class:`PackOptions` and its parts :class:`LabelOptions`, :class:`StaticShapes`,
                 :class:`MRopeOptions`
-``batch``       :class:`PackedBatch`, :func:`unpack_batch`
+``batch``       :class:`PackedBatch`, :class:`LossCounts`, :func:`unpack_batch`
 ``inputs``      each sample's sequences as int64 tensors, errors naming the sample
 ``text``        the text core :func:`pack_sequences` (the text fields as a plain dict)
 ``fields``      the other sample fields: token fields, per-sample values, the vision fields
+``planned``     samples of a sampler's plan: loads checked against the lengths, the step's loss counts
 ``collate``     :func:`pack_batch`, :class:`PackCollator`, :func:`warmup`
 =============== =============================================================================================
 """
 from __future__ import annotations
 
-from .batch import TEXT_FIELDS, PackedBatch, unpack_batch
+from .batch import TEXT_FIELDS, LossCounts, PackedBatch, unpack_batch
 from .collate import PackCollator, pack_batch, warmup
 from .options import LabelOptions, MRopeOptions, PackOptions, StaticShapes
 from .text import pack_sequences
@@ -53,6 +56,7 @@ from .text import pack_sequences
 __all__ = [
     "TEXT_FIELDS",
     "LabelOptions",
+    "LossCounts",
     "MRopeOptions",
     "PackCollator",
     "PackOptions",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
 from ..vision.fields import VISION_KEYS, unpack_batch_vision
 
-__all__ = ["TEXT_FIELDS", "PackedBatch", "unpack_batch"]
+__all__ = ["TEXT_FIELDS", "LossCounts", "PackedBatch", "unpack_batch"]
 
 # The fields of every packed batch (see omnibal_kernels.packing); a sample may not carry one of these, it
 # would be silently overwritten.
@@ -29,24 +29,66 @@ TEXT_FIELDS = (
 )
 
 
+class LossCounts(NamedTuple):
+    """What weights one packed batch's loss within its optimizer step (:attr:`PackedBatch.loss_counts`).
+
+    Attributes:
+        sample_lens: each sample's tokens, in batch order (padding not included).
+        num_items_in_batch: label tokens (targets after the causal shift) of the whole optimizer step over all
+            ranks and micro-steps; None where not known (lengths without label counts, batches outside a plan).
+        num_samples_in_batch: samples with at least one target in the optimizer step, counted the same way.
+        epoch, step, micro_step, micro_steps_per_step, world_size: the batch's place in a sampler's plan (None
+            for a batch outside a plan).
+        takes_num_items: the batch hands ``num_items_in_batch`` to the model as a field (every batch of a
+            plain collator; with ``for_model``, where the model's forward takes it).
+    """
+
+    sample_lens: tuple[int, ...]
+    num_items_in_batch: Optional[int] = None
+    num_samples_in_batch: Optional[int] = None
+    epoch: Optional[int] = None
+    step: Optional[int] = None
+    micro_step: Optional[int] = None
+    micro_steps_per_step: Optional[int] = None
+    world_size: Optional[int] = None
+    takes_num_items: bool = True
+
+
 class PackedBatch(Mapping[str, Any]):
     """The output of :func:`pack_batch`: a read-only mapping of field name -> tensor / int / list.
 
     Works with ``model(**batch)``; fields are also attributes (``batch.cu_seqlens``). ``.to(device)`` and
     ``.pin_memory()`` return a new PackedBatch and move a tensor shared by several keys (``cu_seqlens``
-    and ``cu_seq_lens_q``/``_k``) once, keeping it shared. Pickles as its dict of fields.
+    and ``cu_seq_lens_q``/``_k``) once, keeping it shared. Pickles as its dict of fields and its
+    :attr:`loss_counts`.
     """
 
-    __slots__ = ("_fields",)
+    __slots__ = ("_fields", "_loss_counts")
 
-    def __init__(self, fields: Mapping[str, Any]) -> None:
+    def __init__(self, fields: Mapping[str, Any], loss_counts: Optional[LossCounts] = None) -> None:
         self._fields = dict(fields)
+        self._loss_counts = loss_counts
 
     @classmethod
-    def _wrap(cls, fields: dict[str, Any]) -> PackedBatch:
+    def _wrap(cls, fields: dict[str, Any], loss_counts: Optional[LossCounts] = None) -> PackedBatch:
         batch = object.__new__(cls)
         batch._fields = fields
+        batch._loss_counts = loss_counts
         return batch
+
+    @property
+    def loss_counts(self) -> Optional[LossCounts]:
+        """How this batch's loss is weighted in its optimizer step (:class:`LossCounts`; not a field, so
+        ``model(**batch)`` never sees it); None for a batch not made by the collators."""
+        return self._loss_counts
+
+    def with_counts(self, counts: LossCounts) -> PackedBatch:
+        """A copy with :attr:`loss_counts` ``counts`` and, where ``counts.takes_num_items``, the field
+        ``num_items_in_batch`` (a 0-d int64 tensor) set from it."""
+        fields = dict(self._fields)
+        if counts.takes_num_items and counts.num_items_in_batch is not None:
+            fields["num_items_in_batch"] = torch.tensor(counts.num_items_in_batch, dtype=torch.int64)
+        return PackedBatch._wrap(fields, counts)
 
     def __getitem__(self, key: str) -> Any:
         return self._fields[key]
@@ -61,15 +103,15 @@ class PackedBatch(Mapping[str, Any]):
         return key in self._fields
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_fields":
+        if name.startswith("__") or name in ("_fields", "_loss_counts"):
             raise AttributeError(name)
         try:
             return self._fields[name]
         except KeyError:
             raise AttributeError(f"PackedBatch has no field {name!r}") from None
 
-    def __reduce__(self) -> tuple[Callable[..., PackedBatch], tuple[dict[str, Any]]]:
-        return (PackedBatch, (self._fields,))
+    def __reduce__(self) -> tuple[Callable[..., PackedBatch], tuple[dict[str, Any], Optional[LossCounts]]]:
+        return (PackedBatch, (self._fields, self._loss_counts))
 
     def __repr__(self) -> str:
         parts = []
@@ -101,7 +143,7 @@ class PackedBatch(Mapping[str, Any]):
                 return tuple(apply(v) for v in value)
             return value
 
-        return PackedBatch._wrap({key: apply(value) for key, value in self._fields.items()})
+        return PackedBatch._wrap({key: apply(value) for key, value in self._fields.items()}, self._loss_counts)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
         """Every tensor (also inside list fields) moved to ``device``; ints and other values as they are."""

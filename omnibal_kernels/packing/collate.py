@@ -4,12 +4,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from ..cpu.varlen_metadata import warmup as _warmup_fill
 from ..model_inputs import ModelInputs, model_inputs
+from ..sampler.steps import PlannedSamples
 from .batch import PackedBatch
 from .fields import add_sample_fields
 from .inputs import sample_error
 from .options import PackOptions, with_keywords
+from .planned import batch_counts, check_planned_loads
 from .text import pack_sequences
 
 __all__ = ["PackCollator", "pack_batch", "warmup"]
@@ -25,10 +29,13 @@ def warmup(backend: str = "auto") -> None:
     _warmup_fill(backend)
 
 
-def _pack_samples(samples: Sequence[Mapping[str, Any]], opts: PackOptions) -> PackedBatch:
+def _pack_samples(samples: Sequence[Mapping[str, Any]], opts: PackOptions,
+                  takes_num_items: bool = True) -> PackedBatch:
     if type(samples) is not list and type(samples) is not tuple:
         if isinstance(samples, (Mapping, str, bytes)) or not isinstance(samples, Sequence):
             raise TypeError(f"pack_batch expects a list of samples (mappings), got {type(samples).__name__}")
+        if isinstance(samples, PlannedSamples) and samples.check_loads:
+            check_planned_loads(samples)
     try:
         ids = [s["input_ids"] for s in samples]
     except (KeyError, TypeError, IndexError):
@@ -46,7 +53,10 @@ def _pack_samples(samples: Sequence[Mapping[str, Any]], opts: PackOptions) -> Pa
     fields = pack_sequences(ids, labs, options=opts)
     if opts.token_fields or opts.mrope.enabled or sum(map(len, samples)) != num_keys:
         add_sample_fields(samples, fields, opts)
-    return PackedBatch._wrap(fields)
+    counts = batch_counts(samples, fields, opts, takes_num_items)
+    if takes_num_items and counts.num_items_in_batch is not None:
+        fields["num_items_in_batch"] = torch.tensor(counts.num_items_in_batch, dtype=torch.int64)
+    return PackedBatch._wrap(fields, counts)
 
 
 def pack_batch(
@@ -63,14 +73,18 @@ def pack_batch(
         :class:`PackOptions` or of its parts); beside ``options`` they replace the fields they name.
 
     Returns a :class:`PackedBatch` with the fields listed in :mod:`omnibal_kernels.packing`;
-    ``T = sum(n_i)`` plus padding.
+    ``T = sum(n_i)`` plus padding. Samples of ``sampler.wrap(dataset)`` (a planned micro-step) are first checked
+    against their length entries (tokens, ViT load, label tokens: :mod:`omnibal_kernels.packing.planned`), and
+    with label counts in the lengths the batch gets ``num_items_in_batch`` (0-d int64): the label tokens of the
+    whole optimizer step over all ranks and micro-steps. Every batch has :attr:`PackedBatch.loss_counts`.
 
     Errors (ValueError/TypeError naming the sample): empty batch, a sample that is not a mapping or has
     no ``input_ids``, input_ids or labels that are not 1-D or not integers or hold values outside int64
-    (uint64 ids >= 2**63 never wrap around), labels of another length, an empty sample (unless
-    ``allow_empty=True``: a zero-length segment), more than 2**31 - 1 tokens, a batch over the static
-    limits; for vision: pixels of mixed layouts or dtypes, grids that do not cover the pixels, placeholder
-    runs that do not match their grid (mRoPE), a ``video_grid_thw`` without ``video_token_id``.
+    (uint64 ids >= 2**63 never wrap around), negative input_ids (naming the position), labels of another
+    length, an empty sample (unless ``allow_empty=True``: a zero-length segment), more than 2**31 - 1 tokens,
+    a batch over the static limits; a planned sample whose loads differ from its length entry; for vision:
+    pixels of mixed layouts or dtypes, grids that do not cover the pixels, placeholder runs that do not match
+    their grid (mRoPE), a ``video_grid_thw`` without ``video_token_id``.
     """
     return _pack_samples(samples, with_keywords("pack_batch", options, keywords))
 
@@ -84,6 +98,10 @@ class PackCollator:
     """
 
     def __init__(self, options: PackOptions | None = None, *, warmup: bool = True, **keywords: Any) -> None:
+        if isinstance(options, (list, tuple)):
+            raise TypeError(
+                f"PackCollator was called with a batch of {len(options)} samples: collate_fn must be an instance, "
+                "collate_fn=PackCollator(...) or PackCollator.for_model(model), not the class PackCollator")
         self.options = with_keywords("PackCollator", options, keywords)
         self.model_inputs: ModelInputs | None = None
         if warmup:
@@ -119,10 +137,10 @@ class PackCollator:
         return collator
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> PackedBatch:
-        batch = _pack_samples(samples, self.options)
-        if self.model_inputs is not None:
-            batch = PackedBatch._wrap(self.model_inputs.select(batch._fields))
-        return batch
+        if self.model_inputs is None:
+            return _pack_samples(samples, self.options)
+        batch = _pack_samples(samples, self.options, "num_items_in_batch" in self.model_inputs.keys)
+        return PackedBatch._wrap(self.model_inputs.select(batch._fields), batch.loss_counts)
 
     def __repr__(self) -> str:
         if self.model_inputs is not None:

@@ -67,7 +67,12 @@ def as_token_tensor(value: Any, index: int, field: str) -> torch.Tensor:
             raise TypeError(f"sample {index}: {field} must hold integers, got numpy dtype {value.dtype}")
         if value.dtype.kind == "u" and value.dtype.itemsize == 8 and value.ndim == 1:
             _check_int64_range(value.view(np.int64), index, field)
-        tensor = torch.from_numpy(np.ascontiguousarray(value, dtype=np.int64))
+        array = np.ascontiguousarray(value, dtype=np.int64)
+        if any(stride < 0 for stride in array.strides):
+            # numpy calls a one-element (or empty) view contiguous whatever its stride, and passes a reversed
+            # one through unchanged; torch refuses negative strides
+            array = array.copy()
+        tensor = torch.from_numpy(array)
     elif isinstance(value, (list, tuple, range)):
         if len(value) == 0:
             tensor = torch.empty(0, dtype=_INT64)

@@ -67,6 +67,7 @@ def pack_sequences(
     else:
         flat_ids, flat_labels = _concat(ids_in, labs_in, ids, labs)
         out = None
+    _check_non_negative(flat_ids, lens)
     fields = varlen_fields(layout.seg_lens, len(lens), flat_labels, num_slots=layout.num_slots,
                            mask_first_label=opts.labels.mask_first_label, ignore_index=opts.labels.ignore_index,
                            backend=opts.backend, out=out)
@@ -87,6 +88,21 @@ def pack_sequences(
         "max_length_q": max_seqlen,
         "max_length_k": max_seqlen,
     }
+
+
+def _check_non_negative(flat_ids: torch.Tensor, lens: list[int]) -> None:
+    """Token ids are indices into an embedding: a negative one (often ``ignore_index`` written into
+    ``input_ids``) is a ValueError naming the sample and the position."""
+    total = sum(lens)
+    if total == 0 or int(flat_ids[:total].min()) >= 0:
+        return
+    position = int(torch.nonzero(flat_ids[:total] < 0)[0])
+    sample, start = 0, 0
+    while start + lens[sample] <= position:
+        start += lens[sample]
+        sample += 1
+    raise ValueError(f"sample {sample}: input_ids[{position - start}] = {int(flat_ids[position])} is negative; token "
+                     "ids index the embedding and are never negative (labels take ignore_index, input_ids do not)")
 
 
 def _as_tensors(

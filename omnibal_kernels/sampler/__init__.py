@@ -20,10 +20,12 @@ Modules, each building on the ones before it:
 ``epochs``         one epoch's schedule over all ranks (groups interleaved, micro-steps); the epochs kept
 ``report``         what an epoch gives the ranks (``SamplerReport``)
 ``state``          the position in an epoch, and the state that resumes it (fingerprints checked)
+``steps``          what a batch carries besides its ids (``PlannedBatch``), and ``sampler.wrap(dataset)``
 ``batch_sampler``  ``BalancedBatchSampler`` itself
 =================  ==========================================================================================
 """
 from .batch_sampler import BalancedBatchSampler
 from .report import SamplerReport
+from .steps import PlannedBatch, PlannedDataset, PlannedStep
 
-__all__ = ["BalancedBatchSampler", "SamplerReport"]
+__all__ = ["BalancedBatchSampler", "PlannedBatch", "PlannedDataset", "PlannedStep", "SamplerReport"]

@@ -1,7 +1,10 @@
 """``BalancedBatchSampler``: the ``torch.utils.data.Sampler[list[int]]`` over the epochs' schedules."""
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -16,6 +19,7 @@ from .epochs import EpochCache, EpochSchedule, plan_epoch
 from .groups import build_groups
 from .report import SamplerReport, make_report, micro_step_loads
 from .state import Cursor, config_fingerprint, make_state, read_state, resume_position
+from .steps import PlannedBatch, PlannedDataset, planned_batch, step_label_counts
 
 __all__ = ["BalancedBatchSampler"]
 
@@ -25,16 +29,27 @@ def _shared_field(name: str) -> Any:
     return property(lambda self: getattr(self.options[0], name), doc=f"The options' ``{name}`` (every group's).")
 
 
+# Duplicates above this share of an epoch's samples are warned about (once per sampler).
+DUPLICATES_WARNING_FRACTION = 0.05
+
+
 class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yields, for this rank, one list of sample ids per micro-step: ``DataLoader(ds, batch_sampler=...)``.
+
+    Each list is a :class:`~omnibal_kernels.sampler.steps.PlannedBatch`, which also carries its micro-step's
+    place in the plan and, with label counts in the lengths, the optimizer step's label tokens over all ranks
+    and micro-steps. ``DataLoader(sampler.wrap(dataset), batch_sampler=sampler, collate_fn=PackCollator(...))``
+    hands that to the collator: every batch then has ``num_items_in_batch`` and each sample's loads are checked
+    against the lengths (:meth:`wrap`).
 
     Args:
         lengths: per-sample loads (``Lengths``, a ``(vit, llm)`` tuple, or a 1-D array of token counts);
             sample ``i`` is ``dataset[i]``.
         options: a :class:`~omnibal_kernels.balance.options.PlanOptions` for every group, or a sequence with
             one per group (:mod:`~omnibal_kernels.sampler.groups` says which fields may differ).
-        world_size, rank: data-parallel ranks and this one; default torch.distributed's when initialized,
-            else 1 and 0.
+        world_size, rank: data-parallel ranks and this one, both or neither; default torch.distributed's when
+            initialized, else 1 and 0 (with ``WORLD_SIZE > 1`` in the environment that is an error: call
+            ``torch.distributed.init_process_group`` first).
         method, target_batch_size, vit_capacity, llm_capacity, seed, drop_last, oversize, cost_model: fields
             of ``PlanOptions``, replacing those of ``options``; ``target_batch_size`` and the capacities may
             be sequences with one value per group. Capacities not given are searched once, on each group's
@@ -46,8 +61,14 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         dataset, num_samples: when given, the number of samples must equal ``len(lengths)``.
 
     Raises:
-        ValueError/TypeError: rank not in ``[0, world_size)``, too few packs for the ranks with ``drop_last``,
-            lengths not matching the dataset, bad groups or options (naming the argument, group or sample).
+        ValueError/TypeError: rank not in ``[0, world_size)``, only one of ``world_size`` and ``rank``,
+            ``WORLD_SIZE > 1`` without a process group, too few packs for the ranks with ``drop_last``, lengths
+            not matching the dataset, bad groups or options (naming the argument, group or sample).
+
+    Warns:
+        UserWarning: capacities raised past those of ``target_batch_size`` (at construction), an epoch whose
+            reused packs repeat more than 5% of its samples (once), and a wrapped dataset iterated without
+            label counts in the lengths outside :func:`omnibal_kernels.loss.step_batches` (once).
     """
 
     def __init__(
@@ -81,7 +102,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 raise ValueError(f"lengths has {n} samples but the dataset has {len(dataset)}")
         if num_samples is not None and num_samples != n:
             raise ValueError(f"lengths has {n} samples but num_samples is {num_samples}")
-        self.world_size, self.rank = default_world(world_size, rank)
+        self.world_size, self.rank = default_world(world_size, rank, owner="BalancedBatchSampler")
         self.micro_steps_per_step = check_positive_int("micro_steps_per_step", micro_steps_per_step)
         self._groups = build_groups(self.lengths, groups, options, world_size=self.world_size,
                                     micro_steps=self.micro_steps_per_step, method=method,
@@ -93,6 +114,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._cursor = Cursor()
         self._epochs = EpochCache(lambda e: plan_epoch(self._groups, self.world_size, self.micro_steps_per_step, e))
         self._sample_costs: Optional[np.ndarray] = None
+        self._wrapped = False  # wrap() was called: batches reach a collator that weights the loss
+        self._counted_per_step = False  # step_batches counts the label tokens (one all-reduce per step)
+        self._warned: set[str] = set()
         self._schedule()  # plan now: bad options fail at construction, not in the first DataLoader pass
 
     # ------------------------------------------------------------------------------------------ options
@@ -123,7 +147,18 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
     def _schedule(self, epoch: Optional[int] = None) -> EpochSchedule:
         """The schedule of ``epoch`` (checked; default: the current one)."""
         current = self._cursor.epoch
-        return self._epochs.get(current if epoch is None else check_epoch(epoch), current)
+        schedule = self._epochs.get(current if epoch is None else check_epoch(epoch), current)
+        if schedule.duplicated_fraction > DUPLICATES_WARNING_FRACTION and "duplicates" not in self._warned:
+            self._warned.add("duplicates")
+            slots = self.world_size * self.micro_steps_per_step
+            warnings.warn(
+                f"epoch {schedule.epoch}: {schedule.duplicated_fraction:.1%} of the epoch's samples are trained twice: "
+                f"its packs do not fill a whole number of optimizer steps of world_size {self.world_size} x "
+                f"micro_steps_per_step {self.micro_steps_per_step} = {slots} packs, and the ragged last step is "
+                f"filled with reused packs (packs hold about {schedule.mean_pack_size:.3g} samples); pass "
+                "drop_last=True to drop it instead, or use more samples, fewer ranks or smaller packs",
+                UserWarning, stacklevel=3)
+        return schedule
 
     @property
     def epoch(self) -> int:
@@ -139,11 +174,61 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         return self._schedule().num_micro_steps - self._cursor.start
 
     def __iter__(self) -> Iterator[list[int]]:
+        if _iterated_as_a_plain_sampler(self, sys._getframe(1)):
+            raise TypeError("BalancedBatchSampler yields whole batches: pass it as DataLoader(dataset, "
+                            "batch_sampler=sampler), not sampler=sampler")
+        if self._wrapped and self.lengths.label is None and not self._counted_per_step \
+                and "label counts" not in self._warned:
+            self._warned.add("label counts")
+            warnings.warn(
+                "the lengths carry no label counts, so the batches of sampler.wrap(dataset) get no "
+                "num_items_in_batch and a model's loss would be a mean per pack, not over the optimizer step: "
+                "iterate omnibal_kernels.step_batches(loader), which counts each step's label tokens with one "
+                "all-reduce, or load lengths with label counts", UserWarning, stacklevel=2)
+        return self._batches()
+
+    def _batches(self) -> Iterator[PlannedBatch]:
         schedule = self._schedule()
+        counts = self._step_counts(schedule)
         for i in range(self._cursor.begin_pass(), schedule.num_micro_steps):
             self._cursor.position = i + 1
-            yield schedule.batch(i, self.rank)
+            yield planned_batch(schedule, i, self.rank, self.lengths, self.micro_steps_per_step, counts)
         self._cursor.end_pass()
+
+    def _step_counts(self, schedule: EpochSchedule) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """Every optimizer step's label tokens and labelled samples (None without label counts), made once."""
+        if self.lengths.label is None:
+            return None
+        if schedule.step_counts is None:
+            schedule.step_counts = step_label_counts(schedule, self.lengths.label, self.micro_steps_per_step)
+        return schedule.step_counts
+
+    def wrap(self, dataset: Any, *, check_loads: bool = True) -> PlannedDataset:
+        """``dataset`` for ``DataLoader(sampler.wrap(dataset), batch_sampler=sampler, collate_fn=...)``.
+
+        The collator (:class:`~omnibal_kernels.packing.PackCollator`, ``pack_batch``) then receives each batch
+        with its :class:`~omnibal_kernels.sampler.steps.PlannedStep` (in DataLoader workers too: it travels with
+        the batch's indices) and gives every batch its ``num_items_in_batch``: the label tokens of the whole
+        optimizer step over all ranks and micro-steps, known from the plan when the lengths carry label
+        counts. A model's loss over it, times ``world_size`` under DDP (which averages gradients), has exactly
+        the gradient of the token mean over the optimizer step.
+
+        Args:
+            dataset: the map-style dataset the lengths describe (sample ``i`` is ``dataset[i]``).
+            check_loads: the collator checks every sample's tokens (``len(input_ids)``), ViT load (the first
+                dimension of ``pixel_values`` and ``pixel_values_videos``: tiles or patches) and label tokens
+                against its length entry, and raises ``ValueError`` naming the sample and both values on a
+                difference, before the pack is built (stale lengths would overfill packs).
+
+        Raises:
+            ValueError: the dataset's length is not the number of samples of the lengths.
+        """
+        if not hasattr(dataset, "__len__"):
+            raise TypeError("wrap: dataset must have a length (a map-style dataset)")
+        if len(dataset) != len(self.lengths):
+            raise ValueError(f"wrap: the dataset has {len(dataset)} samples but the lengths have {len(self.lengths)}")
+        self._wrapped = True
+        return PlannedDataset(dataset, check_loads=check_loads)
 
     # ------------------------------------------------------------------------------------------ state
 
@@ -183,13 +268,15 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         sample ids inside are group-local (``sampler.groups[g][id]`` is the dataset index)."""
         return self._schedule(epoch).plans
 
-    def rank_batches(self, rank: Optional[int] = None, epoch: Optional[int] = None) -> list[list[int]]:
-        """All batches of ``rank`` (default this one) for the epoch, from its start."""
+    def rank_batches(self, rank: Optional[int] = None, epoch: Optional[int] = None) -> list[PlannedBatch]:
+        """All batches of ``rank`` (default this one) for the epoch, from its start, as :meth:`__iter__` yields them."""
         rank = self.rank if rank is None else check_int("rank", rank)
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
         schedule = self._schedule(epoch)
-        return [schedule.batch(i, rank) for i in range(schedule.num_micro_steps)]
+        counts = self._step_counts(schedule)
+        return [planned_batch(schedule, i, rank, self.lengths, self.micro_steps_per_step, counts)
+                for i in range(schedule.num_micro_steps)]
 
     def micro_step_loads(self, epoch: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step."""
@@ -209,3 +296,14 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         return (f"BalancedBatchSampler(samples={len(self.lengths)}, world_size={self.world_size}, rank={self.rank}, "
                 f"method={self.method!r}, capacities={self.capacities}, micro_steps_per_step="
                 f"{self.micro_steps_per_step}, groups={len(self.groups)}, epoch={self.epoch})")
+
+
+def _iterated_as_a_plain_sampler(sampler: BalancedBatchSampler, caller: Optional[FrameType]) -> bool:
+    """Whether ``iter(sampler)`` was called by a DataLoader that takes it for a sampler of single indices: a
+    ``BatchSampler`` wrapping it (``DataLoader(sampler=...)``), or a loader without automatic batching."""
+    owner = caller.f_locals.get("self") if caller is not None else None
+    if type(owner) is torch.utils.data.BatchSampler and owner.sampler is sampler:
+        return True
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return isinstance(owner, _BaseDataLoaderIter) and not getattr(owner, "_auto_collation", True)

@@ -30,7 +30,10 @@ class EpochSchedule:
     pack_samples: np.ndarray  # global sample ids, pack after pack
     micro_packs: np.ndarray  # (num_micro_steps, world_size) int64
     fingerprint: str
+    duplicated_fraction: float = 0.0  # extra occurrences of samples in reused packs over distinct samples
+    mean_pack_size: float = 0.0  # distinct samples over distinct packs scheduled
     report: Any = None  # the epoch's SamplerReport, made when first asked for
+    step_counts: Any = None  # every optimizer step's label tokens and labelled samples, made when first asked for
 
     @property
     def num_micro_steps(self) -> int:
@@ -63,8 +66,14 @@ def plan_epoch(groups: SamplerGroups, world_size: int, micro_steps: int, epoch: 
         steps = steps[interleave_steps([p.num_steps for p in plans], groups.options[0].seed, epoch)]
     micro_packs = np.ascontiguousarray(steps.reshape(-1, world))
     pack_offsets, pack_samples = stacked.pack_offsets, stacked.pack_samples
+    sizes = np.diff(pack_offsets)
+    counts = np.bincount(micro_packs.reshape(-1), minlength=sizes.shape[0])
+    distinct = int(sizes[counts > 0].sum())
+    duplicated = int(((counts - 1).clip(min=0) * sizes).sum())
     return EpochSchedule(epoch, tuple(plans), pack_offsets, pack_samples, micro_packs,
-                         hash_arrays(pack_offsets, pack_samples, micro_packs))
+                         hash_arrays(pack_offsets, pack_samples, micro_packs),
+                         duplicated_fraction=duplicated / distinct if distinct else 0.0,
+                         mean_pack_size=distinct / max(int((counts > 0).sum()), 1))
 
 
 class EpochCache:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..balance.options import PlanOptions, plan_options
 from ..balance.packs import TooFewPacksError
-from ..balance.search import search_capacity
+from ..balance.search import Capacities, search_capacity
 from ..balance.seeds import epoch_seed
 from ..lengths import Lengths
 
@@ -32,11 +32,12 @@ _PER_GROUP_KEYWORDS = ("vit_capacity", "llm_capacity", "target_batch_size")
 @dataclass(frozen=True)
 class SamplerGroups:
     """The groups of a sampler: for each, its sorted global sample ids, its loads and its options (with
-    capacities, given or searched)."""
+    capacities, given or searched), and the search result where capacities were searched (else None)."""
 
     ids: tuple[np.ndarray, ...]
     lengths: tuple[Lengths, ...]
     options: tuple[PlanOptions, ...]
+    searched: tuple[Optional[Capacities], ...] = ()
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -162,14 +163,16 @@ def build_groups(lengths: Lengths, groups: Any, options: Union[PlanOptions, Sequ
     per_group = group_options(options, len(ids), **keywords)
     group_lengths = tuple(lengths[g] for g in ids)
     slots = world_size * micro_steps
-    searched = []
+    planned, searched = [], []
     for g, (part, opts) in enumerate(zip(group_lengths, per_group)):
+        caps = None
         if not opts.has_capacities:
             caps = search_capacity(part, options=opts, world_size=slots)
             opts = opts.replace(vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity)
         check_enough_packs(part, opts, world_size=world_size, micro_steps=micro_steps, where=_where(g, len(ids)))
-        searched.append(opts)
-    return SamplerGroups(tuple(ids), group_lengths, tuple(searched))
+        planned.append(opts)
+        searched.append(caps)
+    return SamplerGroups(tuple(ids), group_lengths, tuple(planned), tuple(searched))
 
 
 def check_enough_packs(lengths: Lengths, options: PlanOptions, *, world_size: int, micro_steps: int,

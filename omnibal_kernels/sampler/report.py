@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -32,6 +32,11 @@ class SamplerReport:
         dropped_samples: sorted ids of samples in no batch (oversize ``"drop"``, ``drop_last``).
         duplicated_samples: sorted ids of the extra occurrences of samples in reused packs (a sample that
             appears three times is listed twice).
+        duplicated_fraction: ``duplicated_samples.size / num_samples`` (above 5% the sampler warns).
+        predicted_batch_sizes: every group's predicted mean samples per pack where its capacities were searched
+            (None where they were given).
+        capacities_raised: every group: its searched capacities were raised past those of its
+            ``target_batch_size`` so that its largest sample fits (``search_capacity`` warns).
     """
 
     epoch: int
@@ -49,6 +54,9 @@ class SamplerReport:
     groups: tuple[BalanceReport, ...]
     dropped_samples: np.ndarray
     duplicated_samples: np.ndarray
+    duplicated_fraction: float = 0.0
+    predicted_batch_sizes: tuple[Optional[float], ...] = ()
+    capacities_raised: tuple[bool, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Numbers only (group reports as dicts, sample id lists as counts)."""
@@ -58,6 +66,9 @@ class SamplerReport:
             "step_efficiency")}
         out["dropped"] = int(self.dropped_samples.size)
         out["duplicated"] = int(self.duplicated_samples.size)
+        out["duplicated_fraction"] = self.duplicated_fraction
+        out["predicted_batch_sizes"] = list(self.predicted_batch_sizes)
+        out["capacities_raised"] = list(self.capacities_raised)
         out["groups"] = [g.to_dict() for g in self.groups]
         return out
 
@@ -86,13 +97,16 @@ def make_report(schedule: EpochSchedule, groups: SamplerGroups, micro_steps: int
             duplicated.append(np.repeat(ids[plan.pack(int(p))], counts[p] - 1))
     cost_model = groups.options[0].cost_model
     group_reports = tuple(balance_report(plan, part, cost_model) for plan, part in zip(schedule.plans, groups.lengths))
+    num_samples = int(sum(r.num_samples for r in group_reports))
+    duplicated_samples = np.sort(np.concatenate(duplicated)) if duplicated else np.zeros(0, np.int64)
+    searched = groups.searched or (None,) * len(groups)
     return SamplerReport(
         epoch=schedule.epoch,
         world_size=world,
         micro_steps_per_step=m,
         num_micro_steps=int(vit.shape[0]),
         num_steps=int(steps),
-        num_samples=int(sum(r.num_samples for r in group_reports)),
+        num_samples=num_samples,
         micro_vit_dist=dist_ratio(vit, min_denominator=1.0),
         micro_llm_dist=dist_ratio(llm),
         step_vit_dist=dist_ratio(step_vit, min_denominator=1.0),
@@ -101,5 +115,8 @@ def make_report(schedule: EpochSchedule, groups: SamplerGroups, micro_steps: int
         step_efficiency=mean_over_max(step_cost),
         groups=group_reports,
         dropped_samples=np.sort(np.concatenate(dropped)) if dropped else np.zeros(0, np.int64),
-        duplicated_samples=np.sort(np.concatenate(duplicated)) if duplicated else np.zeros(0, np.int64),
+        duplicated_samples=duplicated_samples,
+        duplicated_fraction=duplicated_samples.size / num_samples if num_samples else 0.0,
+        predicted_batch_sizes=tuple(None if c is None else float(c.predicted_batch_size) for c in searched),
+        capacities_raised=tuple(c is not None and bool(c.raised) for c in searched),
     )
