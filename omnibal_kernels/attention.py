@@ -377,20 +377,23 @@ def _sdpa_varlen(
     cu_q_np = cu_q.numpy().astype(np.int64)
     cu_k_np = cu_k.numpy().astype(np.int64)
     lens_q, lens_k = np.diff(cu_q_np), np.diff(cu_k_np)
-    heads, head_dim = q.shape[1], q.shape[2]
+    heads = q.shape[1]
     if k.shape[1] != heads:  # grouped-query attention: each key/value head serves heads // kv_heads queries
         k = k.repeat_interleave(heads // k.shape[1], dim=1)
         v = v.repeat_interleave(heads // v.shape[1], dim=1)
     groups = _length_groups(lens_q, lens_k)
+    if not groups:
+        # no segment has both queries and keys: zeros, as flash-attention returns, still attached to every
+        # input's graph, so that a backward through them gives each input its (zero) gradient
+        return q * 0.0 + (k.sum() + v.sum()) * 0.0
     # autograd sees one split per input (its backward is one cat), not a slice per segment (whose backwards
     # each write a gradient the size of the whole input); a single group of every segment needs no split
     whole = len(groups) == 1 and groups[0].shape[0] == lens_q.shape[0]
     parts = (None, None, None) if whole else tuple(
         x.split(lens.tolist()) for x, lens in ((q, lens_q), (k, lens_k), (v, lens_k)))
     pieces: list[tuple[int, torch.Tensor]] = []  # (first query row, that segment's output rows)
-    # queries of segments without any key attend to nothing: zeros, as flash-attention returns
-    for s in np.flatnonzero((lens_q > 0) & (lens_k == 0)):
-        pieces.append((int(cu_q_np[s]), q.new_zeros(int(lens_q[s]), heads, head_dim)))
+    for s in np.flatnonzero((lens_q > 0) & (lens_k == 0)):  # queries without any key: zeros, attached to q
+        pieces.append((int(cu_q_np[s]), parts[0][int(s)] * 0.0))
     for group in groups:
         lq, lk = int(lens_q[group[0]]), int(lens_k[group[0]])
         mask, row_ok = _bottom_right_mask(lq, lk, q.device) if causal and lq != lk else (None, None)
@@ -404,7 +407,5 @@ def _sdpa_varlen(
         if whole:
             return out.reshape(q.shape)
         pieces += [(int(cu_q_np[s]), rows) for s, rows in zip(group, out.unbind(0))]
-    if not pieces:
-        return q * 0.0  # no tokens at all: (0, heads, head_dim), still attached to q's graph
     pieces.sort(key=lambda piece: piece[0])
     return torch.cat([rows for _, rows in pieces])

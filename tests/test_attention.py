@@ -161,6 +161,37 @@ def test_gradients_match_reference(causal: bool) -> None:
         torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=12),
+    same_keys=st.booleans(),
+    causal=st.booleans(),
+    heads=st.sampled_from([(2, 2), (4, 2), (3, 1)]),
+    seed=st.integers(0, 2**16),
+)
+def test_sdpa_values_and_gradients_match_the_per_sequence_reference(
+    pairs: list[tuple[int, int]], same_keys: bool, causal: bool, heads: tuple[int, int], seed: int
+) -> None:
+    """Any lengths (0 and 1 included, queries and keys apart or equal, repeated lengths that share one call):
+    the CPU path's outputs and the gradients of q, k and v equal those of each sequence attended alone."""
+    lengths_q = [a for a, _ in pairs]
+    lengths_k = lengths_q if same_keys else [b for _, b in pairs]
+    cu_q, cu_k = _cu(lengths_q), _cu(lengths_k)
+    base = _qkv(sum(lengths_q), heads[0], heads[1], 8, total_k=sum(lengths_k), seed=seed)
+    grad_out = torch.randn(sum(lengths_q), heads[0], 8, generator=torch.Generator().manual_seed(seed + 1))
+    keys = {} if same_keys else dict(cu_seqlens_k=cu_k, max_seqlen_k=max(lengths_k))
+    results = []
+    for fn in (lambda a, b, c: varlen_attention(a, b, c, cu_q, max(lengths_q), causal=causal, backend="sdpa", **keys),
+               lambda a, b, c: varlen_attention_reference(a, b, c, cu_q, causal=causal,
+                                                          cu_seqlens_k=None if same_keys else cu_k)):
+        inputs = [x.clone().requires_grad_() for x in base]
+        out = fn(*inputs)
+        out.backward(grad_out)
+        results.append([out.detach()] + [x.grad for x in inputs])
+    for ours, ref in zip(*results):
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_empty_batch_of_zero_length_sequences() -> None:
     q, k, v = (x.requires_grad_() for x in _qkv(0, 2, 2, 8))
     out = varlen_attention(q, k, v, _cu([0, 0]), 0)
