@@ -36,17 +36,19 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..packing import pack_batch, warmup
+from ..packing import warmup
 from ..testing.models import causal_lm_loss
 from ..testing.processes import free_port
-from ..testing.tiny_vlm import TinyVLM, make_sample
+from ..testing.tiny_vlm import TinyVLM
 from .runner import Config, register
-from .training import FIELDS, MODES, Sizes, Workload, padded_batch, run_schedule, summarize
+from .training import FIELDS, MODES, Sizes, Workload, build_batches, padded_batch, run_schedule, summarize
 
 __all__ = ["FULL", "QUICK", "padded_batch", "run"]
 
-# 8 samples per micro-batch (about 580 tokens) at width 256: the matrix products, not the few thousand
-# operator calls of a step, take most of its time, and the padded batches pay for their padding in them.
+# 12 samples per micro-batch (about 870 tokens) at width 256, so that the matrix products, which the padded
+# batches pay for their padding in, take most of a step rather than its thousands of operator calls (the fitted
+# model in the report splits a step into its per-pack and per-token terms). --quick trains the same shapes on
+# fewer samples, one round.
 FULL = Sizes(samples=1024, batch=12, hidden=256, layers=2, rounds=2, calibration_packs=64)
 QUICK = Sizes(samples=384, batch=12, hidden=256, layers=2, rounds=1, calibration_packs=32, calibration_steps=2)
 
@@ -88,17 +90,6 @@ class _Replica:
         return np.array([cpu - self.state["thread"], wall - self.state["wall"], self.state["wall"], wall])
 
 
-def _batches(work: Workload, rank: int, seed: int) -> dict[str, list]:
-    """This rank's batches of every mode, built before any timing."""
-    build = {"random": padded_batch, "balanced": pack_batch, "calibration": pack_batch}
-    out = {}
-    for mode in MODES:
-        lengths, packs = work.mode_lengths(mode), work.rank_packs(mode, rank)
-        samples = {int(i): make_sample(lengths, int(i), seed) for i in np.unique(np.concatenate(packs))}
-        out[mode] = [build[mode]([samples[int(i)] for i in p]) for p in packs]
-    return out
-
-
 def _worker(rank: int, port: int, sizes: Sizes, seed: int, out_path: str) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
@@ -108,7 +99,7 @@ def _worker(rank: int, port: int, sizes: Sizes, seed: int, out_path: str) -> Non
         model = TinyVLM(hidden=sizes.hidden, vit_hidden=sizes.hidden // 2, layers=sizes.layers)
         flops = model.cost_model()
         work = Workload.build(sizes, seed, flops)
-        batches = _batches(work, rank, seed)
+        batches = build_batches(work, rank, seed)
         replicas = {m: _Replica(copy.deepcopy(model)) for m in MODES}
 
         def step(mode: str, r: int, pack: int) -> np.ndarray:

@@ -2,23 +2,24 @@
 calibrated in the same run that predicts them.
 
 Shared by the suite's DDP part (:mod:`omnibal_kernels.bench.ddp`: two CPU processes, gloo) and the GPU check
-(``benchmarks/bench_train_gpu.py``: one CUDA device). The pieces:
+(``benchmarks/bench_train_gpu.py``: every rank in turn on one CUDA device, :func:`measure_on_device`). The pieces:
 
-* :class:`Workload`: the samples (the bundled loads scaled by 1/16, :func:`~omnibal_kernels.testing.tiny_vlm.scaled_lengths`,
-  one ViT sequence per tile), and three sets of packs over them: ``random`` (a seeded permutation cut into
-  micro-batches of ``batch`` samples, each trained as a dense ``(batch, longest)`` padded batch: the padding is
-  computed, as a padding collator makes a model compute it), ``balanced`` (``plan_packs`` packs of about ``batch``
-  samples under the FLOP cost of the model's shapes, each trained as one ``pack_batch`` varlen row) and
-  ``calibration`` (packs of samples of their own, packed alike: each pack draws its number of samples, their
-  tiles and their text length apart, so that the fit can tell every term from the others; packs of the run's
-  samples cannot, as their LLM tokens are mostly the tiles' 16 placeholders each and grow with the samples).
+* :class:`Workload`: the samples (the bundled loads scaled by 1/16,
+  :func:`~omnibal_kernels.testing.tiny_vlm.scaled_lengths`, one ViT sequence per tile), and three sets of packs over
+  them: ``random`` (a seeded permutation cut into micro-batches of ``batch`` samples, each trained as a dense
+  ``(batch, longest)`` padded batch: the padding is computed, as a padding collator makes a model compute it),
+  ``balanced`` (``plan_packs`` packs of about ``batch`` samples under the FLOP cost of the model's shapes, each
+  trained as one ``pack_batch`` varlen row) and ``calibration`` (packs of samples of their own, packed alike: each
+  pack draws its number of samples, their tiles and their text length apart, so that the fit can tell every term
+  from the others; packs of the run's samples cannot, as their LLM tokens are mostly the tiles' 16 placeholders each
+  and grow with the samples).
 * :func:`run_schedule`: three replicas of the model (same initial weights, an optimizer each) take turns, one
   step at a time: a ``random`` step, a ``balanced`` step (which goes first alternates) and a ``calibration``
   step, ``rounds`` times over the epoch. Every step is a real training step (forward, backward, optimizer).
   Taking turns step by step puts the three under the same machine: on a shared CPU the speed of a core drifts
   by tens of percent within a minute, which would otherwise fall on one mode, or between the calibration and
   the run it predicts.
-* :func:`summarize`: the calibration packs' times (median over their runs) fit ``CostModel.fit`` (half of them
+* :func:`summarize`: the calibration packs' times (mean over their runs) fit ``CostModel.fit`` (half of them
   held out); the fitted model predicts every ``random`` and ``balanced`` step of every rank (a padded batch as
   ``batch`` samples of its longest sample's tokens, the tiles as they are), and the report puts the measured
   and predicted busy time of every rank, and the epoch time and speed-up they give, side by side. A step lasts
@@ -30,6 +31,8 @@ transfer); its ``wall`` time is the step's ``time.perf_counter`` duration, waiti
 """
 from __future__ import annotations
 
+import copy
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -38,10 +41,13 @@ import numpy as np
 from .._progress import progress_bar
 from ..balance import CostModel, Plan, plan_packs
 from ..lengths import Lengths
-from ..testing.tiny_vlm import PATCHES, scaled_lengths
+from ..packing import pack_batch
+from ..testing.models import causal_lm_loss
+from ..testing.tiny_vlm import PATCHES, TinyVLM, make_sample, scaled_lengths
 from .baselines import random_padded_plan
 
-__all__ = ["FIELDS", "MODES", "Sizes", "Workload", "padded_batch", "run_schedule", "summarize"]
+__all__ = ["FIELDS", "MODES", "Sizes", "Workload", "build_batches", "measure_on_device", "padded_batch",
+           "run_schedule", "summarize"]
 
 MODES = ("random", "balanced", "calibration")
 # What every timed step records, in this order: busy on the robust clock (all-reduce excluded), busy on the wall
@@ -56,6 +62,10 @@ CALIBRATION_TILES = (1, 5)
 CALIBRATION_TEXT = (4, 130)
 CALIBRATION_JITTER = 8
 CALIBRATION_MAX_TOKENS = 1800
+# Issue 17's targets for the measured run: balanced packs at least this much faster than random padded batches,
+# and the calibrated model's speed-up and per-rank busy times within this relative error of the measured ones.
+SPEEDUP_TARGET = 1.2
+AGREEMENT_TARGET = 0.10
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,7 @@ class Sizes:
         samples: samples drawn from the bundled loads (scaled by 1/16).
         batch: samples per random padded micro-batch, and the balanced packs' target.
         hidden: the LLM width (the ViT is half as wide); layers: blocks of each.
-        rounds: epochs of every mode (each step's time is its fastest over the rounds).
+        rounds: epochs of every mode (each step's time is its mean over the rounds).
         calibration_packs: packs the fit is made on.
         calibration_steps: calibration steps after every step of the two measured modes.
         world_size: data-parallel ranks.
@@ -154,7 +164,7 @@ class Workload:
     calibration_steps: int = 1
 
     @classmethod
-    def build(cls, sizes: Sizes, seed: int, cost_model: CostModel) -> "Workload":
+    def build(cls, sizes: Sizes, seed: int, cost_model: CostModel) -> Workload:
         """The workload of ``sizes``; ``cost_model`` (the model's FLOP estimate) plans the balanced packs."""
         lengths = _tile_lengths(scaled_lengths(sizes.samples, seed))
         plans = {
@@ -162,6 +172,10 @@ class Workload:
             "balanced": plan_packs(lengths, world_size=sizes.world_size, target_batch_size=sizes.batch,
                                    cost_model=cost_model, seed=seed),
         }
+        runs = sizes.rounds * max(p.num_steps for p in plans.values()) * sizes.calibration_steps * sizes.world_size
+        if runs < sizes.calibration_packs:
+            raise ValueError(f"sizes: {sizes.calibration_packs} calibration packs but only {runs} calibration runs "
+                             "(rounds x steps x calibration_steps x world_size); fewer packs or more steps")
         extra, packs = calibration_workload(sizes.calibration_packs, seed)
         return cls(lengths, plans, extra, packs, sizes.calibration_steps)
 
@@ -266,7 +280,7 @@ def _epoch(busy: np.ndarray) -> float:
 
 
 def _calibrate(work: Workload, records: dict[str, np.ndarray], seed: int, flops: CostModel) -> tuple[Any, Any]:
-    """``CostModel.fit`` on the median busy time of every calibration pack over all its runs: on all packs (the
+    """``CostModel.fit`` on the mean busy time of every calibration pack over all its runs: on all packs (the
     model that predicts the run) and on half of them, predicting the other half (its held-out error)."""
     busy = records["calibration"][..., 0].reshape(-1)
     which = records["calibration_pack"].reshape(-1)
@@ -290,25 +304,29 @@ def summarize(work: Workload, records: dict[str, np.ndarray], *, seed: int, flop
     Returns:
         A flat dict; ``<mode>_busy_s`` / ``<mode>_busy_predicted_s`` are per rank, ``<mode>_s`` the epoch (slowest
         rank per step, robust clock), ``<mode>_wall_s`` the epoch on the wall clock; ``speedup`` (robust clock),
-        ``speedup_predicted`` and ``speedup_wall`` are balanced over random padded in tokens per second.
+        ``speedup_predicted`` and ``speedup_wall`` are balanced over random padded in tokens per second;
+        ``busy_error_max`` the largest relative error of a rank's predicted busy time, ``speedup_error`` the
+        predicted speed-up's, ``misses`` the targets (``targets``: :data:`SPEEDUP_TARGET`,
+        :data:`AGREEMENT_TARGET`) missed; ``calibration`` the fit (model, errors, held-out errors beside the
+        FLOP estimate's).
     """
     fit, held = _calibrate(work, records, seed, flops)
     out: dict[str, Any] = {}
     per_step_errors = []
     for mode in ("random", "balanced"):
-        median = np.mean(records[mode], axis=0)  # (steps, ranks, fields), each step's mean over the rounds
-        busy, predicted = median[..., 0], work.predicted(fit.model, mode)
+        mean = np.mean(records[mode], axis=0)  # (steps, ranks, fields), each step's mean over the rounds
+        busy, predicted = mean[..., 0], work.predicted(fit.model, mode)
         tokens = work.tokens(mode)
         out[f"{mode}_steps"] = int(busy.shape[0])
         out[f"{mode}_tokens"] = tokens
         out[f"{mode}_s"] = _epoch(busy)
         out[f"{mode}_predicted_s"] = _epoch(predicted)
-        out[f"{mode}_wall_s"] = _epoch(median[..., 3])
+        out[f"{mode}_wall_s"] = _epoch(mean[..., 3])
         out[f"{mode}_tokens_per_s"] = tokens / out[f"{mode}_s"]
         out[f"{mode}_busy_s"] = busy.sum(axis=0).tolist()
         out[f"{mode}_busy_predicted_s"] = predicted.sum(axis=0).tolist()
-        out[f"{mode}_busy_wall_s"] = median[..., 1].sum(axis=0).tolist()
-        out[f"wait_fraction_{mode}"] = float(median[..., 2].sum() / median[..., 3].sum())
+        out[f"{mode}_busy_wall_s"] = mean[..., 1].sum(axis=0).tolist()
+        out[f"wait_fraction_{mode}"] = float(mean[..., 2].sum() / mean[..., 3].sum())
         out[f"{mode}_rounds_s"] = [round(_epoch(r[..., 0]), 4) for r in records[mode]]
         per_step_errors.append(np.abs(predicted / busy - 1).reshape(-1))
     ratio = work.tokens("balanced") / work.tokens("random")
@@ -320,19 +338,120 @@ def summarize(work: Workload, records: dict[str, np.ndarray], *, seed: int, flop
     out["busy_error_max"] = float(np.max(np.abs(busy_errors)))
     out["speedup_error"] = out["speedup_predicted"] / out["speedup"] - 1
     out["step_error_median"] = float(np.median(np.concatenate(per_step_errors)))
+    out["targets"] = {"speedup": SPEEDUP_TARGET, "agreement": AGREEMENT_TARGET}
+    out["misses"] = _misses(out)
     out["padding_random"] = work.padding()
     out["samples"] = len(work.lengths)
     out["input_tokens"] = int(work.lengths.llm.sum())
     out["calibration"] = _fit_summary(fit, held, records)
-    import os
-    if os.environ.get("RAW"):
-        out["raw"] = {k: v.tolist() for k, v in records.items()}
     return out
+
+
+def _misses(out: dict[str, Any]) -> list[str]:
+    """The targets a summary misses, each with its number."""
+    misses = []
+    if out["speedup"] < SPEEDUP_TARGET:
+        misses.append(f"measured speed-up {out['speedup']:.3f}x < {SPEEDUP_TARGET}x")
+    if abs(out["speedup_error"]) > AGREEMENT_TARGET:
+        misses.append(f"predicted speed-up {out['speedup_error']:+.1%} off the measured one")
+    if out["busy_error_max"] > AGREEMENT_TARGET:
+        misses.append(f"a rank's predicted busy time {out['busy_error_max']:.1%} off its measured one")
+    return misses
 
 
 def _fit_summary(fit: Any, held: Any, records: dict[str, np.ndarray]) -> dict[str, Any]:
     errors = held.to_dict()
-    return {"packs": int(fit.seconds.shape[0]), "runs_per_pack": records["calibration_pack"].size / fit.seconds.shape[0],
+    packs = int(fit.seconds.shape[0])
+    return {"packs": packs, "runs_per_pack": records["calibration_pack"].size / packs,
             "model": fit.model.to_dict(), "fit_error": fit.to_dict()["fit_error"],
             "heldout_packs": int(held.heldout_packs.shape[0]), "heldout_error": errors["heldout_error"],
             "flops_heldout_error": errors["reference_heldout_error"]}
+
+
+def build_batches(work: Workload, rank: int, seed: int) -> dict[str, list]:
+    """``rank``'s batches of every mode, in step order (calibration: every calibration pack): ``padded_batch``
+    for ``random``, ``pack_batch`` otherwise; built before anything is timed."""
+    build: dict[str, Callable[[list[dict[str, Any]]], Any]] = {
+        "random": padded_batch, "balanced": pack_batch, "calibration": pack_batch}
+    out = {}
+    for mode in MODES:
+        lengths, packs = work.mode_lengths(mode), work.rank_packs(mode, rank)
+        samples = {int(i): make_sample(lengths, int(i), seed) for i in np.unique(np.concatenate(packs))}
+        out[mode] = [build[mode]([samples[int(i)] for i in p]) for p in packs]
+    return out
+
+
+class _DeviceReplica:
+    """One mode's model and optimizer on one device, trained by every rank in turn; no all-reduce. The busy
+    clock is CUDA events on a GPU (under bfloat16 autocast, as GPU training runs), the thread's CPU time on
+    the CPU."""
+
+    def __init__(self, model: Any, device: Any) -> None:
+        import torch
+
+        self.torch, self.device = torch, device
+        self.model = model.to(device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, fused=True)
+
+    def step(self, batch: Any) -> np.ndarray:
+        """One training step; returns its times in the order of ``FIELDS``."""
+        torch, cuda = self.torch, self.device.type == "cuda"
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        wall, cpu = time.perf_counter(), time.thread_time()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            logits = self.model(**batch)
+        causal_lm_loss(logits.float(), batch["labels"]).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            end.record()
+            end.synchronize()
+            busy = start.elapsed_time(end) / 1e3
+        else:
+            busy = time.thread_time() - cpu
+        wall = time.perf_counter() - wall
+        return np.array([busy, wall, 0.0, wall])
+
+
+def measure_on_device(sizes: Sizes, seed: int, device: Any, progress: Optional[bool] = None) -> dict[str, Any]:
+    """The measurement of this module with every rank on one device, in turn: each rank's step is a whole
+    training step of its mode's replica (forward, backward, optimizer), so a step of ``sizes.world_size``
+    ranks lasts, as under DDP, as long as its slowest rank (no all-reduce to wait in).
+
+    Args:
+        sizes: the workload's sizes (``world_size`` ranks share the device).
+        seed: the samples, the plans, the initial weights and the fit's held-out draw.
+        device: a ``torch.device`` (``cuda``: CUDA-event busy times under bfloat16 autocast; ``cpu``: thread
+            CPU time, float32).
+        progress: a progress bar on stderr (default: when stderr is a terminal).
+
+    Returns:
+        :func:`summarize`'s entry plus ``flops_model`` and ``device``.
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    model = TinyVLM(hidden=sizes.hidden, vit_hidden=sizes.hidden // 2, layers=sizes.layers)
+    flops = model.cost_model()
+    work = Workload.build(sizes, seed, flops)
+    batches = {r: {m: [_on(b, device) for b in bs] for m, bs in build_batches(work, r, seed).items()}
+               for r in range(sizes.world_size)}
+    replicas = {m: _DeviceReplica(copy.deepcopy(model), device) for m in MODES}
+
+    def step(mode: str, r: int, pack: int) -> np.ndarray:
+        mode_batches = batches[r][mode]
+        return replicas[mode].step(mode_batches[pack if pack >= 0 else (-1 - pack) % len(mode_batches)])
+
+    records = run_schedule(work, sizes, list(range(sizes.world_size)), step, progress=progress)
+    result = summarize(work, records, seed=seed, flops=flops)
+    result.update(flops_model=flops.to_dict(), device=str(device))
+    return result
+
+
+def _on(batch: Any, device: Any) -> Any:
+    """A packed batch (``PackedBatch.to``) or a padded one (a dict of tensors and None) on ``device``."""
+    if not isinstance(batch, dict):
+        return batch.to(device)
+    return {k: None if v is None else v.to(device) for k, v in batch.items()}

@@ -130,7 +130,7 @@ class TinyVLM(nn.Module):
         if pixel_values is not None and pixel_values.shape[0]:
             patches = self.patch_embed(pixel_values).flatten(2).transpose(1, 2) + self.vit_pos  # (tiles, P, C)
             h = patches.reshape(-1, patches.shape[-1])
-            cu = torch.arange(pixel_values.shape[0] + 1, dtype=torch.int32) * PATCHES  # one sequence per tile
+            cu = _tile_cu(h.shape[0], h.device)  # one sequence per tile
             for block in self.vit_blocks:
                 h = block(h, cu)
             where = (input_ids == IMAGE_TOKEN).nonzero(as_tuple=True)  # row-major: sample, then position
