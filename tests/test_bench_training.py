@@ -147,3 +147,18 @@ def test_one_device_path_trains_every_mode_on_the_cpu() -> None:
         assert out[f"wait_fraction_{mode}"] == 0.0  # one device: nothing to wait for
     assert out["calibration"]["packs"] == 8 and np.isfinite(out["busy_error_max"])
     assert set(CostModel.from_dict(out["calibration"]["model"]).to_dict()) == set(out["flops_model"])
+
+
+def test_calibration_packs_hold_distinct_lengths_within_their_ranges() -> None:
+    from omnibal_kernels.bench import training
+
+    lengths, packs = training.calibration_workload(200, seed=5)
+    assert sorted(np.concatenate(packs).tolist()) == list(range(len(lengths)))
+    text = lengths.llm - lengths.vit * training.PATCHES
+    for p in packs:
+        assert training.CALIBRATION_SAMPLES[0] <= p.shape[0] <= training.CALIBRATION_SAMPLES[1]
+        assert np.unique(lengths.llm[p]).shape[0] == p.shape[0]  # one sdpa call per sample, as in the run's packs
+        assert np.unique(lengths.vit[p]).shape[0] == 1
+        assert lengths.llm[p].sum() <= training.CALIBRATION_MAX_TOKENS
+        assert text[p].min() >= training.CALIBRATION_TEXT[0] and text[p].max() <= training.CALIBRATION_TEXT[1]
+        assert np.ptp(text[p]) <= 2 * training.CALIBRATION_JITTER

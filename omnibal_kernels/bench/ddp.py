@@ -47,9 +47,10 @@ __all__ = ["FULL", "QUICK", "padded_batch", "run"]
 
 # 12 samples per micro-batch (about 870 tokens) at width 256, so that the matrix products, which the padded
 # batches pay for their padding in, take most of a step rather than its thousands of operator calls (the fitted
-# model in the report splits a step into its per-pack and per-token terms). --quick trains the same shapes on
-# fewer samples, one round.
-FULL = Sizes(samples=1024, batch=12, hidden=256, layers=2, rounds=2, calibration_packs=64)
+# model in the report splits a step into its per-pack and per-token terms). Two calibration steps after every
+# measured pair: the fit's six terms take more runs than a step's prediction, and a run on the shared machine
+# varies by tens of percent. --quick trains the same shapes on fewer samples, one round.
+FULL = Sizes(samples=1024, batch=12, hidden=256, layers=2, rounds=2, calibration_packs=64, calibration_steps=2)
 QUICK = Sizes(samples=384, batch=12, hidden=256, layers=2, rounds=1, calibration_packs=32, calibration_steps=2)
 
 

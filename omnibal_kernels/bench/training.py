@@ -53,8 +53,9 @@ MODES = ("random", "balanced", "calibration")
 # What every timed step records, in this order: busy on the robust clock (all-reduce excluded), busy on the wall
 # clock, the wall time inside the all-reduce, the whole step on the wall clock.
 FIELDS = ("busy", "busy_wall", "allreduce_wall", "step_wall")
-# Calibration packs (see calibration_workload): samples per pack, tiles per sample, text tokens per sample (each
-# sample of a pack within +-CALIBRATION_JITTER of the pack's), and the most LLM tokens a pack holds. The ranges
+# Calibration packs (see calibration_workload): samples per pack, tiles per sample, text tokens per sample (the
+# samples of a pack distinct, within +-CALIBRATION_JITTER of the pack's centre; 2 * CALIBRATION_JITTER + 1 is at
+# least the most samples of a pack), and the most LLM tokens a pack holds. The ranges
 # cover the steps the fit predicts: balanced packs of about `batch` samples, padded rows of up to 148 tokens.
 # At least one tile per sample: DDP needs a gradient for every parameter, the ViT's included, in every step.
 CALIBRATION_SAMPLES = (2, 16)
@@ -121,8 +122,9 @@ def calibration_workload(num_packs: int, seed: int) -> tuple[Lengths, list[np.nd
 
     Pack ``p`` holds ``k`` samples of ``a`` tiles and about ``b`` text tokens each (``k``, ``a``, ``b`` drawn
     uniformly, apart; a pack over ``CALIBRATION_MAX_TOKENS`` is drawn again), so tiles, tokens, samples and the
-    squares of the sample lengths vary on their own from pack to pack; the samples' text lengths differ by a
-    few tokens, so that the attention computes every sample alone, as in the run's packs.
+    squares of the sample lengths vary on their own from pack to pack; the samples' text lengths are distinct,
+    a few tokens apart, so that the sdpa attention makes one call per sample, as on the run's packs, whose
+    samples' lengths mostly differ.
     """
     rng = np.random.default_rng([seed, 7])
     tiles: list[np.ndarray] = []
@@ -130,8 +132,8 @@ def calibration_workload(num_packs: int, seed: int) -> tuple[Lengths, list[np.nd
     while len(tiles) < num_packs:
         k = int(rng.integers(CALIBRATION_SAMPLES[0], CALIBRATION_SAMPLES[1] + 1))
         a = int(rng.integers(CALIBRATION_TILES[0], CALIBRATION_TILES[1] + 1))
-        b = rng.integers(CALIBRATION_TEXT[0], CALIBRATION_TEXT[1] + 1)
-        t = np.maximum(b + rng.integers(-CALIBRATION_JITTER, CALIBRATION_JITTER + 1, k), 1)
+        b = rng.integers(CALIBRATION_TEXT[0] + CALIBRATION_JITTER, CALIBRATION_TEXT[1] - CALIBRATION_JITTER + 1)
+        t = b + rng.choice(np.arange(-CALIBRATION_JITTER, CALIBRATION_JITTER + 1), k, replace=False)
         if int((a * PATCHES + t).sum()) <= CALIBRATION_MAX_TOKENS:
             tiles.append(np.full(k, a))
             text.append(t)

@@ -1,16 +1,16 @@
 """Attention for transformers models in which each packed sample attends only to itself, nothing padded.
 
-transformers' ``sdpa`` and ``eager`` attention train a packed row under a ``(T, T)`` block-diagonal mask:
-their cost grows with the square of the pack's length, ``(sum_i t_i)**2``, which no sum of per-sample costs
-describes, and which flash-attention's varlen kernels (what packed training runs on GPUs) do not pay. Models
-that are timed to fit a cost model therefore run this attention where flash-attention is not available (on the
-CPU): registered as ``attn_implementation="omnibal_segments"``, it finds the samples of the row where the
-text positions restart at 0 and runs the package's varlen attention on them
-(:func:`omnibal_kernels.attention.varlen_attention`, ``backend="sdpa"``: one SDPA call per group of samples of
-equal length, nothing padded), so a pack costs what its samples cost. transformers builds no mask for an implementation it does not
-know, and passes the text positions to the attention of Llama, Qwen2, Qwen-VL and InternVL text models. The
-Qwen-VL vision towers call it once per image (or window) already, without positions: one sequence, not causal.
-A plain ``(T, T)`` row without restarts is one sequence too. Sliding windows are not supported.
+transformers' ``sdpa`` and ``eager`` attention train a packed row under a ``(T, T)`` block-diagonal mask: their
+cost grows with the square of the pack's length, ``(sum_i t_i)**2``, which no sum of per-sample costs describes,
+and which flash-attention's varlen kernels (what packed training runs on GPUs) do not pay. Models that are timed
+to fit a cost model therefore run this attention where flash-attention is not available (on the CPU): registered
+as ``attn_implementation="omnibal_segments"``, it finds the samples of the row where the text positions restart at
+0 and runs the package's varlen attention on them (:func:`omnibal_kernels.attention.varlen_attention`,
+``backend="sdpa"``: one SDPA call per group of samples of equal length, nothing padded), so a pack costs what its
+samples cost. transformers builds no mask for an implementation it does not know, and passes the text positions to
+the attention of Llama, Qwen2, Qwen-VL and InternVL text models. The Qwen-VL vision towers call it once per image
+(or window) already, without positions: one sequence, not causal. A plain ``(T, T)`` row without restarts is one
+sequence too. Sliding windows are not supported.
 """
 from __future__ import annotations
 
