@@ -184,8 +184,10 @@ def _short(name: str) -> str:
 
 def print_balance(rows: list[dict[str, Any]], markdown: bool) -> None:
     if markdown:
-        print("| model, stages | ViT on stage 0 | uniform | exact | uniform recompute -> per-rank plan (exact) | total |")
-        print("| ------------- | -------------: | ------: | ----: | -----------------------------------------: | ----: |")
+        print("| model, stages | ViT on stage 0 | uniform | exact "
+              "| uniform recompute -> per-rank plan (exact) | total |")
+        print("| ------------- | -------------: | ------: | ----: "
+              "| -----------------------------------------: | ----: |")
         for r in rows:
             vf = "does not fit" if np.isnan(r["vit-first"]) else f"{r['vit-first'] / 1e3:.1f}"
             print(f"| {_short(r['model'])}, {r['stages']} | {vf} | {r['uniform'] / 1e3:.1f} | {r['exact'] / 1e3:.1f} | "

@@ -213,11 +213,12 @@ def add_lengths_parser(subparsers: Any) -> None:
         "lengths",
         help="build a length file (vit/llm loads) from image sizes and text lengths",
         description="Read records (JSON list or JSON lines) with image sizes and text token counts and write the "
-                    "per-sample vit/llm loads as an OmniBal .json or an .npz length file.",
+                    "per-sample vit/llm loads and ViT sequence lengths (one per InternVL tile, one per Qwen2-VL "
+                    "image or video frame group) as an OmniBal .json, a .jsonl or an .npz length file.",
     )
     p.add_argument("input", type=Path, nargs="?", help="records: JSON list or JSON lines (raw data with --tokenizer)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="length file to write (.json or .npz)")
-    p.add_argument("--model", choices=(*MODELS, "qwen2.5vl"), default="internvl")
+    p.add_argument("-o", "--output", type=Path, required=True, help="length file to write (.json, .jsonl or .npz)")
+    p.add_argument("--model", choices=MODELS, default="internvl")
     p.add_argument("--sizes-key", default="image_sizes",
                    help="field with [width, height] or a list of them (else 'width'/'height' fields)")
     p.add_argument("--text-key", default="text_tokens", help="field with the text token count or token list")

@@ -2,8 +2,8 @@
 
 Run as a script (with TRITON_INTERPRET unset, so the kernels are real JIT functions): prints one line per
 kernel configuration, tab-separated: "ok", NAME, LOADS, STORES (the global memory instructions of the PTX, as
-JSON), or "FAILED", NAME, the error; exits 1 if any failed. The signatures are those the launchers pass: tensors as typed
-pointers (raw-bits integer views where the launcher copies bits), Python ints as i32 (i64 where they can pass
+JSON), or "FAILED", NAME, the error; exits 1 if any failed. The signatures are those the launchers pass: tensors as
+typed pointers (raw-bits integer views where the launcher copies bits), Python ints as i32 (i64 where they can pass
 2**31), constexprs with the values the launchers choose. Like the JIT on a real launch, pointers are taken as
 16-byte aligned and the integers a typical launch makes multiples of 16 (strides and hidden sizes of
 4096-wide bf16 states) are marked so, which is what lets the compiler use 128-bit accesses.

@@ -12,7 +12,7 @@ import pytest
 from omnibal_kernels import Lengths, load_lengths
 from omnibal_kernels._ext import load as load_extension
 from omnibal_kernels.cli import main
-from omnibal_kernels.lengths import _read_records
+from omnibal_kernels.lengths.read import _read_records
 
 
 def _parse(text: bytes):

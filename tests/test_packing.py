@@ -435,7 +435,7 @@ def test_packed_batch_mapping() -> None:
     assert len(batch) == len(TEXT_FIELDS) and "labels" in batch and "x" not in batch
     assert dict(batch) == batch.to_dict()
     with pytest.raises(AttributeError):
-        batch.no_such_field
+        _ = batch.no_such_field
     with pytest.raises(TypeError):
         batch["input_ids"] = None  # type: ignore[index]
     assert "input_ids: (1, 8) int64" in repr(batch)

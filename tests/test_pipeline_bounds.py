@@ -40,18 +40,38 @@ for P in (8, 16):
 """
 
 
+PEAK = """
+def _peak_mib():
+    # VmHWM belongs to this process's own address space, which exec made new; ru_maxrss would carry the peak of
+    # the forking process (getrusage's counts survive execve).
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+"""
+
+
 def _measure(body: str) -> dict:
-    """Runs ``body`` (which fills ``out``) in a fresh interpreter; adds its CPU seconds and its own peak RSS in MiB,
-    both read inside that interpreter so no other child of the test process counts."""
-    code = ("import json, resource\nout = {}\n" + textwrap.dedent(body)
+    """Runs ``body`` (which fills ``out``) in a fresh interpreter; adds its CPU seconds and its own peak resident
+    memory in MiB, both read inside that interpreter so that no other process counts."""
+    code = ("import json, resource\nout = {}\n" + PEAK + textwrap.dedent(body)
             + "\nu = resource.getrusage(resource.RUSAGE_SELF)\n"
-            + "out['cpu_s'] = u.ru_utime + u.ru_stime\nout['peak_mib'] = u.ru_maxrss / 1024\n"
+            + "out['cpu_s'] = u.ru_utime + u.ru_stime\nout['peak_mib'] = _peak_mib()\n"
             + "print(json.dumps(out))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     print(out)
     return out
+
+
+def test_the_peak_is_the_childs_own():
+    """A child that allocates 300 MiB reports at least that, and a small one far less than this process holds."""
+    held = bytearray(400 * 2**20)  # this process's peak is above the small child's
+    big = _measure("x = bytearray(300 * 2**20)\nx[::4096] = b'1' * len(x[::4096])")
+    small = _measure("pass")
+    assert big["peak_mib"] >= 300 and small["peak_mib"] < 200 and len(held)
 
 
 @pytest.mark.slow

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,8 +140,19 @@ def test_cli_partition_json_keys(tmp_path, capsys):
     assert out["step_ms"] <= out["uniform"]["step_ms"]
     # No memory limit: memory is no constraint, nothing is recomputed.
     assert main(["partition", "--config", "internvl-300m-7b", "--stages", "8", "--json"]) == 0
-    free = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    free = json.loads(captured.out)
     assert free["recompute"] == [[]] * 8
+    peak = max(free["peak_bytes"]) / 2**30
+    assert captured.err.startswith("omnibal-kernels: warning: no --memory-gb") and f"{peak:.1f} GiB" in captured.err
+
+
+def test_cli_partition_default_micro_batches_are_the_readmes():
+    from omnibal_kernels.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    default = build_parser().parse_args(["partition", "--stages", "2"]).micro_batches
+    assert f"--micro-batches {default}" in readme and re.search(rf"\b{default}\s+micro-batches", readme)
 
 
 def test_cli_partition_profile_file_and_errors(tmp_path, capsys):

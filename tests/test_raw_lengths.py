@@ -72,8 +72,9 @@ def _image(image_dir, w, h, fmt="png"):
 
 
 @st.composite
-def conversations(draw):
-    """A conversation as turns of parts (("text", s) / ("image", (w, h))) and the layout to write it in."""
+def conversations(draw, assistant_images=False):
+    """A conversation as turns of parts (("text", s) / ("image", (w, h))) and the layout to write it in;
+    ``assistant_images``: assistant turns may show images too."""
     turns = []
     n_turns = draw(st.integers(1, 3))
     if draw(st.booleans()):
@@ -85,8 +86,10 @@ def conversations(draw):
         parts.append(("text", " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=12)))))
         order = draw(st.permutations(range(len(parts))))
         turns.append(("user", [parts[i] for i in order]))
-        turns.append(("assistant", [("text", " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1,
-                                                                   max_size=12))))]))
+        reply = [("text", " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=12))))]
+        if assistant_images and draw(st.booleans()):
+            reply.insert(draw(st.integers(0, 1)), ("image", (draw(st.integers(10, 1000)), draw(st.integers(10, 1000)))))
+        turns.append(("assistant", reply))
     return turns, draw(st.sampled_from(["llava", "parts", "string"]))
 
 
@@ -461,14 +464,14 @@ def test_workers_shards_merge_and_resume(folders, image_dir, tmp_path):
     # A finished chunk is reused as saved (marked here), a lost one is counted again.
     with np.load(chunks[1]) as z:
         saved = {k: z[k] for k in z.files}
-    saved["vit"] = saved["vit"] + 1000
+    saved["llm"] = saved["llm"] + 1000
     with open(chunks[1], "wb") as f:
         np.savez(f, **saved)
     chunks[2].unlink()
     resumed = lengths_from_raw(data, folders["internvl"], "internvl", num_workers=0, work_dir=work, **kw)
     marked = np.isin(resumed.index, saved["index"])
-    assert np.array_equal(resumed.vit[marked], first.vit[marked] + 1000)
-    assert np.array_equal(resumed.vit[~marked], first.vit[~marked]) and chunks[2].exists()
+    assert np.array_equal(resumed.llm[marked], first.llm[marked] + 1000)
+    assert np.array_equal(resumed.llm[~marked], first.llm[~marked]) and chunks[2].exists()
     with pytest.raises(ValueError, match="another run"):
         lengths_from_raw(data, folders["internvl"], "internvl", num_workers=0, work_dir=work, max_length=99, **kw)
 

@@ -9,7 +9,7 @@ import pytest
 
 from omnibal_kernels import testing
 from omnibal_kernels.cli import add_lengths_parser, main
-from omnibal_kernels.lengths import write_lengths
+from omnibal_kernels.lengths import load_lengths, write_lengths
 from omnibal_kernels.vision import compute_loads
 
 
@@ -95,14 +95,19 @@ def test_write_json_and_npz(tmp_path) -> None:
     loads = compute_loads(sizes, text, progress=False)
     js = write_lengths(tmp_path / "l.json", loads)
     records = json.loads(js.read_text())
-    assert records[0].keys() == {"vit_num", "token_num"}
+    assert records[0].keys() == {"vit_num", "token_num", "vit_seqlens"}
     assert [r["vit_num"] for r in records] == loads.vit.tolist()
     assert [r["token_num"] for r in records] == loads.llm.tolist()
+    assert [r["vit_seqlens"] for r in records] == [[1] * v for v in loads.vit.tolist()]  # one per tile
     nz = write_lengths(tmp_path / "l.npz", loads)
     with np.load(nz) as f:
         np.testing.assert_array_equal(f["vit"], loads.vit)
         np.testing.assert_array_equal(f["llm"], loads.llm)
         assert f["vit"].dtype == np.int32
+        np.testing.assert_array_equal(f["vit_seqlens"], loads.vit_seqlens)
+        np.testing.assert_array_equal(f["vit_seqlens_offsets"], loads.vit_seqlens_offsets)
+    back = load_lengths(js, nz)
+    np.testing.assert_array_equal(back.vit_seqlens, np.concatenate([loads.vit_seqlens] * 2))
     with pytest.raises(ValueError, match="suffix"):
         write_lengths(tmp_path / "l.txt", loads)
 
@@ -120,8 +125,9 @@ def test_cli_lengths(tmp_path, capsys) -> None:
     got = json.loads(out.read_text())
     t0 = testing.internvl_tiles_reference(800, 600, 1, 6)[2] + testing.internvl_tiles_reference(448, 448, 1, 6)[2]
     t2 = testing.internvl_tiles_reference(4000, 400, 1, 6)[2]
-    assert got == [{"vit_num": t0, "token_num": 100 + 256 * t0}, {"vit_num": 0, "token_num": 3},
-                   {"vit_num": t2, "token_num": 7 + 256 * t2}]
+    assert got == [{"vit_num": t0, "token_num": 100 + 256 * t0, "vit_seqlens": [1] * t0},
+                   {"vit_num": 0, "token_num": 3, "vit_seqlens": []},
+                   {"vit_num": t2, "token_num": 7 + 256 * t2, "vit_seqlens": [1] * t2}]
     assert "wrote 3 samples" in capsys.readouterr().out
     # the subcommand wires into another parser in one line
     parser = argparse.ArgumentParser()
@@ -129,12 +135,19 @@ def test_cli_lengths(tmp_path, capsys) -> None:
     args = parser.parse_args(["lengths", str(src), "-o", str(tmp_path / "q.npz"), "--model", "qwen2vl",
                               "--no-progress"])
     assert args.func(args) == 0
+    patches = [testing.qwen2vl_counts_reference(h, w)[1] for w, h in [(800, 600), (448, 448)]]
     with np.load(tmp_path / "q.npz") as f:
-        assert f["vit"][0] == sum(testing.qwen2vl_counts_reference(h, w)[1] for w, h in [(800, 600), (448, 448)])
+        assert f["vit"][0] == sum(patches)
+        assert f["vit_seqlens"][:2].tolist() == patches and f["vit_seqlens_offsets"][:3].tolist() == [0, 2, 2]
+    # Qwen2.5-VL counts as Qwen2-VL
+    assert main(["lengths", str(src), "-o", str(tmp_path / "q25.npz"), "--model", "qwen2.5vl", "--no-progress"]) == 0
+    with np.load(tmp_path / "q.npz") as a, np.load(tmp_path / "q25.npz") as b:
+        assert all(np.array_equal(a[k], b[k]) for k in a.files)
     # one video per record with frames
     vids = tmp_path / "videos.json"
     vids.write_text(json.dumps([{"width": 640, "height": 360, "frames": 5, "text_tokens": 3}]))
     assert main(["lengths", str(vids), "-o", str(tmp_path / "v.npz"), "--model", "qwen2vl", "--frames-key",
                          "frames", "--no-progress"]) == 0
+    (t, h, w), patches, _ = testing.qwen2vl_counts_reference(360, 640, 5)
     with np.load(tmp_path / "v.npz") as f:
-        assert f["vit"][0] == testing.qwen2vl_counts_reference(360, 640, 5)[1]
+        assert f["vit"][0] == patches and f["vit_seqlens"].tolist() == [h * w] * t  # one per frame group

@@ -111,15 +111,15 @@ def _histograms(plans: dict[str, Any], lengths: Lengths, cost: CostModel) -> dic
     """Histograms of the distinct scheduled packs' ViT and LLM loads, per method, against the capacities."""
     caps = (plans["balanced"].vit_capacity, plans["balanced"].llm_capacity)
     loads = {m: pack_loads(plans[m], lengths, cost) for m in ("random", "isf", "balanced", "ffd_tokens")}
-    vit_top = max(max(int(l.vit.max()) for l in loads.values()), caps[0]) + 1
-    llm_top = max(max(int(l.llm.max()) for l in loads.values()), caps[1])
+    vit_top = max(max(int(pl.vit.max()) for pl in loads.values()), caps[0]) + 1
+    llm_top = max(max(int(pl.llm.max()) for pl in loads.values()), caps[1])
     llm_edges = np.linspace(0, llm_top * 1.001, 61)
     out: dict[str, Any] = {"vit_capacity": caps[0], "llm_capacity": caps[1], "llm_edges": llm_edges.round(1).tolist(),
                            "isf_capacities": [plans["isf"].vit_capacity, plans["isf"].llm_capacity], "methods": {}}
-    for m, l in loads.items():
+    for m, pl in loads.items():
         keep = np.unique(plans[m].step_packs)
-        out["methods"][m] = {"vit": np.bincount(l.vit[keep], minlength=vit_top).tolist(),
-                             "llm": np.histogram(l.llm[keep], llm_edges)[0].tolist()}
+        out["methods"][m] = {"vit": np.bincount(pl.vit[keep], minlength=vit_top).tolist(),
+                             "llm": np.histogram(pl.llm[keep], llm_edges)[0].tolist()}
     return out
 
 

@@ -1,6 +1,7 @@
 """Numba twin of :mod:`omnibal_kernels.ops.bucket`: stable counting sort of patch counts into buckets.
 
-Same name, arguments and outputs as the Triton op; matches ``omnibal_kernels.testing.references.bucket_sort_reference`` exactly.
+Same name, arguments and outputs as the Triton op; matches
+``omnibal_kernels.testing.references.bucket_sort_reference`` exactly.
 """
 from __future__ import annotations
 

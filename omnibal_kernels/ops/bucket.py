@@ -6,7 +6,8 @@ the same bucket inside its block, and the block's histogram; (2) an exclusive sc
 histogram laid out bucket-major, block-minor gives every (bucket, block) its first output slot; (3)
 ``_bucket_scatter_kernel`` writes ``perm[base[bucket, block] + rank] = index``. No atomics: the result is
 deterministic and stable. Inputs int64 on one CUDA device; outputs ``perm`` int64 ``(N,)``, ``offsets`` int64
-``(K + 1,)``, ``bucket_ids`` int32 ``(N,)``. Matches ``omnibal_kernels.testing.references.bucket_sort_reference`` exactly.
+``(K + 1,)``, ``bucket_ids`` int32 ``(N,)``. Matches ``omnibal_kernels.testing.references.bucket_sort_reference``
+exactly.
 """
 from __future__ import annotations
 

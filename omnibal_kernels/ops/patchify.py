@@ -12,8 +12,8 @@ that order (Qwen2-VL's ``rot_pos_emb``), ``vit_cu_seqlens`` int32 one segment pe
 ``_patchify_kernel`` is one program per patch: it looks up the patch's image in a small per-image table
 (base address, grid, strides), then moves the ``C * tp`` rows of ``p * p`` pixels with one masked 2-D load
 and one contiguous store. The copy runs on integer views of the element size, so every dtype is moved bit
-for bit. Matches ``omnibal_kernels.testing.references.patchify_reference`` (reshape/permute) exactly; CPU tensors go to the
-numba twin :mod:`omnibal_kernels.cpu.patchify`.
+for bit. Matches ``omnibal_kernels.testing.references.patchify_reference`` (reshape/permute) exactly; CPU
+tensors go to the numba twin :mod:`omnibal_kernels.cpu.patchify`.
 """
 from __future__ import annotations
 

@@ -34,8 +34,8 @@ def _int_list_tensor(values: list[Any] | tuple[Any, ...] | range) -> torch.Tenso
 
     ``struct`` converts each item with ``__index__`` in C, straight into the tensor's memory, which is faster
     than ``torch.tensor``, ``array.array`` or ``np.array(values, dtype=np.int64)`` (which also truncates
-    floats); the ``lists`` input of benchmarks/bench_pack.py times it inside ``pack_batch``. It takes ints and numpy or 0-d tensor integers and rejects
-    floats, strings, None and values outside int64. Whatever it rejects, and lists that start with a bool
+    floats); the ``lists`` input of benchmarks/bench_pack.py times it inside ``pack_batch``. It takes ints and
+    numpy or 0-d tensor integers and rejects floats, strings, None and values outside int64. Whatever it rejects, and lists that start with a bool
     (torch makes a bool tensor of an all-bool list, which the caller rejects), goes to ``torch.tensor``, so
     every error and every rejected dtype is ``torch.tensor``'s.
     """

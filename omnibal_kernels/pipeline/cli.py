@@ -29,7 +29,7 @@ def add_parsers(sub: Any) -> None:
                       help="estimate the profile from a model config: internvl-300m-7b, internvl-6b-20b or an "
                       "InternVL config.json")
     part.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
-    part.add_argument("--micro-batches", type=int, default=16, help="micro-batches per step (default 16)")
+    part.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
     part.add_argument("--memory-gb", type=float, default=None,
                       help="memory per stage in GiB (default: memory is no constraint)")
     part.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
@@ -134,6 +134,11 @@ def _run_partition(args: argparse.Namespace) -> int:
         out["deepspeed_parts"] = deepspeed_parts(best)
     if any(layer.kind for layer in profile.layers):
         out["megatron"] = megatron_layout(best, profile)
+    if memory is None:
+        # Unbounded memory is a legal question ("what if memory were free?"), but not one to answer silently.
+        print(f"omnibal-kernels: warning: no --memory-gb: memory is not a constraint; the plan's fullest rank "
+              f"peaks at {max(best.peak_bytes) / _GIB:.1f} GiB (give --memory-gb to plan recomputation within "
+              "each rank's memory)", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
         return 0

@@ -165,7 +165,7 @@ def measure_profile(
                 fwd_times.append((t1 - t0) * 1e3)
                 bwd_times.append((t2 - t1) * 1e3)
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(t: torch.Tensor, own: set = own, saved: dict = saved) -> torch.Tensor:
             storage = t.untyped_storage()
             key = storage.data_ptr()
             if key not in own and storage.nbytes():

@@ -26,7 +26,7 @@ from .count import DEFAULT_MAX_FRAMES, ChunkCounter, ChunkResult
 from .issues import ON_ERROR
 from .media import pil_pixel_limit
 from .pool import WorkerDied, count_in_workers
-from .result import RawLengths, write_npz
+from .result import RawLengths, check_sample_arrays, joined_loads, sample_arrays, write_npz
 from .sources import open_source
 from .spec import load_model_spec
 from .tokens import load_tokenizer
@@ -41,7 +41,7 @@ def make_counter(options: dict) -> ChunkCounter:
     return ChunkCounter(spec, tok, image_root=options["image_root"], max_length=options["max_length"],
                         on_error=options["on_error"], add_special_tokens=options["add_special_tokens"],
                         exif_transpose=options["exif_transpose"], max_frames=options["max_frames"],
-                        max_image_pixels=options["max_image_pixels"])
+                        max_image_pixels=options["max_image_pixels"], labels=options["labels"])
 
 
 def _fingerprint(folder: Path) -> str:
@@ -67,19 +67,27 @@ def parse_shard(text: str) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------- the work folder
 
 
+# What a saved chunk holds; a work folder of another format holds another run's chunks.
+_CHUNK_FORMAT = 2
+
+
 def _chunk_file(work_dir: Path, a: int, b: int) -> Path:
     return work_dir / f"chunk-{a:012d}-{b:012d}.npz"
 
 
 def _save_chunk(path: Path, result: ChunkResult) -> None:
-    write_npz(path, index=result.index, vit=result.vit, llm=result.llm, issues=np.array(json.dumps(result.issues)))
+    write_npz(path, issues=np.array(json.dumps(result.issues)), **sample_arrays(result))
 
 
-def _load_chunk(path: Path) -> Optional[ChunkResult]:
-    """A saved chunk; None (the file removed, with a note) when it cannot be read."""
+def _load_chunk(path: Path, labels: bool) -> Optional[ChunkResult]:
+    """A saved chunk (with label tokens when the run counts them); None (the file removed, with a note) when it
+    cannot be read or its arrays disagree."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            return ChunkResult(z["index"], z["vit"], z["llm"], json.loads(str(z["issues"])))
+            chunk = ChunkResult(z["index"], z["vit"], z["llm"], z["vit_seqlens"], z["vit_seqlens_offsets"],
+                                z["label"] if labels else None, json.loads(str(z["issues"])))
+        check_sample_arrays(chunk)
+        return chunk
     except Exception as exc:  # zipfile, zlib, numpy and json each raise their own types for a damaged file
         print(f"omnibal-kernels: {path} is damaged ({type(exc).__name__}); counting its chunk again",
               file=sys.stderr)
@@ -87,14 +95,15 @@ def _load_chunk(path: Path) -> Optional[ChunkResult]:
         return None
 
 
-def _resume(wd: Path, run: dict, stale_work_dir: str, bounds: list[tuple[int, int]]) -> dict[int, ChunkResult]:
+def _resume(wd: Path, run: dict, stale_work_dir: str, bounds: list[tuple[int, int]],
+            labels: bool) -> dict[int, ChunkResult]:
     """Open the work folder for ``run``; the chunks of ``bounds`` already saved there."""
     wd.mkdir(parents=True, exist_ok=True)
     run_file = wd / "run.json"
     if run_file.is_file() and json.loads(run_file.read_text()) != json.loads(json.dumps(run)):
         if stale_work_dir != "restart":
-            raise ValueError(f"work_dir: {wd} holds chunks of another run (other data, options or range); "
-                             "remove it or give another folder")
+            raise ValueError(f"work_dir: {wd} holds chunks of another run (other data, options, range or chunk "
+                             "format); remove it or give another folder")
         print(f"omnibal-kernels: {wd} holds chunks of another run; starting over", file=sys.stderr)
         for old in wd.glob("chunk-*.npz"):
             old.unlink()
@@ -104,7 +113,7 @@ def _resume(wd: Path, run: dict, stale_work_dir: str, bounds: list[tuple[int, in
     results = {}
     for a, b in bounds:
         if _chunk_file(wd, a, b).is_file():
-            saved = _load_chunk(_chunk_file(wd, a, b))
+            saved = _load_chunk(_chunk_file(wd, a, b), labels)
             if saved is not None:
                 results[a] = saved
     return results
@@ -115,6 +124,8 @@ def _resume(wd: Path, run: dict, stale_work_dir: str, bounds: list[tuple[int, in
 
 def _options(tokenizer: str | Path, model: str, on_error: str, chunk_size: int, stale_work_dir: str,
              **given: Any) -> dict:
+    if given["labels"] not in (None, True, False):
+        raise TypeError(f"labels must be None, True or False, got {given['labels']!r}")
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if stale_work_dir not in ("error", "restart"):
@@ -128,7 +139,8 @@ def _options(tokenizer: str | Path, model: str, on_error: str, chunk_size: int, 
                 image_root=None if image_root is None else str(image_root), max_length=given["max_length"],
                 on_error=on_error, add_special_tokens=None if special is None else bool(special),
                 exif_transpose=bool(given["exif_transpose"]), overrides=dict(given["overrides"] or {}),
-                max_frames=given["max_frames"], max_image_pixels=pil_pixel_limit() if pixels is None else pixels)
+                max_frames=given["max_frames"], max_image_pixels=pil_pixel_limit() if pixels is None else pixels,
+                labels=given["labels"])
 
 
 def _settings(options: dict, counter: ChunkCounter, data: Any, identity: str, shards: int) -> dict:
@@ -136,7 +148,7 @@ def _settings(options: dict, counter: ChunkCounter, data: Any, identity: str, sh
     opts = ("max_length", "on_error", "add_special_tokens", "exif_transpose", "max_frames", "max_image_pixels")
     where = str(data) if isinstance(data, (str, os.PathLike)) else None
     return {"model": options["model"], "spec": dataclasses.asdict(counter.spec),
-            "options": {key: options[key] for key in opts},
+            "options": {**{key: options[key] for key in opts}, "labels": counter.labels},
             "tokenizer_fingerprint": _fingerprint(Path(options["tokenizer"])), "data": identity, "shards": shards,
             "paths": {"data": where, "tokenizer": options["tokenizer"], "image_root": options["image_root"]}}
 
@@ -148,8 +160,9 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
                      progress: Optional[bool] = None, trust_remote_code: bool = False,
                      add_special_tokens: Optional[bool] = None, exif_transpose: bool = False,
                      overrides: Optional[dict] = None, max_frames: Optional[int] = DEFAULT_MAX_FRAMES,
-                     max_image_pixels: Optional[int] = None) -> RawLengths:
-    """Count every sample's ViT load and LLM tokens of a raw data set as the model's processor would.
+                     max_image_pixels: Optional[int] = None, labels: Optional[bool] = None) -> RawLengths:
+    """Count every sample's ViT load, ViT sequences, LLM tokens and label tokens of a raw data set as the
+    model's processor and chat template would.
 
     Args:
         data: a ``.json`` (list) or ``.jsonl`` file (UTF-8, a byte order mark allowed; lines holding only
@@ -187,20 +200,28 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
             ``over_max_image_pixels``. None (default): PIL's own limit, above which ``PIL.Image.open`` refuses
             the image as a decompression bomb (``2 * PIL.Image.MAX_IMAGE_PIXELS``; none when that is None).
             Image files over PIL's limit are refused by PIL whatever this bound is.
+        labels: count each sample's label tokens (:attr:`RawLengths.label`): the tokens its chat template marks
+            for training with ``{% generation %}`` blocks (image tokens of a placeholder inside one included),
+            the first token left out, as the causal loss counts labels after packing. None (default): when the
+            template has such marks (and the tokenizer is a fast one, which gives token offsets); True: they
+            must be counted (a ``ValueError`` when they cannot); False: not counted.
 
     Returns:
-        :class:`RawLengths`.
+        :class:`RawLengths`, with the ViT sequences of every kept sample (one per InternVL tile, one per Qwen2-VL
+        image and video frame group) and, when counted, their label tokens; ``settings["options"]["labels"]``
+        says whether they are.
 
     Raises:
-        ValueError: bad arguments, a folder without the model's settings, a ``work_dir`` holding another run's
-            chunks, or (``on_error="error"``) the first problem sample.
+        ValueError: bad arguments, a folder without the model's settings, ``labels=True`` for a template that
+            marks nothing, a ``work_dir`` holding another run's chunks, or (``on_error="error"``) the first
+            problem sample.
         WorkerDied: a chunk whose worker process died twice (a ``ChildProcessError`` naming its samples); the
             chunks finished before stay in ``work_dir``.
     """
     options = _options(tokenizer, model, on_error, chunk_size, stale_work_dir, image_root=image_root,
                        max_length=max_length, trust_remote_code=trust_remote_code,
                        add_special_tokens=add_special_tokens, exif_transpose=exif_transpose, overrides=overrides,
-                       max_frames=max_frames, max_image_pixels=max_image_pixels)
+                       max_frames=max_frames, max_image_pixels=max_image_pixels, labels=labels)
     # Built here first so that a bad folder, template or option fails before any worker starts.
     counter = make_counter(options)
     source = open_source(data)
@@ -216,8 +237,8 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
     if wd is not None:
         identity = {key: value for key, value in settings.items() if key != "paths"}
         run = {"settings": identity, "image_root": options["image_root"], "start": start, "stop": stop,
-               "chunk_size": chunk_size}
-        results = _resume(wd, run, stale_work_dir, bounds)
+               "chunk_size": chunk_size, "chunk_format": _CHUNK_FORMAT}
+        results = _resume(wd, run, stale_work_dir, bounds, counter.labels)
     todo = [(a, b) for a, b in bounds if a not in results]
     bar = progress_bar(stop - start, "counting samples", progress)
     bar.update(sum(b - a for a, b in bounds if a in results))
@@ -243,10 +264,5 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
     finally:
         bar.close()
     parts = [results[a] for a, _ in bounds]
-    empty = np.zeros(0, np.int64)
-    return RawLengths(
-        index=np.concatenate([p.index for p in parts]) if parts else empty,
-        vit=np.concatenate([p.vit for p in parts]) if parts else empty,
-        llm=np.concatenate([p.llm for p in parts]) if parts else empty,
-        start=start, stop=stop, num_samples=n, issues=[d for p in parts for d in p.issues], settings=settings,
-        shard=(i, k))
+    return RawLengths(start=start, stop=stop, num_samples=n, issues=[d for p in parts for d in p.issues],
+                      settings=settings, shard=(i, k), **joined_loads(parts, counter.labels))

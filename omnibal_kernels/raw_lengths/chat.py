@@ -4,16 +4,47 @@ Image and video parts go to the template as parts when it renders them (probed o
 model's inline placeholder text. Each placeholder in the rendered text is then expanded with no image tokens:
 Qwen2-VL keeps its one pad token (subtracted after tokenizing), InternVL becomes ``<img></img>`` and
 ``Frame1: <img></img>`` per video frame; the image tokens are added from the media sizes afterwards.
+
+What is trained: a chat template marks the text a model learns to produce with ``{% generation %}`` ...
+``{% endgeneration %}`` blocks, the marks transformers' ``apply_chat_template(return_assistant_tokens_mask=True)``
+reads. Rendering with marks gives those character spans; expanding keeps them on the same text, and notes the
+placeholders inside them (their image tokens are inside too).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import bisect
+import re
+from typing import Any, NamedTuple, Sequence
 
 from .media import MediaError
 from .records import RawSample
 from .spec import ModelSpec
 
-__all__ = ["ChatRenderer"]
+__all__ = ["ChatRenderer", "Expanded", "marks_training"]
+
+# How transformers finds the training marks of a template.
+_TRAINING_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def marks_training(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template marks trained text with ``{% generation %}`` blocks."""
+    try:
+        template = tokenizer.get_chat_template()
+    except (ValueError, AttributeError):  # no template at all
+        return False
+    return isinstance(template, str) and _TRAINING_MARK.search(template) is not None
+
+
+class Expanded(NamedTuple):
+    """A rendered sample with its placeholders expanded."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    """``[start, end)`` character spans of ``text`` the template marks for training, in order"""
+    images_in_spans: list[int]
+    """which images (by their order in the text) have their placeholder inside a span"""
+    videos_in_spans: list[int]
+    """which videos likewise"""
 
 
 class ChatRenderer:
@@ -22,6 +53,8 @@ class ChatRenderer:
     def __init__(self, spec: ModelSpec, tokenizer: Any) -> None:
         self.spec, self.tokenizer = spec, tokenizer
         self._as_part = {kind: self._template_renders(kind) for kind in ("image", "video")}
+        markers = sorted({spec.image_marker, spec.video_marker}, key=len, reverse=True)
+        self._markers = re.compile("|".join(re.escape(m) for m in markers))
 
     def _template_renders(self, kind: str) -> bool:
         marker = self.spec.image_marker if kind == "image" else self.spec.video_marker
@@ -64,21 +97,64 @@ class ChatRenderer:
         except Exception as exc:  # jinja raises TemplateError subclasses and whatever the template's code raises
             raise MediaError("template_error", f"the chat template failed: {exc}") from exc
 
+    def render_marked(self, sample: RawSample) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered chat text (the same as :meth:`render`) and the character spans its template marks
+        for training, rendered as ``apply_chat_template(return_assistant_tokens_mask=True)`` renders them.
+
+        Raises:
+            MediaError: kind ``template_error`` when the template fails on the sample.
+        """
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        tok = self.tokenizer
+        try:
+            # the texts and the spans of each (typed by transformers as a str)
+            rendered: Any = render_jinja_template(conversations=[self.messages(sample)],
+                                                  chat_template=tok.get_chat_template(),
+                                                  return_assistant_tokens_mask=True, **tok.special_tokens_map)
+        except Exception as exc:  # as in render
+            raise MediaError("template_error", f"the chat template failed: {exc}") from exc
+        texts, spans = rendered
+        return texts[0], [(int(a), int(b)) for a, b in spans[0]]
+
     def placeholders(self, text: str) -> tuple[int, int]:
         """Image and video placeholders in a rendered text."""
         return text.count(self.spec.image_marker), text.count(self.spec.video_marker)
 
-    def expand(self, text: str, frames: Sequence[int]) -> str:
+    def expand(self, text: str, frames: Sequence[int], spans: Sequence[tuple[int, int]] = ()) -> Expanded:
         """The rendered text with every placeholder expanded by the processor's rule, image tokens left out;
-        ``frames[v]`` is the number of frames the ``v``-th video gives the model."""
+        ``frames[v]`` is the number of frames the ``v``-th video gives the model. ``spans`` (trained character
+        spans of ``text``) move with the text around them; a placeholder inside a span stays inside."""
+        spec = self.spec
+        pieces: list[str] = []
+        ends: list[int] = []  # end of each placeholder in text, and the characters gained up to it
+        gained = [0]
+        found: dict[str, list[tuple[int, int]]] = {spec.image_marker: [], spec.video_marker: []}  # their spans
+        pos = 0
+        for m in self._markers.finditer(text):
+            kind = found[m.group()]
+            new = self._expansion(m.group(), len(kind), frames)
+            kind.append(m.span())
+            pieces += [text[pos:m.start()], new]
+            ends.append(m.end())
+            gained.append(gained[-1] + len(new) - (m.end() - m.start()))
+            pos = m.end()
+        pieces.append(text[pos:])
+        moved = [tuple(p + gained[bisect.bisect_right(ends, p)] for p in span) for span in spans]
+
+        def inside(marks: list[tuple[int, int]]) -> list[int]:
+            return [i for i, (a, b) in enumerate(marks) if any(a < e and b > s for s, e in spans)]
+
+        return Expanded("".join(pieces), moved, inside(found[spec.image_marker]),  # type: ignore[arg-type]
+                        inside(found[spec.video_marker]))
+
+    def _expansion(self, marker: str, k: int, frames: Sequence[int]) -> str:
+        """What the ``k``-th placeholder ``marker`` of its kind becomes (Qwen2-VL: itself)."""
         spec = self.spec
         if spec.family == "qwen2vl":
-            return text
+            return marker
         pair = spec.start_image_token + spec.end_image_token
-        pieces = text.replace(spec.image_marker, pair).split(spec.video_marker)
-        out = [pieces[0]]
-        for v, piece in enumerate(pieces[1:]):
-            n = frames[v] if v < len(frames) else 0
-            out.append("\n".join(f"Frame{k + 1}: {pair}" for k in range(n)))
-            out.append(piece)
-        return "".join(out)
+        if marker == spec.image_marker:
+            return pair
+        n = frames[k] if k < len(frames) else 0
+        return "\n".join(f"Frame{j + 1}: {pair}" for j in range(n))

@@ -70,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "already starts with BOS, as the processor's apply_chat_template does")
     g.add_argument("--exif-transpose", action="store_true",
                    help="swap width and height of EXIF-rotated images (as transformers' load_image)")
+    g.add_argument("--labels", choices=("auto", "yes", "no"), default="auto",
+                   help="count each sample's label tokens (label_num / label in OUTPUT): the tokens the chat "
+                        "template marks for training with {%% generation %%} blocks, the first token left out; auto "
+                        "(default): when the template marks them; yes: stop if it does not")
     parser.set_defaults(**{dest: _ParserDefault(parser.get_default(dest)) for dest in _OVERRIDABLE
                            if isinstance(parser.get_default(dest), int)})
     return parser
@@ -98,8 +102,9 @@ def _allow_image_pixels(limit: int | None) -> None:
 
 def _summary(result: RawLengths, out: Path, extra: str = "") -> None:
     total = result.stop - result.start
+    labels = "" if result.label is None else f", label total {int(result.label.sum()):,}"
     print(f"wrote {result.index.shape[0]:,} of {total:,} samples to {out}: vit total {int(result.vit.sum()):,}, "
-          f"llm total {int(result.llm.sum()):,}{extra}")
+          f"llm total {int(result.llm.sum()):,}{labels}{extra}")
     counts = {k: v for k, v in result.counts().items() if v}
     if counts:
         skipped = result.skipped.shape[0]
@@ -132,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
         progress=None if args.progress else False, trust_remote_code=args.trust_remote_code,
         add_special_tokens={"auto": None, "yes": True, "no": False}[args.add_special_tokens],
         exif_transpose=args.exif_transpose, overrides=_overrides(args), max_frames=args.max_frames,
-        max_image_pixels=args.max_image_pixels)
+        max_image_pixels=args.max_image_pixels, labels={"auto": None, "yes": True, "no": False}[args.labels])
+    if result.label is None and args.labels == "auto":
+        print(f"omnibal-kernels: no label tokens counted: the chat template of {args.tokenizer} marks no text for "
+              "training ({% generation %} blocks) or the tokenizer gives no offsets", file=sys.stderr)
     if shard is not None:
         out = result.save_part(output)
         _summary(result, out, f" (shard {shard[0]}/{shard[1]}: samples {result.start}..{result.stop - 1})")

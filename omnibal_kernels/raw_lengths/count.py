@@ -8,7 +8,13 @@ Per sample, as the model's processor would see it:
    media (:mod:`.chat`; a difference is reported);
 3. each placeholder is expanded with no image tokens and the chunk's texts are tokenized in one batch call
    (:mod:`.tokens`);
-4. the image tokens and the ViT load are added from the media sizes (:mod:`.loads`).
+4. the image tokens, the ViT load and the ViT sequences are added from the media sizes (:mod:`.loads`).
+
+Label tokens (``labels``): when the chat template marks what is trained (``{% generation %}`` blocks,
+:mod:`.chat`), each sample's trained tokens are counted as the causal loss counts its labels: the tokens of the
+model's input inside a marked span (image tokens of a placeholder inside one included), the first token left
+out (packing masks every sample's first label). That is ``(labels != ignore_index)[1:].sum()`` for labels made
+from transformers' ``return_assistant_tokens_mask``.
 
 A sample that fails any step becomes one issue for its own index (:mod:`.issues`); the others are counted.
 """
@@ -22,9 +28,10 @@ import numpy as np
 
 from .._checks import MAX_IMAGE_SIDE, QWEN2VL_MAX_RATIO, check_positive_int
 from ..lengths import Lengths
-from .chat import ChatRenderer
+from .._csr import take_rows
+from .chat import ChatRenderer, Expanded, marks_training
 from .issues import ON_ERROR, IssueLog
-from .loads import media_loads, video_frames
+from .loads import media_item_tokens, media_loads, sequence_rows, video_frames
 from .media import MediaError, VideoInfo, image_size, video_info
 from .records import RecordError, parse_record
 from .spec import ModelSpec
@@ -46,6 +53,12 @@ class ChunkResult:
     """``(K,)`` int64 global indices of the kept samples, increasing"""
     vit: np.ndarray
     llm: np.ndarray
+    vit_seqlens: np.ndarray
+    """``(S,)`` int64 ViT sequence lengths of the kept samples back to back"""
+    vit_seqlens_offsets: np.ndarray
+    """``(K + 1,)`` int64 from 0: kept sample ``k`` has ``vit_seqlens[offsets[k]:offsets[k + 1]]``"""
+    label: Optional[np.ndarray] = None
+    """``(K,)`` int64 trained label tokens (see the module docstring), or None when not counted"""
     issues: list[dict] = field(default_factory=list)
     """``{"index", "kind", "message", "kept"}`` per problem, in sample order"""
 
@@ -56,7 +69,7 @@ class _Prepared:
 
     sizes: list[tuple[int, int]]
     videos: list[tuple[VideoInfo, int]]
-    text: str
+    text: Expanded
     pads: int
     """Qwen2-VL pad tokens kept once each in ``text`` (subtracted after tokenizing)"""
     mismatch: Optional[str]
@@ -71,14 +84,19 @@ class ChunkCounter:
 
     ``max_image_pixels`` (None: no bound of its own) and ``max_frames`` bound each image's (and video
     frame's) pixels and the frames one sample's videos give the model; see :func:`lengths_from_raw`.
+    ``labels``: count label tokens (True: the template must mark them; None: when it does and the tokenizer
+    gives offsets; False: never); :attr:`labels` says whether they are.
     """
 
     def __init__(self, spec: ModelSpec, tokenizer: Any, *, image_root: Optional[str | Path] = None,
                  max_length: Optional[int] = None, on_error: str = "error",
                  add_special_tokens: Optional[bool] = None, exif_transpose: bool = False,
-                 max_frames: Optional[int] = DEFAULT_MAX_FRAMES, max_image_pixels: Optional[int] = None) -> None:
+                 max_frames: Optional[int] = DEFAULT_MAX_FRAMES, max_image_pixels: Optional[int] = None,
+                 labels: Optional[bool] = None) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if labels not in (None, True, False):
+            raise TypeError(f"labels must be None, True or False, got {labels!r}")
         self.max_length = _bound("max_length", max_length)
         self.max_frames = _bound("max_frames", max_frames)
         self.max_image_pixels = _bound("max_image_pixels", max_image_pixels)
@@ -88,6 +106,14 @@ class ChunkCounter:
         self.chat = ChatRenderer(spec, tokenizer)
         self.tokens = TokenCounter(tokenizer, add_special_tokens)
         self.tokens.check_image_tokens(spec)
+        marked, offsets = marks_training(tokenizer), self.tokens.can_mark
+        if labels and not (marked and offsets):
+            why = ("its chat template marks no text for training (put {% generation %} ... {% endgeneration %} "
+                   "around what the model learns, as transformers' return_assistant_tokens_mask reads it)"
+                   if not marked else "it gives no token offsets (a slow tokenizer)")
+            raise ValueError(f"tokenizer: label tokens cannot be counted: {why}")
+        self.labels = bool(marked and offsets) if labels is None else labels
+        """whether label tokens are counted"""
 
     def _check_size(self, w: int, h: int, what: str) -> None:
         if not (0 < w <= MAX_IMAGE_SIDE and 0 < h <= MAX_IMAGE_SIDE):
@@ -124,14 +150,14 @@ class ChunkCounter:
     def _prepare(self, rec: Any, index: int) -> _Prepared:
         sample = parse_record(rec, index)
         sizes, videos = self._measure(sample.images, sample.videos)
-        rendered = self.chat.render(sample)
+        rendered, spans = self.chat.render_marked(sample) if self.labels else (self.chat.render(sample), [])
         n_img, n_vid = self.chat.placeholders(rendered)
         mismatch = None
         if n_img != len(sizes) or n_vid != len(videos):
             mismatch = (f"{n_img} image and {n_vid} video placeholders in the rendered text for {len(sizes)} "
                         f"images and {len(videos)} videos")
         pads = n_img + n_vid if self.spec.family == "qwen2vl" else 0
-        return _Prepared(sizes, videos, self.chat.expand(rendered, [f for _, f in videos]), pads, mismatch)
+        return _Prepared(sizes, videos, self.chat.expand(rendered, [f for _, f in videos], spans), pads, mismatch)
 
     def count(self, records: Sequence[Any], start: int) -> ChunkResult:
         """Count ``records``, whose first one is sample ``start`` of the data.
@@ -156,17 +182,43 @@ class ChunkCounter:
             if p.mismatch is not None:
                 log.note(j, "placeholder_mismatch", p.mismatch)
         rows = np.flatnonzero(log.countable)
-        text_tokens = self.tokens.many([prepared[j].text for j in rows]) - np.array(
-            [prepared[j].pads for j in rows], dtype=np.int64)
-        vit, llm = self._loads(log, rows, [prepared[j] for j in rows], text_tokens)
+        samples = [prepared[j] for j in rows]
+        texts = [p.text.text for p in samples]
+        pads = np.array([p.pads for p in samples], dtype=np.int64)
+        if self.labels:
+            tokens, marked = self.tokens.many_marked(texts, [p.text.spans for p in samples])
+        else:
+            tokens, marked = self.tokens.many(texts), None
+        loads = self._loads(log, rows, samples, tokens - pads)
         if self.max_length is not None:
-            for r in np.flatnonzero(llm > self.max_length):
-                log.note(int(rows[r]), "over_max_length", f"{int(llm[r])} LLM tokens > max_length {self.max_length}")
-        keep = log.countable[rows]
-        return ChunkResult(rows[keep].astype(np.int64) + start, vit[keep], llm[keep], log.sorted())
+            for r in np.flatnonzero(loads.llm > self.max_length):
+                log.note(int(rows[r]), "over_max_length", f"{int(loads.llm[r])} LLM tokens > max_length "
+                         f"{self.max_length}")
+        keep = np.flatnonzero(log.countable[rows])
+        offsets, seqlens = take_rows(*sequence_rows(loads), keep)
+        label = None if marked is None else (marked + self._marked_media(samples))[keep]
+        return ChunkResult(rows[keep].astype(np.int64) + start, loads.vit[keep], loads.llm[keep], seqlens, offsets,
+                           label, log.sorted())
 
-    def _loads(self, log: IssueLog, rows: np.ndarray, samples: list[_Prepared],
-               text_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _marked_media(self, samples: list[_Prepared]) -> np.ndarray:
+        """``(len(samples),)`` int64 image tokens of the placeholders inside trained spans that the text leaves
+        out (all of them for InternVL, all but the one pad kept for Qwen2-VL)."""
+        kept = 1 if self.spec.family == "qwen2vl" else 0
+        out = np.zeros(len(samples), dtype=np.int64)
+        for r, p in enumerate(samples):
+            if not (p.text.images_in_spans or p.text.videos_in_spans):
+                continue
+            try:
+                tokens = media_item_tokens(self.spec, p.sizes, p.videos)
+            except ValueError:  # the loads themselves are out of range: the sample is noted and not kept
+                continue
+            # a placeholder without its medium (a placeholder_mismatch kept under "report") adds nothing
+            items = [i for i in p.text.images_in_spans if i < len(p.sizes)]
+            items += [len(p.sizes) + v for v in p.text.videos_in_spans if v < len(p.videos)]
+            out[r] = sum(int(tokens[i]) - kept for i in items)
+        return out
+
+    def _loads(self, log: IssueLog, rows: np.ndarray, samples: list[_Prepared], text_tokens: np.ndarray) -> Lengths:
         """Loads of the countable samples (in the range of a length file); a sample whose loads are not is
         noted as ``bad_media_size`` (its row then holds zeros and is not countable)."""
         try:
@@ -174,16 +226,15 @@ class ChunkCounter:
         except ValueError:
             pass
         # One sample out of range fails the batch: count one by one, so that the issue names the right sample.
-        vit = np.zeros(len(samples), dtype=np.int64)
-        llm = np.zeros(len(samples), dtype=np.int64)
+        parts = []
         for r, sample in enumerate(samples):
             try:
-                (vit[r],), (llm[r],) = self._loads_of([sample], text_tokens[r:r + 1])
+                parts.append(self._loads_of([sample], text_tokens[r:r + 1]))
             except ValueError as exc:
                 log.note(int(rows[r]), "bad_media_size", str(exc).split(": ", 1)[-1])
-        return vit, llm
+                parts.append(Lengths(np.zeros(1, np.int64), np.zeros(1, np.int64), vit_seqlens=np.zeros(0, np.int64),
+                                     vit_seqlens_offsets=np.zeros(2, np.int64)))
+        return Lengths.concat(parts)
 
-    def _loads_of(self, samples: list[_Prepared], text_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        vit, llm = media_loads(self.spec, [s.sizes for s in samples], [s.videos for s in samples], text_tokens)
-        checked = Lengths(vit, llm)  # the range a length file holds
-        return checked.vit, checked.llm
+    def _loads_of(self, samples: list[_Prepared], text_tokens: np.ndarray) -> Lengths:
+        return media_loads(self.spec, [s.sizes for s in samples], [s.videos for s in samples], text_tokens)

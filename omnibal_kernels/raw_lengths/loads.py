@@ -1,18 +1,23 @@
-"""The media side of the loads: image and video sizes -> ViT load and image tokens, by the model's rules.
+"""The media side of the loads: image and video sizes -> ViT load, ViT sequences and image tokens, by the
+model's rules.
 
 Images go through :func:`~omnibal_kernels.vision.compute_loads` (``internvl_num_tiles`` / ``qwen2vl_grid``).
 Videos: InternVL counts each kept frame as one tile with its image tokens; Qwen2-VL counts a video as a grid of
-``num_frames`` frames with the video processor's own patch settings and pixel bounds.
+``num_frames`` frames with the video processor's own patch settings and pixel bounds. A sample's ViT sequences
+are its images' then its videos', each in its order: the images and the videos pass the vision tower in two
+calls, each attending its inputs as :func:`~omnibal_kernels.vision.compute_loads` says.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .._csr import take_rows
+from ..lengths import Lengths
 from ..vision.loads import compute_loads
 from .media import VideoInfo
 from .spec import ModelSpec
 
-__all__ = ["media_loads", "video_frames"]
+__all__ = ["media_item_tokens", "media_loads", "sequence_rows", "video_frames"]
 
 
 def video_frames(spec: ModelSpec, info: VideoInfo) -> int:
@@ -27,8 +32,8 @@ def video_frames(spec: ModelSpec, info: VideoInfo) -> int:
 
 
 def media_loads(spec: ModelSpec, sizes: list[list[tuple[int, int]]], videos: list[list[tuple[VideoInfo, int]]],
-                text_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(vit, llm)`` of ``N`` samples, each ``(N,)`` int64.
+                text_tokens: np.ndarray) -> Lengths:
+    """The loads of ``N`` samples: ``vit``, ``llm`` (text and image tokens) and the ViT sequences.
 
     Args:
         spec: the model's settings.
@@ -44,29 +49,67 @@ def media_loads(spec: ModelSpec, sizes: list[list[tuple[int, int]]], videos: lis
         loads = compute_loads(sizes, text_tokens, model="internvl", num_image_token=spec.num_image_token,
                               image_size=spec.image_size, use_thumbnail=spec.use_thumbnail, progress=False,
                               **tiling)
-        # Video frames are single tiles (no dynamic tiling), each with its image tokens.
+        # Video frames are single tiles (no dynamic tiling), each with its image tokens: every ViT sequence
+        # is one tile, so the sequences follow from the ViT loads.
         frames = np.array([sum(f for _, f in v) for v in videos], dtype=np.int64)
-        return loads.vit + frames, loads.llm + frames * spec.num_image_token
-    loads = compute_loads(sizes, text_tokens, model="qwen2vl", patch_size=spec.patch_size,
-                          merge_size=spec.merge_size, temporal_patch_size=spec.temporal_patch_size,
-                          min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, progress=False)
-    vit, llm = loads.vit.copy(), loads.llm.copy()
+        vit = loads.vit + frames
+        offsets = np.zeros(vit.shape[0] + 1, dtype=np.int64)
+        np.cumsum(vit, out=offsets[1:])
+        return Lengths(vit, loads.llm + frames * spec.num_image_token, vit_seqlens=np.ones(int(offsets[-1]), np.int64),
+                       vit_seqlens_offsets=offsets)
+    images = compute_loads(sizes, text_tokens, model=spec.model, patch_size=spec.patch_size,
+                           merge_size=spec.merge_size, temporal_patch_size=spec.temporal_patch_size,
+                           min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, progress=False)
     flat = [(s, info, f) for s, vs in enumerate(videos) for info, f in vs]
-    # Videos whose frame cap differs are counted in separate calls (the cap is one scalar per call).
+    if not flat:
+        return images
+    # Videos whose frame cap differs are counted in separate calls (the cap is one scalar per call), each
+    # video as its own row; rows then go back to the order of ``flat`` (sample by sample).
     groups: dict[int, list[int]] = {}
     for k, (_, _, f) in enumerate(flat):
         groups.setdefault(_video_max_pixels(spec, f), []).append(k)
-    for max_pixels, ks in groups.items():
-        v = compute_loads(np.array([[flat[k][1].width, flat[k][1].height] for k in ks], dtype=np.int64),
-                          np.zeros(len(sizes), dtype=np.int64), model="qwen2vl",
-                          image_to_sample=np.array([flat[k][0] for k in ks], dtype=np.int64),
-                          num_frames=np.array([flat[k][2] for k in ks], dtype=np.int64),
-                          patch_size=spec.video_patch_size, merge_size=spec.video_merge_size,
-                          temporal_patch_size=spec.video_temporal_patch_size,
-                          min_pixels=spec.video_min_pixels, max_pixels=max_pixels, progress=False)
-        vit += v.vit
-        llm += v.llm
-    return vit, llm
+    per_video = Lengths.concat(
+        compute_loads(np.array([[flat[k][1].width, flat[k][1].height] for k in ks], dtype=np.int64),
+                      np.zeros(len(ks), dtype=np.int64), model=spec.model,
+                      image_to_sample=np.arange(len(ks), dtype=np.int64),
+                      num_frames=np.array([flat[k][2] for k in ks], dtype=np.int64),
+                      patch_size=spec.video_patch_size, merge_size=spec.video_merge_size,
+                      temporal_patch_size=spec.video_temporal_patch_size,
+                      min_pixels=spec.video_min_pixels, max_pixels=max_pixels, progress=False)
+        for max_pixels, ks in groups.items())
+    per_video = per_video[np.argsort(np.concatenate([ks for ks in groups.values()]))]
+    return _images_then_videos(images, per_video, np.array([s for s, _, _ in flat], dtype=np.int64))
+
+
+def _images_then_videos(images: Lengths, per_video: Lengths, owner: np.ndarray) -> Lengths:
+    """Per sample: its images' loads plus its videos' (rows of ``per_video``, ``owner`` increasing), the
+    images' ViT sequences first."""
+    n = len(images)
+    image_offsets, image_seqlens = sequence_rows(images)
+    video_offsets, video_seqlens = sequence_rows(per_video)
+    vit, llm, seqs = (np.bincount(owner, weights=x, minlength=n).astype(np.int64)
+                      for x in (per_video.vit, per_video.llm, np.diff(video_offsets)))
+    # both kinds as 2N rows of one table (images 0..N-1, videos N..2N-1), taken sample by sample
+    offsets = np.concatenate([image_offsets, image_offsets[-1] + np.cumsum(seqs)])
+    values = np.concatenate([image_seqlens, video_seqlens])
+    rows = np.stack([np.arange(n), np.arange(n, 2 * n)], axis=1).ravel()
+    joined, seqlens = take_rows(offsets, values, rows)
+    return Lengths(images.vit + vit, images.llm + llm, vit_seqlens=seqlens, vit_seqlens_offsets=joined[::2])
+
+
+def sequence_rows(loads: Lengths) -> tuple[np.ndarray, np.ndarray]:
+    """``(vit_seqlens_offsets, vit_seqlens)`` of loads that :func:`compute_loads` made (it always gives them)."""
+    if loads.vit_seqlens is None or loads.vit_seqlens_offsets is None:
+        raise ValueError("loads without ViT sequences")
+    return loads.vit_seqlens_offsets, loads.vit_seqlens
+
+
+def media_item_tokens(spec: ModelSpec, sizes: list[tuple[int, int]], videos: list[tuple[VideoInfo, int]]) -> np.ndarray:
+    """``(len(sizes) + len(videos),)`` int64 LLM image tokens of each image, then each video, of one sample."""
+    k = len(sizes) + len(videos)
+    items = media_loads(spec, [[s] for s in sizes] + [[] for _ in videos], [[] for _ in sizes] + [[v] for v in videos],
+                        np.zeros(k, dtype=np.int64))
+    return items.llm
 
 
 def _video_max_pixels(spec: ModelSpec, frames: int) -> int:

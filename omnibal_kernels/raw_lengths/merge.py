@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
 
-from .result import RawLengths, load_part
+from .result import RawLengths, joined_loads, load_part
 
 __all__ = ["merge_length_parts"]
 
@@ -81,8 +80,6 @@ def merge_length_parts(paths: Iterable[str | Path]) -> RawLengths:
         raise ValueError(f"--merge: the run has {n} shards but {len(parts)} parts were given (missing: {shown})")
     ordered = [part for _, part in sorted(parts, key=lambda t: t[1].shard[0])]
     total = ordered[0].num_samples
-    return RawLengths(index=np.concatenate([p.index for p in ordered]),
-                      vit=np.concatenate([p.vit for p in ordered]),
-                      llm=np.concatenate([p.llm for p in ordered]),
-                      start=0, stop=total, num_samples=total, issues=[d for p in ordered for d in p.issues],
-                      settings=ordered[0].settings, shard=(0, 1))
+    return RawLengths(start=0, stop=total, num_samples=total, issues=[d for p in ordered for d in p.issues],
+                      settings=ordered[0].settings, shard=(0, 1),
+                      **joined_loads(ordered, ordered[0].label is not None))

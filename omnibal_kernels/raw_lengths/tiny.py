@@ -28,33 +28,40 @@ _CORPUS = [
     "There are three people walking along the river at sunset with two dogs.",
 ]
 
-_QWEN_TEMPLATE = (
-    "{%- if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}"
-    "{%- for message in messages %}<|im_start|>{{ message['role'] + '\\n' }}"
+# A message's content: a string, or parts (text, and the model's image / video placeholders).
+_QWEN_CONTENT = (
     "{%- if message['content'] is string %}{{ message['content'] }}"
     "{%- else %}{%- for part in message['content'] %}"
     "{%- if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
     "{%- elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{%- endfor %}{%- endif %}"
 )
-_INTERNVL_TEMPLATE = (
-    "{%- for message in messages %}<|im_start|>{{ message['role'] + '\\n' }}"
+_INTERNVL_CONTENT = (
     "{%- if message['content'] is string %}{{ message['content'] }}"
     "{%- else %}{%- for part in message['content'] %}"
     "{%- if part['type'] == 'image' %}{{ '<IMG_CONTEXT>\\n' }}"
     "{%- elif part['type'] == 'video' %}{{ '<video>\\n' }}"
     "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{%- endfor %}{%- endif %}"
 )
 # InternVL-Chat checkpoints format their conversation in code; their saved template takes text only.
-_INTERNVL_CHAT_TEMPLATE = (
-    "{%- for message in messages %}<|im_start|>{{ message['role'] + '\\n' + message['content'] }}{{ '<|im_end|>\\n' }}"
-    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+_TEXT_CONTENT = "{{ message['content'] }}"
+_QWEN_SYSTEM = ("{%- if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                "{% endif %}")
+_GENERATION_PROMPT = "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+
+
+def _chat_template(content: str, mark_training: bool, system: str = "") -> str:
+    """A ChatML template; ``mark_training``: assistant turns (their content and ``<|im_end|>``) inside
+    ``{% generation %}`` blocks, the marks of what is trained (the rendered text is the same either way)."""
+    if not mark_training:
+        turns = "<|im_start|>{{ message['role'] + '\\n' }}" + content + "{{ '<|im_end|>\\n' }}"
+    else:
+        turns = ("<|im_start|>{{ message['role'] + '\\n' }}{%- if message['role'] == 'assistant' %}{% generation %}"
+                 + content + "<|im_end|>{% endgeneration %}{{ '\\n' }}{%- else %}" + content
+                 + "{{ '<|im_end|>\\n' }}{%- endif %}")
+    return system + "{%- for message in messages %}" + turns + "{% endfor %}" + _GENERATION_PROMPT
 
 
 def _tokenizer(specials: list[str], extra: dict[str, str], template: str) -> Any:
@@ -76,7 +83,8 @@ def _tokenizer(specials: list[str], extra: dict[str, str], template: str) -> Any
 
 def tiny_model_folder(folder: str | Path, model: str, *, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 64,
                       video_min_pixels: int = 28 * 28 * 4, video_max_pixels: int = 28 * 28 * 16,
-                      max_num: int = 6, image_size: int = 448, image_seq_length: int = 64) -> Path:
+                      max_num: int = 6, image_size: int = 448, image_seq_length: int = 64,
+                      mark_training: bool = True) -> Path:
     """Write a tiny model folder for ``model`` (``"qwen2vl"``, ``"internvl"`` or ``"internvl-chat"``).
 
     Args:
@@ -84,6 +92,7 @@ def tiny_model_folder(folder: str | Path, model: str, *, min_pixels: int = 56 * 
         min_pixels, max_pixels, video_min_pixels, video_max_pixels: Qwen2-VL resize bounds (small, so that
             small test images reach both bounds).
         max_num, image_size, image_seq_length: InternVL tiling and image tokens per tile.
+        mark_training: the chat template marks the assistant turns for training (``{% generation %}``).
 
     Returns:
         The folder.
@@ -95,7 +104,7 @@ def tiny_model_folder(folder: str | Path, model: str, *, min_pixels: int = 56 * 
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         tok = _tokenizer(chat + ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"], {},
-                         _QWEN_TEMPLATE)
+                         _chat_template(_QWEN_CONTENT, mark_training, _QWEN_SYSTEM))
         tok.save_pretrained(folder)
         Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(folder)
         video = {"video_processor_type": "Qwen2VLVideoProcessor", "patch_size": 14, "merge_size": 2,
@@ -108,14 +117,14 @@ def tiny_model_folder(folder: str | Path, model: str, *, min_pixels: int = 56 * 
 
         extra = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
                  "video_token": "<video>"}
-        tok = _tokenizer(chat, extra, _INTERNVL_TEMPLATE)
+        tok = _tokenizer(chat, extra, _chat_template(_INTERNVL_CONTENT, mark_training))
         tok.save_pretrained(folder)
         GotOcr2ImageProcessorPil(crop_to_patches=True, min_patches=1, max_patches=max_num,
                                  size={"height": image_size, "width": image_size}).save_pretrained(folder)
         (folder / "processor_config.json").write_text(json.dumps(
             {"processor_class": "InternVLProcessor", "image_seq_length": image_seq_length}, indent=2))
     elif model == "internvl-chat":
-        tok = _tokenizer(chat + ["<img>", "</img>", "<IMG_CONTEXT>"], {}, _INTERNVL_CHAT_TEMPLATE)
+        tok = _tokenizer(chat + ["<img>", "</img>", "<IMG_CONTEXT>"], {}, _chat_template(_TEXT_CONTENT, mark_training))
         tok.save_pretrained(folder)
         patch = 14
         ratio = (image_seq_length / (image_size // patch) ** 2) ** 0.5

@@ -76,7 +76,7 @@ def test_write_lengths_interrupted_midway_keeps_the_old_file(tmp_path, monkeypat
                 yield from (1, 2)
                 raise _Midway("interrupted")
         loads = {"vit": np.zeros(4, np.int64), "llm": np.arange(4).view(Failing)}
-        monkeypatch.setattr("omnibal_kernels.lengths._as_load_array", lambda values, *a, **k: values)
+        monkeypatch.setattr("omnibal_kernels.lengths.write._as_load_array", lambda values, *a, **k: values)
     with pytest.raises(_Midway):
         write_lengths(target, loads)
     assert target.read_bytes() == before and _leftovers(tmp_path) == []
