@@ -141,7 +141,7 @@ def test_gradcheck_float64() -> None:
     for causal in (True, False):
         inputs = tuple(x.clone().requires_grad_() for x in (q, k, v))
         assert torch.autograd.gradcheck(
-            lambda a, b, c: varlen_attention(a, b, c, cu, 5, causal=causal), inputs
+            lambda a, b, c, causal=causal: varlen_attention(a, b, c, cu, 5, causal=causal), inputs
         )
 
 
