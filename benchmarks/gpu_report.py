@@ -60,6 +60,12 @@ def _fmt(value: Any, width: int) -> str:
     return text[:width].ljust(width)
 
 
+def _training_line(name: str, t: dict[str, Any]) -> str:
+    """The measured training steps in one line: speed-up measured and predicted, the worst rank's busy error."""
+    return (f"  {name}: balanced over random padded {t['speedup']:.2f}x measured, {t['speedup_predicted']:.2f}x "
+            f"predicted by the calibrated model; busy time per rank predicted within {t['busy_error_max']:.1%}")
+
+
 def _table(report: dict[str, Any]) -> str:
     lines = ["", "== gpu_check summary =="]
     for step in report["steps"]:
@@ -78,6 +84,8 @@ def _table(report: dict[str, Any]) -> str:
             continue
         for error in bench.get("errors", []):
             lines.append(f"  {name}: ERROR {error[:110]}")
+        if bench.get("training"):
+            lines.append(_training_line(name, bench["training"]))
         if bench.get("rows") and not rows_printed:
             lines.append(header)
             rows_printed = True

@@ -14,9 +14,10 @@ makes a packed batch compute exactly what the same samples compute one at a time
     changed between releases (``is_causal`` became ``window_size``; ``scale`` and ``enable_gqa`` were
     added later); the adapter reads the installed signature and maps onto it.
 ``"sdpa"``
-    ``torch.nn.functional.scaled_dot_product_attention`` on groups of segments of similar length,
-    padded to the longest one in the group: any device, any floating dtype, autograd. It is the path
-    used on CPU and the fallback on GPUs without the other two.
+    ``torch.nn.functional.scaled_dot_product_attention`` once per group of segments of equal length
+    (queries and keys), nothing padded: each segment costs its own attention, as in the varlen kernels.
+    Any device, any floating dtype, autograd. It is the path used on CPU and the fallback on GPUs without
+    the other two; a pack of samples of distinct lengths makes one call per sample.
 
 All backends share one convention for ``causal`` when a segment has fewer keys than queries or more
 (``cu_seqlens_k`` given): the mask is aligned to the bottom-right corner, as in flash-attention >= 2.1,
@@ -47,14 +48,6 @@ BACKENDS = backends("attention")
 # The CUDA varlen kernels (flash-attn and torch's varlen_attn, which wraps the same flash kernels) take
 # only half-precision inputs.
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-# The sdpa backend pads every segment of a group to the group's longest segment. A segment joins the
-# current group while its length is at least this fraction of the group's longest, so padding at most
-# doubles a query row's keys (at most 4x a segment's attention work) and the number of groups (one SDPA
-# call each) grows only with log2(longest / shortest). Larger fractions mean more SDPA calls, smaller ones
-# more padded keys; one half balances the two.
-_GROUP_MIN_FILL = 0.5
-
 
 # ----------------------------------------------------------------------------------------------------
 # validation
@@ -338,30 +331,40 @@ def _torch_varlen(
     return fn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
 
-def _segment_groups(lengths: np.ndarray) -> list[np.ndarray]:
-    """Non-empty segment indices, longest first, in groups of lengths >= _GROUP_MIN_FILL x the group's longest."""
-    order = np.argsort(-lengths, kind="stable")
-    order = order[lengths[order] > 0]
-    groups = []
-    start = 0
-    while start < order.size:
-        floor = lengths[order[start]] * _GROUP_MIN_FILL
-        # lengths[order] is non-increasing: the group ends at the first segment below the floor
-        stop = start + max(1, int(np.searchsorted(-lengths[order[start:]], -floor, side="right")))
-        groups.append(order[start:stop])
-        start = stop
-    return groups
+def _length_groups(lens_q: np.ndarray, lens_k: np.ndarray) -> list[np.ndarray]:
+    """Segments with queries and keys, grouped by their exact ``(queries, keys)`` lengths, in packed order."""
+    live = np.flatnonzero((lens_q > 0) & (lens_k > 0))
+    if not live.size:
+        return []
+    key = lens_q[live] * (int(lens_k.max()) + 1) + lens_k[live]
+    order = np.argsort(key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    return np.split(live[order], cuts)
 
 
-def _padded_index(starts: np.ndarray, lens: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token rows of a (segments, width) padded block and which entries are real.
+def _group_input(x: torch.Tensor, parts: tuple[torch.Tensor, ...] | None, group: np.ndarray) -> torch.Tensor:
+    """``(n, heads, length, dim)``: the segments ``group`` of ``x``, all of one length; ``parts`` is ``x`` split
+    into its segments, or None when ``group`` is every segment, back to back (a view of ``x``)."""
+    if parts is None:
+        block = x.unflatten(0, (group.shape[0], -1))
+    elif group.shape[0] == 1:
+        block = parts[int(group[0])].unsqueeze(0)
+    else:
+        block = torch.stack([parts[int(s)] for s in group])
+    return block.transpose(1, 2)
 
-    Padding entries repeat the segment's last token, so every gathered row holds finite values.
-    """
-    pos = np.arange(width, dtype=np.int64)
-    valid = pos[None, :] < lens[:, None]
-    index = starts[:, None] + np.minimum(pos[None, :], np.maximum(lens[:, None] - 1, 0))
-    return index, valid
+
+def _bottom_right_mask(lq: int, lk: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The causal mask of ``lq`` queries over ``lk`` keys aligned bottom-right, ``(lq, lk)`` bool, and the
+    ``(lq, 1)`` rows that see a key (None when all do); rows that see none are opened, their output zeroed."""
+    allowed = np.arange(lk)[None, :] <= np.arange(lq)[:, None] + (lk - lq)
+    has_key = allowed.any(axis=1, keepdims=True)
+    row_ok = None
+    if not bool(has_key.all()):
+        # a row that sees no key would be NaN in SDPA
+        row_ok = torch.from_numpy(has_key).to(device)
+        allowed = allowed | ~has_key
+    return torch.from_numpy(allowed).to(device), row_ok
 
 
 def _sdpa_varlen(
@@ -369,77 +372,40 @@ def _sdpa_varlen(
     cu_q: torch.Tensor, cu_k: torch.Tensor,
     causal: bool, scale: float, dropout_p: float,
 ) -> torch.Tensor:
+    """One SDPA call per group of equal-length segments, nothing padded: the attention work of each segment is
+    its own (queries x keys), whatever the other segments' lengths."""
     cu_q_np = cu_q.numpy().astype(np.int64)
     cu_k_np = cu_k.numpy().astype(np.int64)
-    lens_q = np.diff(cu_q_np)
-    lens_k = np.diff(cu_k_np)
-    same_lengths = cu_q is cu_k or bool(np.array_equal(cu_q_np, cu_k_np))
-    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    group_size = heads // kv_heads
-    device = q.device
-
-    values: list[torch.Tensor] = []
-    rows: list[np.ndarray] = []
-    # queries of segments without any key attend to nothing: zeros, as flash-attention returns
-    keyless = np.flatnonzero((lens_q > 0) & (lens_k == 0))
-    if keyless.size:
-        rows.append(np.concatenate([np.arange(cu_q_np[s], cu_q_np[s + 1]) for s in keyless]))
-        values.append(q.new_zeros(len(rows[-1]), heads, head_dim))
-    live = (lens_q > 0) & (lens_k > 0)
-
-    for group in _segment_groups(np.where(live, np.maximum(lens_q, lens_k), 0)):
-        gq, gk = lens_q[group], lens_k[group]
-        width_q, width_k = int(gq.max()), int(gk.max())
-        index_q, valid_q = _padded_index(cu_q_np[group], gq, width_q)
-        index_k, _ = _padded_index(cu_k_np[group], gk, width_k)
-        n = len(group)
-        # (n, width, heads, dim) -> (n, heads, width, dim), the layout SDPA takes
-        idx_q = torch.from_numpy(index_q.reshape(-1)).to(device)
-        idx_k = torch.from_numpy(index_k.reshape(-1)).to(device)
-        qg = q.index_select(0, idx_q).view(n, width_q, heads, head_dim).transpose(1, 2)
-        kg = k.index_select(0, idx_k).view(n, width_k, kv_heads, head_dim).transpose(1, 2)
-        vg = v.index_select(0, idx_k).view(n, width_k, kv_heads, head_dim).transpose(1, 2)
-        if group_size > 1:
-            kg = kg.repeat_interleave(group_size, dim=1)
-            vg = vg.repeat_interleave(group_size, dim=1)
-
-        mask: torch.Tensor | None = None
-        row_ok: torch.Tensor | None = None
-        is_causal = False
-        if same_lengths and causal:
-            # right padding: a real query at position i sees keys <= i, all real; padded queries are dropped
-            is_causal = True
-        elif same_lengths and bool((gk == width_k).all()):
-            pass  # all segments of the group have the same length: nothing to mask
-        else:
-            pos_q = np.arange(width_q)[None, :, None]
-            pos_k = np.arange(width_k)[None, None, :]
-            allowed = pos_k < gk[:, None, None]
-            if causal:
-                allowed = allowed & (pos_k <= pos_q + (gk - gq)[:, None, None])
-            has_key = allowed.any(axis=2, keepdims=True)
-            if not bool(has_key.all()):
-                # a row that sees no key would be NaN in SDPA; open it, then zero its output
-                row_ok = torch.from_numpy(has_key).unsqueeze(1).to(device)
-                allowed = allowed | ~has_key
-            mask = torch.from_numpy(allowed).unsqueeze(1).to(device)
-
+    lens_q, lens_k = np.diff(cu_q_np), np.diff(cu_k_np)
+    heads = q.shape[1]
+    if k.shape[1] != heads:  # grouped-query attention: each key/value head serves heads // kv_heads queries
+        k = k.repeat_interleave(heads // k.shape[1], dim=1)
+        v = v.repeat_interleave(heads // v.shape[1], dim=1)
+    groups = _length_groups(lens_q, lens_k)
+    if not groups:
+        # no segment has both queries and keys: zeros, as flash-attention returns, still attached to every
+        # input's graph, so that a backward through them gives each input its (zero) gradient
+        return q * 0.0 + (k.sum() + v.sum()) * 0.0
+    # autograd sees one split per input (its backward is one cat), not a slice per segment (whose backwards
+    # each write a gradient the size of the whole input); a single group of every segment needs no split
+    whole = len(groups) == 1 and groups[0].shape[0] == lens_q.shape[0]
+    parts = (None, None, None) if whole else tuple(
+        x.split(lens.tolist()) for x, lens in ((q, lens_q), (k, lens_k), (v, lens_k)))
+    pieces: list[tuple[int, torch.Tensor]] = []  # (first query row, that segment's output rows)
+    for s in np.flatnonzero((lens_q > 0) & (lens_k == 0)):  # queries without any key: zeros, attached to q
+        pieces.append((int(cu_q_np[s]), parts[0][int(s)] * 0.0))
+    for group in groups:
+        lq, lk = int(lens_q[group[0]]), int(lens_k[group[0]])
+        mask, row_ok = _bottom_right_mask(lq, lk, q.device) if causal and lq != lk else (None, None)
         out = F.scaled_dot_product_attention(
-            qg, kg, vg, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+            _group_input(q, parts[0], group), _group_input(k, parts[1], group), _group_input(v, parts[2], group),
+            attn_mask=mask, dropout_p=dropout_p, is_causal=causal and lq == lk, scale=scale,
         )
         if row_ok is not None:
             out = out * row_ok.to(out.dtype)
-        out = out.transpose(1, 2)  # (n, width_q, heads, dim)
-        valid_t = torch.from_numpy(valid_q).to(device)
-        values.append(out[valid_t])
-        rows.append(index_q[valid_q])
-
-    total = q.shape[0]
-    if not values:
-        return q * 0.0  # no tokens at all: (0, heads, head_dim), still attached to q's graph
-    packed = torch.cat(values) if len(values) > 1 else values[0]
-    order = np.concatenate(rows)
-    # `order` lists each token row exactly once; invert it to put rows back in packed order
-    inverse = np.empty(total, dtype=np.int64)
-    inverse[order] = np.arange(total, dtype=np.int64)
-    return packed.index_select(0, torch.from_numpy(inverse).to(device))
+        out = out.transpose(1, 2)  # (n, lq, heads, dim)
+        if whole:
+            return out.reshape(q.shape)
+        pieces += [(int(cu_q_np[s]), rows) for s, rows in zip(group, out.unbind(0))]
+    pieces.sort(key=lambda piece: piece[0])
+    return torch.cat([rows for _, rows in pieces])

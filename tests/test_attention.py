@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from omnibal_kernels import attention
 from omnibal_kernels.attention import available_backends, varlen_attention
@@ -38,8 +40,11 @@ LENGTH_CASES = {
     "single_token": [1],
     "zeros_between": [5, 0, 0, 17, 3, 64, 0],
     "off_block": [113, 31, 1, 2, 65],
-    # several length groups in the sdpa backend (longest/shortest = 200)
+    # distinct lengths: one SDPA call per segment in the sdpa backend
     "spread": [200, 150, 99, 60, 41, 20, 9, 4, 1, 180, 7],
+    # equal lengths back to back (one call over a view) and scattered among others (one gathered call)
+    "tiles": [16, 16, 16, 16, 16],
+    "equal_scattered": [16, 5, 16, 0, 16, 3, 5, 16],
 }
 
 
@@ -136,7 +141,7 @@ def test_gradcheck_float64() -> None:
     for causal in (True, False):
         inputs = tuple(x.clone().requires_grad_() for x in (q, k, v))
         assert torch.autograd.gradcheck(
-            lambda a, b, c: varlen_attention(a, b, c, cu, 5, causal=causal), inputs
+            lambda a, b, c, causal=causal: varlen_attention(a, b, c, cu, 5, causal=causal), inputs
         )
 
 
@@ -153,6 +158,37 @@ def test_gradients_match_reference(causal: bool) -> None:
         fn(*inputs).backward(grad_out)
         grads.append([x.grad for x in inputs])
     for ours, ref in zip(*grads):
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=8),
+    same_keys=st.booleans(),
+    causal=st.booleans(),
+    heads=st.sampled_from([(2, 2), (4, 2), (3, 1)]),
+    seed=st.integers(0, 2**16),
+)
+def test_sdpa_values_and_gradients_match_the_per_sequence_reference(
+    pairs: list[tuple[int, int]], same_keys: bool, causal: bool, heads: tuple[int, int], seed: int
+) -> None:
+    """Any lengths (0 and 1 included, queries and keys apart or equal, repeated lengths that share one call):
+    the CPU path's outputs and the gradients of q, k and v equal those of each sequence attended alone."""
+    lengths_q = [a for a, _ in pairs]
+    lengths_k = lengths_q if same_keys else [b for _, b in pairs]
+    cu_q, cu_k = _cu(lengths_q), _cu(lengths_k)
+    base = _qkv(sum(lengths_q), heads[0], heads[1], 8, total_k=sum(lengths_k), seed=seed)
+    grad_out = torch.randn(sum(lengths_q), heads[0], 8, generator=torch.Generator().manual_seed(seed + 1))
+    keys = {} if same_keys else dict(cu_seqlens_k=cu_k, max_seqlen_k=max(lengths_k))
+    results = []
+    for fn in (lambda a, b, c: varlen_attention(a, b, c, cu_q, max(lengths_q), causal=causal, backend="sdpa", **keys),
+               lambda a, b, c: varlen_attention_reference(a, b, c, cu_q, causal=causal,
+                                                          cu_seqlens_k=None if same_keys else cu_k)):
+        inputs = [x.clone().requires_grad_() for x in base]
+        out = fn(*inputs)
+        out.backward(grad_out)
+        results.append([out.detach()] + [x.grad for x in inputs])
+    for ours, ref in zip(*results):
         torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -179,16 +215,40 @@ def test_auto_uses_sdpa_for_cpu() -> None:
     assert torch.equal(varlen_attention(q, k, v, cu, 11), varlen_attention(q, k, v, cu, 11, backend="sdpa"))
 
 
-def test_segment_groups_cover_every_segment_once() -> None:
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        lengths = rng.integers(0, 3000, size=rng.integers(1, 64))
-        lengths[rng.random(lengths.size) < 0.2] = 0
-        groups = attention._segment_groups(lengths)
-        members = np.concatenate(groups) if groups else np.array([], dtype=np.int64)
-        assert sorted(members.tolist()) == np.flatnonzero(lengths > 0).tolist()
-        for group in groups:
-            assert lengths[group].min() >= attention._GROUP_MIN_FILL * lengths[group].max()
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=40))
+def test_length_groups_hold_every_live_segment_once_at_one_length(pairs: list[tuple[int, int]]) -> None:
+    lens_q, lens_k = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+    groups = attention._length_groups(lens_q, lens_k)
+    members = np.concatenate(groups) if groups else np.array([], dtype=np.int64)
+    assert sorted(members.tolist()) == np.flatnonzero((lens_q > 0) & (lens_k > 0)).tolist()
+    for group in groups:
+        assert len(set(lens_q[group].tolist())) == 1 and len(set(lens_k[group].tolist())) == 1
+        assert (np.diff(group) > 0).all()  # packed order within a group
+    # one group per distinct pair: segments of one length are never split over calls
+    assert len(groups) == len({p for p in pairs if p[0] > 0 and p[1] > 0})
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sdpa_backend_pads_nothing(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    """Every SDPA call of the sdpa backend sees segments of one length and no padded row: the query rows and
+    key columns it is given add up to each segment's own, so a pack costs what its segments cost."""
+    calls: list[tuple[int, ...]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kwargs):
+        calls.append((q.shape[0], q.shape[2], k.shape[2]))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    lengths = [200, 16, 3, 16, 101, 16, 0, 7]
+    q, k, v = _qkv(sum(lengths), 4, 2, 8)
+    out = varlen_attention(q, k, v, _cu(lengths), 200, causal=causal, backend="sdpa")
+    torch.testing.assert_close(out, varlen_attention_reference(q, k, v, _cu(lengths), causal=causal),
+                               atol=ATOL_F32, rtol=RTOL_F32)
+    assert sum(n * lq for n, lq, _ in calls) == sum(lengths)
+    assert sum(n * lq * lk for n, lq, lk in calls) == sum(x * x for x in lengths)
+    assert sorted(calls) == [(1, 3, 3), (1, 7, 7), (1, 101, 101), (1, 200, 200), (3, 16, 16)]
 
 
 # ----------------------------------------------------------------------------------------------------

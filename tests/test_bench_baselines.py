@@ -15,7 +15,7 @@ from omnibal_kernels.bench.baselines import (
     over_vit_capacity,
     random_padded_plan,
 )
-from omnibal_kernels.bench.ddp import padded_batch, summarize
+from omnibal_kernels.bench.ddp import padded_batch
 from omnibal_kernels.testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
 from omnibal_kernels.bench.quality import coverage
 from omnibal_kernels.bench.simulate import epoch_time, ideal_time, padding_fraction, rank_costs
@@ -173,15 +173,3 @@ def test_padded_and_packed_batches_train_the_same_function() -> None:
     a = causal_lm_loss(model(**padded), padded["labels"], reduction="sum")
     b = causal_lm_loss(model(**packed), packed["labels"], reduction="sum")
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
-
-
-def test_ddp_summary_takes_the_slowest_rank_of_the_best_round() -> None:
-    lengths = Lengths(np.zeros(4, np.int64), np.array([10, 20, 30, 40]))
-    # rounds x ranks x [seconds, allreduce_s, tokens, steps]
-    results = {"random": [[[4.0, 1.0, 50, 2], [3.0, 0.5, 50, 2]], [[2.0, 0.5, 50, 2], [2.5, 0.0, 50, 2]]],
-               "balanced": [[[2.0, 0.2, 50, 2], [2.0, 0.2, 50, 2]]]}
-    out = summarize(results, lengths)
-    assert out["random_s"] == 2.5 and out["balanced_s"] == 2.0
-    assert out["speedup"] == pytest.approx((100 / 2.0) / (100 / 2.5))
-    assert out["wait_fraction_random"] == pytest.approx((0.5 / 2.0 + 0.0) / 2)
-    assert out["random_rounds_s"] == [4.0, 2.5]

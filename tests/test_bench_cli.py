@@ -42,6 +42,12 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
     assert ddp["random_s"] > 0 and ddp["balanced_s"] > 0
     assert ddp["speedup"] == pytest.approx(
         (ddp["balanced_tokens"] / ddp["balanced_s"]) / (ddp["random_tokens"] / ddp["random_s"]))
+    # the calibrated model's prediction of the same run, rank by rank (how close is the report's, not a test's)
+    for mode in ("random", "balanced"):
+        assert len(ddp[f"{mode}_busy_s"]) == len(ddp[f"{mode}_busy_predicted_s"]) == ddp["world_size"] == 2
+        assert all(p > 0 for p in ddp[f"{mode}_busy_predicted_s"])
+    assert ddp["speedup_predicted"] > 0 and ddp["busy_error_max"] >= 0 and isinstance(ddp["misses"], list)
+    assert ddp["calibration"]["packs"] > 0 and ddp["calibration"]["heldout_error"]["median"] >= 0
     assert report["planning"] and all({"method", "n", "seconds", "argsort_ratio"} <= set(r) for r in report["planning"])
     assert report["collate"] and all({"provider", "batch_size", "input", "seconds"} <= set(r) for r in report["collate"])
     assert {r["input"] for r in report["collate"]} == {"text", "tiles", "patches", "lists"}
@@ -55,7 +61,8 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
     # the Markdown file and stdout are the report's rendering
     text = (tmp_path / "r.md").read_text()
     assert text == to_markdown(report) and proc.stdout.strip() == text.strip()
-    assert "### Measured DDP training" in text and "| bundled |" in text and "### Context parallelism" in text
+    assert "### Measured DDP training" in text and "predicted by the cost model calibrated" in text
+    assert "| bundled |" in text and "### Context parallelism" in text
     for name in ("rank_loads", "pack_loads", "planning_time", "step_time"):
         png = tmp_path / "png" / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC, name

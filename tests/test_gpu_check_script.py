@@ -33,9 +33,9 @@ def test_gpu_check_without_cuda(tmp_path: Path) -> None:
     assert report["status"] == "ok"
     steps = {s["name"]: s["status"] for s in report["steps"]}
     assert steps == {"build": "skipped", "gpu_tests": "skipped", "bench_ops_gpu": "skipped",
-                     "bench_vision_gpu": "skipped"}
-    assert report["benchmarks"]["bench_ops_gpu"]["skipped"] == "no CUDA device"
-    assert report["benchmarks"]["bench_vision_gpu"]["skipped"] == "no CUDA device"
+                     "bench_vision_gpu": "skipped", "bench_train_gpu": "skipped"}
+    for name in ("bench_ops_gpu", "bench_vision_gpu", "bench_train_gpu"):
+        assert report["benchmarks"][name]["skipped"] == "no CUDA device", name
     # the table is the last thing printed
     assert proc.stdout.rstrip().splitlines()[-1].strip() == "overall: ok"
 
@@ -46,9 +46,11 @@ def test_report_lists_rows_and_fails_on_a_failed_step(tmp_path: Path) -> None:
                vs_copy=0.9, baseline="unpad_input", vs_baseline=2.5)
     bench = dict(skipped=None, rows=[row], errors=[], environment=dict(device="H200"))
     (tmp_path / "bench_x.json").write_text(json.dumps(bench))
+    training = dict(speedup=1.31, speedup_predicted=1.38, busy_error_max=0.042)
+    (tmp_path / "bench_t.json").write_text(json.dumps(dict(skipped=None, rows=[], errors=[], training=training)))
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_report.py"), str(tmp_path), "benchmarks/bench_x.py",
-         "benchmarks/bench_missing.py"],
+         "benchmarks/bench_t.py", "benchmarks/bench_missing.py"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -60,6 +62,8 @@ def test_report_lists_rows_and_fails_on_a_failed_step(tmp_path: Path) -> None:
     row_line = next(line for line in proc.stdout.splitlines() if line.strip().startswith("pack"))
     assert "omnibal" in row_line and "0.900" in row_line and "2.50x" in row_line
     assert "bench_missing: ERROR no readable bench_missing.json" in proc.stdout
+    assert "bench_t: balanced over random padded 1.31x measured, 1.38x predicted" in proc.stdout
+    assert "predicted within 4.2%" in proc.stdout
 
 
 def _load_benchmark(name: str):

@@ -1,29 +1,30 @@
-"""Measured training speed-up: a tiny VLM trained with DDP over 2 CPU processes, random padded batches
-against balanced packs, the same samples and tokens.
+"""Measured training speed-up: the tiny VLM trained with DDP over 2 CPU processes, balanced packs against random
+padded batches, beside what a cost model calibrated in the same run predicts for every rank.
 
-The samples are sized like the bundled InternVL-Chat loads scaled by 1/16 (a 448 px tile of 256 LLM tokens
-becomes a 16x16 px tile of 16 patches and 16 tokens; text tokens are divided by 16). Two ranks (gloo,
-one thread each) train one epoch over them each way, the same model from the same initial weights:
+The workload, the turns the modes take and the fit are :mod:`omnibal_kernels.bench.training`'s. Here two ranks
+(gloo, torch on one thread each) each hold three DDP replicas of the model (``random``, ``balanced``,
+``calibration``: the same initial weights, a fused AdamW each) and train them in turn, one step at a time; the
+batches are built before anything is timed, so a step is training only (collate speed is the ``collate``
+provider's). A DDP communication hook runs the gradient all-reduce synchronously and times it on both clocks.
 
-* ``random``: a seeded random order cut into micro-batches of 4 samples, each padded to its longest
-  sample and run densely (``(4, longest)`` token batches, dense causal attention), the tiles concatenated;
-* ``balanced``: ``plan_packs`` (cost model of this model's own shapes) packs of about 4 samples, each
-  built by ``pack_batch`` and run with ``varlen_attention``.
+Clocks, per step and rank:
 
-One micro-step per optimizer step; DDP all-reduces the gradients after every backward. A DDP
-communication hook runs the all-reduce synchronously and times it: that time is how long a rank waited
-for the slower one plus the transfer of the gradients (about 1 MB, well under a millisecond between two
-local processes), the ``wait_fraction`` of the epoch. Batches are built before the timed epoch, so the
-wall time is training only (collate speed is measured by the ``collate`` provider). After a few untimed
-steps of each, the modes take turns for ``rounds`` epochs (which goes first alternates), and each keeps its
-fastest epoch.
+* ``busy`` (the robust clock): the rank's thread CPU time (``time.thread_time``) of forward, backward and
+  optimizer step, minus its thread time inside the all-reduce. It does not count the time other processes hold
+  the CPU, which on a shared 2-core machine is most of the wall time; it still moves with what their work does
+  to the caches, which taking turns spreads over the three modes alike. On the CPU the autograd engine runs the
+  backward, and the DDP hooks in it, on the calling thread, so the clock sees the step whole.
+* ``busy_wall``: the same on the wall clock (``time.perf_counter``), the all-reduce excluded.
+* ``step_wall``: the whole step on the wall clock, waiting for the other rank included: what a user sees; the
+  wall epoch sums, over steps, the slower rank's step.
 
-Caveat: CPU compute shapes differ from a GPU's. Here a rank's time grows about linearly with its tokens,
-padding included; on a GPU small batches under-use the device and attention costs more at long lengths.
-The ratio shows the effect of balance and padding on real DDP synchronization, not a GPU's number.
+The report gives the speed-up on the robust clock (the headline ``speedup``), on the wall clock and as the
+calibrated model predicts it, each rank's measured and predicted busy time, and the machine's load average
+before and after (other processes' work inflates the wall clock, not the busy time).
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -35,144 +36,96 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..balance import CostModel, plan_packs
-from ..lengths import Lengths
-from ..packing import pack_batch, warmup
+from ..packing import warmup
 from ..testing.models import causal_lm_loss
 from ..testing.processes import free_port
-from ..testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
-from .baselines import random_padded_plan
+from ..testing.tiny_vlm import TinyVLM
 from .runner import Config, register
+from .training import FIELDS, MODES, Sizes, Workload, build_batches, padded_batch, run_schedule, summarize
 
-BATCH = 4
-WORLD_SIZE = 2
-WARMUP_STEPS = 3
-FULL = dict(samples=1024, rounds=3, hidden=256)
-QUICK = dict(samples=64, rounds=1, hidden=64)
+__all__ = ["FULL", "QUICK", "padded_batch", "run"]
 
-
-def padded_batch(samples: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
-    """A dense padded batch: ``(B, longest)`` ids (pad 0), labels (-100 on padding), tiles concatenated."""
-    longest = max(int(s["input_ids"].numel()) for s in samples)
-    ids = torch.zeros(len(samples), longest, dtype=torch.int64)
-    labels = torch.full((len(samples), longest), -100, dtype=torch.int64)
-    for row, s in enumerate(samples):
-        n = s["input_ids"].numel()
-        ids[row, :n], labels[row, :n] = s["input_ids"], s["labels"]
-        labels[row, 0] = -100
-    pixels = torch.cat([s["pixel_values"] for s in samples])
-    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(longest).expand(len(samples), -1),
-            "pixel_values": pixels if pixels.shape[0] else None}
+# 12 samples per micro-batch (about 870 tokens) at width 256, so that the matrix products, which the padded
+# batches pay for their padding in, take most of a step rather than its thousands of operator calls (the fitted
+# model in the report splits a step into its per-pack and per-token terms). Two calibration steps after every
+# measured pair: the fit's six terms take more runs than a step's prediction, and a run on the shared machine
+# varies by tens of percent. --quick trains the same shapes on fewer samples, one round.
+FULL = Sizes(samples=1024, batch=12, hidden=256, layers=2, rounds=2, calibration_packs=64, calibration_steps=2)
+QUICK = Sizes(samples=384, batch=12, hidden=256, layers=2, rounds=1, calibration_packs=32, calibration_steps=2)
 
 
 def _timed_allreduce(state: dict[str, float], bucket):  # noqa: ANN001, ANN202
-    """DDP communication hook: a blocking all-reduce (mean), its time added to ``state["allreduce_s"]``.
+    """DDP communication hook: a blocking all-reduce (mean), its wall and thread time added to ``state``.
 
     ``bucket`` is a ``dist.GradBucket`` and the result a ``Future[Tensor]``; they carry no annotations
     because DDP checks annotations by identity and this module's are strings.
     """
     buf = bucket.buffer()
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.thread_time()
     dist.all_reduce(buf)
-    state["allreduce_s"] += time.perf_counter() - start
+    state["thread"] += time.thread_time() - cpu
+    state["wall"] += time.perf_counter() - wall
     buf.div_(dist.get_world_size())
     fut = torch.futures.Future()
     fut.set_result(buf)
     return fut
 
 
-def _batches(mode: str, lengths: Lengths, samples: list, rank: int, cost: CostModel, seed: int) -> tuple[list, int]:
-    """This rank's batches for one epoch of ``mode`` and the real (unpadded) tokens in them."""
-    if mode == "random":
-        plan = random_padded_plan(lengths, world_size=WORLD_SIZE, batch_size=BATCH, seed=seed)
-        build = padded_batch
-    else:
-        plan = plan_packs(lengths, world_size=WORLD_SIZE, target_batch_size=BATCH, cost_model=cost, seed=seed)
-        build = pack_batch
-    ids = plan.rank_batches(rank)
-    tokens = int(sum(lengths.llm[b].sum() for b in ids))
-    return [build([samples[i] for i in b]) for b in ids], tokens
+class _Replica:
+    """One mode's DDP model, its optimizer and the all-reduce times of its current step."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.state = {"thread": 0.0, "wall": 0.0}
+        self.model = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+        self.model.register_comm_hook(self.state, _timed_allreduce)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, fused=True)
+
+    def step(self, batch: Any) -> np.ndarray:
+        """One training step; returns its times in the order of ``FIELDS``."""
+        self.state["thread"] = self.state["wall"] = 0.0
+        wall, cpu = time.perf_counter(), time.thread_time()
+        causal_lm_loss(self.model(**batch), batch["labels"]).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        return np.array([cpu - self.state["thread"], wall - self.state["wall"], self.state["wall"], wall])
 
 
-def _epoch(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list, state: dict[str, float]) -> float:
-    dist.barrier()
-    state["allreduce_s"] = 0.0
-    start = time.perf_counter()
-    for batch in batches:
-        logits = model(**batch)
-        causal_lm_loss(logits, batch["labels"]).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
-
-
-def _worker(rank: int, port: int, sizes: dict[str, int], seed: int, out_path: str) -> None:
+def _worker(rank: int, port: int, sizes: Sizes, seed: int, out_path: str) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    dist.init_process_group("gloo", rank=rank, world_size=sizes.world_size)
     try:
-        lengths = scaled_lengths(sizes["samples"], seed)
-        samples = [make_sample(lengths, i, seed) for i in range(len(lengths))]
         torch.manual_seed(seed)
-        base = TinyVLM(hidden=sizes["hidden"], vit_hidden=sizes["hidden"] // 2)
-        cost = base.cost_model()
-        batches = {m: _batches(m, lengths, samples, rank, cost, seed) for m in ("random", "balanced")}
-        initial = {k: v.clone() for k, v in base.state_dict().items()}
-        results: dict[str, list] = {m: [] for m in batches}
-        # a few untimed steps of each mode first (allocator, thread pools, first-call paths); then the
-        # modes take turns, the first of each round alternating
-        plan = [(m, WARMUP_STEPS) for m in batches]
-        for r in range(sizes["rounds"]):
-            plan += [(m, None) for m in (("random", "balanced") if r % 2 == 0 else ("balanced", "random"))]
-        for mode, limit in plan:
-            mode_batches, tokens = batches[mode]
-            base.load_state_dict(initial)
-            model = nn.parallel.DistributedDataParallel(base)
-            state = {"allreduce_s": 0.0}
-            model.register_comm_hook(state, _timed_allreduce)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            seconds = _epoch(model, optimizer, mode_batches[:limit], state)
-            if limit is None:
-                # every rank's numbers, so the epoch lasts as long as the slowest rank
-                stats = torch.tensor([seconds, state["allreduce_s"], tokens, len(mode_batches)], dtype=torch.float64)
-                gathered = [torch.zeros_like(stats) for _ in range(WORLD_SIZE)]
-                dist.all_gather(gathered, stats)
-                results[mode].append(torch.stack(gathered).tolist())
-            del model
+        model = TinyVLM(hidden=sizes.hidden, vit_hidden=sizes.hidden // 2, layers=sizes.layers)
+        flops = model.cost_model()
+        work = Workload.build(sizes, seed, flops)
+        batches = build_batches(work, rank, seed)
+        replicas = {m: _Replica(copy.deepcopy(model)) for m in MODES}
+
+        def step(mode: str, r: int, pack: int) -> np.ndarray:
+            mode_batches = batches[mode]
+            return replicas[mode].step(mode_batches[pack if pack >= 0 else (-1 - pack) % len(mode_batches)])
+
+        dist.barrier()
+        load = [os.getloadavg()[0]]
+        records = run_schedule(work, sizes, [rank], step, progress=None if rank == 0 else False)
+        load.append(os.getloadavg()[0])
+        gathered: list[Any] = [None] * sizes.world_size
+        dist.all_gather_object(gathered, records)
         if rank == 0:
+            merged = {k: np.concatenate([g[k] for g in gathered], axis=2) for k in records}
+            result = summarize(work, merged, seed=seed, flops=flops)
+            result.update(load_average=load, flops_model=flops.to_dict())
             with open(out_path, "w") as f:
-                json.dump({"results": results, "cost_model": cost.to_dict()}, f)
+                json.dump(result, f)
     finally:
         dist.destroy_process_group()
 
 
-
-def summarize(results: dict[str, list], lengths: Lengths) -> dict[str, Any]:
-    """The report entry from the per-round, per-rank ``[seconds, allreduce_s, tokens, steps]`` rows."""
-    out: dict[str, Any] = {}
-    for mode, rounds in results.items():
-        per_round = np.asarray(rounds, dtype=np.float64)  # (rounds, ranks, 4)
-        best = int(np.argmin(per_round[:, :, 0].max(axis=1)))
-        r = per_round[best]
-        seconds = float(r[:, 0].max())
-        tokens = float(r[:, 2].sum())
-        out[f"{mode}_s"] = seconds
-        out[f"{mode}_tokens"] = int(tokens)
-        out[f"{mode}_tokens_per_s"] = tokens / seconds
-        out[f"{mode}_steps"] = int(r[:, 3].max())
-        out[f"wait_fraction_{mode}"] = float(np.mean(r[:, 1] / r[:, 0]))
-        out[f"{mode}_rounds_s"] = per_round[:, :, 0].max(axis=1).round(4).tolist()
-    # the same samples each way; balanced may repeat a few to fill its last step, so the speed-up is the
-    # ratio of tokens per second (equal to the ratio of epoch times when the tokens are equal)
-    out["speedup"] = out["balanced_tokens_per_s"] / out["random_tokens_per_s"]
-    out["samples"] = len(lengths)
-    out["input_tokens"] = int(lengths.llm.sum())
-    return out
-
-
 @register("ddp")
 def run(config: Config) -> dict[str, Any]:
-    """Trains the tiny VLM both ways with DDP over 2 processes and returns ``measured_ddp``."""
+    """Trains the tiny VLM every way with DDP over 2 processes and returns ``measured_ddp``."""
     sizes = QUICK if config.quick else FULL
     warmup()  # the packing kernel, compiled once here and inherited by the ranks
     # fork where the platform has it: the ranks inherit the imported modules (seconds of start-up each on a
@@ -181,14 +134,16 @@ def run(config: Config) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "ddp.json")
         torch.multiprocessing.start_processes(_worker, args=(free_port(), sizes, config.seed, out_path),
-                                              nprocs=WORLD_SIZE, join=True, start_method=method)
+                                              nprocs=sizes.world_size, join=True, start_method=method)
         with open(out_path) as f:
-            raw = json.load(f)
-    result = summarize(raw["results"], scaled_lengths(sizes["samples"], config.seed))
-    result.update(world_size=WORLD_SIZE, threads_per_rank=1, batch_size=BATCH, hidden=sizes["hidden"],
-                  rounds=sizes["rounds"], cost_model=raw["cost_model"],
-                  caveat="CPU processes: compute grows about linearly with tokens; GPU shapes differ")
-    config.say(f"  random padded {result['random_s']:.2f} s/epoch (wait {result['wait_fraction_random']:.1%}), "
-               f"balanced {result['balanced_s']:.2f} s/epoch (wait {result['wait_fraction_balanced']:.1%}): "
-               f"{result['speedup']:.2f}x tokens/s")
+            result = json.load(f)
+    result.update(world_size=sizes.world_size, threads_per_rank=1, batch_size=sizes.batch, hidden=sizes.hidden,
+                  layers=sizes.layers, rounds=sizes.rounds, cpu_count=os.cpu_count(),
+                  clock="thread CPU time, all-reduce excluded", fields=list(FIELDS),
+                  caveat="CPU processes at one thread each; a GPU's shapes and overheads differ "
+                         "(benchmarks/gpu_check.sh runs the same measurement on one)")
+    config.say(f"  busy per epoch (thread CPU time, slowest rank per step): random padded {result['random_s']:.2f} s, "
+               f"balanced {result['balanced_s']:.2f} s: {result['speedup']:.2f}x tokens/s (calibrated model: "
+               f"{result['speedup_predicted']:.2f}x; wall clock {result['speedup_wall']:.2f}x at load "
+               f"{result['load_average'][0]:.1f})")
     return {"measured_ddp": result}

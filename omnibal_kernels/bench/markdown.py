@@ -50,17 +50,36 @@ def _simulated(report: dict[str, Any]) -> list[str]:
 
 def _ddp(report: dict[str, Any]) -> list[str]:
     d = report["measured_ddp"]
+    fit = d["calibration"]
     out = ["### Measured DDP training (tiny VLM, 2 CPU processes, gloo, 1 thread each)", "",
            f"{d['samples']:,} samples ({d['input_tokens']:,} tokens) sized like the bundled data scaled by 1/16; "
-           f"hidden {d['hidden']}; best of {d['rounds']} epoch(s) each. Caveat: {d['caveat']}.", ""]
+           f"width {d['hidden']}, {d['layers']} layers, {d['batch_size']} samples per padded micro-batch; every "
+           f"mode's steps in turn, {d['rounds']} round(s), each step's mean. Busy time: {d['clock']}; an epoch "
+           f"sums the slowest rank of every step. Caveat: {d['caveat']}.", ""]
+    ranks = range(len(d["random_busy_s"]))
     rows = [
-        ["seconds per epoch", f"{d['random_s']:.2f}", f"{d['balanced_s']:.2f}"],
+        ["busy seconds per epoch, measured", f"{d['random_s']:.2f}", f"{d['balanced_s']:.2f}"],
+        ["busy seconds per epoch, predicted", f"{d['random_predicted_s']:.2f}", f"{d['balanced_predicted_s']:.2f}"],
+        *[[f"rank {r} busy seconds, measured / predicted",
+           f"{d['random_busy_s'][r]:.2f} / {d['random_busy_predicted_s'][r]:.2f}",
+           f"{d['balanced_busy_s'][r]:.2f} / {d['balanced_busy_predicted_s'][r]:.2f}"] for r in ranks],
+        ["wall seconds per epoch (waiting included)", f"{d['random_wall_s']:.2f}", f"{d['balanced_wall_s']:.2f}"],
         ["steps per rank", d["random_steps"], d["balanced_steps"]],
-        ["tokens per second", f"{d['random_tokens_per_s']:,.0f}", f"{d['balanced_tokens_per_s']:,.0f}"],
-        ["time in all-reduce (wait + transfer)", f"{d['wait_fraction_random']:.1%}", f"{d['wait_fraction_balanced']:.1%}"],
+        ["tokens per busy second", f"{d['random_tokens_per_s']:,.0f}", f"{d['balanced_tokens_per_s']:,.0f}"],
+        ["time in all-reduce (wait + transfer)", f"{d['wait_fraction_random']:.1%}",
+         f"{d['wait_fraction_balanced']:.1%}"],
     ]
+    misses = d.get("misses") or ["none"]
     return out + _table(["", "random padded", "balanced packs"], rows) + [
-        f"Measured speed-up (tokens/s, balanced over random padded): **{d['speedup']:.2f}x**.", ""]
+        f"Measured speed-up (tokens per busy second, balanced over random padded): **{d['speedup']:.2f}x**; "
+        f"predicted by the cost model calibrated in the same run: {d['speedup_predicted']:.2f}x "
+        f"({d['speedup_error']:+.1%}); on the wall clock {d['speedup_wall']:.2f}x. Every rank's busy time "
+        f"predicted within {d['busy_error_max']:.1%}; one step's within {d['step_error_median']:.1%} (median).", "",
+        f"Calibration: {fit['packs']} packs of their own samples, {fit['runs_per_pack']:.1f} runs each; fitted on "
+        f"half, the other half is predicted within {fit['heldout_error']['median']:.1%} median relative error "
+        f"(the FLOP estimate, one factor fitted: {fit['flops_heldout_error']['median']:.1%}). Targets: measured "
+        f"speed-up at least {d['targets']['speedup']}x, predictions within {d['targets']['agreement']:.0%}; "
+        f"misses: {'; '.join(misses)}.", ""]
 
 
 def _quality(report: dict[str, Any]) -> list[str]:

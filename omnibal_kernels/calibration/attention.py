@@ -1,22 +1,24 @@
-"""Attention for transformers models in which each packed sample attends only to itself, one SDPA call each.
+"""Attention for transformers models in which each packed sample attends only to itself, nothing padded.
 
-transformers' ``sdpa`` and ``eager`` attention train a packed row under a ``(T, T)`` block-diagonal mask:
-their cost grows with the square of the pack's length, ``(sum_i t_i)**2``, which no sum of per-sample costs
-describes, and which flash-attention's varlen kernels (what packed training runs on GPUs) do not pay. Models
-that are timed to fit a cost model therefore run this attention where flash-attention is not available (on the
-CPU): registered as ``attn_implementation="omnibal_segments"``, it finds the samples of the row where the
-text positions restart at 0 and runs ``torch.nn.functional.scaled_dot_product_attention`` on each sample
-alone, so a pack costs what its samples cost. transformers builds no mask for an implementation it does not
-know, and passes the text positions to the attention of Llama, Qwen2, Qwen-VL and InternVL text models. The
-Qwen-VL vision towers call it once per image (or window) already, without positions: one sequence, not causal.
-A plain ``(T, T)`` row without restarts is one sequence too. Dropout and sliding windows are not supported.
+transformers' ``sdpa`` and ``eager`` attention train a packed row under a ``(T, T)`` block-diagonal mask: their
+cost grows with the square of the pack's length, ``(sum_i t_i)**2``, which no sum of per-sample costs describes,
+and which flash-attention's varlen kernels (what packed training runs on GPUs) do not pay. Models that are timed
+to fit a cost model therefore run this attention where flash-attention is not available (on the CPU): registered
+as ``attn_implementation="omnibal_segments"``, it finds the samples of the row where the text positions restart at
+0 and runs the package's varlen attention on them (:func:`omnibal_kernels.attention.varlen_attention`,
+``backend="sdpa"``: one SDPA call per group of samples of equal length, nothing padded), so a pack costs what its
+samples cost. transformers builds no mask for an implementation it does not know, and passes the text positions to
+the attention of Llama, Qwen2, Qwen-VL and InternVL text models. The Qwen-VL vision towers call it once per image
+(or window) already, without positions: one sequence, not causal. A plain ``(T, T)`` row without restarts is one
+sequence too. Sliding windows are not supported.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
+
+from ..attention import varlen_attention
 
 __all__ = ["ATTN_IMPLEMENTATION", "register_segment_attention", "segment_attention"]
 
@@ -46,17 +48,21 @@ def segment_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     if attention_mask is not None:
         raise ValueError("segment attention runs without a mask: use it with packed rows (no padding)")
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
-    if key.shape[1] != query.shape[1]:  # grouped-query attention: each kv head serves several query heads
-        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-        value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
-    length = query.shape[2]
-    packed = causal and query.shape[0] == 1
-    starts = _segment_starts(kwargs.get("position_ids") if packed else None, length)
-    outputs = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=causal,
-                                              scale=scaling)
-               for a, b in zip(starts[:-1], starts[1:]) if b > a]
-    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    return out.transpose(1, 2).contiguous(), None
+    batch, heads, length, head_dim = query.shape
+    packed = causal and batch == 1
+    if batch == 1:
+        bounds = _segment_starts(kwargs.get("position_ids") if packed else None, length)
+    else:
+        bounds = list(range(0, (batch + 1) * length, length))  # one sequence per row
+    cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=query.device)
+    longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+
+    def tokens(x: torch.Tensor) -> torch.Tensor:  # (B, heads, T, head_dim) -> (B * T, heads, head_dim)
+        return x.transpose(1, 2).reshape(batch * length, x.shape[1], head_dim)
+
+    out = varlen_attention(tokens(query), tokens(key), tokens(value), cu_seqlens, longest, causal=causal,
+                           softmax_scale=scaling, dropout_p=dropout, backend="sdpa", validate=False)
+    return out.view(batch, length, heads, head_dim), None
 
 
 def register_segment_attention() -> str:

@@ -130,11 +130,11 @@ class TinyVLM(nn.Module):
         if pixel_values is not None and pixel_values.shape[0]:
             patches = self.patch_embed(pixel_values).flatten(2).transpose(1, 2) + self.vit_pos  # (tiles, P, C)
             h = patches.reshape(-1, patches.shape[-1])
-            cu = torch.arange(pixel_values.shape[0] + 1, dtype=torch.int32) * PATCHES  # one sequence per tile
+            cu = _tile_cu(h.shape[0], h.device)  # one sequence per tile
             for block in self.vit_blocks:
                 h = block(h, cu)
             where = (input_ids == IMAGE_TOKEN).nonzero(as_tuple=True)  # row-major: sample, then position
-            x = x.index_put(where, self.projector(h))
+            x = x.index_put(where, self.projector(h).to(x.dtype))  # autocast: the embeddings stay float32
         for block in self.blocks:
             x = block(x, position_ids, cu_seqlens, max_seqlen, "auto")
         return self.lm_head(self.norm(x))
@@ -177,7 +177,7 @@ class _Merge(nn.Module):
     def forward(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         input_ids = ids.long()
         x = self.embed(input_ids)
-        return x.index_put((input_ids == IMAGE_TOKEN).nonzero(as_tuple=True), self.projector(h))
+        return x.index_put((input_ids == IMAGE_TOKEN).nonzero(as_tuple=True), self.projector(h).to(x.dtype))
 
 
 class _LLMLayer(nn.Module):
