@@ -256,7 +256,7 @@ class CostModel:
             t = np.asarray(llm, dtype=np.float64)
             return (self.vit_linear * v + self.vit_quadratic * v * v + self.llm_linear * t
                     + self.llm_quadratic * t * t + self.per_sample)
-        return sample_features(cast(Lengths, lengths)) @ self.coefficients()  # it raises the TypeError of an array
+        return sample_features(cast(Lengths, lengths)) @ self.coefficients()  # sample_features rejects an array
 
     def pack_costs(self, lengths: Lengths, packs: PackLike) -> np.ndarray:
         """``(P,)`` float64 cost of every pack: its samples' costs plus ``per_pack``.

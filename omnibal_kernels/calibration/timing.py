@@ -224,7 +224,7 @@ def measure_pack_times(model: Any, batches: Sequence[Mapping[str, Any]], *, repe
     threads = torch.get_num_threads()
     was_training = model.training
     runs = np.zeros((repeats, len(moved)))
-    ref_runs = np.zeros((repeats, len(moved) + 1)) if ref is not None else None  # so ref is an int where it is set
+    ref_runs = np.zeros((repeats, len(moved) + 1)) if ref is not None else None  # set exactly when ref is an int
     per_pass = len(moved) * (1 if ref is None else 2) + (ref is not None)
     bar = progress_bar(total=warmup + repeats * per_pass, desc="timing packs", enabled=progress)
 
