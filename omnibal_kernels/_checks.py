@@ -6,9 +6,14 @@ A wrong type raises ``TypeError``, a wrong value ``ValueError`` (or an exported 
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing import TypeGuard  # Python 3.10+; only the checker reads it
+
+    import torch
 
 __all__ = [
     "BACKENDS",
@@ -72,7 +77,7 @@ def check_backend(name: str, value: object, stage: str = "ops") -> str:
     allowed = backends(stage)
     if value not in allowed:  # a tuple: unhashable values are a ValueError too
         raise ValueError(f"{name}: backend must be one of {allowed}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def device_of(*values: Any) -> str:
@@ -137,7 +142,7 @@ def check_epoch(epoch: object) -> int:
     return int(epoch)
 
 
-def is_tensor(x: Any) -> bool:
+def is_tensor(x: Any) -> TypeGuard[torch.Tensor]:
     """Whether ``x`` is a torch tensor (without importing torch when it is not loaded yet)."""
     import sys
 

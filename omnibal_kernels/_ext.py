@@ -14,7 +14,7 @@ def load() -> ModuleType:
         return _module
     if _error is None:
         try:
-            from . import _C  # type: ignore[attr-defined]
+            from . import _C  # type: ignore[attr-defined, unused-ignore]  # _C exists only once built
 
             _module = _C
             return _module

@@ -42,6 +42,7 @@ def shared_tensors(*parts: tuple[tuple[int, ...], Any]) -> list[Any]:
     out = []
     for (shape, dtype), offset in zip(parts, offsets):
         view = torch.empty(0, dtype=dtype)
-        view.set_(storage, offset // view.element_size(), tuple(shape))
+        # torch's stubs require a stride here; it defaults to the contiguous one
+        view.set_(storage, offset // view.element_size(), tuple(shape))  # type: ignore[call-overload]
         out.append(view)
     return out

@@ -57,7 +57,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import torch.utils.data
 
@@ -125,6 +125,8 @@ class _FixedLengthEpochs(torch.utils.data.Sampler[list[int]]):
 
 class _EpochDataLoader(torch.utils.data.DataLoader):
     """A DataLoader whose ``set_epoch`` selects the epoch of its batch sampler."""
+
+    batch_sampler: _FixedLengthEpochs  # what balanced_train_dataloader builds it with
 
     def set_epoch(self, epoch: int) -> None:
         self.batch_sampler.set_epoch(epoch)
@@ -262,7 +264,7 @@ class BalancedTrainerMixin:
         self.check_loads = check_loads
         self._sampler_identity: Optional[dict[str, Any]] = None
         self._resume_checkpoint: Optional[Path] = None
-        self.add_callback(_sampler_state_callback(self))
+        self.add_callback(_sampler_state_callback(self))  # type: ignore[attr-defined]  # of the Trainer mixed in
 
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; a checkpoint to resume from is first checked against this run's sampler."""
@@ -270,10 +272,10 @@ class BalancedTrainerMixin:
         if checkpoint is True:
             from transformers.trainer_utils import get_last_checkpoint
 
-            checkpoint = get_last_checkpoint(self.args.output_dir)
+            checkpoint = get_last_checkpoint(self.args.output_dir)  # type: ignore[attr-defined]  # the Trainer's
         self._resume_checkpoint = Path(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else None
         try:
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]  # the Trainer's
         finally:
             self._resume_checkpoint = None
 
@@ -305,7 +307,7 @@ class BalancedTrainerMixin:
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         loader = balanced_train_dataloader(self, self.train_lengths, check_loads=self.check_loads,
                                            **self.sampler_options)
-        self._sampler_identity = loader.batch_sampler.identity()
+        self._sampler_identity = cast(_FixedLengthEpochs, loader.batch_sampler).identity()
         if self._resume_checkpoint is not None:
             _check_sampler_state(self._resume_checkpoint / SAMPLER_STATE_FILE, self._sampler_identity)
         return loader

@@ -28,7 +28,7 @@ import inspect
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 __all__ = ["ModelInputs", "model_inputs", "forward_keys"]
 
@@ -91,7 +91,7 @@ class ModelInputs:
         bad = torch.nonzero(found != want).flatten()
         if bad.numel():
             i = int(bad[0])
-            tiles = int(want[i]) // self.tokens_per_tile
+            tiles = int(want[i]) // cast(int, self.tokens_per_tile)  # select checks tiles only when it is set
             raise ValueError(f"sample {i}: {int(found[i])} image placeholder tokens (id {self.tile_token_id}) but "
                              f"{tiles} tiles in pixel_values, which take {int(want[i])} ({self.tokens_per_tile} "
                              f"per tile)")
@@ -126,7 +126,7 @@ def forward_keys(forward: Any) -> frozenset[str]:
     return frozenset(keys)
 
 
-def _model_class(config: Any) -> type:
+def _model_class(config: Any) -> type[Any]:
     """The transformers class that trains ``config``: image-text-to-text for VLMs, else causal LM."""
     import transformers
     from transformers.models.auto import modeling_auto
@@ -219,6 +219,8 @@ def model_inputs(model_or_config: Any) -> ModelInputs:
         raise ValueError(f"model_or_config: {type(model).__name__}.forward takes no position_ids, which carry "
                          "the sample boundaries of a packed row; pass the transformers model itself")
     if model_type in MROPE_MODEL_TYPES:
+        if vision is None:
+            raise ValueError(f"{model_type}: the config has no vision_config")
         if not _reads_text_row(model_type):
             raise ValueError(f"{model_type}: the installed transformers text model reads no text-position row "
                              "from position_ids, so it cannot train packed samples without attention between "

@@ -157,6 +157,6 @@ def synthetic_lengths(kind: str, n: Optional[int] = 100_000, seed: int = 0) -> L
     if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0):
         raise ValueError(f"n must be a positive integer, got {n!r}")
     rng = np.random.default_rng([seed, sorted(DISTRIBUTIONS).index(kind)])
-    lengths = DISTRIBUTIONS[kind](rng, n)
+    lengths = DISTRIBUTIONS[kind](rng, n)  # type: ignore[arg-type]  # n is None only for bundled, which takes it
     return Lengths(lengths.vit, lengths.llm, sources=(f"synthetic:{kind}",), vit_seqlens=lengths.vit_seqlens,
                    vit_seqlens_offsets=lengths.vit_seqlens_offsets)

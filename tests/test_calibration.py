@@ -10,6 +10,8 @@ around every run (``measure_pack_times(reference="auto")``).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -107,6 +109,13 @@ def test_samples_refuse_loads_the_model_cannot_have():
         qwen.samples(Lengths([6], [9]), [0])
     with pytest.raises(ValueError, match="sample 0: LLM load 4 is less than its 5 image tokens"):
         qwen.samples(Lengths([16], [4]), [0])
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "internvl"])
+def test_a_vision_model_config_without_vision_config_is_refused(model_type):
+    config = SimpleNamespace(model_type=model_type, vocab_size=256, image_token_id=252)
+    with pytest.raises(ValueError, match=f"config \\({model_type}\\): has no vision_config"):
+        SampleMaker.for_config(config)
 
 
 # ------------------------------------------------------------------------------------------------ workload

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -216,6 +217,12 @@ def test_mrope_convention_numberings() -> None:
     assert after_max == int(positions["max_position"][:, 0, : last + 1].max()) + 1 == first + 7
     with pytest.raises(ValueError, match="mrope_convention"):
         PackCollator.for_model(model, warmup=False, mrope_convention="qwen")
+
+
+def test_an_mrope_config_without_vision_config_is_refused() -> None:
+    config = SimpleNamespace(model_type="qwen2_vl", to_dict=dict, image_token_id=1, video_token_id=2)
+    with pytest.raises(ValueError, match="qwen2_vl: the config has no vision_config"):
+        model_inputs(config)
 
 
 def test_video_time_positions_in_float32() -> None:

@@ -313,6 +313,8 @@ def test_bad_arguments_and_infeasible_layers_raise():
         partition(prof, 2, micro_batches=2, fixed_starts={1: 0})
     with pytest.raises(ValueError, match="memory_bytes"):
         partition(prof, 2, micro_batches=2, memory_bytes=[1e9])
+    with pytest.raises(TypeError, match="memory_bytes must be a number"):
+        partition(prof, 2, micro_batches=2, memory_bytes=True)
     big = ModelProfile(prof.layers[:2] + (LayerProfile("huge", 1, 2, 10, 10**12, 10),) + prof.layers[2:])
     with pytest.raises(ValueError, match="layer 2 \\('huge'\\) does not fit"):
         partition(big, 2, micro_batches=2, memory_bytes=10**11)

@@ -29,7 +29,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union, cast
 
 import numpy as np
 
@@ -80,8 +80,8 @@ def _pack_rows(packs: PackLike, num_samples: int) -> PackRows:
     offsets = check_offsets("pack offsets", offsets, np.size(offsets) - 1, samples.shape[0], row="pack")
     bad = np.flatnonzero((samples < 0) | (samples >= num_samples))
     if bad.size:
-        p = int(np.searchsorted(offsets, bad[0], side="right") - 1)
-        raise ValueError(f"pack {p}: sample id {int(samples[bad[0]])} is not in [0, {num_samples})")
+        row = int(np.searchsorted(offsets, bad[0], side="right") - 1)
+        raise ValueError(f"pack {row}: sample id {int(samples[bad[0]])} is not in [0, {num_samples})")
     return PackRows(offsets, samples)
 
 
@@ -90,7 +90,7 @@ def _vit_square_sums(lengths: Lengths) -> np.ndarray:
     if lengths.vit_seqlens is None:
         v = lengths.vit.astype(np.float64)
         return v * v
-    return row_square_sums(lengths.vit_seqlens_offsets, lengths.vit_seqlens)
+    return row_square_sums(cast(np.ndarray, lengths.vit_seqlens_offsets), lengths.vit_seqlens)  # set with vit_seqlens
 
 
 def sample_features(lengths: Lengths) -> np.ndarray:
@@ -256,7 +256,7 @@ class CostModel:
             t = np.asarray(llm, dtype=np.float64)
             return (self.vit_linear * v + self.vit_quadratic * v * v + self.llm_linear * t
                     + self.llm_quadratic * t * t + self.per_sample)
-        return sample_features(lengths) @ self.coefficients()
+        return sample_features(cast(Lengths, lengths)) @ self.coefficients()  # sample_features rejects an array
 
     def pack_costs(self, lengths: Lengths, packs: PackLike) -> np.ndarray:
         """``(P,)`` float64 cost of every pack: its samples' costs plus ``per_pack``.
@@ -413,7 +413,8 @@ class CostFit:
             return summarize_errors(relative_errors(features[rows] @ m.coefficients(), measured[rows]))
 
         predicted = features @ model.coefficients()
-        return cls(model, measured, predicted, fit_rows, held_rows, errors(model, fit_rows), errors(model, held_rows),
+        fit_error = cast(FitErrors, errors(model, fit_rows))  # fit checks there are at least 2 packs to fit on
+        return cls(model, measured, predicted, fit_rows, held_rows, fit_error, errors(model, held_rows),
                    reference, errors(reference, fit_rows) if reference else None,
                    errors(reference, held_rows) if reference else None)
 

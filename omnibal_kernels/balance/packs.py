@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import IO, Optional, Sequence, Union
 
 import numpy as np
 
@@ -127,7 +127,7 @@ class Plan:
             self._write_npz(f, meta)
         return path
 
-    def _write_npz(self, f: object, meta: dict) -> None:
+    def _write_npz(self, f: IO[bytes], meta: dict) -> None:
         np.savez(
             f,
             pack_offsets=self.pack_offsets,
@@ -137,7 +137,8 @@ class Plan:
             dropped_samples=self.dropped_samples,
             thresholds=np.array([-1 if self.vit_threshold is None else self.vit_threshold,
                                  -1 if self.llm_threshold is None else self.llm_threshold], np.int64),
-            **{f"meta_{k}": np.array(v) for k, v in meta.items()},
+            # numpy's stubs let **kwds fill allow_pickle: bool, which these names never do
+            **{f"meta_{k}": np.array(v) for k, v in meta.items()},  # type: ignore[arg-type]
         )
 
     @classmethod

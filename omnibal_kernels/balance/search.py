@@ -175,8 +175,9 @@ def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
     vit_total, llm_total = float(stats.vit_sum), float(stats.llm_sum)
     if vit_total == 0:  # text only: one capacity
         wanted = max(math.ceil(target * llm_total / n), 1)
-        qt = max(wanted, int(stats.llm_max))
-        return Capacities(0, qt, *default_isf_thresholds(0, qt), n / max(llm_total / qt, 1.0), qt > wanted)
+        llm_cap = max(wanted, int(stats.llm_max))
+        return Capacities(0, llm_cap, *default_isf_thresholds(0, llm_cap), n / max(llm_total / llm_cap, 1.0),
+                          llm_cap > wanted)
     tokens_per_unit = llm_total / vit_total
     stride = max(n // _SPREAD_SAMPLES, 1)
     vit = lengths.vit[::stride].astype(np.float64)

@@ -243,6 +243,7 @@ def _run(config: Config, sizes: dict[str, Any]) -> list[dict[str, Any]]:
         for batch_size in sizes["batch_sizes"]:
             samples = make_samples(kind, batch_size, config.seed)
             planned = planned_samples(samples)
+            checked: dict[str, Callable[..., Any]]
             checked = {**funcs, CHECKED: lambda _samples, planned=planned: pack_batch(planned)}
             times = measure(checked, samples, sizes["rounds"], sizes["budget_s"])
             rows += _rows(times, kind, batch_size, "process", samples)
@@ -263,6 +264,7 @@ def _run(config: Config, sizes: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _rows(times: dict[str, float], kind: str, batch_size: int, where: str, samples: Samples) -> list[dict[str, Any]]:
     tokens = sum(len(s["input_ids"]) for s in samples)
+    rows: list[dict[str, Any]]
     rows = [{"provider": name, "batch_size": batch_size, "input": kind, "where": where, "seconds": t,
              "tokens": tokens, "vs_floor": t / times[FLOOR], "vs_python": times[PYTHON] / t}
             for name, t in times.items()]

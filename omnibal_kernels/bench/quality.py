@@ -18,7 +18,7 @@ no slot and ``duplicated`` sample entries beyond the first (the reused packs of 
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def qwen2vl_7b_cost() -> CostModel:
 
 def datasets(quick: bool, seed: int) -> dict[str, tuple[Lengths, CostModel]]:
     """Data set name -> (loads, cost model)."""
-    sizes = QUICK if quick else FULL
+    sizes: dict[str, Any] = QUICK if quick else FULL
     out = {"bundled": (synthetic_lengths("bundled", None, seed), CostModel.internvl_7b())}
     if sizes["resample"]:
         out["bundled_1.2M"] = (synthetic_lengths("bundled", sizes["resample"], seed), CostModel.internvl_7b())
@@ -126,7 +126,7 @@ def _histograms(plans: dict[str, Any], lengths: Lengths, cost: CostModel) -> dic
 @register("quality")
 def run(config: Config) -> dict[str, Any]:
     """Balance quality of every method, data set and world size, and the simulated speed-ups."""
-    sizes = QUICK if config.quick else FULL
+    sizes: dict[str, Any] = QUICK if config.quick else FULL
     warmup()
     rows: list[dict[str, Any]] = []
     speedup: dict[str, dict[str, float]] = {}
@@ -138,9 +138,9 @@ def run(config: Config) -> dict[str, Any]:
             for method, plan in plans.items():
                 row = quality_row(name, method, plan, lengths, cost)
                 base = row["sim_epoch"] if method == "random_padded" else base
-                row["sim_speedup"] = base / row["sim_epoch"]
+                row["sim_speedup"] = cast(float, base) / row["sim_epoch"]  # random_padded is first in METHODS
                 rows.append(row)
-            limit = base / ideal_time(lengths, cost, world_size)
+            limit = cast(float, base) / ideal_time(lengths, cost, world_size)
             rows.append({"data": name, "world_size": world_size, "method": "limit", "sim_speedup": limit})
             if world_size == HEADLINE_WORLD_SIZE:
                 speedup[name] = {r["method"]: round(r["sim_speedup"], 4) for r in rows[-len(plans) - 1:]}

@@ -17,8 +17,9 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 __all__ = ["TINY_MODELS", "TinyModel", "build_model", "model_config"]
 
 # Text model of every named model: 2 layers of width 64, grouped-query attention, vocabulary 256.
-_TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+_TEXT: dict[str, Any] = dict(vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, bos_token_id=1,
+                             eos_token_id=2, pad_token_id=0)
 # Placeholder and vision tokens at the top of the vocabulary, above every random text id.
 _IMAGE, _VIDEO, _VISION_START, _VISION_END = 252, 253, 254, 255
 # mRoPE sections of a 16-wide head (8 rotary frequencies: time, height, width).
@@ -31,7 +32,7 @@ def _llama() -> Any:
     return transformers.LlamaConfig(**_TEXT)
 
 
-def _qwen_ids() -> dict[str, int]:
+def _qwen_ids() -> dict[str, Any]:
     return dict(image_token_id=_IMAGE, video_token_id=_VIDEO, vision_start_token_id=_VISION_START,
                 vision_end_token_id=_VISION_END)
 

@@ -17,7 +17,7 @@ text ids are drawn below the smallest special token id of the config, so they ne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -70,6 +70,8 @@ class SampleMaker:
             raise ValueError(f"config ({model_type}): no text token ids below its special tokens")
         vision = getattr(config, "vision_config", None)
         if model_type in _PATCH_MODELS:
+            if vision is None:
+                raise ValueError(f"config ({model_type}): has no vision_config")
             dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
             start = getattr(config, "vision_start_token_id", None)
             return cls("patches", high, int(config.image_token_id), None if start is None else int(start),
@@ -77,9 +79,11 @@ class SampleMaker:
         if model_type in _TILE_MODELS:
             from ..model_inputs import model_inputs
 
+            if vision is None:
+                raise ValueError(f"config ({model_type}): has no vision_config")
             size = vision.image_size
             height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-            per_tile = model_inputs(config).tokens_per_tile
+            per_tile = cast(int, model_inputs(config).tokens_per_tile)  # set for every tile model
             return cls("tiles", high, int(config.image_token_id), tile_shape=(int(vision.num_channels), height, width),
                        tokens_per_tile=int(per_tile))
         if vision is not None:
@@ -91,7 +95,8 @@ class SampleMaker:
         v = int(lengths.vit[i])
         if lengths.vit_seqlens is None:
             return [v] if v else []
-        a, b = lengths.vit_seqlens_offsets[i], lengths.vit_seqlens_offsets[i + 1]
+        offsets = cast(np.ndarray, lengths.vit_seqlens_offsets)  # set with vit_seqlens
+        a, b = offsets[i], offsets[i + 1]
         return [int(s) for s in lengths.vit_seqlens[a:b] if s]
 
     def sample(self, lengths: Lengths, i: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -108,6 +113,7 @@ class SampleMaker:
             raise ValueError(f"sample {i}: ViT load {int(lengths.vit[i])}, but the model has no vision tower")
         image_ids: list[int] = []
         pixels: dict[str, Any] = {}
+        placeholder = cast(int, self.placeholder)  # for_config sets it for every kind with images
         if self.kind == "patches" and sequences:
             unit = self.merge * self.merge
             if any(s % unit for s in sequences):
@@ -116,12 +122,12 @@ class SampleMaker:
             grids = [(1, *_grid(s, self.merge)) for s in sequences]
             for s in sequences:
                 sep = self.separator if self.separator is not None else int(rng.integers(0, self.text_high))
-                image_ids += [sep] + [self.placeholder] * (s // unit)
+                image_ids += [sep] + [placeholder] * (s // unit)
             pixels = {"pixel_values": _normal(rng, (sum(sequences), self.patch_dim)),
                       "image_grid_thw": torch.tensor(grids, dtype=torch.int64)}
         elif self.kind == "tiles" and sequences:
             tiles = int(lengths.vit[i])
-            image_ids = [self.placeholder] * (tiles * self.tokens_per_tile)
+            image_ids = [placeholder] * (tiles * self.tokens_per_tile)
             pixels = {"pixel_values": _normal(rng, (tiles, *self.tile_shape))}
         filler = t - len(image_ids)
         if filler < 0 or t == 0:

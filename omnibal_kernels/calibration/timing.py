@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, cast
 
 import numpy as np
 
@@ -167,7 +167,7 @@ def _pass_order(r: int, count: int) -> np.ndarray:
 
 
 def _tokens(batch: Mapping[str, Any]) -> int:
-    ids = batch.get("input_ids")
+    ids: Any = batch.get("input_ids")
     return int(ids.numel()) if hasattr(ids, "numel") else 0
 
 
@@ -224,7 +224,7 @@ def measure_pack_times(model: Any, batches: Sequence[Mapping[str, Any]], *, repe
     threads = torch.get_num_threads()
     was_training = model.training
     runs = np.zeros((repeats, len(moved)))
-    ref_runs = np.zeros((repeats, len(moved) + 1)) if ref is not None else None
+    ref_runs = np.zeros((repeats, len(moved) + 1)) if ref is not None else None  # set exactly when ref is an int
     per_pass = len(moved) * (1 if ref is None else 2) + (ref is not None)
     bar = progress_bar(total=warmup + repeats * per_pass, desc="timing packs", enabled=progress)
 
@@ -244,18 +244,18 @@ def measure_pack_times(model: Any, batches: Sequence[Mapping[str, Any]], *, repe
             bar.update(1)
         for r in range(repeats):
             if ref_runs is not None:
-                ref_runs[r, 0] = timed(ref)
+                ref_runs[r, 0] = timed(cast(int, ref))
             for k, i in enumerate(_pass_order(r, len(moved))):
                 runs[r, i] = timed(i)
                 if ref_runs is not None:
-                    ref_runs[r, k + 1] = timed(ref)
+                    ref_runs[r, k + 1] = timed(cast(int, ref))
     finally:
         bar.close()
         model.train(was_training)
         torch.set_num_threads(threads)
     if ref_runs is None:
         return PackTimes(np.median(runs, axis=0), runs, clock, str(device))
-    return _normalized(runs, ref_runs, ref, clock, str(device))
+    return _normalized(runs, ref_runs, cast(int, ref), clock, str(device))
 
 
 def _normalized(raw: np.ndarray, ref_runs: np.ndarray, ref: int, clock: str, device: str) -> PackTimes:

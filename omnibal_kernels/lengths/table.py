@@ -3,7 +3,7 @@ counts and sources, checked once and read-only."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Optional, Sequence
+from typing import Iterable, NamedTuple, Optional, Sequence, cast
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class Lengths:
 
     vit: np.ndarray
     llm: np.ndarray
-    source: np.ndarray = field(default=None)  # type: ignore[assignment]
+    source: np.ndarray = field(default=None)  # type: ignore[arg-type]  # None: __post_init__ makes it zeros
     sources: tuple[str, ...] = ()
     vit_seqlens: Optional[np.ndarray] = None
     vit_seqlens_offsets: Optional[np.ndarray] = None
@@ -100,7 +100,9 @@ class Lengths:
         seqlens = offsets = None
         if self.vit_seqlens is not None:
             rows = np.arange(len(self), dtype=np.int64)[index]
-            offsets, seqlens = take_rows(self.vit_seqlens_offsets, self.vit_seqlens, np.atleast_1d(rows))
+            # __post_init__ keeps vit_seqlens and vit_seqlens_offsets both set or both None
+            offsets, seqlens = take_rows(cast(np.ndarray, self.vit_seqlens_offsets), self.vit_seqlens,
+                                         np.atleast_1d(rows))
             offsets, seqlens = _frozen(offsets), _frozen(seqlens)
         label = None if self.label is None else _frozen(self.label[index])
         return Lengths(_frozen(self.vit[index]), _frozen(self.llm[index]), _frozen(self.source[index]),
@@ -165,7 +167,7 @@ def _concat_vit_seqlens(parts: Sequence[Lengths]) -> tuple[Optional[np.ndarray],
     for part in parts:
         if part.vit_seqlens is not None:
             flat.append(part.vit_seqlens)
-            counts.append(np.diff(part.vit_seqlens_offsets))
+            counts.append(np.diff(cast(np.ndarray, part.vit_seqlens_offsets)))  # set with vit_seqlens
         elif not part.vit.any():
             counts.append(np.zeros(len(part), dtype=np.int64))
         else:
@@ -206,7 +208,7 @@ def _check_vit_seqlens(seqlens: object, offsets: object, vit: np.ndarray, where:
     return values, offsets
 
 
-def _writeable_anywhere(arr: np.ndarray) -> bool:
+def _writeable_anywhere(arr: Optional[np.ndarray]) -> bool:
     """Whether ``arr`` or an array it views can still be written through."""
     while isinstance(arr, np.ndarray):
         if arr.flags.writeable:

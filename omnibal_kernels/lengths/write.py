@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union, cast
 
 import numpy as np
 
@@ -52,7 +52,7 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
         raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
                          f"(pass allow_empty=True here too if that is intended)")
     if fmt == "npz":
-        arrays = dict(vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
+        arrays: dict[str, Any] = dict(vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
         if seqlens is not None:
             arrays.update(vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
         if label is not None:
@@ -62,7 +62,7 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
         return path
     records = [f'{{"vit_num": {v}, "token_num": {t}' for v, t in zip(vit.tolist(), llm.tolist())]
     if seqlens is not None:
-        bounds = offsets.tolist()
+        bounds = cast(np.ndarray, offsets).tolist()  # set with seqlens
         flat = seqlens.tolist()
         records = [f'{r}, "vit_seqlens": {flat[a:b]}' for r, a, b in zip(records, bounds[:-1], bounds[1:])]
     if label is not None:
@@ -80,6 +80,8 @@ def _loads_to_write(loads: Union[Lengths, Mapping[str, Any], tuple], where: str)
         np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray], Optional[np.ndarray]]:
     """``write_lengths``' loads as checked ``(vit, llm, vit_seqlens, vit_seqlens_offsets, label)`` arrays."""
     seqlens = offsets = label = None
+    vit: Any
+    llm: Any
     if isinstance(loads, Lengths):
         vit, llm = loads.vit, loads.llm
         seqlens, offsets, label = loads.vit_seqlens, loads.vit_seqlens_offsets, loads.label

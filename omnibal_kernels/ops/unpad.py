@@ -289,7 +289,7 @@ class _Unpad(torch.autograd.Function):
         return launch_unpad(padded, cu_seqlens, total_tokens)
 
     @staticmethod
-    def backward(ctx, grad_packed: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad_packed: torch.Tensor):
         (cu_seqlens,) = ctx.saved_tensors
         return _Pad.apply(grad_packed, cu_seqlens, ctx.padded_len, 0), None, None
 
@@ -304,7 +304,7 @@ class _Pad(torch.autograd.Function):
         return launch_pad(packed, cu_seqlens, padded_len, fill_value)
 
     @staticmethod
-    def backward(ctx, grad_padded: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad_padded: torch.Tensor):
         (cu_seqlens,) = ctx.saved_tensors
         # the fill value is a constant: padding positions send no gradient back
         return _Unpad.apply(grad_padded, cu_seqlens, ctx.total_tokens), None, None, None

@@ -42,7 +42,8 @@ def _int_list_tensor(values: list[Any] | tuple[Any, ...] | range) -> torch.Tenso
     if type(values[0]) is not bool:
         out = torch.empty(len(values), dtype=_INT64)
         try:
-            struct.pack_into(f"{len(values)}q", out.numpy(), 0, *values)
+            # numpy's stubs do not declare ndarray a Buffer; it is a writable one
+            struct.pack_into(f"{len(values)}q", out.numpy(), 0, *values)  # type: ignore[arg-type]
         except (TypeError, struct.error):
             pass
         else:

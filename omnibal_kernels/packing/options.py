@@ -92,7 +92,7 @@ class StaticShapes:
                     f"pad_to_length={self.pad_to_length} is not a multiple of "
                     f"pad_to_multiple_of={self.pad_to_multiple_of}"
                 )
-        buckets = self.max_seqlen_buckets
+        buckets: Any = self.max_seqlen_buckets  # whatever the caller passed, checked here
         if buckets is None:
             return
         if is_int(buckets):
@@ -245,7 +245,7 @@ class PackOptions:
 def _check_token_fields(token_fields: object) -> tuple[str, ...]:
     if isinstance(token_fields, str):
         raise TypeError("token_fields must be a sequence of field names, not a str")
-    names = tuple(token_fields)  # type: ignore[arg-type]
+    names: tuple[Any, ...] = tuple(token_fields)  # type: ignore[arg-type]  # tuple() raises the TypeError
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"token_fields must hold str names, got {name!r}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -86,17 +86,17 @@ class StageCosts:
     def budget(self, rank: int) -> Optional[float]:
         return None if self.budgets is None else self.budgets[rank]
 
-    def send_out(self, j: int, b):
+    def send_out(self, j: Union[int, np.ndarray], b):
         """Send time after stage j ending at layer b (0 at the chain's end or to the same rank)."""
         b = np.asarray(b)
         return np.where((b < self.L - 1) & self.cross_out[j], self.send_ms[np.minimum(b, self.L - 1)], 0.0)
 
-    def send_in(self, j: int, a):
+    def send_in(self, j: Union[int, np.ndarray], a):
         """Send time of the input gradient of stage j starting at layer a."""
         a = np.asarray(a)
         return np.where((a > 0) & self.cross_in[j], self.send_ms[np.maximum(a - 1, 0)], 0.0)
 
-    def parts(self, j: int, a, b, recompute_ms=0.0):
+    def parts(self, j: Union[int, np.ndarray], a, b, recompute_ms=0.0):
         """``(F, B, W)`` of stage j = a..b per micro-batch (arrays broadcast over a and b)."""
         f = self.span(self.c_fwd, a, b)
         bt = self.span(self.c_bwd, a, b)
@@ -183,6 +183,7 @@ class StageCosts:
                 scale = 1.0
             if n == 1 and self.grids is not None:
                 mask = np.zeros(items.size, np.bool_)
+                found: Optional[tuple[Union[np.ndarray, list[int]], float]]
                 cost, _ = solve(weights, self.fwd[items], float(need), float(self.grids[a]),
                                           2 * FRONTIER_POINTS, mask)
                 found = None if not math.isfinite(cost) else (np.flatnonzero(mask), float(self.grids[a]))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union, cast
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class TransformerShape:
 
     @property
     def kv_hidden(self) -> int:
-        return self.hidden // self.heads * int(self.kv_heads)
+        return self.hidden // self.heads * int(cast(int, self.kv_heads))  # set in __post_init__
 
     @property
     def layer_params(self) -> int:

@@ -165,6 +165,8 @@ def _budgets(memory_bytes: Budgets, ranks: int) -> Optional[list[float]]:
         return None
     if isinstance(memory_bytes, (int, float, np.integer, np.floating)) and not isinstance(memory_bytes, bool):
         values = [float(memory_bytes)] * ranks
+    elif isinstance(memory_bytes, bool):
+        raise TypeError(f"memory_bytes must be a number of bytes, one per rank, or None, got {memory_bytes!r}")
     else:
         values = [float(v) for v in memory_bytes]
         if len(values) != ranks:
@@ -331,6 +333,7 @@ def _search(costs: StageCosts, fixed: dict[int, int], method: str, objective: st
             node_limit: int) -> Optional[PipelinePlan]:
     ev = _Evaluator(costs)
     L, S = costs.L, costs.S
+    mats: Optional[np.ndarray]
     if method == "exact":
         last, _ = _search_limits(costs, fixed, objective)
         mats, _ = costs.recompute_matrices(last)
@@ -338,6 +341,7 @@ def _search(costs: StageCosts, fixed: dict[int, int], method: str, objective: st
             found = search_bottleneck(costs, mats, fixed)
             return None if found is None else ev.plan(found, "exact", objective)
         windows = Windows.of(costs.schedule, costs.P, costs.m, costs.v)
+        seeds: list[Optional[list[tuple[int, int]]]]
         seeds = [uniform_stages(L, S)] if all(fixed.get(s, a) == a for s, (a, _) in
                                               enumerate(uniform_stages(L, S))) else []
         if costs.v == 1:

@@ -25,6 +25,9 @@ __all__ = ["FRONTIER_POINTS", "Cover", "CheckpointWrapper", "StageMemory", "Stag
 # and memory; frontiers of real models (repeated blocks) stay far below it, so they are solved exactly.
 FRONTIER_POINTS = 4096
 
+# per-item weights or costs: a sequence or a 1-D array
+Floats = Union[Sequence[float], np.ndarray]
+
 
 class Cover(NamedTuple):
     """A min-cost cover: ``cost``, the sorted ``chosen`` item indices, and ``grid``: 0 when exact, else the
@@ -52,7 +55,7 @@ def pareto_frontier(weights: Sequence[float], costs: Sequence[float]) -> tuple[n
     return w.copy(), c.copy()
 
 
-def _as_items(weights: Sequence[float], costs: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _as_items(weights: Floats, costs: Floats) -> tuple[np.ndarray, np.ndarray]:
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
     c = np.asarray(costs, dtype=np.float64).reshape(-1)
     if w.shape != c.shape:
@@ -62,7 +65,7 @@ def _as_items(weights: Sequence[float], costs: Sequence[float]) -> tuple[np.ndar
     return w, c
 
 
-def cover(weights: Sequence[float], costs: Sequence[float], need: float, *,
+def cover(weights: Floats, costs: Floats, need: float, *,
           limit: int = FRONTIER_POINTS) -> Optional[Cover]:
     """The cheapest subset of items whose weights sum to at least ``need``, on a frontier of at most ``limit``
     points (module docstring), or ``None`` when even all items fall short."""

@@ -152,7 +152,7 @@ def simulate(
     virtual_stages: int = 1,
     comm_ms: Optional[Sequence[float] | np.ndarray] = None,
     activation_bytes: Optional[Sequence[float] | np.ndarray] = None,
-    static_bytes: Optional[Sequence[float]] = None,
+    static_bytes: Optional[Sequence[float] | np.ndarray] = None,
     weight_ms: Optional[Sequence[float] | np.ndarray] = None,
     timeline: bool = False,
 ) -> ScheduleResult:

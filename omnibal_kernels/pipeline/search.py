@@ -102,7 +102,7 @@ class _OneStagePerRank:
 
 
 def search_step(costs: StageCosts, mats: np.ndarray, windows: Windows, fixed: dict[int, int],
-                evaluate: Callable[[Stages], Optional[float]], seeds: Sequence[Stages],
+                evaluate: Callable[[Stages], Optional[float]], seeds: Sequence[Optional[Stages]],
                 node_limit: int, polish: bool = True) -> Optional[SearchResult]:
     """The split of least simulated step (module docstring). ``mats``: (S, L, L) recompute times (lower bounds
     with several stages per rank; inf where a stage cannot be); ``evaluate``: the simulated step of a complete
@@ -520,7 +520,7 @@ def paper_candidates(costs: StageCosts, mats: np.ndarray, fixed: dict[int, int],
     for s in range(1, S + 1):
         nxt: dict[int, list[tuple[float, tuple[int, ...]]]] = {}
         for j in (options[s] if s < S else [L]):
-            cands = []
+            cands: list[tuple[float, tuple[int, ...]]] = []
             for i, paths in frontier.items():
                 if i >= j:
                     continue

@@ -70,7 +70,7 @@ class VideoSampling:
         if not self.do_sample_frames:
             return total_frames
         if self.num_frames is not None:
-            n = round(self.num_frames / temporal_patch_size) * temporal_patch_size
+            n: float = round(self.num_frames / temporal_patch_size) * temporal_patch_size
         elif self.fps is not None:
             if not video_fps:
                 raise ValueError("the video processor samples frames by fps, but the video's frame rate is unknown "

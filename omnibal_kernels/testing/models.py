@@ -56,6 +56,8 @@ class RMSNorm(nn.Module):
 class TinyBlock(nn.Module):
     """Pre-norm decoder block: rotary grouped-query attention and a SiLU-gated MLP."""
 
+    inv_freq: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, hidden: int, heads: int, kv_heads: int, mlp_hidden: int, rope_base: float) -> None:
         super().__init__()
         self.heads, self.kv_heads = heads, kv_heads

@@ -19,7 +19,7 @@ from .. import _ext
 # Balance: grouping references (the C++ engine's shuffles are reused, so outputs match exactly)
 # ---------------------------------------------------------------------------------------------------------
 
-def next_fit_reference(order: Sequence[int], vit: np.ndarray, llm: np.ndarray, vit_capacity: int,
+def next_fit_reference(order: Sequence[int] | np.ndarray, vit: np.ndarray, llm: np.ndarray, vit_capacity: int,
                        llm_capacity: int) -> list[list[int]]:
     """Next-fit over ``order``: a new pack whenever the next sample would overflow a capacity."""
     packs: list[list[int]] = []
@@ -43,7 +43,7 @@ def isf_reference(vit: np.ndarray, llm: np.ndarray, items: np.ndarray, vit_capac
     """The OmniBal Iterative Sampling and Filtering, step by step, with the engine's shuffles."""
     C = _ext.load()
 
-    def shuffled(ids: Sequence[int], round_index: int) -> np.ndarray:
+    def shuffled(ids: Sequence[int] | np.ndarray, round_index: int) -> np.ndarray:
         return C.shuffle(np.asarray(ids, dtype=np.int64), C.derive_seed(seed, C.STREAMS["isf_round"], round_index))
 
     out: list[list[int]] = []
@@ -176,12 +176,12 @@ def internvl_tiles_reference(width: int, height: int, min_num: int = 1, max_num:
             for j in range(1, n + 1):
                 if min_num <= i * j <= max_num:
                     candidates.add((i, j))
-    candidates = sorted(candidates, key=lambda c: c[0] * c[1])
+    ranked = sorted(candidates, key=lambda c: c[0] * c[1])
     aspect = width / height
     area = width * height
     best_diff = float("inf")
     best = (1, 1)
-    for cand in candidates:
+    for cand in ranked:
         diff = abs(aspect - cand[0] / cand[1])
         if diff < best_diff:
             best_diff = diff

@@ -14,7 +14,7 @@ packed batch (``(1, T)`` with ``cu_seqlens``) or a dense padded one (``(B, S)``)
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import torch
@@ -116,9 +116,9 @@ class TinyVLM(nn.Module):
         and no ``cu_seqlens``. The ViT layers pass ``(patches, token ids as floats)``, the LLM layers the hidden
         states; the ids are copied on, so each layer's output is its own storage."""
         layers: list[tuple[str, nn.Module]] = [("vit_embed", _VisionEmbed(self))]
-        layers += [(f"vit_{i}", _ViTLayer(block)) for i, block in enumerate(self.vit_blocks)]
+        layers += [(f"vit_{i}", _ViTLayer(cast(TinyViTBlock, block))) for i, block in enumerate(self.vit_blocks)]
         layers += [("projector", _Merge(self))]
-        layers += [(f"llm_{i}", _LLMLayer(block)) for i, block in enumerate(self.blocks)]
+        layers += [(f"llm_{i}", _LLMLayer(cast(TinyBlock, block))) for i, block in enumerate(self.blocks)]
         layers += [("head", _Head(self))]
         return Chain(OrderedDict(layers))
 

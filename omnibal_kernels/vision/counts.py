@@ -174,6 +174,8 @@ def qwen2vl_grid(widths: Any, heights: Any, num_frames: Any = None, *, patch_siz
     temporal_patch_size = check_positive_int("temporal_patch_size", temporal_patch_size, maximum=MAX_IMAGE_SIDE)
     factor = patch_size * merge_size
     h_out, w_out = qwen2vl_smart_resize(widths, heights, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    t: Any  # t and grid: tensors or arrays, as h_out is
+    grid: Any
     if is_tensor(h_out):
         import torch
 

@@ -245,8 +245,8 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
         fields.update({_VIDEO_RENAME[k]: v for k, v in videos.items()})
     video_rows = [grid_rows(s.get("video_grid_thw"), f"sample {i}: video_grid_thw") for i, s in enumerate(samples)]
     if any("second_per_grid_ts" in s for s in samples):
-        seconds = _sample_seconds(samples, video_rows)
-        fields["second_per_grid_ts"] = torch.from_numpy(np.concatenate(seconds).astype(np.float32))
+        sample_seconds = _sample_seconds(samples, video_rows)
+        fields["second_per_grid_ts"] = torch.from_numpy(np.concatenate(sample_seconds).astype(np.float32))
     if not mrope.enabled:
         if "image_grid_thw" in fields or "video_grid_thw" in fields:
             warnings.warn("samples carry image_grid_thw/video_grid_thw but image_token_id is not set: "
@@ -261,8 +261,8 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
     ids = fields["input_ids"][0, :total].split(lens)
     image_rows = [grid_rows(s.get("image_grid_thw"), f"sample {i}: image_grid_thw") for i, s in enumerate(samples)]
     if mrope.video_token_id is None:
-        for i, rows in enumerate(video_rows):
-            if rows.shape[0]:
+        for i, grids in enumerate(video_rows):
+            if grids.shape[0]:
                 raise ValueError(f"sample {i}: has video_grid_thw but video_token_id is not set")
     seconds = None
     if mrope.tokens_per_second is not None and any(rows.shape[0] for rows in video_rows):

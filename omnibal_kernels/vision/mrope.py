@@ -55,7 +55,7 @@ def check_mrope_convention(convention: object) -> str:
         return installed_mrope_convention()
     if convention not in MROPE_CONVENTIONS:
         raise ValueError(f"mrope_convention must be one of {MROPE_CONVENTIONS} or None, got {convention!r}")
-    return convention  # type: ignore[return-value]
+    return convention
 
 
 def video_time_positions(num_steps: int, second_per_grid_t: float, tokens_per_second: float) -> np.ndarray:
