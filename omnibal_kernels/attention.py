@@ -118,7 +118,7 @@ def _flash_attn_varlen_func() -> Callable[..., torch.Tensor] | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _torch_varlen_attn() -> tuple[Callable[..., torch.Tensor], frozenset[str]] | None:
+def _torch_varlen_attn() -> tuple[Callable[..., Any], frozenset[str]] | None:
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:

@@ -203,9 +203,9 @@ def _read_lengths_records(path: Path) -> list[Mapping[str, Any]]:
 
 
 def _record_fields(records: Sequence[Mapping[str, Any]], sizes_key: str, text_key: str,
-                   frames_key: str | None) -> tuple[list[Any], list[int], list[int] | None]:
+                   frames_key: str | None) -> tuple[list[Any], list[Any], list[int] | None]:
     sizes: list[Any] = []
-    text: list[int] = []
+    text: list[Any] = []  # counts as given (a float is refused where the loads are checked)
     frames: list[int] = [] if frames_key else None  # type: ignore[assignment]
     for i, rec in enumerate(records):
         entry = rec.get(sizes_key)
@@ -218,7 +218,7 @@ def _record_fields(records: Sequence[Mapping[str, Any]], sizes_key: str, text_ke
         if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
             raise ValueError(f"record {i}: {text_key!r} must be a token count or a token list, got {value!r}")
         text.append(len(value) if isinstance(value, (list, tuple)) else value)
-        if frames is not None:
+        if frames is not None and frames_key is not None:
             frames.append(rec.get(frames_key, 1))
     return sizes, text, frames
 

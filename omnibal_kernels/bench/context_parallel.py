@@ -58,8 +58,8 @@ STRATEGIES = {  # row name -> (strategy, pad_sequences, most tokens per rank ove
     "auto_tokens_1.1": ("auto", False, 1.1),
 }
 FIXED = ("contiguous", "zigzag_megatron", "zigzag", "per_document", "hybrid")
-FULL = dict(packs=32, cp_sizes=CP_SIZES)
-QUICK = dict(packs=2, cp_sizes=(2, 8))
+FULL: dict[str, Any] = dict(packs=32, cp_sizes=CP_SIZES)
+QUICK: dict[str, Any] = dict(packs=2, cp_sizes=(2, 8))
 
 
 def _log_uniform(rng: np.random.Generator, n: int, low: float, high: float) -> np.ndarray:
@@ -131,7 +131,7 @@ def cp_rows(mix: str, packs: list[np.ndarray], cp_size: int) -> list[dict[str, A
     rows = []
     for name in STRATEGIES:
         imbalance = [t.imbalance for t in times[name]]
-        row = dict(mix=mix, cp_size=cp_size, strategy=name, packs=len(packs), imbalance=float(np.mean(imbalance)),
+        row: dict[str, Any] = dict(mix=mix, cp_size=cp_size, strategy=name, packs=len(packs), imbalance=float(np.mean(imbalance)),
                    worst_imbalance=float(max(imbalance)),
                    token_imbalance=float(max(t.tokens.max() / t.tokens.mean() for t in times[name])),
                    kv_per_pack=total(name, "kv_exchanged") / len(packs),

@@ -66,7 +66,7 @@ def _timed_allreduce(state: dict[str, float], bucket):  # noqa: ANN001, ANN202
     state["thread"] += time.thread_time() - cpu
     state["wall"] += time.perf_counter() - wall
     buf.div_(dist.get_world_size())
-    fut = torch.futures.Future()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut
 

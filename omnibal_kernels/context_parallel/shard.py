@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 import torch
@@ -80,8 +80,9 @@ class ContextParallelShard:
                 f"tokens={self.num_tokens}, received={sum(self.recv_counts)})")
 
     def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ContextParallelShard:
-        batch = type(self.batch)({k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in self.batch.items()})
-        tensors = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
+        mapping: Any = type(self.batch)  # a concrete mapping type that takes a dict (PackedBatch, dict)
+        batch = mapping({k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in self.batch.items()})
+        tensors: dict[str, Any] = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
                    if isinstance(getattr(self, f.name), torch.Tensor)}
         return dataclasses.replace(self, batch=batch, **tensors)
 
@@ -261,7 +262,7 @@ def _shard(batch: Mapping[str, Any], r: int, plan: RankPlan, layout: Layout, cu:
     out.update(fields)
     out.update({key: batch[key] for key in replicate if key in batch})
     try:
-        rank_batch = type(batch)(out)
+        rank_batch = cast(Any, type(batch))(out)
     except TypeError:
         raise TypeError(f"{_FN}: cannot build a {type(batch).__name__} from a dict of fields; pass a PackedBatch "
                         "or a dict") from None

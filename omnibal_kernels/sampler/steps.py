@@ -59,7 +59,7 @@ class PlannedStep:
     num_samples_in_batch: Optional[int]
 
 
-class PlannedBatch(list):  # type: ignore[type-arg]
+class PlannedBatch(list):
     """The sample ids of one micro-step (a ``list[int]``, equal to the plain list) and its :class:`PlannedStep`."""
 
     __slots__ = ("step",)
@@ -72,7 +72,7 @@ class PlannedBatch(list):  # type: ignore[type-arg]
         return (PlannedBatch, (list(self), self.step))
 
 
-class PlannedSamples(list):  # type: ignore[type-arg]
+class PlannedSamples(list):
     """The samples of a :class:`PlannedBatch` (a list, as ``dataset.__getitems__`` returns), with its step.
 
     Attributes:
