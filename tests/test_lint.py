@@ -1,4 +1,5 @@
-"""The linter and the type checker, as configured in ``pyproject.toml``, find nothing in the checkout.
+"""The linter, the formatters and the type checker, as configured in ``pyproject.toml`` and ``.clang-format``,
+find nothing in the checkout.
 
 Each runs from the repository root, as CI runs it, when it is installed; the test is skipped, saying which is
 missing, when it is not.
@@ -26,9 +27,17 @@ def _command(name: str) -> list[str]:
     return [found]
 
 
+def _csrc() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").iterdir() if p.suffix in (".cpp", ".hpp"))
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="until the remaining modules are typed")
-@pytest.mark.parametrize("tool, arguments", [("ruff", ["check"]), ("mypy", [])], ids=["ruff", "mypy"])
+@pytest.mark.parametrize("tool, arguments", [
+    ("ruff", ["check"]),
+    ("ruff", ["format", "--check"]),
+    ("mypy", []),
+    ("clang-format", ["--dry-run", "--Werror", *_csrc()]),
+], ids=["ruff-check", "ruff-format", "mypy", "clang-format"])
 def test_tool_reports_nothing(tool: str, arguments: list[str]) -> None:
     result = subprocess.run([*_command(tool), *arguments], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, f"{tool} {' '.join(arguments)} failed:\n{result.stdout}\n{result.stderr}"
