@@ -138,7 +138,7 @@ def test_karmarkar_karp_plan_covers_and_caps(data, world_size: int, batch: int, 
     result = karmarkar_karp_plan(lengths, world_size=world_size, batch_size=batch, llm_capacity=capacity,
                                  vit_capacity=5, seed=seed)
     plan, steps = result.plan, result.micro_offsets
-    n, group = len(lengths), world_size * batch
+    group = world_size * batch
     padded = random_padded_plan(lengths, world_size=world_size, batch_size=batch, seed=seed)
     assert np.array_equal(np.sort(plan.slot_samples()), np.sort(padded.slot_samples()))  # the same samples
     assert (plan.pack_sizes() > 0).all() and plan.step_packs.shape == (int(steps[-1]), world_size)

@@ -235,7 +235,8 @@ def _kk_before(spread: np.ndarray, top: np.ndarray, a: int, b: int) -> bool:  # 
 
 
 @numba.njit(cache=True)
-def _kk_sift_down(heap: np.ndarray, size: int, pos: int, spread: np.ndarray, top: np.ndarray) -> None:  # pragma: no cover
+def _kk_sift_down(heap: np.ndarray, size: int, pos: int, spread: np.ndarray,
+                  top: np.ndarray) -> None:  # pragma: no cover - compiled
     while True:
         first = pos
         for child in (2 * pos + 1, 2 * pos + 2):
