@@ -5,17 +5,24 @@ from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
 # -ffp-contract=off: no fused multiply-add, so pack costs (and so plans) are bit-identical on every CPU.
-extra_compile_args = ["-O3", "-ffp-contract=off"] if sys.platform != "win32" else ["/O2", "/fp:precise"]
+if sys.platform != "win32":
+    extra_compile_args = ["-O3", "-ffp-contract=off", "-Wall", "-Wextra"]
+else:
+    extra_compile_args = ["/O2", "/fp:precise"]
 
 ext_modules = [
     Pybind11Extension(
         "omnibal_kernels._C",
         sources=sorted(
             [
+                "csrc/assignment.cpp",
                 "csrc/bindings.cpp",
                 "csrc/grouping.cpp",
                 "csrc/length_records.cpp",
-                "csrc/step_balance.cpp",
+                "csrc/loads.cpp",
+                "csrc/plan.cpp",
+                "csrc/step_order.cpp",
+                "csrc/step_refine.cpp",
             ]
         ),
         include_dirs=["csrc"],

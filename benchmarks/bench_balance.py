@@ -9,6 +9,8 @@ Group "plan N samples": every method and ``numpy.argsort`` of the same token cou
 (70,706) and the same resampled to 1.2M. Group "quality": one call per method on the bundled data, 8 ranks,
 its balance row and simulated speed-up over random padded in ``extra_info``. Group "isf 70k": the
 straightforward Python ISF of ``omnibal_kernels.testing`` against ours, same algorithm and capacities.
+Groups "choice: ...": the planner's tuned constants (best-fit rounds, the LLM headroom of the capacity
+search) at several values, each value's plan time and its balance row in ``extra_info``.
 """
 from __future__ import annotations
 
@@ -71,6 +73,49 @@ def test_isf_70k(benchmark, provider: str) -> None:
         benchmark(lambda: plan_packs(real, world_size=WORLD_SIZE, method="isf", vit_capacity=18, llm_capacity=6016))
     else:
         benchmark.pedantic(lambda: isf_reference(real.vit, real.llm, items, 18, 6016, 18, 5888, 50, 0), rounds=1)
+
+
+_CHOICE_ROW = ("num_packs", "vit_fill", "llm_fill", "vit_dist", "llm_dist", "step_efficiency")
+
+
+@pytest.mark.parametrize("rounds", [1, 4, 8, 16])
+def test_best_fit_rounds(benchmark, monkeypatch, rounds: int) -> None:
+    """``balance.engine.BEST_FIT_ROUNDS``: the balanced method on the bundled data at 18 tiles / 6016 tokens."""
+    from omnibal_kernels.balance import balance_report, engine, plan_packs
+
+    real = synthetic_lengths("bundled", None, SEED)
+    monkeypatch.setattr(engine, "BEST_FIT_ROUNDS", rounds)
+
+    def plan():
+        return plan_packs(real, world_size=WORLD_SIZE, vit_capacity=18, llm_capacity=6016, seed=SEED)
+
+    report = balance_report(plan(), real).to_dict()
+    benchmark.group = "choice: best-fit rounds, bundled data at 18 / 6016"
+    benchmark.extra_info.update(rounds=rounds, **{k: report[k] for k in _CHOICE_ROW})
+    benchmark(plan)
+
+
+@pytest.mark.parametrize("world_size", [8, 64])
+@pytest.mark.parametrize("data", ["bundled", "patch_multires"])
+@pytest.mark.parametrize("sigmas", [2.0, 3.0, 4.0])
+def test_headroom_sigmas(benchmark, monkeypatch, sigmas: float, data: str, world_size: int) -> None:
+    """``balance.search.HEADROOM_SIGMAS``: searched capacities and the balanced plan under them."""
+    from omnibal_kernels.balance import CostModel, balance_report, plan_packs, search
+    from omnibal_kernels.bench.quality import TARGET, qwen2vl_7b_cost
+
+    lengths = synthetic_lengths(data, None if data == "bundled" else 20_000, SEED)
+    cost = qwen2vl_7b_cost() if data == "patch_multires" else CostModel.internvl_7b()
+    monkeypatch.setattr(search, "HEADROOM_SIGMAS", sigmas)
+
+    def plan():
+        return plan_packs(lengths, world_size=world_size, target_batch_size=TARGET, cost_model=cost, seed=SEED)
+
+    first = plan()
+    report = balance_report(first, lengths, cost).to_dict()
+    benchmark.group = f"choice: LLM headroom sigmas, {data}, {world_size} ranks"
+    benchmark.extra_info.update(sigmas=sigmas, vit_capacity=first.vit_capacity, llm_capacity=first.llm_capacity,
+                                **{k: report[k] for k in _CHOICE_ROW})
+    benchmark(plan)
 
 
 def main(argv: list[str]) -> int:

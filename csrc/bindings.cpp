@@ -1,216 +1,341 @@
-// Python module omnibal_kernels._C: thin pybind11 bindings over numpy buffers; no logic lives here.
+// The Python module omnibal_kernels._C: argument conversion and checks over numpy buffers, the engine's calls
+// (without the GIL), and its results as small classes with read-only named attributes. No planning logic.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
-#include <type_traits>
+#include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "assignment.hpp"
 #include "grouping.hpp"
+#include "index.hpp"
 #include "length_records.hpp"
+#include "loads.hpp"
+#include "plan.hpp"
 #include "rng.hpp"
 
 namespace py = pybind11;
 using omnibal::Capacity;
-using omnibal::Loads;
-using omnibal::Packs;
+using omnibal::Index;
 
 namespace {
 
 using IntArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
+// Named results. Attributes, not tuple positions, so that a field added later breaks no caller.
+struct PacksResult {
+  py::array offsets, samples;
+};
+struct AssignmentResult {
+  py::array step_packs;
+  Index duplicated_slots;
+  py::array dropped_packs;
+};
+struct BalancedPlanResult {
+  PacksResult packs;
+  AssignmentResult assignment;
+};
+struct LengthRecordsResult {
+  py::array vit, llm;
+  // None where no record has the key.
+  py::object vit_seqlens = py::none(), vit_seqlens_offsets = py::none(), vit_seqlens_given = py::none();
+  py::object label = py::none();
+  std::string error;
+  Index error_sample;
+};
+
 // Hands a vector to numpy without copying: the array owns the vector through a capsule.
 template <typename Vector>
-py::array_t<int64_t> to_numpy(Vector&& v, std::vector<py::ssize_t> shape = {}) {
+py::array_t<typename std::decay_t<Vector>::value_type> to_numpy(Vector&& v, std::vector<py::ssize_t> shape = {}) {
   using Owned = std::decay_t<Vector>;
   auto* owned = new Owned(std::move(v));
   py::capsule free_when_done(owned, [](void* p) { delete static_cast<Owned*>(p); });
   if (shape.empty()) shape = {static_cast<py::ssize_t>(owned->size())};
-  return py::array_t<int64_t>(shape, owned->data(), free_when_done);
+  return py::array_t<typename Owned::value_type>(shape, owned->data(), free_when_done);
 }
 
-Loads as_loads(const IntArray& vit, const IntArray& llm) {
-  if (vit.ndim() != 1 || llm.ndim() != 1 || vit.shape(0) != llm.shape(0)) {
-    throw std::invalid_argument("vit and llm must be 1-D arrays of the same length");
+// `obj` (an array or a sequence) as a C-contiguous int64 array. Integer arrays of any width are converted;
+// anything else (floats, bools, objects) is a TypeError naming `name`: a cast would truncate silently. A
+// sequence that numpy reads as empty (dtype float64) is an empty int64 array: it has no value to truncate.
+IntArray as_int64(const py::handle& obj, const char* name) {
+  const py::array arr = py::array::ensure(obj);
+  if (!arr) {
+    throw py::type_error(std::string(name) + " must be an integer array, got " +
+                         std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
   }
-  return Loads{vit.data(), llm.data()};
+  if (arr.size() == 0 && !py::isinstance<py::array>(obj)) return IntArray(0);
+  const char kind = arr.dtype().kind();
+  if (kind != 'i' && kind != 'u') {
+    throw py::type_error(std::string(name) + " must be an integer array, got dtype " +
+                         std::string(py::str(arr.dtype())) + " (convert it explicitly: a cast would truncate)");
+  }
+  IntArray out = IntArray::ensure(arr);
+  if (!out) throw py::error_already_set();
+  if (kind == 'u' && arr.itemsize() >= 8) {  // uint64 above 2**63 - 1 wraps to a negative int64
+    const int64_t* v = out.data();
+    for (py::ssize_t k = 0; k < out.size(); ++k) {
+      if (v[k] < 0) throw std::invalid_argument(std::string(name) + " holds a value above 2**63 - 1");
+    }
+  }
+  return out;
 }
 
-// The sample ids to pack, checked in place; None means every sample, in order (no index array).
-// `keep` holds the converted array alive while the ItemSet points into it.
-omnibal::ItemSet as_items(const py::object& items_obj, py::ssize_t num_samples, IntArray& keep) {
-  if (items_obj.is_none()) return omnibal::ItemSet{nullptr, static_cast<int64_t>(num_samples)};
-  keep = items_obj.cast<IntArray>();
-  if (keep.ndim() != 1) throw std::invalid_argument("items must be a 1-D array");
-  const int64_t* ids = keep.data();
-  int64_t bad = -1;
-  if (!omnibal::ids_in_range(ids, keep.shape(0), num_samples, bad)) {
-    throw std::out_of_range("item id out of range: " + std::to_string(ids[bad]));
+IntArray as_1d_int64(const py::handle& obj, const char* name) {
+  IntArray out = as_int64(obj, name);
+  if (out.ndim() != 1) {
+    throw std::invalid_argument(std::string(name) + " must be 1-D, got " + std::to_string(out.ndim()) + " dimensions");
   }
-  return omnibal::ItemSet{ids, static_cast<int64_t>(keep.shape(0))};
+  return out;
+}
+
+// The per-sample loads: two 1-D integer arrays of one length, kept alive while the engine reads them.
+struct LoadArrays {
+  IntArray vit, llm;
+
+  LoadArrays(const py::handle& vit_obj, const py::handle& llm_obj)
+      : vit(as_1d_int64(vit_obj, "vit")), llm(as_1d_int64(llm_obj, "llm")) {
+    if (vit.shape(0) != llm.shape(0)) {
+      throw std::invalid_argument("vit and llm must have the same length, got " + std::to_string(vit.shape(0)) +
+                                  " and " + std::to_string(llm.shape(0)));
+    }
+  }
+  Index size() const { return static_cast<Index>(vit.shape(0)); }
+  omnibal::Loads view() const { return omnibal::Loads{vit.data(), llm.data()}; }
+};
+
+// Sample ids into loads of `num_samples` samples, each in [0, num_samples). None stands for every sample in
+// order (no index array) where `none_is_all`, else for no sample.
+struct IdArray {
+  IntArray ids;
+  omnibal::ItemSet set{nullptr, 0};
+
+  IdArray(const py::object& obj, const char* name, Index num_samples, bool none_is_all) {
+    if (obj.is_none()) {
+      set = omnibal::ItemSet{nullptr, none_is_all ? num_samples : 0};
+      return;
+    }
+    ids = as_1d_int64(obj, name);
+    const int64_t* v = ids.data();
+    const Index count = static_cast<Index>(ids.shape(0));
+    for (Index k = 0; k < count; ++k) {
+      if (v[k] < 0 || v[k] >= num_samples) {
+        throw std::invalid_argument(std::string(name) + "[" + std::to_string(k) + "] = " + std::to_string(v[k]) +
+                                    " is not a sample id in [0, " + std::to_string(num_samples) + ")");
+      }
+    }
+    set = omnibal::ItemSet{v, count};
+  }
+};
+
+Capacity as_capacity(int64_t vit_capacity, int64_t llm_capacity) {
+  for (const auto& [name, cap] : {std::pair<const char*, int64_t>{"vit_capacity", vit_capacity},
+                                  std::pair<const char*, int64_t>{"llm_capacity", llm_capacity}}) {
+    if (cap < 0 || cap > omnibal::kMaxCapacity) {
+      throw std::invalid_argument(std::string(name) + " must be in [0, 2**48], got " + std::to_string(cap));
+    }
+  }
+  return Capacity{vit_capacity, llm_capacity};
 }
 
 omnibal::CostModel as_cost(const std::vector<double>& terms) {
   if (terms.size() != 4) throw std::invalid_argument("cost_terms must have 4 entries");
+  for (const double t : terms) {
+    if (!std::isfinite(t)) throw std::invalid_argument("cost_terms must be finite");
+  }
   return omnibal::CostModel{terms[0], terms[1], terms[2], terms[3]};
 }
 
-py::tuple packs_to_python(Packs&& packs) {
-  return py::make_tuple(to_numpy(std::move(packs.offsets)), to_numpy(std::move(packs.samples)));
+void check_world_size(Index world_size) {
+  if (world_size < 1) throw std::invalid_argument("world_size must be >= 1, got " + std::to_string(world_size));
 }
 
-py::tuple assignment_to_python(omnibal::Assignment&& a, int64_t world_size) {
-  return py::make_tuple(to_numpy(std::move(a.step_packs), {static_cast<py::ssize_t>(a.num_steps),
-                                                           static_cast<py::ssize_t>(world_size)}),
-                        a.duplicated_slots, to_numpy(std::move(a.dropped_packs)));
+PacksResult packs_result(omnibal::Packs&& packs) {
+  return PacksResult{to_numpy(std::move(packs.offsets)), to_numpy(std::move(packs.samples))};
 }
 
-}  // namespace
+AssignmentResult assignment_result(omnibal::Assignment&& a, Index world_size) {
+  return AssignmentResult{
+      to_numpy(std::move(a.step_packs), {static_cast<py::ssize_t>(a.num_steps), static_cast<py::ssize_t>(world_size)}),
+      a.duplicated_slots, to_numpy(std::move(a.dropped_packs))};
+}
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "omnibal_kernels C++ balance engine (grouping and assignment; deterministic from a seed)";
+void bind_results(py::module_& m) {
+  py::class_<PacksResult>(m, "Packs",
+                          "Packs in CSR form: the samples of pack p are samples[offsets[p]:offsets[p + 1]].")
+      .def_readonly("offsets", &PacksResult::offsets, "int64 (num_packs + 1,), starts at 0")
+      .def_readonly("samples", &PacksResult::samples, "int64 (num_samples,), sample ids pack after pack")
+      .def("__repr__", [](const PacksResult& r) {
+        return "Packs(num_packs=" + std::to_string(r.offsets.size() - 1) +
+               ", num_samples=" + std::to_string(r.samples.size()) + ")";
+      });
+  py::class_<AssignmentResult>(m, "Assignment", "Packs to (step, rank) slots.")
+      .def_readonly("step_packs", &AssignmentResult::step_packs, "int64 (num_steps, world_size), pack ids")
+      .def_readonly("duplicated_slots", &AssignmentResult::duplicated_slots,
+                    "slots of the ragged last step filled by reusing packs")
+      .def_readonly("dropped_packs", &AssignmentResult::dropped_packs, "int64 (k,), packs left out by drop_last")
+      .def("__repr__", [](const AssignmentResult& r) {
+        return "Assignment(num_steps=" + std::to_string(r.step_packs.shape(0)) +
+               ", duplicated_slots=" + std::to_string(r.duplicated_slots) +
+               ", dropped_packs=" + std::to_string(r.dropped_packs.size()) + ")";
+      });
+  py::class_<BalancedPlanResult>(m, "BalancedPlan", "The balanced method's packs and their assignment.")
+      .def_readonly("packs", &BalancedPlanResult::packs)
+      .def_readonly("assignment", &BalancedPlanResult::assignment);
+  py::class_<LengthRecordsResult>(m, "LengthRecords", "Per-sample loads read from length records.")
+      .def_readonly("vit", &LengthRecordsResult::vit, "int64 (num_records,)")
+      .def_readonly("llm", &LengthRecordsResult::llm, "int64 (num_records,)")
+      .def_readonly("vit_seqlens", &LengthRecordsResult::vit_seqlens,
+                    "int64 (total,): every record's ViT sequence lengths, one run after another; None if no "
+                    "record has the key")
+      .def_readonly("vit_seqlens_offsets", &LengthRecordsResult::vit_seqlens_offsets,
+                    "int64 (num_records + 1,) from 0: record i's run starts at [i] and ends at [i + 1]; or None")
+      .def_readonly("vit_seqlens_given", &LengthRecordsResult::vit_seqlens_given,
+                    "bool (num_records,): whether record i has the key (else its run is empty); or None")
+      .def_readonly("label", &LengthRecordsResult::label,
+                    "int64 (num_records,): label token counts, -1 where a record has none; None if no record has "
+                    "the key")
+      .def_readonly("error", &LengthRecordsResult::error, "empty on success, else what went wrong and where")
+      .def_readonly("error_sample", &LengthRecordsResult::error_sample, "the failing sample's index, or -1");
+  py::class_<omnibal::LoadStats>(m, "LoadStats", "Totals and maxima of both loads in one pass.")
+      .def_readonly("vit_sum", &omnibal::LoadStats::vit_sum)
+      .def_readonly("llm_sum", &omnibal::LoadStats::llm_sum)
+      .def_readonly("vit_max", &omnibal::LoadStats::vit_max)
+      .def_readonly("llm_max", &omnibal::LoadStats::llm_max)
+      .def_readonly("llm_sum_binned", &omnibal::LoadStats::llm_sum_binned,
+                    "the LLM total with every sample rounded up to llm_bin tokens");
+}
 
+void bind_grouping(py::module_& m) {
   m.def(
       "random_next_fit",
-      [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
+      [](const py::object& vit, const py::object& llm, const py::object& items, int64_t vit_capacity,
          int64_t llm_capacity, uint64_t seed) {
-        const Loads loads = as_loads(vit, llm);
-        IntArray keep;
-        const omnibal::ItemSet ids = as_items(items, vit.shape(0), keep);
-        Packs packs;
+        const LoadArrays loads(vit, llm);
+        const IdArray ids(items, "items", loads.size(), true);
+        const Capacity cap = as_capacity(vit_capacity, llm_capacity);
+        omnibal::Packs packs;
         {
           py::gil_scoped_release release;
-          packs = omnibal::random_next_fit(loads, ids, Capacity{vit_capacity, llm_capacity}, seed);
+          packs = omnibal::random_next_fit(loads.view(), ids.set, cap, seed);
         }
-        return packs_to_python(std::move(packs));
+        return packs_result(std::move(packs));
       },
       py::arg("vit"), py::arg("llm"), py::arg("items"), py::arg("vit_capacity"), py::arg("llm_capacity"),
-      py::arg("seed"), "Random next-fit packing; returns (offsets, samples).");
+      py::arg("seed"), "Random next-fit packing of `items` (None: every sample); returns Packs.");
 
   m.def(
       "isf",
-      [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
+      [](const py::object& vit, const py::object& llm, const py::object& items, int64_t vit_capacity,
          int64_t llm_capacity, int64_t vit_threshold, int64_t llm_threshold, int iterations, uint64_t seed) {
-        const Loads loads = as_loads(vit, llm);
-        IntArray keep;
-        const omnibal::ItemSet ids = as_items(items, vit.shape(0), keep);
-        Packs packs;
+        const LoadArrays loads(vit, llm);
+        const IdArray ids(items, "items", loads.size(), true);
+        const Capacity cap = as_capacity(vit_capacity, llm_capacity);
+        omnibal::Packs packs;
         {
           py::gil_scoped_release release;
-          packs = omnibal::isf(loads, ids, Capacity{vit_capacity, llm_capacity}, vit_threshold, llm_threshold,
-                               iterations, seed);
+          packs = omnibal::isf(loads.view(), ids.set, cap, vit_threshold, llm_threshold, iterations, seed);
         }
-        return packs_to_python(std::move(packs));
+        return packs_result(std::move(packs));
       },
       py::arg("vit"), py::arg("llm"), py::arg("items"), py::arg("vit_capacity"), py::arg("llm_capacity"),
       py::arg("vit_threshold"), py::arg("llm_threshold"), py::arg("iterations"), py::arg("seed"),
-      "Iterative sampling and filtering (OmniBal); returns (offsets, samples).");
-
-  m.def(
-      "best_fit_packs",
-      [](const IntArray& vit, const IntArray& llm, const py::object& items, int64_t vit_capacity,
-         int64_t llm_capacity, int rounds, uint64_t seed) {
-        const Loads loads = as_loads(vit, llm);
-        IntArray keep;
-        const omnibal::ItemSet ids = as_items(items, vit.shape(0), keep);
-        Packs packs;
-        {
-          py::gil_scoped_release release;
-          packs = omnibal::best_fit_packs(loads, ids, Capacity{vit_capacity, llm_capacity}, rounds, seed);
-        }
-        return packs_to_python(std::move(packs));
-      },
-      py::arg("vit"), py::arg("llm"), py::arg("items"), py::arg("vit_capacity"), py::arg("llm_capacity"),
-      py::arg("rounds"), py::arg("seed"), "Randomized 2-D best fit in rounds; returns (offsets, samples).");
+      "Iterative sampling and filtering (OmniBal) of `items` (None: every sample); returns Packs.");
 
   m.def(
       "assign_random",
-      [](int64_t num_packs, int64_t world_size, bool drop_last, uint64_t seed) {
-        if (num_packs < 0 || world_size < 1) throw std::invalid_argument("num_packs >= 0 and world_size >= 1");
+      [](Index num_packs, Index world_size, bool drop_last, uint64_t seed) {
+        if (num_packs < 0) throw std::invalid_argument("num_packs must be >= 0, got " + std::to_string(num_packs));
+        check_world_size(world_size);
         omnibal::Assignment a;
         {
           py::gil_scoped_release release;
           a = omnibal::assign_random(num_packs, world_size, drop_last, seed);
         }
-        return assignment_to_python(std::move(a), world_size);
+        return assignment_result(std::move(a), world_size);
       },
       py::arg("num_packs"), py::arg("world_size"), py::arg("drop_last"), py::arg("seed"),
-      "Packs to (step, rank) slots in random order; returns (step_packs, duplicated_slots, dropped_packs).");
-
-  m.def(
-      "assign_balanced",
-      [](const IntArray& offsets, const IntArray& samples, const IntArray& vit, const IntArray& llm,
-         int64_t vit_capacity, int64_t llm_capacity, std::vector<double> cost_terms, int64_t world_size,
-         bool drop_last, uint64_t seed) {
-        const Loads loads = as_loads(vit, llm);
-        const omnibal::CostModel cost = as_cost(cost_terms);
-        if (world_size < 1) throw std::invalid_argument("world_size must be >= 1");
-        Packs packs;
-        packs.offsets.assign(offsets.data(), offsets.data() + offsets.shape(0));
-        packs.samples.assign(samples.data(), samples.data() + samples.shape(0));
-        omnibal::Assignment a;
-        {
-          py::gil_scoped_release release;
-          a = omnibal::assign_balanced(packs, loads, cost, Capacity{vit_capacity, llm_capacity}, world_size,
-                                       drop_last, seed);
-        }
-        py::tuple assigned = assignment_to_python(std::move(a), world_size);
-        return py::make_tuple(to_numpy(std::move(packs.samples)), assigned[0], assigned[1], assigned[2]);
-      },
-      py::arg("offsets"), py::arg("samples"), py::arg("vit"), py::arg("llm"), py::arg("vit_capacity"),
-      py::arg("llm_capacity"), py::arg("cost_terms"), py::arg("world_size"), py::arg("drop_last"),
-      py::arg("seed"),
-      "Balanced assignment of packs to (step, rank) slots, swapping samples between the packs of a step "
-      "(pack sizes stay); returns (samples, step_packs, duplicated_slots, dropped_packs).");
+      "Packs to (step, rank) slots in random order; returns Assignment.");
 
   m.def(
       "plan_balanced",
-      [](const IntArray& vit, const IntArray& llm, const py::object& items, const py::object& singles,
-         int64_t vit_capacity, int64_t llm_capacity, std::vector<double> cost_terms, int rounds,
-         int64_t world_size, bool drop_last, uint64_t seed) {
-        const Loads loads = as_loads(vit, llm);
-        IntArray keep, keep_singles;
-        const omnibal::ItemSet ids = as_items(items, vit.shape(0), keep);
-        const omnibal::ItemSet single_ids = singles.is_none() ? omnibal::ItemSet{nullptr, 0}
-                                                              : as_items(singles, vit.shape(0), keep_singles);
+      [](const py::object& vit, const py::object& llm, const py::object& items, const py::object& singles,
+         int64_t vit_capacity, int64_t llm_capacity, const std::vector<double>& cost_terms, int rounds,
+         Index world_size, bool drop_last, uint64_t seed) {
+        const LoadArrays loads(vit, llm);
+        const IdArray ids(items, "items", loads.size(), true);
+        const IdArray single_ids(singles, "singles", loads.size(), false);
+        const Capacity cap = as_capacity(vit_capacity, llm_capacity);
         const omnibal::CostModel cost = as_cost(cost_terms);
-        if (world_size < 1) throw std::invalid_argument("world_size must be >= 1");
+        check_world_size(world_size);
         omnibal::BalancedPlan plan;
         {
           py::gil_scoped_release release;
-          plan = omnibal::plan_balanced(loads, ids, single_ids, Capacity{vit_capacity, llm_capacity}, cost,
-                                        rounds, world_size, drop_last, seed);
+          plan = omnibal::plan_balanced(loads.view(), ids.set, single_ids.set, cap, cost, rounds, world_size, drop_last,
+                                        seed);
         }
-        py::tuple assigned = assignment_to_python(std::move(plan.assignment), world_size);
-        return py::make_tuple(to_numpy(std::move(plan.packs.offsets)), to_numpy(std::move(plan.packs.samples)),
-                              assigned[0], assigned[1], assigned[2]);
+        return BalancedPlanResult{packs_result(std::move(plan.packs)),
+                                  assignment_result(std::move(plan.assignment), world_size)};
       },
       py::arg("vit"), py::arg("llm"), py::arg("items"), py::arg("singles"), py::arg("vit_capacity"),
-      py::arg("llm_capacity"), py::arg("cost_terms"), py::arg("rounds"), py::arg("world_size"),
-      py::arg("drop_last"), py::arg("seed"),
-      "Best-fit packs (plus one pack per sample of `singles`, or None) and balanced assignment; returns "
-      "(offsets, samples, step_packs, duplicated_slots, dropped_packs).");
+      py::arg("llm_capacity"), py::arg("cost_terms"), py::arg("rounds"), py::arg("world_size"), py::arg("drop_last"),
+      py::arg("seed"),
+      "Best-fit packs of `items` (None: every sample), plus one pack per sample of `singles` (or None), and "
+      "their balanced assignment; returns BalancedPlan.");
+}
 
+void bind_lengths(py::module_& m) {
   m.def(
       "parse_length_records",
-      [](const py::buffer& data, const std::string& vit_key, const std::string& llm_key) {
+      [](const py::buffer& data, const std::string& vit_key, const std::string& llm_key,
+         const std::string& vit_seqlens_key, const std::string& label_key) {
         const py::buffer_info info = data.request();
+        const omnibal::RecordKeys keys{vit_key, llm_key, vit_seqlens_key, label_key};
         omnibal::LengthRecords rec;
         {
           py::gil_scoped_release release;
           rec = omnibal::parse_length_records(static_cast<const char*>(info.ptr),
-                                              static_cast<size_t>(info.size * info.itemsize), vit_key, llm_key);
+                                              static_cast<size_t>(info.size * info.itemsize), keys);
         }
-        return py::make_tuple(to_numpy(std::move(rec.vit)), to_numpy(std::move(rec.llm)), rec.error,
-                              rec.error_sample);
+        LengthRecordsResult out;
+        out.vit = to_numpy(std::move(rec.vit));
+        out.llm = to_numpy(std::move(rec.llm));
+        out.error = std::move(rec.error);
+        out.error_sample = rec.error_sample;
+        if (rec.has_vit_seqlens) {
+          out.vit_seqlens = to_numpy(std::move(rec.vit_seqlens));
+          out.vit_seqlens_offsets = to_numpy(std::move(rec.vit_seqlens_offsets));
+          // One byte per record, shown to numpy as its bool.
+          out.vit_seqlens_given = to_numpy(std::move(rec.vit_seqlens_given)).attr("view")("bool");
+        }
+        if (rec.has_label) out.label = to_numpy(std::move(rec.label));
+        return out;
       },
-      py::arg("data"), py::arg("vit_key"), py::arg("llm_key"),
-      "Reads per-sample length records (JSON list or JSON Lines); returns (vit, llm, error, error_sample).");
+      py::arg("data"), py::arg("vit_key"), py::arg("llm_key"), py::arg("vit_seqlens_key") = "vit_seqlens",
+      py::arg("label_key") = "label_num",
+      "Reads per-sample length records (JSON list or JSON Lines, strict UTF-8); returns LengthRecords.");
 
+  m.def(
+      "load_stats",
+      [](const py::object& vit, const py::object& llm, int64_t llm_bin) {
+        const LoadArrays loads(vit, llm);
+        if (llm_bin < 1) throw std::invalid_argument("llm_bin must be >= 1, got " + std::to_string(llm_bin));
+        omnibal::LoadStats s;
+        {
+          py::gil_scoped_release release;
+          s = omnibal::load_stats(loads.vit.data(), loads.llm.data(), loads.size(), llm_bin);
+        }
+        return s;
+      },
+      py::arg("vit"), py::arg("llm"), py::arg("llm_bin"), "One pass over the loads; returns LoadStats.");
+}
+
+void bind_random(py::module_& m) {
   py::dict streams;
   streams["isf_round"] = static_cast<uint64_t>(omnibal::kStreamIsfRound);
   streams["next_fit"] = static_cast<uint64_t>(omnibal::kStreamNextFit);
@@ -222,31 +347,31 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "derive_seed", [](uint64_t seed, uint64_t a, uint64_t b) { return omnibal::derive_seed(seed, a, b); },
-      py::arg("seed"), py::arg("a"), py::arg("b") = 0, "The seed of one random stream: derive_seed(seed, STREAMS[name], index).");
+      py::arg("seed"), py::arg("a"), py::arg("b") = 0,
+      "The seed of one random stream: derive_seed(seed, STREAMS[name], index).");
+
+  m.def(
+      "splitmix64", [](uint64_t state) { return omnibal::splitmix64(state); }, py::arg("state"),
+      "The output of one SplitMix64 step from `state` (the engine's seed expander).");
 
   m.def(
       "shuffle",
-      [](const IntArray& values, uint64_t seed) {
-        std::vector<int64_t> v(values.data(), values.data() + values.size());
+      [](const py::object& values, uint64_t seed) {
+        const IntArray v = as_1d_int64(values, "values");
+        std::vector<int64_t> out(v.data(), v.data() + v.size());
         omnibal::Rng rng(seed);
-        omnibal::shuffle(v, rng);
-        return to_numpy(std::move(v));
+        omnibal::shuffle(out, rng);
+        return to_numpy(std::move(out));
       },
-      py::arg("values"), py::arg("seed"),
-      "The engine's shuffle of `values` with Rng(seed).");
+      py::arg("values"), py::arg("seed"), "The engine's shuffle of the 1-D integer array `values` with Rng(seed).");
+}
 
-  m.def(
-      "load_stats",
-      [](const IntArray& vit, const IntArray& llm, int64_t llm_bin) {
-        const Loads loads = as_loads(vit, llm);
-        if (llm_bin < 1) throw std::invalid_argument("llm_bin must be >= 1");
-        omnibal::LoadStats s;
-        {
-          py::gil_scoped_release release;
-          s = omnibal::load_stats(loads.vit, loads.llm, vit.shape(0), llm_bin);
-        }
-        return py::make_tuple(s.vit_sum, s.llm_sum, s.vit_max, s.llm_max, s.llm_sum_binned);
-      },
-      py::arg("vit"), py::arg("llm"), py::arg("llm_bin"),
-      "One pass over the loads: (vit_sum, llm_sum, vit_max, llm_max, sum of llm rounded up to llm_bin).");
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "omnibal_kernels C++ balance engine (grouping and assignment; deterministic from a seed)";
+  bind_results(m);
+  bind_grouping(m);
+  bind_lengths(m);
+  bind_random(m);
 }

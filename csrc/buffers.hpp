@@ -12,8 +12,8 @@
 namespace omnibal {
 
 // Allocator for the large per-plan buffers: on Linux it asks for transparent huge pages, so that first
-// touching a buffer of many megabytes costs a few page faults instead of thousands (measured: 12k minor
-// faults, several milliseconds, per million-sample plan without it).
+// touching a buffer of many megabytes costs a few page faults instead of thousands (the planning part of
+// benchmarks/bench_balance.py measures million-sample plans).
 template <typename T>
 struct LargeBufferAllocator {
   using value_type = T;
@@ -37,9 +37,13 @@ struct LargeBufferAllocator {
   }
   void deallocate(T* p, size_t) { std::free(p); }
   template <typename U>
-  bool operator==(const LargeBufferAllocator<U>&) const { return true; }
+  bool operator==(const LargeBufferAllocator<U>&) const {
+    return true;
+  }
   template <typename U>
-  bool operator!=(const LargeBufferAllocator<U>&) const { return false; }
+  bool operator!=(const LargeBufferAllocator<U>&) const {
+    return false;
+  }
 };
 
 template <typename T>

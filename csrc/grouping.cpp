@@ -1,63 +1,71 @@
+// Samples into packs (grouping.hpp): the shuffled items every method starts from, next-fit (random next-fit
+// and the ISF rounds), and the balanced method's best fit in rounds with the merge of its leftover packs.
 #include "grouping.hpp"
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
+#include <limits>
 #include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "rng.hpp"
-#include "step_balance.hpp"
 
 namespace omnibal {
 namespace {
 
-// assign_balanced draws up to kMaxLayoutDraws step layouts, kLayoutWork / steps of them, keeping the one with
-// the least load trend (each draw costs a pass over the steps).
-constexpr int64_t kLayoutWork = int64_t{1} << 16;
-constexpr int64_t kMaxLayoutDraws = 64;
-
-// Segments of the epoch that each get one step of every run of this many similar-load steps (stratified_order).
-constexpr int64_t kEpochSegments = 16;
-
-// best_fit_rounds packs a round's shuffled pool in chunks of this many samples (16k items = 256 KiB, which
-// stays in L2 while it is packed and grouped; measured on 1.2M samples: 2^14 to 2^17 items per chunk are
-// within noise of each other, 2^14 a little ahead, with the same ViT fill).
+// best_fit_packs packs a round's shuffled pool in chunks of this many samples: 16k items = 256 KiB, which
+// stay in L2 while they are packed and grouped; larger chunks give the same ViT fill (the planning and quality
+// parts of benchmarks/bench_balance.py measure the choice).
 constexpr size_t kChunkItems = size_t{1} << 14;
+// A pack's number within one chunk is an int32 in BestFitPass::pack_of: a chunk holds fewer packs than that.
+static_assert(kChunkItems <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), "pack_of is int32");
 
 // A sample with its loads next to its id, so that passes over a shuffled order read memory sequentially.
+// The loads are int32, so that an Item is 16 bytes.
 struct Item {
-  int64_t id;
+  Index id;
   int32_t vit;
   int32_t llm;
 };
 using ItemVector = LargeVector<Item>;
 
-Item item_of(const Loads& loads, int64_t id) {
-  return Item{id, static_cast<int32_t>(loads.vit[id]), static_cast<int32_t>(loads.llm[id])};
+[[noreturn]] void refuse_load(const char* name, Index id, Index load) {
+  throw_too_large(std::string(name) + " load of sample " + std::to_string(id), load, 0, kMaxLoad);
+}
+
+// Every load the grouping reads passes here, where it narrows to int32: a load outside [0, kMaxLoad] is
+// refused rather than wrapped.
+Item item_of(const Loads& loads, Index id) {
+  const int64_t vit = loads.vit[id], llm = loads.llm[id];
+  if (vit < 0 || vit > kMaxLoad) refuse_load("vit", id, vit);
+  if (llm < 0 || llm > kMaxLoad) refuse_load("llm", id, llm);
+  return Item{id, static_cast<int32_t>(vit), static_cast<int32_t>(llm)};
 }
 
 // The items in uniformly random order, gathered while shuffling (one pass over the loads).
 ItemVector shuffled_items(const Loads& loads, ItemSet items, Rng& rng) {
   ItemVector out;
-  shuffle_from(static_cast<size_t>(items.count), [&](size_t k) { return item_of(loads, items.id(static_cast<int64_t>(k))); },
-               rng, out);
+  const auto item = [&](size_t k) { return item_of(loads, items.id(static_cast<Index>(k))); };
+  shuffle_from(static_cast<size_t>(items.count), item, rng, out);
   return out;
 }
 
 // Next-fit over `order`: returns the offsets of its packs (CSR over `order` itself).
-LargeVector<int64_t> next_fit_offsets(const ItemVector& order, Capacity cap) {
-  LargeVector<int64_t> offsets{0};
+LargeVector<Index> next_fit_offsets(const ItemVector& order, Capacity cap) {
+  LargeVector<Index> offsets{0};
   int64_t vit_sum = 0, llm_sum = 0;
   for (size_t k = 0; k < order.size(); ++k) {
     if (k > 0 && (vit_sum + order[k].vit > cap.vit || llm_sum + order[k].llm > cap.llm)) {
-      offsets.push_back(static_cast<int64_t>(k));
+      offsets.push_back(static_cast<Index>(k));
       vit_sum = llm_sum = 0;
     }
     vit_sum += order[k].vit;
     llm_sum += order[k].llm;
   }
-  // The last pack is always closed, whatever its last sample was (the reference code could lose it).
-  if (!order.empty()) offsets.push_back(static_cast<int64_t>(order.size()));
+  // The last pack is always closed, whatever its last sample was (the reference OmniBal code can lose it).
+  if (!order.empty()) offsets.push_back(static_cast<Index>(order.size()));
   return offsets;
 }
 
@@ -66,12 +74,9 @@ void append_pack(Packs& out, const Item* first, const Item* last) {
   out.close_pack();
 }
 
-// Per-pack totals, filled where packs are formed (the samples' loads are at hand there).
-using PackStats = PackLoads;
-
 // Bit set over bucket indices with "first set bit at or after i". A second level marks the non-empty
-// words, so a search skips 4,096 empty buckets per step (a capacity of 16k tokens has 16k buckets, and with
-// one level the search for a pack with room dominated the whole plan).
+// words, so a search skips 4,096 empty buckets per step: a capacity of 16k tokens has 16k buckets, mostly
+// empty, and the search for a pack with room runs once per sample.
 class BucketBits {
  public:
   explicit BucketBits(int64_t n)
@@ -126,8 +131,8 @@ struct OpenPack {
   int64_t pack;
 };
 
-// The buckets of open packs, allocated once per plan and left empty by every pass (with a capacity of 32k
-// tokens there are 32k buckets: allocating them per 16k-sample chunk cost more than the packing).
+// The buckets of open packs, allocated once per plan and left empty by every pass: a capacity of 32k tokens
+// has 32k buckets, more than a chunk has samples, so allocating them per chunk would cost more than packing it.
 class OpenPacks {
  public:
   OpenPacks(int64_t primary_cap)
@@ -232,26 +237,26 @@ BestFitPass best_fit_pass(const Item* order, size_t count, bool vit_binds, Capac
   return res;
 }
 
-void append_pack_with_stats(Packs& packs, const Item* first, const Item* last, const CostModel* cost,
-                            PackStats* stats) {
+// Appends a pack and its totals (the samples' loads are at hand where packs are formed).
+void append_pack_with_totals(Packs& packs, const Item* first, const Item* last, const CostModel& cost,
+                             PackLoads& totals) {
   append_pack(packs, first, last);
-  if (stats == nullptr) return;
   int64_t v = 0, t = 0;
   double c = 0.0;
   for (const Item* it = first; it != last; ++it) {
     v += it->vit;
     t += it->llm;
-    c += cost->sample_cost(it->vit, it->llm);
+    c += cost.sample_cost(it->vit, it->llm);
   }
-  stats->vit.push_back(v);
-  stats->llm.push_back(t);
-  stats->cost.push_back(c);
+  totals.vit.push_back(v);
+  totals.llm.push_back(t);
+  totals.cost.push_back(c);
 }
 
 // Packs that best fit left with room for more samples, each formed within one chunk of the pool. With a
-// capacity far above a chunk's total load every chunk leaves one such pack (10M one-token samples at a
-// capacity of 2**30 made 611 packs, not 1), so they are merged: first fit decreasing by the binding load,
-// each into one of the kMergeScan most recently opened merged packs that holds it in both loads.
+// capacity far above a chunk's total load every chunk leaves one such pack, where one pack would hold them
+// all, so they are merged: first fit decreasing by the binding load, each into one of the kMergeScan most
+// recently opened merged packs that holds it in both loads.
 class Leftovers {
  public:
   void add(const Item* first, const Item* last) {
@@ -261,21 +266,20 @@ class Leftovers {
       v += it->vit;
       t += it->llm;
     }
-    offsets_.push_back(static_cast<int64_t>(items_.size()));
+    offsets_.push_back(static_cast<Index>(items_.size()));
     vit_.push_back(v);
     llm_.push_back(t);
   }
 
-  void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, Packs& packs, const CostModel* cost,
-             PackStats* stats) {
+  void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, Packs& packs, const CostModel& cost,
+             PackLoads& totals) {
     const size_t n = vit_.size();
     if (n == 0) return;
     const LargeVector<int64_t>& primary = vit_binds ? vit_ : llm_;
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), size_t{0});
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return primary[a] != primary[b] ? primary[a] > primary[b] : a < b;
-    });
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return primary[a] != primary[b] ? primary[a] > primary[b] : a < b; });
     struct Merged {
       int64_t vit = 0, llm = 0;
       std::vector<size_t> parts;
@@ -312,34 +316,37 @@ class Leftovers {
       for (const size_t u : m.parts) {
         buffer.insert(buffer.end(), items_.begin() + offsets_[u], items_.begin() + offsets_[u + 1]);
       }
-      append_pack_with_stats(packs, buffer.data(), buffer.data() + buffer.size(), cost, stats);
+      append_pack_with_totals(packs, buffer.data(), buffer.data() + buffer.size(), cost, totals);
     }
   }
 
  private:
   static constexpr size_t kMergeScan = 64;  // bounds the work per leftover like kTriesPerItem in best_fit_pass
   ItemVector items_;
-  LargeVector<int64_t> offsets_{0};
+  LargeVector<Index> offsets_{0};
   LargeVector<int64_t> vit_, llm_;
 };
 
-Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed,
-                      const CostModel* cost, PackStats* stats) {
+}  // namespace
+
+Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed, const CostModel& cost,
+                     PackLoads& totals) {
+  if (rounds < 1) throw std::invalid_argument("rounds must be >= 1, got " + std::to_string(rounds));
   Packs packs;
   packs.samples.reserve(static_cast<size_t>(items.count));
-  if (items.count == 0 || rounds < 1) return packs;
+  if (items.count == 0) return packs;
   double vit_total = 0.0, llm_total = 0.0;
   int64_t min_vit = INT64_MAX, min_llm = INT64_MAX;
-  for (int64_t k = 0; k < items.count; ++k) {
-    const int64_t id = items.id(k);
+  for (Index k = 0; k < items.count; ++k) {
+    const Index id = items.id(k);
     vit_total += static_cast<double>(loads.vit[id]);
     llm_total += static_cast<double>(loads.llm[id]);
     min_vit = std::min(min_vit, loads.vit[id]);
     min_llm = std::min(min_llm, loads.llm[id]);
   }
   // The binding dimension is the one whose total needs more packs.
-  const bool vit_binds = cap.vit > 0 && vit_total * static_cast<double>(cap.llm) >=
-                                            llm_total * static_cast<double>(cap.vit);
+  const bool vit_binds =
+      cap.vit > 0 && vit_total * static_cast<double>(cap.llm) >= llm_total * static_cast<double>(cap.vit);
   ItemVector pool, scratch;  // scratch: shuffle and grouping buffer, reused by every round
   Leftovers leftovers;
   std::vector<int64_t> start, fill;
@@ -356,8 +363,8 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
     size_t pooled = 0;
     for (size_t chunk = 0; chunk < pool.size(); chunk += kChunkItems) {
       const size_t count = std::min(kChunkItems, pool.size() - chunk);
-      const Item* items = pool.data() + chunk;
-      const BestFitPass pass = best_fit_pass(items, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
+      const Item* chunk_items = pool.data() + chunk;
+      const BestFitPass pass = best_fit_pass(chunk_items, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
                                              vit_binds ? min_llm : min_vit, open);
       const size_t num_packs = pass.room_primary.size();
       // A pack no sample could join is final; the others go back to the pool, unless this is the last
@@ -368,7 +375,7 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
         return room_vit < min_vit || room_llm < min_llm;
       };
       // Packs kept while not final (last round, or no pack of the chunk became final) are leftovers: a
-      // chunk is only a part of the pool, so they are merged across chunks at the end (merge_leftovers).
+      // chunk is only a part of the pool, so they are merged across chunks at the end (Leftovers::merge).
       bool keep_all = r + 1 == rounds;
       if (!keep_all) {
         keep_all = true;
@@ -381,7 +388,7 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
       for (size_t p = 0; p < num_packs; ++p) start[p + 1] += start[p];
       scratch.resize(count);
       fill.assign(start.begin(), start.end() - 1);
-      for (size_t k = 0; k < count; ++k) scratch[static_cast<size_t>(fill[pass.pack_of[k]]++)] = items[k];
+      for (size_t k = 0; k < count; ++k) scratch[static_cast<size_t>(fill[pass.pack_of[k]]++)] = chunk_items[k];
       for (size_t p = 0; p < num_packs; ++p) {
         const Item* first = scratch.data() + start[p];
         const Item* last = scratch.data() + start[p + 1];
@@ -393,133 +400,27 @@ Packs best_fit_rounds(const Loads& loads, ItemSet items, Capacity cap, int round
           }
           continue;
         }
-        append_pack_with_stats(packs, first, last, cost, stats);
+        append_pack_with_totals(packs, first, last, cost, totals);
       }
     }
     pool.resize(pooled);
   }
-  leftovers.merge(cap, vit_binds, min_vit, min_llm, packs, cost, stats);
+  leftovers.merge(cap, vit_binds, min_vit, min_llm, packs, cost, totals);
   return packs;
 }
-
-// Makes the length of `order` a multiple of world_size: drops randomly chosen packs (drop_last) or repeats
-// randomly chosen packs, each repeat right after its original, so a sorted order stays sorted.
-void make_whole_steps(LargeVector<int64_t>& order, int64_t world_size, bool drop_last, Rng& rng,
-                      int64_t& duplicated, std::vector<int64_t>& dropped) {
-  const int64_t n = static_cast<int64_t>(order.size());
-  const int64_t tail = n % world_size;
-  duplicated = 0;
-  if (tail == 0 || n == 0) return;
-  const int64_t count = drop_last ? tail : world_size - tail;
-  // `count` positions, distinct while there are enough packs (then round-robin over all of them).
-  LargeVector<int64_t> pos(static_cast<size_t>(n));
-  std::iota(pos.begin(), pos.end(), 0);
-  for (int64_t i = 0; i < std::min(count, n); ++i) {
-    const int64_t j = i + static_cast<int64_t>(rng.below(static_cast<uint64_t>(n - i)));
-    std::swap(pos[static_cast<size_t>(i)], pos[static_cast<size_t>(j)]);
-  }
-  LargeVector<int64_t> times(static_cast<size_t>(n), 0);
-  for (int64_t i = 0; i < count; ++i) ++times[static_cast<size_t>(pos[static_cast<size_t>(i % n)])];
-  LargeVector<int64_t> out;
-  out.reserve(static_cast<size_t>(drop_last ? n - count : n + count));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = order[static_cast<size_t>(i)];
-    if (drop_last) {
-      if (times[static_cast<size_t>(i)] > 0) dropped.push_back(p);
-      else out.push_back(p);
-    } else {
-      out.insert(out.end(), static_cast<size_t>(1 + times[static_cast<size_t>(i)]), p);
-    }
-  }
-  if (!drop_last) duplicated = count;
-  order.swap(out);
-}
-
-// A random order of steps 0 .. num_steps - 1 given sorted by load, with no trend of load over the epoch:
-// the epoch is cut into kEpochSegments segments, each takes one step of every run of kEpochSegments
-// consecutive (similar-load) steps, at random, and each segment is then shuffled. A plain shuffle leaves a
-// random trend of about 1/sqrt(num_steps) in correlation (0.02 at 2,000 steps); this leaves about 1/16 of it.
-LargeVector<int64_t> stratified_order(int64_t num_steps, Rng& rng) {
-  const int64_t segments = std::min<int64_t>(kEpochSegments, std::max<int64_t>(num_steps, 1));
-  std::vector<std::vector<int64_t>> segment(static_cast<size_t>(segments));
-  std::vector<int64_t> slots(static_cast<size_t>(segments));
-  for (int64_t run = 0; run < num_steps; run += segments) {
-    std::iota(slots.begin(), slots.end(), 0);
-    fisher_yates(slots.data(), slots.size(), rng);
-    for (int64_t k = run; k < std::min(run + segments, num_steps); ++k) {
-      segment[static_cast<size_t>(slots[static_cast<size_t>(k - run)])].push_back(k);
-    }
-  }
-  LargeVector<int64_t> order;
-  order.reserve(static_cast<size_t>(num_steps));
-  for (auto& seg : segment) {
-    fisher_yates(seg.data(), seg.size(), rng);
-    order.insert(order.end(), seg.begin(), seg.end());
-  }
-  return order;
-}
-
-// Lays `order` (a multiple of world_size long) out as steps in `step_order`, shuffling the ranks of every step.
-Assignment lay_out(const LargeVector<int64_t>& order, int64_t world_size, const LargeVector<int64_t>& step_order,
-                   Rng& rng) {
-  Assignment a;
-  a.num_steps = static_cast<int64_t>(order.size()) / world_size;
-  a.step_packs.resize(order.size());
-  for (int64_t s = 0; s < a.num_steps; ++s) {
-    const auto src = order.begin() + step_order[static_cast<size_t>(s)] * world_size;
-    int64_t* dst = a.step_packs.data() + s * world_size;
-    std::copy(src, src + world_size, dst);
-    fisher_yates(dst, static_cast<size_t>(world_size), rng);
-  }
-  return a;
-}
-
-// Packs in layered_order cut into consecutive runs of world_size, the runs refined by swapping samples
-// between their packs (refine_steps), laid out over the epoch in stratified random order.
-Assignment assign_sorted_refined(Packs& packs, PackStats& stats, const Loads& loads, const CostModel& cost,
-                                 Capacity cap, int64_t world_size, bool drop_last, uint64_t seed) {
-  LargeVector<int64_t> order = layered_order(stats, world_size);
-  Rng ragged(derive_seed(seed, kStreamRagged));
-  int64_t duplicated = 0;
-  std::vector<int64_t> dropped;
-  make_whole_steps(order, world_size, drop_last, ragged, duplicated, dropped);
-  refine_steps(packs, stats, loads, cost, cap, order, world_size);
-  Rng rng(derive_seed(seed, kStreamAssign));
-  const int64_t num_steps = static_cast<int64_t>(order.size()) / world_size;
-  LargeVector<int64_t> step_order = stratified_order(num_steps, rng);
-  // With few steps one stratified layout still leaves a visible trend (|corr| about 0.1 at 56 steps): more
-  // layouts are drawn, kLayoutWork / num_steps of them (at most kMaxLayoutDraws), and the one with the least
-  // trend is kept. Many steps leave almost none, and get one draw.
-  const int64_t draws = std::min(kMaxLayoutDraws, kLayoutWork / std::max<int64_t>(num_steps, 1));
-  if (draws > 1) {
-    const StepTotals totals = step_totals(order, stats, world_size);
-    double best = step_trend(step_order, totals);
-    for (int64_t d = 1; d < draws; ++d) {
-      LargeVector<int64_t> candidate = stratified_order(num_steps, rng);
-      const double trend = step_trend(candidate, totals);
-      if (trend < best) best = trend, step_order.swap(candidate);
-    }
-  }
-  Assignment a = lay_out(order, world_size, step_order, rng);
-  a.duplicated_slots = duplicated;
-  a.dropped_packs = std::move(dropped);
-  return a;
-}
-
-}  // namespace
 
 Packs random_next_fit(const Loads& loads, ItemSet items, Capacity cap, uint64_t seed) {
   Rng rng(derive_seed(seed, kStreamNextFit));
   const ItemVector order = shuffled_items(loads, items, rng);
-  const LargeVector<int64_t> offsets = next_fit_offsets(order, cap);
+  const LargeVector<Index> offsets = next_fit_offsets(order, cap);
   Packs packs;
   packs.samples.reserve(order.size());
   for (size_t p = 0; p + 1 < offsets.size(); ++p) append_pack(packs, &order[offsets[p]], order.data() + offsets[p + 1]);
   return packs;
 }
 
-Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold,
-          int64_t llm_threshold, int iterations, uint64_t seed) {
+Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold, int64_t llm_threshold, int iterations,
+          uint64_t seed) {
   Packs out;
   out.samples.reserve(static_cast<size_t>(items.count));
   ItemVector round, pool;
@@ -527,7 +428,7 @@ Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold
     Rng rng(derive_seed(seed, kStreamIsfRound, 0));
     round = shuffled_items(loads, items, rng);
   }
-  LargeVector<int64_t> offsets = next_fit_offsets(round, cap);
+  LargeVector<Index> offsets = next_fit_offsets(round, cap);
   for (int r = 1; r < iterations; ++r) {
     pool.clear();
     for (size_t p = 0; p + 1 < offsets.size(); ++p) {
@@ -553,67 +454,6 @@ Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold
   // The remainder, packed once more in the last round, is kept whole.
   for (size_t p = 0; p + 1 < offsets.size(); ++p) append_pack(out, &round[offsets[p]], round.data() + offsets[p + 1]);
   return out;
-}
-
-Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds,
-                     uint64_t seed) {
-  return best_fit_rounds(loads, items, cap, rounds, seed, nullptr, nullptr);
-}
-
-Assignment assign_random(int64_t num_packs, int64_t world_size, bool drop_last, uint64_t seed) {
-  Rng rng(derive_seed(seed, kStreamAssign));
-  LargeVector<int64_t> order(static_cast<size_t>(num_packs));
-  std::iota(order.begin(), order.end(), 0);
-  shuffle(order, rng);
-  Rng ragged(derive_seed(seed, kStreamRagged));
-  int64_t duplicated = 0;
-  std::vector<int64_t> dropped;
-  make_whole_steps(order, world_size, drop_last, ragged, duplicated, dropped);
-  // The packs are in random order already: steps in that order.
-  LargeVector<int64_t> step_order(order.size() / static_cast<size_t>(world_size));
-  std::iota(step_order.begin(), step_order.end(), 0);
-  Assignment a = lay_out(order, world_size, step_order, rng);
-  a.duplicated_slots = duplicated;
-  a.dropped_packs = std::move(dropped);
-  return a;
-}
-
-Assignment assign_balanced(Packs& packs, const Loads& loads, const CostModel& cost, Capacity cap,
-                           int64_t world_size, bool drop_last, uint64_t seed) {
-  PackStats stats;
-  for (int64_t p = 0; p < packs.size(); ++p) {
-    int64_t v = 0, t = 0;
-    double c = 0.0;
-    for (int64_t k = packs.offsets[static_cast<size_t>(p)]; k < packs.offsets[static_cast<size_t>(p) + 1]; ++k) {
-      const int64_t id = packs.samples[static_cast<size_t>(k)];
-      v += loads.vit[id];
-      t += loads.llm[id];
-      c += cost.sample_cost(loads.vit[id], loads.llm[id]);
-    }
-    stats.vit.push_back(v);
-    stats.llm.push_back(t);
-    stats.cost.push_back(c);
-  }
-  return assign_sorted_refined(packs, stats, loads, cost, cap, world_size, drop_last, seed);
-}
-
-BalancedPlan plan_balanced(const Loads& loads, ItemSet items, ItemSet singles, Capacity cap,
-                           const CostModel& cost, int rounds, int64_t world_size, bool drop_last,
-                           uint64_t seed) {
-  BalancedPlan plan;
-  PackStats stats;
-  plan.packs = best_fit_rounds(loads, items, cap, rounds, seed, &cost, &stats);
-  // Samples over a capacity, each alone in a pack of its own (oversize="single").
-  for (int64_t k = 0; k < singles.count; ++k) {
-    const int64_t id = singles.id(k);
-    plan.packs.samples.push_back(id);
-    plan.packs.close_pack();
-    stats.vit.push_back(loads.vit[id]);
-    stats.llm.push_back(loads.llm[id]);
-    stats.cost.push_back(cost.sample_cost(loads.vit[id], loads.llm[id]));
-  }
-  plan.assignment = assign_sorted_refined(plan.packs, stats, loads, cost, cap, world_size, drop_last, seed);
-  return plan;
 }
 
 }  // namespace omnibal

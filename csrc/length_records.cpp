@@ -1,35 +1,19 @@
+// The reader of per-sample length records declared in length_records.hpp: one object per record, read with
+// the strict scanner of json_scanner.hpp, in a JSON list or in JSON Lines.
 #include "length_records.hpp"
 
 #include <algorithm>
 #include <cstring>
 
+#include "json_scanner.hpp"
+
 namespace omnibal {
 namespace {
 
-// Deeper nesting in a skipped field is refused rather than recursed into (the skip is recursive).
-constexpr int kMaxDepth = 512;
+using json::Scanner;
 
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// Four hex digits at p (advanced past them); false if there are not four.
-bool read_hex4(const char*& p, const char* end, uint32_t& cp) {
-  if (end - p < 4) return false;
-  cp = 0;
-  for (int k = 0; k < 4; ++k) {
-    const int h = hex_value(p[k]);
-    if (h < 0) return false;
-    cp = cp * 16 + static_cast<uint32_t>(h);
-  }
-  p += 4;
-  return true;
-}
+// Counts must stay below this (the engine packs loads as int32).
+constexpr int64_t kCountLimit = int64_t{1} << 31;
 
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -67,12 +51,12 @@ std::string decode_string(const char* p, size_t n) {
       continue;
     }
     uint32_t cp = 0;
-    read_hex4(p, end, cp);
+    json::read_hex4(p, end, cp);
     // A surrogate pair encodes one code point above U+FFFF; a lone surrogate is kept as its own value.
     if (cp >= 0xD800 && cp < 0xDC00 && end - p >= 6 && p[0] == '\\' && p[1] == 'u') {
       const char* q = p + 2;
       uint32_t low = 0;
-      if (read_hex4(q, end, low) && low >= 0xDC00 && low < 0xE000) {
+      if (json::read_hex4(q, end, low) && low >= 0xDC00 && low < 0xE000) {
         cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
         p = q;
       }
@@ -82,280 +66,242 @@ std::string decode_string(const char* p, size_t n) {
   return out;
 }
 
-// Bytes that need no attention inside a JSON string (not a quote, a backslash or a control character).
-struct PlainInString {
-  bool plain[256];
-  constexpr PlainInString() : plain() {
-    for (int c = 0; c < 256; ++c) plain[c] = c >= 0x20 && c != '"' && c != '\\';
-  }
-  bool operator[](unsigned char c) const { return plain[c]; }
-};
-constexpr PlainInString kPlainInString;
-
-// A strict JSON scanner over a byte range (RFC 8259 grammar). Methods that can fail return nullptr on success
-// and a description of what they found otherwise, leaving the position at the problem.
-class Scanner {
- public:
-  Scanner(const char* text, size_t size) : begin_(text), p_(text), end_(text + size) {}
-
-  void skip_ws() {
-    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
-  }
-  // Skips whitespace; returns whether it held a newline or reached the end.
-  bool skip_to_next_line() {
-    bool newline = false;
-    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) newline |= *p_++ == '\n';
-    return newline || p_ >= end_;
-  }
-  bool at_end() const { return p_ >= end_; }
-  char peek() const { return p_ < end_ ? *p_ : '\0'; }
-  void advance() { ++p_; }
-
-  // "line L, column C" of the current position (1-based; columns count bytes). Only used for errors.
-  std::string position() const {
-    int64_t line = 1;
-    const char* line_start = begin_;
-    for (const char* c = begin_; c < p_ && c < end_; ++c) {
-      if (*c == '\n') {
-        ++line;
-        line_start = c + 1;
-      }
-    }
-    return "line " + std::to_string(line) + ", column " + std::to_string(p_ - line_start + 1);
-  }
-
-  // Reads a JSON string (the opening quote is current): the raw bytes between the quotes, and whether they
-  // hold escapes (decode_string resolves them).
-  const char* read_string(const char*& raw, size_t& raw_len, bool& escaped) {
-    ++p_;
-    raw = p_;
-    escaped = false;
-    while (p_ < end_) {
-      // Plain bytes are most of a file: skip them with one table look-up each.
-      while (p_ < end_ && kPlainInString[static_cast<unsigned char>(*p_)]) ++p_;
-      if (p_ >= end_) break;
-      const unsigned char c = static_cast<unsigned char>(*p_);
-      if (c == '"') {
-        raw_len = static_cast<size_t>(p_ - raw);
-        ++p_;
-        return nullptr;
-      }
-      if (c < 0x20) return "a control character inside a string";
-      if (c != '\\') {
-        ++p_;
-        continue;
-      }
-      escaped = true;
-      if (p_ + 1 >= end_) break;
-      const char e = p_[1];
-      if (e == 'u') {
-        const char* q = p_ + 2;
-        uint32_t cp;
-        if (!read_hex4(q, end_, cp)) return "a malformed \\u escape in a string";
-        p_ = q;
-      } else if (e != '\0' && std::strchr("\"\\/bfnrt", e) != nullptr) {
-        p_ += 2;
-      } else {
-        return "an unknown escape in a string";
-      }
-    }
-    return "an unterminated string";
-  }
-
-  // Reads a JSON number: `integral` (no fraction or exponent), `negative`, and its integer digits (after '-').
-  const char* read_number(bool& integral, bool& negative, const char*& digits, size_t& num_digits) {
-    integral = false;
-    negative = peek() == '-';
-    if (negative) ++p_;
-    digits = p_;
-    if (!is_digit(peek())) return "a malformed number";
-    if (*p_ == '0') {
-      ++p_;
-      if (is_digit(peek())) return "a number with a leading zero";
-    } else {
-      while (is_digit(peek())) ++p_;
-    }
-    num_digits = static_cast<size_t>(p_ - digits);
-    integral = true;
-    if (peek() == '.') {
-      integral = false;
-      ++p_;
-      if (!is_digit(peek())) return "a malformed number";
-      while (is_digit(peek())) ++p_;
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      integral = false;
-      ++p_;
-      if (peek() == '+' || peek() == '-') ++p_;
-      if (!is_digit(peek())) return "a malformed number";
-      while (is_digit(peek())) ++p_;
-    }
-    return nullptr;
-  }
-
-  // Skips one JSON value of any kind, checking its grammar.
-  const char* skip_value(int depth = 0) {
-    if (depth > kMaxDepth) return "values nested too deeply (more than 512 levels)";
-    skip_ws();
-    if (p_ >= end_) return "a missing value";
-    const char c = *p_;
-    const char* raw;
-    size_t n;
-    bool escaped;
-    if (c == '"') return read_string(raw, n, escaped);
-    if (c == '{' || c == '[') {
-      const char close = c == '{' ? '}' : ']';
-      ++p_;
-      skip_ws();
-      if (peek() == close) {
-        ++p_;
-        return nullptr;
-      }
-      while (true) {
-        if (c == '{') {
-          if (peek() != '"') return "a malformed object (expected a key)";
-          if (const char* problem = read_string(raw, n, escaped)) return problem;
-          skip_ws();
-          if (peek() != ':') return "a malformed object (expected ':')";
-          ++p_;
-        }
-        if (const char* problem = skip_value(depth + 1)) return problem;
-        skip_ws();
-        if (peek() == ',') {
-          ++p_;
-          skip_ws();
-          continue;
-        }
-        if (peek() == close) {
-          ++p_;
-          return nullptr;
-        }
-        return c == '{' ? "a malformed object (expected ',' or '}')" : "a malformed list (expected ',' or ']')";
-      }
-    }
-    if (c == '-' || is_digit(c)) {
-      bool integral, negative;
-      const char* digits;
-      return read_number(integral, negative, digits, n);
-    }
-    for (const char* literal : {"true", "false", "null"}) {
-      const size_t len = std::strlen(literal);
-      if (static_cast<size_t>(end_ - p_) >= len && std::memcmp(p_, literal, len) == 0) {
-        p_ += len;
-        return nullptr;
-      }
-    }
-    return "a malformed value";
-  }
-
-  // Reads a value that must be a non-negative JSON integer below 2**31 (no fraction, no exponent; -0 is 0).
-  // Returns an empty string on success, else a description of the value found.
-  std::string read_count(int64_t& out) {
-    skip_ws();
-    const char* start = p_;
-    auto shown = [&] {
-      const size_t n = static_cast<size_t>(p_ - start);
-      return std::string(start, n < 40 ? n : 40);
-    };
-    if (peek() != '-' && !is_digit(peek())) {
-      if (const char* problem = skip_value()) return problem;
-      return "a non-integer value " + shown();
-    }
-    bool integral, negative;
-    const char* digits;
-    size_t num_digits = 0;
-    if (const char* problem = read_number(integral, negative, digits, num_digits)) return problem;
-    if (!integral) return "a non-integer value " + shown();
-    int64_t v = 0;
-    for (size_t k = 0; k < num_digits; ++k) {
-      v = v * 10 + (digits[k] - '0');
-      if (v >= (int64_t{1} << 31)) break;
-    }
-    if (negative && v != 0) return "a negative value " + shown();
-    if (v >= (int64_t{1} << 31)) return "a value too large (" + shown() + ")";
-    out = v;
-    return std::string();
-  }
-
- private:
-  const char* begin_;
-  const char* p_;
-  const char* end_;
-};
-
 bool key_is(const char* raw, size_t n, bool escaped, const std::string& key) {
   if (!escaped) return n == key.size() && std::memcmp(raw, key.data(), n) == 0;
   return decode_string(raw, n) == key;
 }
 
-// Reads one sample's object (the current character must be '{'). Returns an empty string on success.
-std::string read_record(Scanner& s, const std::string& vit_key, const std::string& llm_key, int64_t& vit,
-                        int64_t& llm) {
-  if (s.peek() != '{') return "expected an object per sample";
+enum class Field { kVit, kLlm, kVitSeqlens, kLabel, kOther };
+
+Field field_of(const char* raw, size_t n, bool escaped, const RecordKeys& keys) {
+  if (key_is(raw, n, escaped, keys.vit)) return Field::kVit;
+  if (key_is(raw, n, escaped, keys.llm)) return Field::kLlm;
+  if (key_is(raw, n, escaped, keys.vit_seqlens)) return Field::kVitSeqlens;
+  if (key_is(raw, n, escaped, keys.label)) return Field::kLabel;
+  return Field::kOther;
+}
+
+// One record's fields as read; -1: absent. Where a value starts, for errors found after the whole object.
+struct Record {
+  int64_t vit = -1, llm = -1, label = -1;
+  bool has_vit_seqlens = false;
+  int64_t vit_seqlens_sum = 0;  // saturates at kCountLimit
+  const char* vit_seqlens_at = nullptr;
+  const char* label_at = nullptr;
+};
+
+// The messages of the error paths below, out of line.
+OMNIBAL_COLD std::string about(const std::string& key, const char* verb, const std::string& problem) {
+  return "'" + key + "' " + verb + " " + problem;
+}
+OMNIBAL_COLD std::string about_element(const std::string& key, int64_t k, const std::string& problem) {
+  return "'" + key + "' element " + std::to_string(k) + " is " + problem;
+}
+OMNIBAL_COLD std::string sum_problem(const RecordKeys& keys, const Record& rec) {
+  const std::string sum =
+      rec.vit_seqlens_sum >= kCountLimit ? "more than 2**31 - 1" : std::to_string(rec.vit_seqlens_sum);
+  if (rec.vit < 0) return about(keys.vit_seqlens, "sum to", sum + ", too large for a ViT load (below 2**31)");
+  return about(keys.vit_seqlens, "sum to", sum + ", but '" + keys.vit + "' is " + std::to_string(rec.vit));
+}
+OMNIBAL_COLD std::string label_problem(const RecordKeys& keys, const Record& rec) {
+  return about(keys.label, "is",
+               std::to_string(rec.label) + ", more than '" + keys.llm + "' - 1 (" + std::to_string(rec.llm) +
+                   " - 1): the targets are the sample's tokens after its first");
+}
+
+// Reads the list of ViT sequence lengths (the value is next), appending them to `flat`.
+bool read_vit_seqlens(Scanner& s, const std::string& key, std::vector<int64_t>& flat, int64_t& sum,
+                      std::string& problem) {
+  s.skip_ws();
+  const char* start = s.here();
+  if (s.peek() != '[') {
+    const char* bad = s.skip_value();
+    problem = bad ? about(key, "holds", bad)
+                  : about(key, "is",
+                          json::excerpt(start, static_cast<size_t>(s.here() - start)) +
+                              ", expected a list of non-negative integers");
+    return false;
+  }
   s.advance();
-  vit = 0;
-  llm = -1;
+  s.skip_ws();
+  sum = 0;
+  if (s.peek() == ']') {
+    s.advance();
+    return true;
+  }
+  for (int64_t k = 0;; ++k) {
+    s.skip_ws();
+    if (s.peek() == '[' || s.peek() == '{') {
+      problem = about_element(key, k,
+                              std::string("a nested ") + (s.peek() == '[' ? "list" : "object") +
+                                  ", expected a flat list of non-negative integers");
+      return false;
+    }
+    int64_t v = 0;
+    if (!s.read_count(v, problem)) {
+      problem = about_element(key, k, problem);
+      return false;
+    }
+    flat.push_back(v);
+    if (sum < kCountLimit) sum += v;
+    s.skip_ws();
+    if (s.peek() == ',') {
+      s.advance();
+      continue;
+    }
+    if (s.peek() == ']') {
+      s.advance();
+      return true;
+    }
+    problem = about(key, "is", "a malformed list (expected ',' or ']')");
+    return false;
+  }
+}
+
+// Reads one field's value into `rec` (the value is next).
+bool read_field(Scanner& s, Field field, const RecordKeys& keys, Record& rec, std::vector<int64_t>& flat,
+                size_t run_start, std::string& problem) {
+  if (field == Field::kOther) {
+    const char* bad = s.skip_value();
+    if (bad) problem = "a field holds " + std::string(bad);
+    return bad == nullptr;
+  }
+  s.skip_ws();
+  const char* at = s.here();
+  if (field == Field::kVitSeqlens) {
+    rec.vit_seqlens_at = at;
+    flat.resize(run_start);  // a repeated key: its last list counts
+    rec.has_vit_seqlens = true;
+    return read_vit_seqlens(s, keys.vit_seqlens, flat, rec.vit_seqlens_sum, problem);
+  }
+  int64_t v = 0;
+  if (!s.read_count(v, problem)) {
+    problem = about(field == Field::kVit ? keys.vit : field == Field::kLlm ? keys.llm : keys.label, "is", problem);
+    return false;
+  }
+  if (field == Field::kVit) rec.vit = v;
+  if (field == Field::kLlm) rec.llm = v;
+  if (field == Field::kLabel) {
+    rec.label = v;
+    rec.label_at = at;
+  }
+  return true;
+}
+
+// The checks across the fields of a record read whole. On an error the position moves to the value at fault.
+bool check_record(Scanner& s, const RecordKeys& keys, Record& rec, std::string& problem) {
+  if (rec.llm < 0) {
+    problem = about(keys.llm, "is", "missing");
+    return false;
+  }
+  if (rec.has_vit_seqlens) {
+    if (rec.vit < 0 && rec.vit_seqlens_sum < kCountLimit) rec.vit = rec.vit_seqlens_sum;
+    if (rec.vit_seqlens_sum != rec.vit) {
+      s.rewind(rec.vit_seqlens_at);
+      problem = sum_problem(keys, rec);
+      return false;
+    }
+  }
+  if (rec.vit < 0) rec.vit = 0;
+  if (rec.label > std::max<int64_t>(rec.llm - 1, 0)) {
+    s.rewind(rec.label_at);
+    problem = label_problem(keys, rec);
+    return false;
+  }
+  return true;
+}
+
+// Reads one sample's object (the current character must be '{'). Returns false with `problem` on an error.
+bool read_record(Scanner& s, const RecordKeys& keys, Record& rec, std::vector<int64_t>& flat, std::string& problem) {
+  if (s.peek() != '{') {
+    problem = "expected an object per sample";
+    return false;
+  }
+  s.advance();
+  rec = Record();
+  const size_t run_start = flat.size();
   s.skip_ws();
   if (s.peek() == '}') {
     s.advance();
-  } else {
-    while (true) {
-      if (s.peek() != '"') return "a malformed object (expected a key)";
-      const char* raw;
-      size_t n;
-      bool escaped;
-      if (const char* problem = s.read_string(raw, n, escaped)) return problem;
-      s.skip_ws();
-      if (s.peek() != ':') return "a malformed object (expected ':')";
-      s.advance();
-      const bool is_vit = key_is(raw, n, escaped, vit_key);
-      const bool is_llm = !is_vit && key_is(raw, n, escaped, llm_key);
-      if (is_vit || is_llm) {
-        int64_t v = 0;
-        const std::string problem = s.read_count(v);
-        if (!problem.empty()) return "'" + (is_vit ? vit_key : llm_key) + "' is " + problem;
-        (is_vit ? vit : llm) = v;
-      } else if (const char* problem = s.skip_value()) {
-        return "a field holds " + std::string(problem);
-      }
-      s.skip_ws();
-      if (s.peek() == ',') {
-        s.advance();
-        s.skip_ws();
-        continue;
-      }
-      if (s.peek() == '}') {
-        s.advance();
-        break;
-      }
-      return "a malformed object (expected ',' or '}')";
-    }
+    return check_record(s, keys, rec, problem);
   }
-  if (llm < 0) return "'" + llm_key + "' is missing";
-  return std::string();
+  while (true) {
+    const char* bad = nullptr;
+    const char* raw;
+    size_t n;
+    bool escaped;
+    if (s.peek() != '"') {
+      bad = "a malformed object (expected a key)";
+    } else if (!(bad = s.read_string(raw, n, escaped))) {
+      s.skip_ws();
+      if (s.peek() != ':') bad = "a malformed object (expected ':')";
+    }
+    if (bad) {
+      problem = bad;
+      return false;
+    }
+    s.advance();
+    if (!read_field(s, field_of(raw, n, escaped, keys), keys, rec, flat, run_start, problem)) return false;
+    s.skip_ws();
+    if (s.peek() == ',') {
+      s.advance();
+      s.skip_ws();
+      continue;
+    }
+    if (s.peek() == '}') {
+      s.advance();
+      return check_record(s, keys, rec, problem);
+    }
+    problem = "a malformed object (expected ',' or '}')";
+    return false;
+  }
+}
+
+// Appends the optional fields of a record read whole. They start their arrays at the first record that has them.
+void append_optional(LengthRecords& out, const Record& rec) {
+  const size_t index = out.vit.size() - 1;
+  if (rec.has_vit_seqlens && !out.has_vit_seqlens) {
+    out.has_vit_seqlens = true;
+    out.vit_seqlens_offsets.assign(index + 1, 0);  // the records before have no run, and the list is empty
+    out.vit_seqlens_given.assign(index, 0);
+  }
+  if (out.has_vit_seqlens) {
+    out.vit_seqlens_offsets.push_back(static_cast<int64_t>(out.vit_seqlens.size()));
+    out.vit_seqlens_given.push_back(rec.has_vit_seqlens ? 1 : 0);
+  }
+  if (rec.label >= 0 && !out.has_label) {
+    out.has_label = true;
+    out.label.assign(index, -1);
+  }
+  if (out.has_label) out.label.push_back(rec.label);
+}
+
+void append(LengthRecords& out, const Record& rec) {
+  out.vit.push_back(rec.vit);
+  out.llm.push_back(rec.llm);
+  if (rec.has_vit_seqlens || rec.label >= 0 || out.has_vit_seqlens || out.has_label) append_optional(out, rec);
 }
 
 }  // namespace
 
-LengthRecords parse_length_records(const char* text, size_t size, const std::string& vit_key,
-                                   const std::string& llm_key) {
+LengthRecords parse_length_records(const char* text, size_t size, const RecordKeys& keys) {
   LengthRecords out;
   Scanner s(text, size);
-  int64_t index = 0;
   auto fail = [&](const std::string& msg, int64_t sample) {
-    out.error = msg + " (" + s.position() + ")";
+    // Bytes that are not UTF-8 where the scanner stopped are the problem, whatever it expected there.
+    const std::string not_utf8 = s.not_utf8_here();
+    out.error = (not_utf8.empty() ? msg : not_utf8) + " (" + s.position() + ")";
     out.error_sample = sample;
     return out;
   };
-  auto add = [&]() -> std::string {
-    int64_t vit = 0, llm = -1;
-    std::string problem = read_record(s, vit_key, llm_key, vit, llm);
-    if (!problem.empty()) return problem;
-    out.vit.push_back(vit);
-    out.llm.push_back(llm);
-    ++index;
-    return problem;
+  Record rec;
+  std::string problem;
+  auto add = [&] {
+    if (!read_record(s, keys, rec, out.vit_seqlens, problem)) return false;
+    append(out, rec);
+    return true;
   };
+  auto index = [&] { return static_cast<int64_t>(out.vit.size()); };
 
   s.skip_ws();
   if (s.at_end()) return out;
@@ -367,8 +313,7 @@ LengthRecords parse_length_records(const char* text, size_t size, const std::str
     } else {
       while (true) {
         if (s.at_end()) return fail("the JSON list is not closed with ']'", -1);
-        const std::string problem = add();
-        if (!problem.empty()) return fail(problem, index);
+        if (!add()) return fail(problem, index());
         s.skip_ws();
         if (s.peek() == ',') {
           s.advance();
@@ -381,48 +326,23 @@ LengthRecords parse_length_records(const char* text, size_t size, const std::str
           break;
         }
         if (s.at_end()) return fail("the JSON list is not closed with ']'", -1);
-        return fail("expected ',' or ']' after the previous sample", index);
+        return fail("expected ',' or ']' after the previous sample", index());
       }
     }
     s.skip_ws();
     if (!s.at_end()) {
-      return fail("unexpected data after the closing ']' (two JSON lists back to back? give each its own file)",
-                  -1);
+      return fail("unexpected data after the closing ']' (two JSON lists back to back? give each its own file)", -1);
     }
     return out;
   }
   // JSON Lines: objects separated by newlines (blank lines allowed).
   while (true) {
-    const std::string problem = add();
-    if (!problem.empty()) return fail(problem, index);
+    if (!add()) return fail(problem, index());
     if (!s.skip_to_next_line()) {
-      return fail("expected a newline after the previous sample (one object per line)", index);
+      return fail("expected a newline after the previous sample (one object per line)", index());
     }
     if (s.at_end()) return out;
   }
-}
-
-LoadStats load_stats(const int64_t* vit, const int64_t* llm, int64_t n, int64_t llm_bin) {
-  LoadStats s;
-  for (int64_t i = 0; i < n; ++i) {
-    s.vit_sum += vit[i];
-    s.llm_sum += llm[i];
-    s.vit_max = std::max(s.vit_max, vit[i]);
-    s.llm_max = std::max(s.llm_max, llm[i]);
-    s.llm_sum_binned += (llm[i] + llm_bin - 1) / llm_bin;
-  }
-  s.llm_sum_binned *= llm_bin;
-  return s;
-}
-
-bool ids_in_range(const int64_t* ids, int64_t count, int64_t num_samples, int64_t& bad) {
-  for (int64_t k = 0; k < count; ++k) {
-    if (ids[k] < 0 || ids[k] >= num_samples) {
-      bad = k;
-      return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace omnibal

@@ -17,12 +17,12 @@ namespace omnibal {
 // Stream ids for derive_seed, so that no two uses of one seed share a random stream. The Python side reads
 // them from the extension (omnibal_kernels._C.STREAMS): references and the sampler use these, never copies.
 enum Stream : uint64_t {
-  kStreamIsfRound = 1,    // ISF: the shuffle of round r is derive_seed(seed, kStreamIsfRound, r)
-  kStreamNextFit = 2,     // random next-fit: its one shuffle
-  kStreamBestFit = 3,     // balanced: the shuffle of best-fit round r
-  kStreamAssign = 4,      // pack -> (step, rank) order
-  kStreamRagged = 5,      // packs reused to fill a ragged last step
-  kStreamGroupSteps = 16, // the sampler's interleaving of several groups' steps
+  kStreamIsfRound = 1,     // ISF: the shuffle of round r is derive_seed(seed, kStreamIsfRound, r)
+  kStreamNextFit = 2,      // random next-fit: its one shuffle
+  kStreamBestFit = 3,      // balanced: the shuffle of best-fit round r
+  kStreamAssign = 4,       // pack -> (step, rank) order
+  kStreamRagged = 5,       // packs reused to fill a ragged last step
+  kStreamGroupSteps = 16,  // the sampler's interleaving of several groups' steps
 };
 
 // Index of the lowest set bit of a non-zero word (portable: GCC/Clang builtin or MSVC intrinsic).
@@ -75,7 +75,7 @@ class Rng {
   }
 
   // Uniform integer in [0, bound) for bound < 2**32 from 32 random bits, the two halves of one 64-bit
-  // draw in turn (Lemire's method on 32 bits; a Fisher-Yates shuffle runs about 10% faster than with below).
+  // draw in turn (Lemire's method on 32 bits): half the draws of below, for Fisher-Yates shuffles.
   uint32_t below32(uint32_t bound) {
     if (!have_half_) {
       half_word_ = next();
@@ -146,8 +146,7 @@ void fisher_yates(T* a, size_t n, Rng& rng) {
 // Writes a uniform random permutation of source(0), ..., source(n - 1) into `out`. Large inputs use Rao's
 // two-pass method: every element goes to a uniformly random bin (a sequential scatter), then each bin,
 // small enough to stay in cache, gets a Fisher-Yates shuffle. The result is uniform like a plain
-// Fisher-Yates, and on a million elements several times faster, since a plain shuffle misses the cache on
-// almost every swap.
+// Fisher-Yates, and faster on large inputs, where a plain shuffle misses the cache on almost every swap.
 template <typename Vector, typename Source>
 void shuffle_from(size_t n, Source source, Rng& rng, Vector& out) {
   out.resize(n);

@@ -8,12 +8,21 @@ InternVL-Chat SFT loads (``omnibal_kernels.lengths.default_lengths()``) scaled b
 (256 LLM tokens) becomes a 16x16 tile of 16 4x4 patches (16 LLM tokens), and the text tokens are divided
 by 16 as well. The path is the real one:
 
-    BalancedBatchSampler -> DataLoader(num_workers=2, pin_memory=True, batch_sampler=...) -> pack_batch
-    (text and tiles) in the workers -> ViT over tiles (varlen_attention, one sequence per tile) ->
-    image embeddings scattered into the token embeddings -> causal LM (varlen_attention per sample).
+    BalancedBatchSampler -> DataLoader(sampler.wrap(dataset), batch_sampler=sampler, num_workers=2,
+    pin_memory=True) -> PackCollator (text and tiles, every sample checked against its length entry) in the
+    workers -> ViT over tiles (varlen_attention, one sequence per tile) -> image embeddings scattered into the
+    token embeddings -> causal LM (varlen_attention per sample) -> step_loss.
 
-Every rank builds the same plan on its own; rank 0 prints each optimizer step's planned per-rank loads, the
-measured tokens/s and the epoch's balance report.
+The distributed setup: under torchrun the process group is initialized before the sampler is built (the sampler
+refuses WORLD_SIZE > 1 without one), and the sampler takes world size and rank from it. The lengths carry each
+sample's label tokens, so every batch knows its optimizer step's label tokens over all ranks and micro-steps
+(``num_items_in_batch``) from the plan: ``step_loss`` is the micro-step's share of the step's token mean, and
+``(loss * world_size).backward()`` under DDP (which averages gradients) gives exactly the gradient of that mean,
+with no communication beyond DDP's own.
+
+Every rank builds the same plan on its own; rank 0 prints each optimizer step's loss (the token mean over all
+ranks, summed for the printout), the planned per-rank loads, the measured tokens/s and the epoch's balance
+report.
 """
 from __future__ import annotations
 
@@ -25,15 +34,14 @@ import time
 import warnings
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from omnibal_kernels import BalancedBatchSampler, pack_batch
+from omnibal_kernels import BalancedBatchSampler, PackCollator, step_loss
 from omnibal_kernels.lengths import Lengths
-from omnibal_kernels.testing.models import causal_lm_loss
 from omnibal_kernels.testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
+
 
 class SyntheticVLMData(torch.utils.data.Dataset):
     """Sample ``i``: ``tiles[i]`` random tiles and ``llm[i]`` tokens, image placeholders first (no loss on them)."""
@@ -58,9 +66,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo")  # before the sampler: it takes world size and rank from the group
     rank = dist.get_rank() if distributed else 0
     world_size = dist.get_world_size() if distributed else 1
     torch.manual_seed(args.seed)
@@ -68,11 +76,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # pin_memory=True is what a GPU run uses; on a CPU-only machine it is a no-op that warns
     warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
 
-    lengths = scaled_lengths(args.num_samples, args.seed)
+    lengths = scaled_lengths(args.num_samples, args.seed)  # tiles, tokens and label tokens per sample
     dataset = SyntheticVLMData(lengths, args.seed)
     sampler = BalancedBatchSampler(lengths, target_batch_size=args.target_batch_size, seed=args.seed,
                                    micro_steps_per_step=args.micro_steps, dataset=dataset)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=pack_batch,
+    loader = torch.utils.data.DataLoader(sampler.wrap(dataset), batch_sampler=sampler, collate_fn=PackCollator(),
                                          num_workers=args.workers, pin_memory=True)
     model = TinyVLM(hidden=64, vit_hidden=32)
     if distributed:
@@ -86,23 +94,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"{len(sampler) // m} optimizer steps of {m} micro-steps in the epoch")
 
     tokens_done, losses, start = 0, [], time.perf_counter()
-    step = 0
+    step, step_share = 0, 0.0
     for micro, batch in enumerate(loader):
         last_micro = micro % m == m - 1
         sync = contextlib.nullcontext() if (last_micro or not distributed) else model.no_sync()
         with sync:
             logits = model(**batch)
-            loss = causal_lm_loss(logits, batch["labels"]) / m
-            loss.backward()
+            # this micro-step's share of the token mean over the optimizer step (all ranks and micro-steps);
+            # DDP averages gradients over the ranks, so the world_size factor makes the sum
+            loss = step_loss(logits, batch)
+            (loss * world_size).backward()
         tokens_done += int(batch["input_ids"].shape[1])
-        losses.append(float(loss.detach()) * m)
+        step_share += float(loss.detach())
         if not last_micro:
             continue
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        mean = torch.tensor([step_share], dtype=torch.float64)
+        if distributed:
+            dist.all_reduce(mean)  # for the printout only: the shares of all ranks add up to the step's mean
+        losses.append(float(mean))
+        step_share = 0.0
         if rank == 0:
             rows = slice(step * m, step * m + m)
-            print(f"step {step}: loss {np.mean(losses[-m:]):.3f}  tiles per rank "
+            print(f"step {step}: loss {losses[-1]:.3f}  tiles per rank "
                   f"{planned_vit[rows].sum(axis=0).tolist()}  tokens per rank {planned_llm[rows].sum(axis=0).tolist()}")
         step += 1
         if step >= args.steps:

@@ -9,9 +9,6 @@ triton, numba nor the compiled extension; each name is imported from its module 
 """
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
@@ -27,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "RawLengths": "raw_lengths",
     # balance: plans, capacities, metrics
     "Plan": "balance",
+    "PlanOptions": "balance",
+    "IsfOptions": "balance",
     "CostModel": "balance",
     "plan_packs": "balance",
     "search_capacity": "balance",
@@ -34,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "BalanceReport": "balance",
     "OversizeError": "balance",
     "TooFewPacksError": "balance",
+    # cost models fitted to measured time
+    "measure_pack_times": "calibration",
     # training: samplers over plans
     "BalancedBatchSampler": "sampler",
     "SamplerReport": "sampler",
@@ -45,7 +46,14 @@ _EXPORTS: dict[str, str] = {
     "PackCollator": "packing",
     "PackedBatch": "packing",
     "PackOptions": "packing",
+    "StaticShapes": "packing",
+    "MRopeOptions": "packing",
+    "LabelOptions": "packing",
     "unpack_batch": "packing",
+    "LossCounts": "packing",
+    # the loss over the optimizer step: counts from the plan, or one all-reduce per step
+    "step_loss": "loss",
+    "step_batches": "loss",
     # vision: loads, counts, multimodal fields
     "compute_loads": "vision",
     "internvl_num_tiles": "vision",
@@ -58,33 +66,23 @@ _EXPORTS: dict[str, str] = {
     "unpad": "ops.unpad",
     "pad": "ops.unpad",
     "unpad_from_mask": "ops.unpad",
-    "PackedTokens": "_varlen",
+    "PackedTokens": "_contracts.unpad",
     "varlen_metadata": "ops.varlen_metadata",
-    "VarlenMetadata": "_varlen",
+    "VarlenMetadata": "_contracts.varlen_metadata",
     "patchify": "ops.patchify",
-    "PackedPatches": "_varlen",
+    "PackedPatches": "_contracts.patchify",
     # attention
     "varlen_attention": "attention",
-}
-
-# Old names kept for one release: old name -> new name (a DeprecationWarning on use).
-_DEPRECATED: dict[str, str] = {
-    "pack": "unpad",
-    "unpack": "pad",
-    "pack_from_mask": "unpad_from_mask",
-    "pack_patches": "patchify",
+    # context parallelism: a pack's shards over CP ranks, their predicted times, the attention across them
+    "shard_for_context_parallel": "context_parallel",
+    "ContextParallelShard": "context_parallel",
+    "ContextParallelShards": "context_parallel",
+    "context_parallel_attention": "context_parallel",
+    "context_parallel_rank_times": "context_parallel",
+    "ContextParallelCost": "context_parallel",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 
-_export, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        new = _DEPRECATED[name]
-        warnings.warn(f"omnibal_kernels.{name} is deprecated; use omnibal_kernels.{new}", DeprecationWarning,
-                      stacklevel=2)
-        return _export(new)
-    return _export(name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

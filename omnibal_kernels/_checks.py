@@ -16,7 +16,9 @@ __all__ = [
     "MAX_IMAGE_SIDE",
     "QWEN2VL_MAX_RATIO",
     "as_int_array",
+    "backends",
     "check_backend",
+    "check_cpu_tensor",
     "check_epoch",
     "check_image_sizes",
     "check_int",
@@ -35,30 +37,73 @@ MAX_IMAGE_SIDE = 2**26
 QWEN2VL_MAX_RATIO = 200
 
 
-# Where an op runs: "auto" follows the data (CUDA -> the Triton kernel in ops/, anything else -> its twin in
-# cpu/); "triton" forces the kernel (CPU tensors then need TRITON_INTERPRET=1); "cpu" forces the twin.
-BACKENDS = ("auto", "triton", "cpu")
+# The one ``backend`` vocabulary: every ``backend=`` argument of the package takes a value of this table, and
+# each stage accepts the values of its row. The meaning of every value, per stage:
+BACKENDS: dict[str, dict[str, str]] = {
+    # GPU ops (ops/, and the counting ops of vision/): where the op runs
+    "ops": {
+        "auto": "follow the data: CUDA tensors run the Triton kernel, anything else the CPU twin in cpu/",
+        "triton": "the Triton kernel in ops/ (CPU tensors only under TRITON_INTERPRET=1)",
+        "cpu": "the CPU twin in cpu/ (CPU data only)",
+    },
+    # pack_batch: how the per-token fields of a batch are filled on the CPU
+    "packing": {
+        "auto": "numba when it imports, else torch",
+        "numba": "the fused one-pass numba kernel (cpu/varlen_metadata_numba.py)",
+        "torch": "vectorized torch ops (cpu/varlen_metadata.py)",
+    },
+    # varlen_attention: which attention implementation
+    "attention": {
+        "auto": "flash_attn, then torch_varlen for CUDA half-precision inputs, else sdpa",
+        "flash_attn": "flash_attn.flash_attn_varlen_func (CUDA, fp16/bf16)",
+        "torch_varlen": "torch.nn.attention.varlen.varlen_attn (CUDA, fp16/bf16, torch >= 2.9)",
+        "sdpa": "torch's scaled_dot_product_attention on groups of segments (any device and dtype)",
+    },
+}
 
 
-def check_backend(backend: object, fn: str) -> None:
-    """``backend`` is one of :data:`BACKENDS`."""
-    if backend not in BACKENDS:
-        raise ValueError(f"{fn}: backend must be one of {BACKENDS}, got {backend!r}")
+def backends(stage: str) -> tuple[str, ...]:
+    """The ``backend`` values ``stage`` (a key of :data:`BACKENDS`) accepts, ``"auto"`` first."""
+    return tuple(BACKENDS[stage])
+
+
+def check_backend(name: str, value: object, stage: str = "ops") -> str:
+    """``value`` when it is a ``backend`` of ``stage``; ``ValueError`` naming ``name`` (the caller) otherwise."""
+    allowed = backends(stage)
+    if value not in allowed:  # a tuple: unhashable values are a ValueError too
+        raise ValueError(f"{name}: backend must be one of {allowed}, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 def device_of(*values: Any) -> str:
-    """``"cuda"`` when any value is a CUDA tensor, else ``"cpu"`` (lists and numpy arrays live on the host)."""
-    return "cuda" if any(is_cuda(v) for v in values) else "cpu"
+    """The device type of the data: ``"cuda"`` when any value is a CUDA tensor, else the device type of the
+    first tensor that is not on the CPU, else ``"cpu"`` (lists and numpy arrays live on the host)."""
+    if any(is_cuda(v) for v in values):
+        return "cuda"
+    for v in values:
+        if is_tensor(v) and v.device.type != "cpu":
+            return str(v.device.type)
+    return "cpu"
 
 
-def use_cpu_twin(backend: object, device_type: str, fn: str) -> bool:
-    """The one routing rule of every op: whether data on ``device_type`` goes to the CPU twin under ``backend``."""
-    check_backend(backend, fn)
+def use_cpu_twin(name: str, backend: object, *data: Any) -> bool:
+    """The one routing rule of every op: whether ``data`` goes to the CPU twin under ``backend``.
+
+    ``name`` is the op (for errors); ``data`` the op's inputs (tensors, arrays or lists), on one device.
+    """
+    check_backend(name, backend, "ops")
+    device_type = device_of(*data)
     if backend == "cpu":
         if device_type != "cpu":
-            raise ValueError(f"{fn}: backend='cpu' needs CPU data, got data on {device_type}")
+            raise ValueError(f"{name}: backend='cpu' needs CPU data, got data on {device_type}")
         return True
     return backend == "auto" and device_type == "cpu"
+
+
+def check_cpu_tensor(name: str, value: Any) -> None:
+    """``value`` is no tensor on a device other than the CPU: the input check of every CPU twin."""
+    if is_tensor(value) and value.device.type != "cpu":
+        raise ValueError(f"{name}: the CPU twin needs CPU tensors, got a tensor on {value.device}")
 
 
 def check_int(name: str, value: object) -> int:
@@ -152,20 +197,42 @@ def check_image_sizes(widths: np.ndarray, heights: np.ndarray, *, max_ratio: Opt
                              f"{ratio[i]:.1f}, above the limit of {max_ratio:g}")
 
 
-def default_world(world_size: Optional[int] = None, rank: Optional[int] = None) -> tuple[int, int]:
+def default_world(world_size: Optional[int] = None, rank: Optional[int] = None, *,
+                  owner: str = "") -> tuple[int, int]:
     """``(world_size, rank)``: the given values, else torch.distributed's when initialized, else ``(1, 0)``.
 
-    Raises ValueError when ``rank`` is not in ``[0, world_size)``.
+    ``owner`` names the caller in errors. No silent fallback: ``world_size`` and ``rank`` are given together or
+    not at all, and without them a ``WORLD_SIZE`` above 1 in the environment (``torchrun``, ``accelerate
+    launch``) needs an initialized process group, else every process would think it is rank 0 of 1 and train
+    the same batches.
+
+    Raises:
+        ValueError: only one of ``world_size`` and ``rank`` given; ``WORLD_SIZE > 1`` without an initialized
+            process group (naming ``torch.distributed.init_process_group``); ``rank`` not in ``[0, world_size)``.
+        TypeError: a non-integer world size or rank.
     """
+    import os
+
     import torch.distributed as dist
 
-    initialized = dist.is_available() and dist.is_initialized()
+    prefix = f"{owner}: " if owner else ""
+    if (world_size is None) != (rank is None):
+        given, missing = ("world_size", "rank") if rank is None else ("rank", "world_size")
+        raise ValueError(f"{prefix}{given} was given without {missing}; give both (every process its own rank) "
+                         "or neither (then torch.distributed's are used)")
     if world_size is None:
-        world_size = dist.get_world_size() if initialized else 1
-    if rank is None:
-        rank = dist.get_rank() if initialized else 0
+        if dist.is_available() and dist.is_initialized():
+            world_size, rank = dist.get_world_size(), dist.get_rank()
+        else:
+            env = os.environ.get("WORLD_SIZE", "").strip()
+            if env.isdigit() and int(env) > 1:
+                raise ValueError(
+                    f"{prefix}WORLD_SIZE={env} in the environment but no torch.distributed process group is "
+                    "initialized: call torch.distributed.init_process_group(...) first (or pass world_size and "
+                    "rank); without it every process would be rank 0 of 1 and train the same batches")
+            world_size, rank = 1, 0
     world_size = check_positive_int("world_size", world_size)
     rank = check_int("rank", rank)
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        raise ValueError(f"{prefix}rank must be in [0, world_size={world_size}), got {rank}")
     return world_size, rank

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import secrets
 import stat
 from pathlib import Path
-from typing import IO, Iterator, Union
+from typing import IO, Any, Iterator, Optional, Union
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "write_json"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -88,3 +89,15 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str | None = None) 
             os.unlink(tmp)
         raise
     _fsync_folder(path.parent)
+
+
+def write_json(path: PathLike, value: Any, *, indent: Optional[int] = None) -> None:
+    """Write ``value`` as JSON (one trailing newline) into ``path`` atomically; its folder must exist.
+
+    Raises:
+        TypeError: ``value`` holds something JSON cannot represent (``path`` is left as it was).
+        OSError: as :func:`atomic_write`.
+    """
+    text = json.dumps(value, indent=indent) + "\n"  # before the file is opened: a bad value writes nothing
+    with atomic_write(path, "w") as f:
+        f.write(text)

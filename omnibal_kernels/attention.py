@@ -37,9 +37,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ._checks import backends, check_backend
+
 __all__ = ["varlen_attention", "available_backends", "BACKENDS"]
 
-BACKENDS = ("auto", "flash_attn", "torch_varlen", "sdpa")
+# the "attention" row of the package's one backend vocabulary (omnibal_kernels._checks.BACKENDS)
+BACKENDS = backends("attention")
 
 # The CUDA varlen kernels (flash-attn and torch's varlen_attn, which wraps the same flash kernels) take
 # only half-precision inputs.
@@ -48,9 +51,8 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # The sdpa backend pads every segment of a group to the group's longest segment. A segment joins the
 # current group while its length is at least this fraction of the group's longest, so padding at most
 # doubles a query row's keys (at most 4x a segment's attention work) and the number of groups (one SDPA
-# call each) grows only with log2(longest / shortest): at most 4 for the bundled InternVL SFT token
-# lengths (293..2538). On 2 CPU cores, 16 real-length samples, fractions 0 to 0.5 timed alike (within
-# noise) and about 1.5-2x faster than one SDPA call per segment; 0.75 and above were slower.
+# call each) grows only with log2(longest / shortest). Larger fractions mean more SDPA calls, smaller ones
+# more padded keys; one half balances the two.
 _GROUP_MIN_FILL = 0.5
 
 
@@ -167,8 +169,7 @@ def _cuda_backend_problem(backend: str, q: torch.Tensor, dropout_p: float) -> st
 
 
 def _choose_backend(backend: str, q: torch.Tensor, dropout_p: float) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_backend("varlen_attention", backend, "attention")
     if backend == "sdpa":
         return backend
     if backend != "auto":

@@ -2,6 +2,7 @@
 
 * ``plan``: plan packs for length files (or the bundled data) and print the balance report.
 * ``lengths``: build a length file from records of image sizes and text lengths.
+* ``calibrate``: time a model on packed batches and write the fitted cost model (JSON).
 
 Errors in the input (the package's ``ValueError``/``TypeError``, a missing file) print one line on stderr and
 exit with status 2.
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["add_lengths_parser", "build_parser", "main"]
+__all__ = ["add_calibrate_parser", "add_lengths_parser", "build_parser", "main"]
 
 _REPORT_ROWS = (
     ("vit_capacity", "ViT capacity", "{:d}"),
@@ -36,7 +37,7 @@ _REPORT_ROWS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .balance.packs import METHODS, OVERSIZE_POLICIES
+    from .balance.options import METHODS, OVERSIZE_POLICIES
     from .bench.cli import add_bench_parser
     from .pipeline.cli import add_parsers as add_pipeline_parsers
 
@@ -72,13 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="draw each rank's load per step, random vs balanced, into DIR (needs matplotlib)")
     plan.set_defaults(func=_run_plan)
     add_lengths_parser(sub)
+    add_calibrate_parser(sub)
     add_pipeline_parsers(sub)
     add_bench_parser(sub)
     return parser
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from .balance import balance_report, plan_packs
+    from .balance import PlanOptions, balance_report, plan_packs
     from .lengths import default_lengths, load_lengths
 
     if args.out:
@@ -95,21 +97,13 @@ def _run_plan(args: argparse.Namespace) -> int:
         methods = ["balanced"]
     else:
         methods = ["random", "isf", "balanced"]
+    options = PlanOptions(method=methods[0], target_batch_size=args.target_batch_size, vit_capacity=args.vit_capacity,
+                          llm_capacity=args.llm_capacity, oversize=args.oversize, drop_last=args.drop_last,
+                          seed=args.seed)
 
     rows, plans = [], {}
     for method in methods:
-        plan = plan_packs(
-            lengths,
-            world_size=args.world_size,
-            method=method,
-            target_batch_size=args.target_batch_size,
-            vit_capacity=args.vit_capacity,
-            llm_capacity=args.llm_capacity,
-            oversize=args.oversize,
-            drop_last=args.drop_last,
-            seed=args.seed,
-            epoch=args.epoch,
-        )
+        plan = plan_packs(lengths, options=options, method=method, world_size=args.world_size, epoch=args.epoch)
         report = balance_report(plan, lengths).to_dict()
         report.update(method=method, vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity,
                       world_size=plan.world_size)
@@ -122,10 +116,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         from .bench.plots import plot_plans
 
         check_plot_dependency()
-        options = dict(world_size=args.world_size, target_batch_size=args.target_batch_size, seed=args.seed,
-                       vit_capacity=args.vit_capacity, llm_capacity=args.llm_capacity, oversize=args.oversize,
-                       drop_last=args.drop_last, epoch=args.epoch)
-        drawn = {m: plans.get(m) or plan_packs(lengths, method=m, **options) for m in ("random", "balanced")}
+        drawn = {m: plans.get(m) or plan_packs(lengths, options=options, method=m, world_size=args.world_size,
+                                               epoch=args.epoch) for m in ("random", "balanced")}
         print(f"picture written to {plot_plans(drawn, lengths, args.plot)}", file=sys.stderr)
 
     if args.json:
@@ -280,6 +272,78 @@ def _run_lengths(args: argparse.Namespace) -> int:
         raise type(exc)(f"{args.input}: {exc}") from exc
     out = write_lengths(args.output, loads)
     print(f"wrote {len(text)} samples to {out}: vit total {int(loads.vit.sum())}, llm total {int(loads.llm.sum())}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ calibrate
+
+
+def add_calibrate_parser(subparsers: Any) -> None:
+    """Adds the ``calibrate`` subcommand to an ``argparse`` subparsers object."""
+    from .calibration.models import TINY_MODELS
+    from .calibration.timing import CLOCKS
+
+    p = subparsers.add_parser(
+        "calibrate",
+        help="time a model on packed batches and write the cost model fitted to the times (JSON)",
+        description="Time forward + backward of MODEL on varied packs of real loads and fit the six cost terms "
+                    "(seconds) by non-negative least squares on half of the packs; report the error on the other "
+                    "half beside that of the FLOP estimate of the same config, and write the terms as JSON (the "
+                    "file a cost model is read from). MODEL: a named tiny model "
+                    f"({', '.join(TINY_MODELS)}) or a folder holding a transformers config.json (random weights).",
+    )
+    p.add_argument("model", metavar="MODEL", help="named tiny model, or a folder holding config.json")
+    p.add_argument("-o", "--output", type=Path, required=True, help="cost model JSON to write")
+    p.add_argument("--lengths", nargs="+", default=None, metavar="PATH",
+                   help="length files to draw the packs from (default: loads drawn from the bundled data)")
+    p.add_argument("--packs", type=int, default=80, help="packs to time (default 80: 40 fitted, 40 predicted)")
+    p.add_argument("--samples", type=int, default=2000, help="samples drawn for the packs (without --lengths)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of every pack; the median is kept")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs first")
+    p.add_argument("--clock", choices=CLOCKS, default="auto",
+                   help="cuda events (GPU), wall, or thread CPU time (CPU, robust to other processes); auto: "
+                        "cuda on a GPU, wall on the CPU")
+    p.add_argument("--device", default=None, help="device of the model (default: cuda when available, else cpu)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="model dtype (default: bfloat16 on CUDA, float32 on the CPU)")
+    p.add_argument("--image-scale", type=float, default=None,
+                   help="Qwen-VL images at this share of their resolution (default: 1, or the tiny model's own)")
+    p.add_argument("--holdout", type=float, default=0.5, help="share of packs predicted, not fitted (default 0.5)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the fit and the timing as one JSON object")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
+                   help="no progress bar (default: one when stderr is a terminal)")
+    p.set_defaults(func=_run_calibrate)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from .calibration import calibrate
+    from .lengths import load_lengths
+
+    folder = Path(args.output).parent
+    if not folder.is_dir():
+        raise NotADirectoryError(f"cannot write {args.output}: its folder {str(folder)!r} does not exist")
+    lengths = load_lengths(*args.lengths) if args.lengths else None
+    result = calibrate(args.model, lengths=lengths, num_packs=args.packs, num_samples=args.samples,
+                       repeats=args.repeats, warmup=args.warmup, clock=args.clock, holdout=args.holdout,
+                       seed=args.seed, device=args.device, dtype=args.dtype, image_scale=args.image_scale,
+                       progress=args.progress)
+    result.fit.model.to_json(args.output)
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    timing, held, ref = summary["timing"], summary["heldout_error"], summary.get("reference_heldout_error")
+    print(f"timed {timing['batches']} packs on {timing['device']} ({timing['clock']} clock, median of "
+          f"{timing['repeats']}; runs of a pack spread {timing['spread_median']:.1%} median)")
+    if held is not None:
+        line = (f"fitted on {summary['fit_packs']}, predicting {summary['heldout_packs']}: median error "
+                f"{held['median']:.1%}")
+        if ref is not None:
+            line += f" (FLOP estimate scaled to seconds: {ref['median']:.1%})"
+        print(line)
+    terms = ", ".join(f"{k} {v:.4g}" for k, v in summary["model"].items())
+    print(f"cost model (seconds) written to {args.output}: {terms}")
     return 0
 
 

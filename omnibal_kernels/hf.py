@@ -9,17 +9,27 @@ Recipe::
     class BalancedTrainer(BalancedTrainerMixin, Trainer):
         pass
 
-    trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset, data_collator=PackCollator(),
-                              train_lengths=lengths, sampler_options={"target_batch_size": 4})
+    trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset,
+                              data_collator=PackCollator.for_model(model), train_lengths=lengths,
+                              sampler_options={"target_batch_size": 4})
     trainer.train()
 
 The model receives packed batches (``input_ids (1, T)``, ``position_ids``, ``cu_seqlens``/``cu_seq_lens_q``,
 ``max_seqlen``/``max_length_q``, ...): use a model whose attention reads them (flash-attention varlen, or
 :func:`omnibal_kernels.varlen_attention`). ``per_device_train_batch_size`` is ignored (a pack is one batch);
 ``gradient_accumulation_steps`` becomes ``micro_steps_per_step``, so each optimizer step is balanced; world
-size, rank, seed and ``dataloader_drop_last`` (the sampler's ``drop_last``) come from the ``TrainingArguments``. The DataLoader is not passed through
-``accelerator.prepare`` (that would shard the already per-rank batches again); the Trainer moves batches to
-the device itself, and its ``set_epoch`` call reaches the sampler.
+size, rank, seed and ``dataloader_drop_last`` (the sampler's ``drop_last``) come from the
+``TrainingArguments`` (``WORLD_SIZE > 1`` in the environment without an initialized process group is an error).
+The DataLoader is not passed through ``accelerator.prepare`` (that would shard the already per-rank batches
+again); the Trainer moves batches to the device itself, and its ``set_epoch`` call reaches the sampler.
+
+The loss: the DataLoader's dataset is ``sampler.wrap(train_dataset)``, so every sample's loads are checked
+against the lengths (``check_loads=False`` turns that off) and, with label counts in the lengths, each batch
+knows its optimizer step's label tokens over all ranks and micro-steps from the plan. The Trainer weights the
+loss by ``num_items_in_batch`` (the token mean over the optimizer step and, with
+``average_tokens_across_devices``, its default, over the ranks); the mixin hands it the plan's count instead
+of the count the Trainer gathers from every rank each optimizer step. Without label counts the Trainer counts
+and gathers as usual.
 
 Epochs: the Trainer takes ``len(DataLoader)`` at the start as the length of every epoch, and on resume it
 turns the global step into an epoch and a number of batches to skip (accelerate's ``skip_first_batches``)
@@ -120,8 +130,24 @@ class _EpochDataLoader(torch.utils.data.DataLoader):
         self.batch_sampler.set_epoch(epoch)
 
 
+def _trainer_world(args: Any) -> tuple[int, int]:
+    """``(world_size, rank)`` of the Trainer's arguments; an error where the environment says more processes
+    run than a process group connects."""
+    import torch.distributed as dist
+
+    env = os.environ.get("WORLD_SIZE", "").strip()
+    if env.isdigit() and int(env) > 1 and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            f"BalancedTrainerMixin: WORLD_SIZE={env} in the environment but no torch.distributed process group is "
+            f"initialized (the Trainer's arguments say world size {args.world_size}): call "
+            "torch.distributed.init_process_group(...) before building the Trainer (torchrun and accelerate "
+            "launch set up what it needs); else every process trains the batches of rank 0")
+    return int(args.world_size), int(args.process_index)
+
+
 def balanced_train_dataloader(
-    trainer: Any, lengths: Any, *, collate_fn: Optional[Callable[..., Any]] = None, **sampler_options: Any
+    trainer: Any, lengths: Any, *, collate_fn: Optional[Callable[..., Any]] = None, check_loads: bool = True,
+    **sampler_options: Any,
 ) -> torch.utils.data.DataLoader:
     """The training DataLoader of ``trainer`` (a ``transformers.Trainer``) over a :class:`BalancedBatchSampler`.
 
@@ -131,26 +157,36 @@ def balanced_train_dataloader(
             ``dataloader_pin_memory``, ``dataloader_persistent_workers``, ``dataloader_prefetch_factor``).
         lengths: per-sample loads of ``train_dataset`` (see :class:`BalancedBatchSampler`).
         collate_fn: default ``trainer.data_collator`` (pass ``data_collator=PackCollator()`` to the Trainer).
-        **sampler_options: more :class:`BalancedBatchSampler` options (``target_batch_size``, capacities,
-            ``groups``, ``method``, ...); they override the values taken from ``args``.
+        check_loads: check every sample against its length entry (:meth:`BalancedBatchSampler.wrap`).
+        **sampler_options: more :class:`BalancedBatchSampler` options (``options``, ``target_batch_size``,
+            capacities, ``groups``, ``method``, ...); they override the values taken from ``args`` (a
+            ``PlanOptions`` as ``options`` those of ``seed`` and ``drop_last``).
 
     Returns:
-        A DataLoader yielding one packed batch per micro-step, with ``set_epoch``; every epoch has the length
-        of plan epoch 0 (see the module docstring), and ``batch_sampler.sampler`` is the
-        :class:`BalancedBatchSampler`.
+        A DataLoader over ``sampler.wrap(train_dataset)`` yielding one packed batch per micro-step, with
+        ``set_epoch``; every epoch has the length of plan epoch 0 (see the module docstring), and
+        ``batch_sampler.sampler`` is the :class:`BalancedBatchSampler`.
+
+    Raises:
+        ValueError: no ``train_dataset``; ``WORLD_SIZE > 1`` in the environment without an initialized process
+            group; what the sampler raises.
     """
     args = trainer.args
     dataset = trainer.train_dataset
     if dataset is None:
         raise ValueError("the Trainer has no train_dataset")
+    world_size, rank = _trainer_world(args)
     options = {
-        "world_size": args.world_size,
-        "rank": args.process_index,
+        "world_size": world_size,
+        "rank": rank,
         "micro_steps_per_step": args.gradient_accumulation_steps,
         "seed": args.seed,
         "drop_last": args.dataloader_drop_last,
         "dataset": dataset,
     }
+    if "options" in sampler_options:
+        # a PlanOptions holds its own seed and drop_last, and sampler options override the arguments
+        del options["seed"], options["drop_last"]
     options.update(sampler_options)
     sampler = BalancedBatchSampler(lengths, **options)
     workers = args.dataloader_num_workers
@@ -159,7 +195,7 @@ def balanced_train_dataloader(
         extra["persistent_workers"] = args.dataloader_persistent_workers
         if args.dataloader_prefetch_factor is not None:
             extra["prefetch_factor"] = args.dataloader_prefetch_factor
-    return _EpochDataLoader(dataset, batch_sampler=_FixedLengthEpochs(sampler),
+    return _EpochDataLoader(sampler.wrap(dataset, check_loads=check_loads), batch_sampler=_FixedLengthEpochs(sampler),
                             collate_fn=collate_fn or trainer.data_collator, num_workers=workers,
                             pin_memory=args.dataloader_pin_memory, **extra)
 
@@ -183,14 +219,6 @@ def _check_sampler_state(path: Path, identity: dict[str, Any]) -> None:
         )
 
 
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    """Write ``value`` as JSON to ``path`` atomically (a temporary file, fsync, then a rename)."""
-    from ._files import atomic_write
-
-    with atomic_write(path, "w") as f:
-        f.write(json.dumps(value, indent=1) + "\n")
-
-
 def _sampler_state_callback(trainer: Any) -> Any:
     """A ``transformers.TrainerCallback`` writing :data:`SAMPLER_STATE_FILE` into every checkpoint."""
     from transformers import TrainerCallback
@@ -201,23 +229,37 @@ def _sampler_state_callback(trainer: Any) -> Any:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             identity = trainer._sampler_identity
             if args.should_save and identity is not None and folder.is_dir():
-                _write_json(folder / SAMPLER_STATE_FILE, identity)
+                from ._files import write_json
+
+                write_json(folder / SAMPLER_STATE_FILE, identity, indent=1)
 
     return SaveSamplerState()
+
+
+def _planned_num_items(batches: list[Any]) -> Optional[int]:
+    """The label tokens of the optimizer step ``batches`` make up, from the plan; None unless every batch carries
+    the count of one and the same planned step."""
+    counts = [getattr(b, "loss_counts", None) for b in batches]
+    known = [c for c in counts if c is not None and c.num_items_in_batch is not None]
+    if not known or len(known) != len(counts) or len({(c.epoch, c.step) for c in known}) != 1:
+        return None
+    return int(known[0].num_items_in_batch)
 
 
 class BalancedTrainerMixin:
     """Put before ``transformers.Trainer`` in the bases: ``class T(BalancedTrainerMixin, Trainer)``.
 
-    Extra constructor arguments: ``train_lengths`` (per-sample loads of ``train_dataset``, required) and
-    ``sampler_options`` (a dict of :class:`BalancedBatchSampler` options).
+    Extra constructor arguments: ``train_lengths`` (per-sample loads of ``train_dataset``, required),
+    ``sampler_options`` (a dict of :class:`BalancedBatchSampler` options) and ``check_loads`` (check every sample
+    against its length entry, default True).
     """
 
     def __init__(self, *args: Any, train_lengths: Any, sampler_options: Optional[dict[str, Any]] = None,
-                 **kwargs: Any) -> None:
+                 check_loads: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.train_lengths = train_lengths
         self.sampler_options = dict(sampler_options or {})
+        self.check_loads = check_loads
         self._sampler_identity: Optional[dict[str, Any]] = None
         self._resume_checkpoint: Optional[Path] = None
         self.add_callback(_sampler_state_callback(self))
@@ -235,8 +277,34 @@ class BalancedTrainerMixin:
         finally:
             self._resume_checkpoint = None
 
+    def get_batch_samples(self, epoch_iterator: Iterator[Any], num_batches: int,
+                          device: Any) -> tuple[list[Any], Any]:
+        """``Trainer.get_batch_samples``: the optimizer step's batches and their ``num_items_in_batch``, taken
+        from the plan when the lengths carry label counts (no gather across ranks), else the Trainer's count."""
+        batches: list[Any] = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        count = _planned_num_items(batches)
+        if count is None or not self._plan_count_is_the_trainers():
+            return super().get_batch_samples(iter(batches), len(batches), device)  # type: ignore[misc]
+        return batches, torch.tensor(count, device=device)
+
+    def _plan_count_is_the_trainers(self) -> bool:
+        """Whether the Trainer counts what the plan gives: the step's label tokens over all ranks (it averages
+        tokens across devices, the model takes ``num_items_in_batch``, and no model, context or sequence
+        parallel ranks or DataParallel GPUs share a batch)."""
+        args = self.args  # type: ignore[attr-defined]
+        shared = [getattr(self, name, lambda: 1)() for name in ("get_tp_size", "get_cp_size", "get_sp_size")]
+        uses_count = self.model_accepts_loss_kwargs or self.compute_loss_func is not None  # type: ignore[attr-defined]
+        return (uses_count and getattr(args, "n_gpu", 1) <= 1 and all(size == 1 for size in shared)
+                and (args.average_tokens_across_devices or args.world_size == 1))
+
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        loader = balanced_train_dataloader(self, self.train_lengths, **self.sampler_options)
+        loader = balanced_train_dataloader(self, self.train_lengths, check_loads=self.check_loads,
+                                           **self.sampler_options)
         self._sampler_identity = loader.batch_sampler.identity()
         if self._resume_checkpoint is not None:
             _check_sampler_state(self._resume_checkpoint / SAMPLER_STATE_FILE, self._sampler_identity)

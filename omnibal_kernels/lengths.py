@@ -8,13 +8,23 @@
   read in order (relative paths are taken from the meta file's folder);
 * ``.npy``: a 1-D array of token counts (text-only data, ViT load 0) or an ``(N, 2)`` array of
   ``(vit, llm)`` rows;
-* ``.npz``: arrays ``vit`` and ``llm`` (or ``vit_num`` and ``token_num``); ``llm`` alone means text-only.
+* ``.npz``: arrays ``vit`` and ``llm`` (or ``vit_num`` and ``token_num``); ``llm`` alone means text-only;
+  an optional array ``label`` holds each sample's label tokens (see ``Lengths.label``).
+
+Each sample may also carry its ViT sequence lengths, ``vit_seqlens``: one per image, video frame group or tile,
+in ViT load units, summing to the sample's ViT load (a text-only sample has none). In ``.npz`` files they are
+the arrays ``vit_seqlens`` (flat int64) and ``vit_seqlens_offsets`` (``N + 1`` int64 from 0: sample ``i`` has
+``vit_seqlens[offsets[i]:offsets[i + 1]]``); in JSON and JSON Lines the key ``"vit_seqlens": [...]`` of each
+sample (without ``vit_num`` a sample's ViT load is their sum), read by the same C++ scan as the loads. Without
+them, a cost model takes each sample's whole ViT load as one sequence
+(:class:`~omnibal_kernels.balance.CostModel`).
 
 A missing ``vit_num`` means a text-only sample (ViT load 0). A missing ``token_num``, a negative, non-integer
 or too large value raises ``ValueError`` naming the file and the sample index. JSON is scanned by the C++
 extension in one pass, with no Python object per sample, so inputs of tens of millions of samples load in
-seconds. The JSON must be strict (commas between samples, nothing after a list's closing ``]``) and UTF-8 (a
-byte order mark is skipped); a file without samples is an error unless ``allow_empty=True``.
+seconds. The JSON must be strict (commas between samples, nothing after a list's closing ``]``) and UTF-8
+everywhere, ignored fields included (a byte order mark is skipped; errors name the line and column); a file
+without samples is an error unless ``allow_empty=True``.
 
 The arrays of a ``Lengths`` are read-only: statistics computed once (and the plans made from them) stay true.
 Derive new loads as a new ``Lengths``, e.g. ``Lengths(L.vit, L.llm + 2000, L.source, L.sources)``.
@@ -33,6 +43,7 @@ import numpy as np
 
 from . import _ext
 from ._checks import is_tensor
+from ._csr import check_offsets, row_ids, row_sums, take_rows
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -67,12 +78,24 @@ class Lengths:
         llm: (N,) int64 LLM load per sample (tokens, image tokens included).
         source: (N,) int32 index into ``sources`` of the file each sample came from.
         sources: the files, in the order read.
+        vit_seqlens: (S,) int64 ViT sequence lengths of all samples back to back (one per image, video frame
+            group or tile, in ViT load units), or None when the loads do not say.
+        vit_seqlens_offsets: (N + 1,) int64 from 0: sample ``i``'s sequences are
+            ``vit_seqlens[vit_seqlens_offsets[i]:vit_seqlens_offsets[i + 1]]``; they sum to ``vit[i]``
+            (none for a text-only sample). Given together with ``vit_seqlens`` or not at all.
+        label: None, or (N,) int64 label tokens per sample as a causal LM loss counts them: the positions after
+            the sample's first whose label is not ``ignore_index`` (the targets after the shift by one; packing
+            masks every sample's first label, so a pack trains exactly the sum of its samples' counts). At most
+            ``llm - 1``. With it a sampler knows every optimizer step's label tokens from the plan.
     """
 
     vit: np.ndarray
     llm: np.ndarray
     source: np.ndarray = field(default=None)  # type: ignore[assignment]
     sources: tuple[str, ...] = ()
+    vit_seqlens: Optional[np.ndarray] = None
+    vit_seqlens_offsets: Optional[np.ndarray] = None
+    label: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         vit = _as_load_array(self.vit, "vit")
@@ -89,6 +112,12 @@ class Lengths:
         object.__setattr__(self, "llm", _read_only(llm, self.llm))
         object.__setattr__(self, "source", _read_only(source, self.source))
         object.__setattr__(self, "sources", tuple(str(s) for s in self.sources) or ("<memory>",))
+        if self.vit_seqlens is not None or self.vit_seqlens_offsets is not None:
+            seqlens, offsets = _check_vit_seqlens(self.vit_seqlens, self.vit_seqlens_offsets, vit)
+            object.__setattr__(self, "vit_seqlens", _read_only(seqlens, self.vit_seqlens))
+            object.__setattr__(self, "vit_seqlens_offsets", _read_only(offsets, self.vit_seqlens_offsets))
+        if self.label is not None:
+            object.__setattr__(self, "label", _read_only(_check_label(self.label, llm), self.label))
 
     def __len__(self) -> int:
         return int(self.vit.shape[0])
@@ -97,18 +126,26 @@ class Lengths:
         """Totals and maxima (one pass in C++, computed once per ``Lengths``)."""
         cached = self.__dict__.get("_stats")
         if cached is None:
-            cached = LoadStats(*_ext.load().load_stats(self.vit, self.llm, LLM_BIN))
+            s = _ext.load().load_stats(self.vit, self.llm, LLM_BIN)
+            cached = LoadStats(s.vit_sum, s.llm_sum, s.vit_max, s.llm_max, s.llm_sum_binned)
             object.__setattr__(self, "_stats", cached)
         return cached
 
     def __getitem__(self, index: slice | np.ndarray | Sequence[int]) -> "Lengths":
-        """A subset of samples (by slice, index array or boolean mask), keeping their sources."""
+        """A subset of samples (by slice, index array or boolean mask), keeping their sources and ViT sequences."""
+        seqlens = offsets = None
+        if self.vit_seqlens is not None:
+            rows = np.arange(len(self), dtype=np.int64)[index]
+            offsets, seqlens = take_rows(self.vit_seqlens_offsets, self.vit_seqlens, np.atleast_1d(rows))
+            offsets, seqlens = _frozen(offsets), _frozen(seqlens)
+        label = None if self.label is None else _frozen(self.label[index])
         return Lengths(_frozen(self.vit[index]), _frozen(self.llm[index]), _frozen(self.source[index]),
-                       self.sources)
+                       self.sources, seqlens, offsets, label)
 
     @classmethod
     def concat(cls, parts: Iterable["Lengths"]) -> "Lengths":
-        """Samples of several ``Lengths`` one after another (sample ids follow that order)."""
+        """Samples of several ``Lengths`` one after another (sample ids follow that order); ``label`` when every
+        part has it."""
         parts = list(parts)
         if not parts:
             raise ValueError("concat needs at least one Lengths")
@@ -118,11 +155,15 @@ class Lengths:
             offset = len(sources)
             sources.extend(part.sources)
             source_ids.append(part.source + offset)
+        seqlens, offsets = _concat_vit_seqlens(parts)
         return cls(
             _frozen(np.concatenate([p.vit for p in parts])),
             _frozen(np.concatenate([p.llm for p in parts])),
             _frozen(np.concatenate(source_ids)),
             tuple(sources),
+            seqlens,
+            offsets,
+            None if any(p.label is None for p in parts) else _frozen(np.concatenate([p.label for p in parts])),
         )
 
     def summary(self) -> dict[str, float]:
@@ -134,6 +175,71 @@ class Lengths:
             out[f"{name}_mean"] = float(arr.mean()) if len(arr) else 0.0
             out[f"{name}_max"] = int(arr.max()) if len(arr) else 0
         return out
+
+
+def _check_label(label: object, llm: np.ndarray, where: str = "") -> np.ndarray:
+    """``label`` as loads (:func:`_as_load_array`), one per sample and at most ``llm - 1`` each (the first token
+    of a sample is never a target)."""
+    label = _as_load_array(label, "label", where)
+    prefix = f"{where}: " if where else ""
+    if label.shape != llm.shape:
+        raise ValueError(f"{prefix}label must have one entry per sample, got {label.shape[0]} for {llm.shape[0]}")
+    bad = np.flatnonzero(label > np.maximum(llm - 1, 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{prefix}sample {i}: label is {int(label[i])} but llm is {int(llm[i])}; a sample has at "
+                         "most llm - 1 label tokens (its first token is never a target)")
+    return label
+
+
+def _concat_vit_seqlens(parts: Sequence[Lengths]) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    """The ViT sequences of ``parts`` one after another: None when no part has them; a part without them
+    joins with none per sample only if it is text-only (else a ValueError naming it: its images are unknown)."""
+    if all(p.vit_seqlens is None for p in parts):
+        return None, None
+    flat, counts = [], []
+    for part in parts:
+        if part.vit_seqlens is not None:
+            flat.append(part.vit_seqlens)
+            counts.append(np.diff(part.vit_seqlens_offsets))
+        elif not part.vit.any():
+            counts.append(np.zeros(len(part), dtype=np.int64))
+        else:
+            raise ValueError(f"{', '.join(part.sources)}: has no vit_seqlens but ViT loads, while other parts have "
+                             f"vit_seqlens; give every part with images its ViT sequence lengths")
+    offsets = np.zeros(sum(c.shape[0] for c in counts) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(counts), out=offsets[1:])
+    return _frozen(np.concatenate(flat).astype(np.int64, copy=False)), _frozen(offsets)
+
+
+def _check_vit_seqlens(seqlens: object, offsets: object, vit: np.ndarray, where: str = "") -> tuple[np.ndarray,
+                                                                                                      np.ndarray]:
+    """``(seqlens, offsets)`` as int64 CSR rows of ``vit``'s samples, each row non-negative and summing to the
+    sample's ViT load; else a ValueError naming ``where`` and the first bad sample."""
+    prefix = f"{where}: " if where else ""
+    if seqlens is None or offsets is None:
+        missing = "vit_seqlens_offsets" if offsets is None else "vit_seqlens"
+        raise ValueError(f"{prefix}vit_seqlens and vit_seqlens_offsets come together; {missing} is missing")
+    values = np.asarray(seqlens.detach().cpu().numpy() if is_tensor(seqlens) else seqlens)
+    if values.size == 0:
+        values = values.reshape(0).astype(np.int64)
+    if values.ndim != 1 or values.dtype.kind not in "iu":
+        raise ValueError(f"{prefix}vit_seqlens must be a 1-D integer array, got dtype {values.dtype}, "
+                         f"shape {values.shape}")
+    offsets = check_offsets("vit_seqlens_offsets", offsets, vit.shape[0], values.shape[0], where)
+    bad = np.flatnonzero((values < 0) | (values > _MAX_LOAD))
+    if bad.size:
+        j = int(bad[0])
+        kind = "negative" if values[j] < 0 else "too large (>= 2**31)"
+        raise ValueError(f"{prefix}sample {int(row_ids(offsets)[j])}: vit_seqlens holds a {kind} length "
+                         f"({int(values[j])})")
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    sums = row_sums(offsets, values)
+    bad = np.flatnonzero(sums != vit)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{prefix}sample {i}: vit_seqlens sum to {int(sums[i])}, but its ViT load is {int(vit[i])}")
+    return values, offsets
 
 
 def _writeable_anywhere(arr: np.ndarray) -> bool:
@@ -211,12 +317,57 @@ def _utf8_json(path: Path, data: bytes) -> memoryview:
     return memoryview(data)
 
 
-def _read_records(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray]:
-    vit, llm, error, sample = _ext.load().parse_length_records(data, "vit_num", "token_num")
-    if error:
-        where = f"sample {sample}: " if sample >= 0 else ""
-        raise ValueError(f"{path}: {where}{error}")
-    return vit, llm
+class _JsonRecords(NamedTuple):
+    """What a JSON or JSON Lines length file of N samples holds, checked (``_read_records``).
+
+    Attributes:
+        vit, llm: (N,) int64 loads (``vit_num``, ``token_num``).
+        vit_seqlens: (total,) int64 ViT sequence lengths (``vit_seqlens``: per image, video frame group or tile,
+            in ViT load units), every sample's run one after another; None when no sample has the key.
+        vit_seqlens_offsets: (N + 1,) int64 from 0: sample i's run is ``vit_seqlens[offsets[i]:offsets[i + 1]]``
+            and sums to ``vit[i]``; None with ``vit_seqlens``.
+        label: (N,) int64 trained label tokens (``label_num``), each at most ``llm[i]``; None when no sample has
+            the key.
+    """
+
+    vit: np.ndarray
+    llm: np.ndarray
+    vit_seqlens: np.ndarray | None
+    vit_seqlens_offsets: np.ndarray | None
+    label: np.ndarray | None
+
+
+def _read_records(path: Path, data: memoryview) -> _JsonRecords:
+    """The samples of a JSON list or JSON Lines ``data`` (UTF-8 without a byte order mark), scanned in C++.
+
+    Malformed JSON, bytes that are not UTF-8 and bad values are a ValueError naming ``path``, the sample, the line
+    and the column. Where some sample has ``vit_seqlens``, every sample with a ViT load needs them (a text-only
+    sample has none). ``label_num`` is given for every sample or for none: a sample without it would have no
+    label count to weight its loss by.
+    """
+    records = _ext.load().parse_length_records(data, "vit_num", "token_num", "vit_seqlens", "label_num")
+    if records.error:
+        where = f"sample {records.error_sample}: " if records.error_sample >= 0 else ""
+        raise ValueError(f"{path}: {where}{records.error}")
+    if records.vit_seqlens is not None:
+        bare = np.flatnonzero(~records.vit_seqlens_given & (records.vit > 0))
+        if bare.size:  # a text-only sample needs none; a sample with images would be costed as one sequence
+            i = int(bare[0])
+            raise ValueError(f"{path}: sample {i}: no vit_seqlens but a ViT load of {int(records.vit[i])}, while "
+                             f"other samples have vit_seqlens")
+    label = records.label
+    if label is not None and label.size and label.min() < 0:  # -1: the sample has no label_num
+        missing, given = int(np.flatnonzero(label < 0)[0]), int(np.flatnonzero(label >= 0)[0])
+        raise ValueError(f"{path}: sample {missing}: 'label_num' is missing, but sample {given} has it (give it "
+                         f"for every sample or for none)")
+    return _JsonRecords(records.vit, records.llm, records.vit_seqlens, records.vit_seqlens_offsets, label)
+
+
+def _lengths_from_records(path: Path, records: _JsonRecords) -> Lengths:
+    """The ``Lengths`` of one JSON length file, with the optional per-sample fields the file holds."""
+    optional = {name: _frozen(getattr(records, name)) for name in ("vit_seqlens", "vit_seqlens_offsets", "label")
+                if getattr(records, name) is not None}
+    return Lengths(_frozen(records.vit), _frozen(records.llm), sources=(str(path),), **optional)
 
 
 def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
@@ -263,7 +414,8 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError(f"{path}: holds a single array (.npy data), not an .npz archive of arrays")
     with archive as z:
-        wanted = [k for k in ("llm", "token_num", "vit", "vit_num") if k in z.files]
+        wanted = [k for k in ("llm", "token_num", "vit", "vit_num", "vit_seqlens", "vit_seqlens_offsets", "label")
+                  if k in z.files]
         if not any(k in wanted for k in ("llm", "token_num")):
             raise ValueError(f"{path}: needs an array 'llm' (or 'token_num'), has {z.files}")
         try:
@@ -290,7 +442,14 @@ def _load_array_file(path: Path, suffix: str) -> Lengths:
     vit = _frozen(np.zeros_like(llm) if vit_arr is None else _as_load_array(vit_arr, "vit", where))
     if vit.shape != llm.shape:
         raise ValueError(f"{path}: vit has {vit.shape[0]} samples, llm has {llm.shape[0]}")
-    return Lengths(vit, llm, sources=(where,))
+    seqlens, offsets = arrays.get("vit_seqlens"), arrays.get("vit_seqlens_offsets")
+    if seqlens is not None or offsets is not None:
+        seqlens, offsets = _check_vit_seqlens(seqlens, offsets, vit, where)
+        seqlens, offsets = _frozen(seqlens), _frozen(offsets)
+    label = arrays.get("label")
+    if label is not None:
+        label = _frozen(_check_label(label, llm, where))
+    return Lengths(vit, llm, sources=(where,), vit_seqlens=seqlens, vit_seqlens_offsets=offsets, label=label)
 
 
 def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool = False) -> Lengths:
@@ -306,8 +465,7 @@ def _load_one(path: Path, _meta_chain: tuple[Path, ...] = (), allow_empty: bool 
         meta = _read_meta(path, data) if suffix == ".json" else None
         if meta is not None:
             return _meta_parts(path, meta, (*_meta_chain, path.resolve()), allow_empty)
-        vit, llm = _read_records(path, data)
-        lengths = Lengths(_frozen(vit), _frozen(llm), sources=(str(path),))
+        lengths = _lengths_from_records(path, _read_records(path, data))
     else:
         raise ValueError(f"{path}: unknown length file type {suffix!r} (use .json, .jsonl, .npy or .npz)")
     if len(lengths) == 0 and not allow_empty:
@@ -369,46 +527,81 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
 
     Args:
         path: ``.json`` for the OmniBal format (a list of ``{"vit_num": int, "token_num": int}``, one per
-            sample) or ``.npz`` for int32 arrays ``vit`` and ``llm``.
+            sample), ``.jsonl`` for the same objects one per line, or ``.npz`` for int32 arrays ``vit`` and
+            ``llm``. ViT sequence lengths and label counts, when the loads have them, go along:
+            ``"vit_seqlens": [...]`` and ``"label_num"`` in every JSON object, arrays ``vit_seqlens``,
+            ``vit_seqlens_offsets`` (int64) and ``label`` (int32) in ``.npz``.
         loads: :class:`Lengths` (what :func:`~omnibal_kernels.vision.compute_loads` returns), a mapping with
-            ``vit`` and ``llm`` ``(N,)``, or a ``(vit, llm)`` tuple (arrays, lists or tensors).
-        fmt: ``"json"`` or ``"npz"`` to override the suffix.
+            ``vit`` and ``llm`` ``(N,)`` (and optionally ``vit_seqlens`` with ``vit_seqlens_offsets``, and
+            ``label``), or a
+            ``(vit, llm)`` tuple (arrays, lists or tensors).
+        fmt: ``"json"``, ``"jsonl"`` or ``"npz"`` to override the suffix.
         allow_empty: write a file without samples (``load_lengths`` reads it only with ``allow_empty=True``).
 
     Returns:
         The path written.
 
     Raises:
-        ValueError: values ``load_lengths`` would refuse (negative, non-integer, ``>= 2**31``, no samples),
-            naming the sample; an unknown format. Every file written here loads with ``load_lengths``.
+        ValueError: values ``load_lengths`` would refuse (negative, non-integer, ``>= 2**31``, no samples, ViT
+            sequences that do not sum to the ViT load), naming the sample; an unknown format. Every file written
+            here loads with ``load_lengths``, ViT sequences included.
     """
     from ._files import atomic_write
 
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".")).lower()
-    if fmt not in ("json", "npz"):
-        raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json or .npz suffix or fmt=")
+    if fmt not in ("json", "jsonl", "npz"):
+        raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json, .jsonl or .npz suffix "
+                         f"or fmt=")
     where = f"writing {path}"
+    vit, llm, seqlens, offsets, label = _loads_to_write(loads, where)
+    if vit.size == 0 and not allow_empty:
+        raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
+                         f"(pass allow_empty=True here too if that is intended)")
+    if fmt == "npz":
+        arrays = dict(vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
+        if seqlens is not None:
+            arrays.update(vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
+        if label is not None:
+            arrays.update(label=label.astype(np.int32))
+        with atomic_write(path) as f:
+            np.savez(f, **arrays)
+        return path
+    records = [f'{{"vit_num": {v}, "token_num": {t}' for v, t in zip(vit.tolist(), llm.tolist())]
+    if seqlens is not None:
+        bounds = offsets.tolist()
+        flat = seqlens.tolist()
+        records = [f'{r}, "vit_seqlens": {flat[a:b]}' for r, a, b in zip(records, bounds[:-1], bounds[1:])]
+    if label is not None:
+        records = [f'{r}, "label_num": {n}' for r, n in zip(records, label.tolist())]
+    with atomic_write(path, "w") as f:
+        if fmt == "json":
+            # One sample per line: the OmniBal list format, readable and diffable.
+            f.write("[\n" + ",\n".join(r + "}" for r in records) + "\n]\n")
+        else:
+            f.write("".join(r + "}\n" for r in records))
+    return path
+
+
+def _loads_to_write(loads: Union[Lengths, Mapping[str, Any], tuple], where: str) -> tuple[
+        np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray], Optional[np.ndarray]]:
+    """``write_lengths``' loads as checked ``(vit, llm, vit_seqlens, vit_seqlens_offsets, label)`` arrays."""
+    seqlens = offsets = label = None
     if isinstance(loads, Lengths):
         vit, llm = loads.vit, loads.llm
+        seqlens, offsets, label = loads.vit_seqlens, loads.vit_seqlens_offsets, loads.label
+    elif isinstance(loads, tuple):
+        vit, llm = loads
     else:
-        vit = loads[0] if isinstance(loads, tuple) else loads["vit"]
-        llm = loads[1] if isinstance(loads, tuple) else loads["llm"]
-        vit, llm = (x.detach().cpu().numpy() if is_tensor(x) else x for x in (vit, llm))
+        vit, llm = loads["vit"], loads["llm"]
+        seqlens, offsets, label = loads.get("vit_seqlens"), loads.get("vit_seqlens_offsets"), loads.get("label")
+    vit, llm, offsets, label = (x.detach().cpu().numpy() if is_tensor(x) else x for x in (vit, llm, offsets, label))
     vit = _as_load_array(vit, "vit", where)
     llm = _as_load_array(llm, "llm", where)
     if vit.shape != llm.shape:
         raise ValueError(f"{where}: vit has {vit.shape[0]} samples but llm has {llm.shape[0]}")
-    if vit.size == 0 and not allow_empty:
-        raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
-                         f"(pass allow_empty=True here too if that is intended)")
-    if fmt == "json":
-        with atomic_write(path, "w") as f:
-            # One sample per line: the OmniBal list format, readable and diffable.
-            f.write("[\n")
-            f.write(",\n".join(f'{{"vit_num": {v}, "token_num": {t}}}' for v, t in zip(vit.tolist(), llm.tolist())))
-            f.write("\n]\n")
-    else:
-        with atomic_write(path) as f:
-            np.savez(f, vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
-    return path
+    if seqlens is not None or offsets is not None:
+        seqlens, offsets = _check_vit_seqlens(seqlens, offsets, vit, where)
+    if label is not None:
+        label = _check_label(label, llm, where)
+    return vit, llm, seqlens, offsets, label

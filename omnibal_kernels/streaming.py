@@ -8,12 +8,13 @@ steps are emitted, the samples of a ragged last step are carried into the next b
 
 Sharding without duplicates: DataLoader worker ``w`` of ``num_workers`` owns the buffers ``w, w + num_workers,
 ...`` and skips the samples of the others; every rank reads the same stream, plans the same buffers (the plan
-depends only on the buffer's loads, the options, ``seed``, the buffer index and the epoch) and keeps its own
-column of every step. So every sample lands in exactly one pack on one rank (only the final ragged step with
-``drop_last`` and ``oversize="drop"`` lose samples, both reported; a ragged step inside the stream, oversize
-singles included, waits for the next buffer), and rank ``r``'s ``k``-th batch belongs to the same step as
-every other rank's ``k``-th batch, also behind a DataLoader that interleaves its workers. The price: each rank and worker reads the whole stream
-(cheap when samples are decoded lazily; ``lengths_fn`` should only look at metadata).
+depends only on the buffer's loads, the options with their seed, the buffer index and the epoch) and keeps its
+own column of every step. So every sample lands in exactly one pack on one rank (only the final ragged step
+with ``drop_last`` and ``oversize="drop"`` lose samples, both reported; a ragged step inside the stream,
+oversize singles included, waits for the next buffer), and rank ``r``'s ``k``-th batch belongs to the same step
+as every other rank's ``k``-th batch, also behind a DataLoader that interleaves its workers. The price: each
+rank and worker reads the whole stream (cheap when samples are decoded lazily; ``lengths_fn`` should only look
+at metadata).
 
 Epochs: the epoch sits in a shared-memory tensor, so ``set_epoch`` in the main process reaches DataLoader
 workers that hold their own copy of the packer (persistent workers included); each pass reads it when it
@@ -27,7 +28,6 @@ offline plan's of the same data.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
@@ -35,48 +35,28 @@ import torch.utils.data
 
 from ._checks import check_epoch, check_int, check_positive_int, default_world
 from .balance.cost import CostModel
-from .balance.packs import METHODS, OVERSIZE_POLICIES, Plan, TooFewPacksError, as_lengths, epoch_seed
+from .balance.options import UNSET, Method, OversizePolicy, PlanOptions, check_world_size, plan_options
+from .balance.packs import Plan, TooFewPacksError, as_lengths
 from .balance.plan import plan_packs
 from .balance.report import BalanceReport, balance_report
 from .balance.schedule import concat_plans
+from .balance.seeds import epoch_seed
 from .lengths import Lengths
 
 __all__ = ["BalancedPacker", "StreamingReport", "streaming_report"]
 
 
-
-@dataclass(frozen=True)
-class _StreamOptions:
-    vit_capacity: int
-    llm_capacity: int
-    buffer_size: int
-    world_size: int
-    method: str
-    seed: int
-    drop_last: bool
-    oversize: str
-    cost_model: Optional[CostModel]
+def _stream_options(options: Optional[PlanOptions], **keywords: Any) -> PlanOptions:
+    """The options of a stream: capacities are needed (a stream cannot be searched before it is read)."""
+    options = plan_options(options, **keywords)
+    if not options.has_capacities:
+        raise ValueError("a stream needs vit_capacity and llm_capacity: capacities cannot be searched before the "
+                         "stream is read (search_capacity on a sample of its lengths gives them)")
+    return options
 
 
-def _stream_options(*, vit_capacity: int, llm_capacity: int, buffer_size: int, world_size: int, method: str,
-                    seed: int, drop_last: bool, oversize: str, cost_model: Optional[CostModel]) -> _StreamOptions:
-    """Checked options, shared by the packer and the report (errors name the argument)."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if oversize not in OVERSIZE_POLICIES:
-        raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
-    return _StreamOptions(
-        vit_capacity=check_positive_int("vit_capacity", vit_capacity, minimum=0),
-        llm_capacity=check_positive_int("llm_capacity", llm_capacity),
-        buffer_size=check_positive_int("buffer_size", buffer_size),
-        world_size=check_positive_int("world_size", world_size), method=method, seed=check_int("seed", seed),
-        drop_last=bool(drop_last), oversize=oversize, cost_model=cost_model,
-    )
-
-
-def _plan_stream(
-    items: Iterable[tuple[Any, int, int]], opts: _StreamOptions, epoch: int, worker: int, num_workers: int
-) -> Iterator[tuple[Plan, list[Any]]]:
+def _plan_stream(items: Iterable[tuple[Any, int, int]], options: PlanOptions, world_size: int, buffer_size: int,
+                 epoch: int, worker: int, num_workers: int) -> Iterator[tuple[Plan, list[Any]]]:
     """``(plan, payloads)`` for each buffer that worker ``worker`` owns: ``plan``'s sample ids index ``payloads``.
 
     ``items``: ``(payload, vit, llm)`` in stream order. Plans hold whole steps only; what a plan drops with
@@ -85,18 +65,18 @@ def _plan_stream(
     carried: list[tuple[Any, int, int]] = []
     current: list[tuple[Any, int, int]] = []
     buffer_index = -1
+    vit_capacity, llm_capacity = options.capacities()
 
     def flush(batch: list[tuple[Any, int, int]], index: int, final: bool):
         if not batch:
             return None, []
         lengths = Lengths(np.array([b[1] for b in batch], np.int64), np.array([b[2] for b in batch], np.int64))
-        if opts.oversize == "drop" and np.all((lengths.vit > opts.vit_capacity) | (lengths.llm > opts.llm_capacity)):
+        if options.oversize == "drop" and np.all((lengths.vit > vit_capacity) | (lengths.llm > llm_capacity)):
             return None, []  # nothing but oversize samples: all dropped (carried samples are never oversize)
         try:
-            plan = plan_packs(lengths, world_size=opts.world_size, method=opts.method,
-                              vit_capacity=opts.vit_capacity, llm_capacity=opts.llm_capacity,
-                              oversize=opts.oversize, drop_last=opts.drop_last if final else True,
-                              seed=epoch_seed(opts.seed, index), epoch=epoch, cost_model=opts.cost_model)
+            plan = plan_packs(lengths, options=options, world_size=world_size,
+                              drop_last=options.drop_last if final else True, seed=epoch_seed(options.seed, index),
+                              epoch=epoch)
         except TooFewPacksError:
             # fewer packs than ranks: wait for more samples, or (at the end, with drop_last) drop them
             return None, ([] if final else batch)
@@ -105,12 +85,12 @@ def _plan_stream(
         # the ragged last step's samples wait for the next buffer, oversize singles included (they get their
         # own pack again there); only oversize="drop" loses samples here, and the report counts them
         carry_ids = plan.dropped_samples
-        if opts.oversize == "drop":
+        if options.oversize == "drop":
             carry_ids = np.setdiff1d(carry_ids, plan.oversize_samples)
         return plan, [batch[i] for i in carry_ids.tolist()]
 
     for position, item in enumerate(items):
-        index = position // opts.buffer_size
+        index = position // buffer_size
         if index % num_workers != worker:
             continue
         if index != buffer_index and current:
@@ -137,15 +117,16 @@ class BalancedPacker(torch.utils.data.IterableDataset):
             or generator (consumed by one pass) raises TypeError; a pass that sees another number of samples
             than the first one raises ValueError.
         lengths_fn: ``sample -> (vit, llm)``, the sample's loads.
-        vit_capacity, llm_capacity: capacities of a pack (tiles/patches, tokens).
+        options: a :class:`~omnibal_kernels.balance.options.PlanOptions` with capacities (a stream is not
+            searched; ``target_batch_size`` is unused).
+        vit_capacity, llm_capacity, method, seed, drop_last, oversize, cost_model: fields of ``PlanOptions``,
+            replacing those of ``options``. Plans depend only on the buffers' loads, the options, the buffer
+            index and the epoch. ``drop_last`` acts at the end of the stream (a ragged last step dropped, as
+            :func:`streaming_report` reports); ragged steps inside the stream are never dropped: their samples
+            (oversize singles included) are carried into the next buffer.
         buffer_size: samples per buffer (memory bound: a worker holds at most one buffer plus fewer than
             ``world_size`` packs carried over).
         world_size, rank: default torch.distributed's when initialized, else 1 and 0.
-        method, oversize, cost_model: as :func:`plan_packs`.
-        seed: plans depend only on the buffers' loads, the options, ``seed``, the buffer index and the epoch.
-        drop_last: at the end of the stream, drop a ragged last step (reported by :func:`streaming_report`)
-            instead of reusing packs to fill it. Ragged steps inside the stream are never dropped: their
-            samples (oversize singles included) are carried into the next buffer.
 
     Yields:
         One ``list`` of samples per micro-step, for this rank.
@@ -156,16 +137,17 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         source: Iterable[Any],
         lengths_fn: Callable[[Any], tuple[int, int]],
         *,
-        vit_capacity: int,
-        llm_capacity: int,
+        options: Optional[PlanOptions] = None,
+        vit_capacity: int = UNSET,
+        llm_capacity: int = UNSET,
         buffer_size: int = 4096,
         world_size: Optional[int] = None,
         rank: Optional[int] = None,
-        method: str = "balanced",
-        seed: int = 0,
-        drop_last: bool = False,
-        oversize: str = "error",
-        cost_model: Optional[CostModel] = None,
+        method: Method = UNSET,
+        seed: int = UNSET,
+        drop_last: bool = UNSET,
+        oversize: OversizePolicy = UNSET,
+        cost_model: Optional[CostModel] = UNSET,
     ) -> None:
         if not callable(lengths_fn):
             raise TypeError("lengths_fn must be a callable sample -> (vit, llm)")
@@ -178,10 +160,11 @@ class BalancedPacker(torch.utils.data.IterableDataset):
                 "epoch, another DataLoader worker); pass an object whose __iter__ starts the stream anew")
         self.source = source
         self.lengths_fn = lengths_fn
-        self.world_size, self.rank = default_world(world_size, rank)
-        self.options = _stream_options(vit_capacity=vit_capacity, llm_capacity=llm_capacity, buffer_size=buffer_size,
-                                       world_size=self.world_size, method=method, seed=seed, drop_last=drop_last,
-                                       oversize=oversize, cost_model=cost_model)
+        self.world_size, self.rank = default_world(world_size, rank, owner="BalancedPacker")
+        self.options = _stream_options(options, vit_capacity=vit_capacity, llm_capacity=llm_capacity,
+                                       method=method, seed=seed, drop_last=drop_last, oversize=oversize,
+                                       cost_model=cost_model)
+        self.buffer_size = check_positive_int("buffer_size", buffer_size)
         # The epoch lives in shared memory: DataLoader workers hold copies of the packer (persistent ones for
         # the whole run), and set_epoch in the main process must reach them.
         self._shared_epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
@@ -233,7 +216,8 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         return self._packs(self.epoch, worker, num_workers)
 
     def _packs(self, epoch: int, worker: int, num_workers: int) -> Iterator[list[Any]]:
-        for plan, payloads in _plan_stream(self._items(), self.options, epoch, worker, num_workers):
+        for plan, payloads in _plan_stream(self._items(), self.options, self.world_size, self.buffer_size, epoch,
+                                           worker, num_workers):
             for pack in plan.step_packs[:, self.rank]:
                 yield [payloads[i] for i in plan.pack(int(pack)).tolist()]
 
@@ -256,7 +240,7 @@ class StreamingReport(NamedTuple):
     num_buffers: int
 
 
-def _merge(plans: list[tuple[Plan, list[int]]], opts: _StreamOptions, n: int) -> Plan:
+def _merge(plans: list[tuple[Plan, list[int]]], options: PlanOptions, world_size: int, n: int) -> Plan:
     """The streamed plans as one Plan over stream positions (steps one after another)."""
     ids = [np.asarray(payloads, np.int64) for _, payloads in plans]
     stacked = concat_plans([plan for plan, _ in plans], ids)
@@ -264,15 +248,16 @@ def _merge(plans: list[tuple[Plan, list[int]]], opts: _StreamOptions, n: int) ->
     # samples in no slot: carried to a worker's last buffer and dropped there (drop_last), or oversize-dropped;
     # a sample carried out of a buffer's plan shows up in a later plan
     lost = np.setdiff1d(np.arange(n), np.concatenate(slotted) if slotted else np.zeros(0, np.int64))
+    vit_capacity, llm_capacity = options.capacities()
     return Plan(
-        method=opts.method,
+        method=options.method,
         pack_offsets=stacked.pack_offsets,
         pack_samples=stacked.pack_samples,
-        step_packs=np.concatenate(stacked.step_packs) if plans else np.zeros((0, opts.world_size), np.int64),
-        world_size=opts.world_size,
-        vit_capacity=opts.vit_capacity,
-        llm_capacity=opts.llm_capacity,
-        seed=opts.seed,
+        step_packs=np.concatenate(stacked.step_packs) if plans else np.zeros((0, world_size), np.int64),
+        world_size=world_size,
+        vit_capacity=vit_capacity,
+        llm_capacity=llm_capacity,
+        seed=options.seed,
         dropped_samples=lost,
         duplicated_slots=sum(plan.duplicated_slots for plan, _ in plans),
         num_input_samples=n,
@@ -283,20 +268,23 @@ def _merge(plans: list[tuple[Plan, list[int]]], opts: _StreamOptions, n: int) ->
 def streaming_report(
     lengths: Union[Lengths, tuple, np.ndarray],
     *,
-    vit_capacity: int,
-    llm_capacity: int,
+    options: Optional[PlanOptions] = None,
+    vit_capacity: int = UNSET,
+    llm_capacity: int = UNSET,
     buffer_size: int = 4096,
     world_size: int = 8,
     num_workers: int = 1,
-    method: str = "balanced",
-    seed: int = 0,
+    method: Method = UNSET,
+    seed: int = UNSET,
     epoch: int = 0,
-    drop_last: bool = False,
-    oversize: str = "error",
-    cost_model: Optional[CostModel] = None,
+    drop_last: bool = UNSET,
+    oversize: OversizePolicy = UNSET,
+    cost_model: Optional[CostModel] = UNSET,
 ) -> StreamingReport:
     """Plans ``lengths`` as a stream (in order, ``buffer_size`` at a time, over ``num_workers`` workers) and
     offline (all at once), and reports both with :func:`balance_report` (fill, dist ratios, efficiency).
+
+    ``options`` and the keywords of its fields are those of :class:`BalancedPacker`.
 
     Returns:
         ``StreamingReport(streaming, offline, num_buffers)``; ``offline`` is None where :func:`plan_packs`
@@ -306,25 +294,26 @@ def streaming_report(
     Raises:
         The streaming packer's errors (e.g. ``OversizeError`` with ``oversize="error"``, bad options).
     """
-    opts = _stream_options(vit_capacity=vit_capacity, llm_capacity=llm_capacity, buffer_size=buffer_size,
-                           world_size=world_size, method=method, seed=seed, drop_last=drop_last, oversize=oversize,
-                           cost_model=cost_model)
+    options = _stream_options(options, vit_capacity=vit_capacity, llm_capacity=llm_capacity, method=method,
+                              seed=seed, drop_last=drop_last, oversize=oversize, cost_model=cost_model)
+    buffer_size = check_positive_int("buffer_size", buffer_size)
+    world_size = check_world_size(world_size)
     num_workers = check_positive_int("num_workers", num_workers)
     epoch = check_epoch(epoch)
     lengths = as_lengths(lengths)
     n = len(lengths)
     items = list(zip(range(n), lengths.vit.tolist(), lengths.llm.tolist()))
-    plans = [pp for w in range(num_workers) for pp in _plan_stream(items, opts, epoch, w, num_workers)]
-    streaming = balance_report(_merge(plans, opts, n), lengths, cost_model)
+    plans = [pp for w in range(num_workers)
+             for pp in _plan_stream(items, options, world_size, buffer_size, epoch, w, num_workers)]
+    streaming = balance_report(_merge(plans, options, world_size, n), lengths, options.cost_model)
     try:
         offline: Optional[BalanceReport] = balance_report(
-            plan_packs(lengths, world_size=world_size, method=method, vit_capacity=vit_capacity,
-                       llm_capacity=llm_capacity, oversize=oversize, drop_last=drop_last, seed=seed, epoch=epoch,
-                       cost_model=cost_model), lengths, cost_model)
+            plan_packs(lengths, options=options, world_size=world_size, epoch=epoch), lengths, options.cost_model)
     except TooFewPacksError:  # drop_last and fewer packs than ranks: the stream dropped (and reported) them
         offline = None
     except ValueError:
         # no sample to plan (none, or all dropped as oversize): the stream reports them all dropped
+        vit_capacity, llm_capacity = options.capacities()
         if ((lengths.vit <= vit_capacity) & (lengths.llm <= llm_capacity)).any():
             raise
         offline = None

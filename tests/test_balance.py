@@ -36,7 +36,8 @@ def test_isf_matches_reference_exactly(seed):
     lengths = _random_lengths(rng, 400)
     C = load_ext()
     items = np.arange(400, dtype=np.int64)
-    offsets, samples = C.isf(lengths.vit, lengths.llm, items, 12, 4096, 12, 3968, 10, seed)
+    packs = C.isf(lengths.vit, lengths.llm, items, 12, 4096, 12, 3968, 10, seed)
+    offsets, samples = packs.offsets, packs.samples
     expected = isf_reference(lengths.vit, lengths.llm, items, 12, 4096, 12, 3968, 10, seed)
     assert _packs(offsets, samples) == expected
 
@@ -46,7 +47,8 @@ def test_random_next_fit_matches_reference_exactly(seed):
     rng = np.random.default_rng(seed)
     lengths = _random_lengths(rng, 300)
     items = np.arange(300, dtype=np.int64)
-    offsets, samples = load_ext().random_next_fit(lengths.vit, lengths.llm, items, 10, 3000, seed)
+    packs = load_ext().random_next_fit(lengths.vit, lengths.llm, items, 10, 3000, seed)
+    offsets, samples = packs.offsets, packs.samples
     assert _packs(offsets, samples) == random_next_fit_reference(lengths.vit, lengths.llm, items, 10, 3000, seed)
 
 
@@ -187,7 +189,8 @@ def test_isf_with_one_iteration_is_random_next_fit_of_round_zero():
     lengths = _random_lengths(np.random.default_rng(2), 300)
     C = load_ext()
     items = np.arange(300, dtype=np.int64)
-    o1, s1 = C.isf(lengths.vit, lengths.llm, items, 10, 3000, 10, 2900, 1, 4)
+    packs = C.isf(lengths.vit, lengths.llm, items, 10, 3000, 10, 2900, 1, 4)
+    o1, s1 = packs.offsets, packs.samples
     assert _packs(o1, s1) == isf_reference(lengths.vit, lengths.llm, items, 10, 3000, 10, 2900, 1, 4)
 
 

@@ -19,8 +19,16 @@ def test_search_capacity_checks_method_and_oversize():
         search_capacity(_lengths(), 4, method="greedy")
     with pytest.raises(ValueError, match="oversize must be one of"):
         search_capacity(_lengths(), 4, oversize="keep")
-    with pytest.raises(ValueError, match="target_batch_size"):
+    with pytest.raises(TypeError, match="target_batch_size"):
         search_capacity(_lengths(), True)
+
+
+@pytest.mark.parametrize("target", ["4", None, [4]])
+def test_a_target_batch_size_that_is_no_number_is_a_type_error(target):
+    with pytest.raises(TypeError, match="target_batch_size must be a positive number .*str|NoneType|list"):
+        plan_packs(_lengths(), world_size=2, target_batch_size=target)
+    with pytest.raises(ValueError, match="target_batch_size must be a positive number"):
+        plan_packs(_lengths(), world_size=2, target_batch_size=-1)
 
 
 def test_search_capacity_takes_numpy_targets_and_plain_arrays():

@@ -11,7 +11,7 @@ from omnibal_kernels.balance import Plan
 from omnibal_kernels.cli import main
 
 REPORT_KEYS = {"num_samples", "num_packs", "num_steps", "ave_bs", "vit_fill", "llm_fill", "vit_dist", "llm_dist",
-               "step_efficiency", "dropped", "duplicated", "seconds", "oversize", "method", "vit_capacity",
+               "step_efficiency", "dropped", "duplicated", "seconds", "oversize", "duplicated_fraction", "method", "vit_capacity",
                "llm_capacity", "world_size"}
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections import Counter
 
@@ -11,15 +10,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from omnibal_kernels.testing.processes import free_port
+
 WORLD_SIZE = 4
 NUM_SAMPLES = 3000
 STOP_AT = 11  # micro-steps consumed before the state is saved
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _subset():
@@ -79,7 +74,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 def test_four_gloo_ranks_agree_cover_and_resume():
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_worker, args=(_free_port(), out_dir), nprocs=WORLD_SIZE, start_method="spawn", join=True)
+        mp.start_processes(_worker, args=(free_port(), out_dir), nprocs=WORLD_SIZE, start_method="spawn", join=True)
         result = torch.load(os.path.join(out_dir, "rank0.pt"), weights_only=False)
         resumes = [torch.load(os.path.join(out_dir, f"resume{r}.pt"), weights_only=False) for r in range(WORLD_SIZE)]
 

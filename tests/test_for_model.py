@@ -1,16 +1,17 @@
 """``PackCollator.for_model``: real transformers models train on a packed batch exactly as on its samples.
 
-Each model is a tiny random config built here (1 layer, hidden 32, float32, CPU). For every model and both
-attention implementations that run on the CPU (sdpa, eager), the packed loss and its gradients equal the
-per-sample ones, each sample run alone with the model computing its own positions (``get_rope_index`` for
-Qwen-VL), within 1e-5 relative. The negative controls break one thing the collator sets (the text-position row,
-``use_cache=False``) and check that the same comparison then fails: the test sees attention leak across samples.
+Each model is a tiny random config of ``omnibal_kernels.testing.hf_models`` (1 layer, hidden 32, float32, CPU).
+For every model and both attention implementations that run on the CPU (sdpa, eager), the packed loss and its
+gradients equal the per-sample ones, each sample run alone with the model computing its own positions
+(``get_rope_index`` for Qwen-VL), within 1e-5 relative. The negative controls break one thing the collator sets
+(the text-position row, ``use_cache=False``) and check that the same comparison then fails: the test sees
+attention leak across samples.
 """
 from __future__ import annotations
 
 import functools
 import pickle
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,116 +21,23 @@ transformers = pytest.importorskip("transformers")
 
 from omnibal_kernels.model_inputs import forward_keys, model_inputs  # noqa: E402
 from omnibal_kernels.packing import PackCollator  # noqa: E402
+from omnibal_kernels.testing.hf_models import (  # noqa: E402
+    CONFIGS, IMG, IMG_CONTEXT, MERGE, TEMPORAL, TILE_TOKENS, VID, alone, internvl_sample, mrope_text_config,
+    qwen_sample, text_ids, tiny_model,
+)
 from omnibal_kernels.vision.mrope import installed_mrope_convention, video_time_positions  # noqa: E402
 
-VOCAB, IMG, VID, V_START, V_END, IMG_CONTEXT = 128, 120, 121, 122, 123, 124
-PATCH, TEMPORAL, CHANNELS, MERGE = 2, 2, 3, 2
-PATCH_DIM = CHANNELS * TEMPORAL * PATCH * PATCH
-TILE = 16  # InternVL tile side; patch 4 -> 16 patches -> 4 tokens per tile after the 0.5 pixel shuffle
-TILE_TOKENS = 4
 RTOL = 1e-5
-TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=16, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-
-
-# ------------------------------------------------------------------------------------------------ tiny models
-
-def _llama() -> Any:
-    return transformers.LlamaConfig(**TEXT)
-
-
-def _qwen2() -> Any:
-    return transformers.Qwen2Config(**TEXT)
-
-
-def _mrope_text() -> dict:
-    return {**TEXT, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4}}
-
-
-def _qwen2_vl() -> Any:
-    vision = dict(depth=1, embed_dim=32, num_heads=2, hidden_size=32, mlp_ratio=2, patch_size=PATCH,
-                  temporal_patch_size=TEMPORAL, in_channels=CHANNELS, spatial_merge_size=MERGE)
-    return transformers.Qwen2VLConfig(text_config=_mrope_text(), vision_config=vision, image_token_id=IMG,
-                                      video_token_id=VID, vision_start_token_id=V_START, vision_end_token_id=V_END)
-
-
-def _qwen2_5_vl() -> Any:
-    # window 8 px = 2 merged tokens: grids wider than that run the window attention and its reordering
-    vision = dict(depth=2, hidden_size=32, out_hidden_size=32, intermediate_size=64, num_heads=2,
-                  patch_size=PATCH, temporal_patch_size=TEMPORAL, in_channels=CHANNELS, spatial_merge_size=MERGE,
-                  window_size=8, fullatt_block_indexes=[1], tokens_per_second=2)
-    return transformers.Qwen2_5_VLConfig(text_config=_mrope_text(), vision_config=vision, image_token_id=IMG,
-                                         video_token_id=VID, vision_start_token_id=V_START,
-                                         vision_end_token_id=V_END)
-
-
-def _internvl() -> Any:
-    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                  image_size=[TILE, TILE], patch_size=[4, 4])
-    return transformers.InternVLConfig(text_config={"model_type": "qwen2", **TEXT}, vision_config=vision,
-                                       image_token_id=IMG_CONTEXT, downsample_ratio=0.5)
-
-
-CONFIGS: dict[str, Callable[[], Any]] = {
-    "llama": _llama, "qwen2": _qwen2, "qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "internvl": _internvl,
-}
+_llama, _qwen2_vl, _qwen2_5_vl, _internvl = (CONFIGS[name] for name in ("llama", "qwen2_vl", "qwen2_5_vl", "internvl"))
+_text, _qwen_sample, _internvl_sample, _alone = text_ids, qwen_sample, internvl_sample, alone
+_mrope_text = mrope_text_config
 
 
 def _model(name: str, attn: str) -> Any:
-    torch.manual_seed(0)
-    config = CONFIGS[name]()
-    cls = _class_of(config)
-    return cls._from_config(config, attn_implementation=attn, dtype=torch.float32)
-
-
-def _class_of(config: Any) -> type:
-    from transformers.models.auto import modeling_auto
-
-    name = (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(config.model_type)
-            or modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
-    return getattr(transformers, name)
+    return tiny_model(name, attn)
 
 
 # ------------------------------------------------------------------------------------------------ samples
-
-def _text(rng: np.random.Generator, n: int) -> list[int]:
-    return rng.integers(3, 100, n).tolist()
-
-
-def _qwen_sample(rng: np.random.Generator, images: list[tuple[int, int, int]],
-                 videos: list[tuple[int, int, int]] = (), seconds: list[float] | None = None) -> dict[str, Any]:
-    """Text around each image/video: <vision_start> placeholders <vision_end>, patches random."""
-    ids = _text(rng, int(rng.integers(1, 5)))
-    for token, grids in ((IMG, images), (VID, videos)):
-        for t, h, w in grids:
-            ids += [V_START] + [token] * (t * h * w // MERGE**2) + [V_END] + _text(rng, int(rng.integers(1, 4)))
-    ids = torch.tensor(ids)
-    labels = ids.clone()
-    labels[(ids == IMG) | (ids == VID)] = -100
-    sample: dict[str, Any] = {"input_ids": ids, "labels": labels}
-    if images:
-        sample["image_grid_thw"] = torch.tensor(images)
-        sample["pixel_values"] = torch.randn(sum(t * h * w for t, h, w in images), PATCH_DIM)
-    if videos:
-        sample["video_grid_thw"] = torch.tensor(videos)
-        sample["pixel_values_videos"] = torch.randn(sum(t * h * w for t, h, w in videos), PATCH_DIM)
-        if seconds is not None:
-            sample["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
-    return sample
-
-
-def _internvl_sample(rng: np.random.Generator, tiles: int) -> dict[str, Any]:
-    ids = _text(rng, int(rng.integers(1, 5)))
-    if tiles:
-        ids += [V_START] + [IMG_CONTEXT] * (tiles * TILE_TOKENS) + [V_END]
-    ids = torch.tensor(ids + _text(rng, int(rng.integers(1, 5))))
-    labels = ids.clone()
-    labels[ids == IMG_CONTEXT] = -100
-    sample = {"input_ids": ids, "labels": labels}
-    if tiles:
-        sample["pixel_values"] = torch.randn(tiles, CHANNELS, TILE, TILE)
-    return sample
-
 
 def _samples(name: str) -> list[dict[str, Any]]:
     rng = np.random.default_rng(7)
@@ -149,19 +57,6 @@ def _samples(name: str) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------------ comparison
-
-def _alone(sample: dict[str, Any]) -> dict[str, Any]:
-    """One sample as transformers takes it unpacked: batch dimension 1, the model computes its positions."""
-    inputs = {"input_ids": sample["input_ids"][None], "labels": sample.get("labels", sample["input_ids"])[None],
-              "use_cache": False}
-    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
-        if key in sample:
-            inputs[key] = sample[key]
-    if "image_grid_thw" in sample or "video_grid_thw" in sample:
-        ids = sample["input_ids"]
-        inputs["mm_token_type_ids"] = ((ids == IMG).int() + 2 * (ids == VID).int())[None]
-    return inputs
-
 
 def _targets(labels: torch.Tensor) -> int:
     return int((labels.reshape(-1)[1:] != -100).sum())

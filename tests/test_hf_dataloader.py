@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from omnibal_kernels.hf import SAMPLER_STATE_FILE, _check_sampler_state, _write_json, balanced_train_dataloader
+from omnibal_kernels._files import write_json
+from omnibal_kernels.hf import SAMPLER_STATE_FILE, _check_sampler_state, balanced_train_dataloader
 from omnibal_kernels.lengths import Lengths
 from omnibal_kernels.sampler import BalancedBatchSampler
 
@@ -50,6 +51,20 @@ def test_sampler_options_override_and_dataset_size_is_checked():
         balanced_train_dataloader(trainer, _lengths(50))
 
 
+def test_plan_options_override_the_training_arguments():
+    from omnibal_kernels.balance import PlanOptions
+
+    options = PlanOptions(vit_capacity=8, llm_capacity=160, seed=9, drop_last=True)
+    loader = balanced_train_dataloader(_trainer(101), _lengths(101), options=options)
+    sampler = loader.batch_sampler.sampler
+    assert (sampler.seed, sampler.drop_last, sampler.micro_steps_per_step) == (9, True, 2)
+    reference = BalancedBatchSampler(_lengths(101), options=options, world_size=2, rank=1, micro_steps_per_step=2)
+    assert list(loader) == reference.rank_batches(epoch=0)
+    # a keyword beside the options still replaces its field
+    reseeded = balanced_train_dataloader(_trainer(101), _lengths(101), options=options, seed=4)
+    assert reseeded.batch_sampler.sampler.seed == 4
+
+
 def test_epochs_keep_the_length_of_plan_epoch_zero():
     # plans of 28, 26, 28, 28 micro-steps: the Trainer's epochs all have 28, taken from the plans back to back
     rng = np.random.default_rng(0)
@@ -80,7 +95,7 @@ def test_checkpoint_sampler_state_is_checked(tmp_path):
                                       llm_capacity=160).batch_sampler.identity()
     path = tmp_path / SAMPLER_STATE_FILE
     _check_sampler_state(path, identity)  # a checkpoint without one: nothing to check
-    _write_json(path, identity)
+    write_json(path, identity)
     _check_sampler_state(path, identity)
     with pytest.raises(ValueError, match=f"{SAMPLER_STATE_FILE}: the checkpoint was written by a run with other "
                                          r"lengths or sampler options \(config_fingerprint"):

@@ -140,3 +140,37 @@ def test_bundled_data_matches_the_shared_files():
     full = load_lengths(*(SHARED / n for n in names))
     np.testing.assert_array_equal(full.vit, lengths.vit)
     np.testing.assert_array_equal(full.llm, lengths.llm)
+
+
+def test_label_counts_are_kept_checked_and_written(tmp_path):
+    from omnibal_kernels import write_lengths
+
+    vit, llm, label = np.array([0, 2, 1]), np.array([10, 30, 5]), np.array([9, 12, 0])
+    lengths = Lengths(vit, llm, label=label)
+    label[0] = 1  # a copy is kept, read-only
+    assert lengths.label.tolist() == [9, 12, 0] and not lengths.label.flags.writeable
+    assert lengths[np.array([2, 0])].label.tolist() == [0, 9]
+    assert Lengths.concat([lengths, lengths[:1]]).label.tolist() == [9, 12, 0, 9]
+    assert Lengths.concat([lengths, Lengths(vit, llm)]).label is None  # only where every part has them
+    assert Lengths(vit, llm).label is None
+    with pytest.raises(ValueError, match="sample 2: label is 5 but llm is 5; a sample has at most llm - 1"):
+        Lengths(vit, llm, label=[1, 1, 5])
+    with pytest.raises(ValueError, match="sample 1: label is negative"):
+        Lengths(vit, llm, label=[1, -1, 0])
+    with pytest.raises(ValueError, match="label must have one entry per sample, got 2 for 3"):
+        Lengths(vit, llm, label=[1, 1])
+
+    back = load_lengths(write_lengths(tmp_path / "l.npz", lengths))
+    assert back.label.tolist() == [9, 12, 0] and back.llm.tolist() == [10, 30, 5]
+    assert load_lengths(write_lengths(tmp_path / "plain.npz", Lengths(vit, llm))).label is None
+    back = load_lengths(write_lengths(tmp_path / "m.npz", {"vit": vit, "llm": llm, "label": [1, 2, 3]}))
+    assert back.label.tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="writing .*: sample 0: label is 10 but llm is 10"):
+        write_lengths(tmp_path / "bad.npz", {"vit": vit, "llm": llm, "label": [10, 0, 0]})
+    np.savez(tmp_path / "stale.npz", vit=vit, llm=llm, label=np.array([1, 40, 0]))
+    with pytest.raises(ValueError, match="stale.npz: sample 1: label is 40 but llm is 30"):
+        load_lengths(tmp_path / "stale.npz")
+    records = json.loads((write_lengths(tmp_path / "l.json", lengths)).read_text())
+    assert records == [{"vit_num": 0, "token_num": 10, "label_num": 9},
+                       {"vit_num": 2, "token_num": 30, "label_num": 12},
+                       {"vit_num": 1, "token_num": 5, "label_num": 0}]

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from omnibal_kernels.cpu import unpad as cpu_pack
-from omnibal_kernels import _varlen as _segments
+from omnibal_kernels._contracts import segments as _segments
+from omnibal_kernels.ops import _launch
 from omnibal_kernels.ops import unpad as ops_pack
 from omnibal_kernels.testing import unpad_reference, pad_input_reference, pad_reference, unpad_input_reference
 
 interpreted = pytest.mark.skipif(
-    not ops_pack._interpreted(), reason="Triton kernels run on CPU tensors only with TRITON_INTERPRET=1"
+    not _launch.interpreted(), reason="Triton kernels run on CPU tensors only with TRITON_INTERPRET=1"
 )
 
 # (device, backend): the Triton kernel on CPU tensors in the interpreter, the CPU twin, the CUDA kernel
@@ -71,7 +72,7 @@ def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
     def alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.full(shape, _poison_value(dtype), dtype=dtype, device=device)
 
-    monkeypatch.setattr(ops_pack, "_alloc", alloc)
+    monkeypatch.setattr(_launch, "alloc", alloc)
 
 
 def _same(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -262,7 +263,7 @@ def test_device_lengths_are_checked_when_read_back() -> None:
 
 
 def test_cuda_kernel_refuses_cpu_tensors_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ops_pack, "_interpreted", lambda: False)
+    monkeypatch.setattr(_launch, "interpreted", lambda: False)
     with pytest.raises(ValueError, match="needs a CUDA tensor"):
         ops_pack.unpad(torch.zeros(1, 2), [1], backend="triton")
 

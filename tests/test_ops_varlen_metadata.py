@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from omnibal_kernels.ops import _launch
 from omnibal_kernels.ops import varlen_metadata as ops_meta
 from omnibal_kernels.testing import varlen_metadata_reference
 
 interpreted = pytest.mark.skipif(
-    not ops_meta._interpreted(), reason="Triton kernels run on CPU tensors only with TRITON_INTERPRET=1"
+    not _launch.interpreted(), reason="Triton kernels run on CPU tensors only with TRITON_INTERPRET=1"
 )
 TARGETS = [
     pytest.param(("cpu", "triton"), marks=interpreted, id="triton-interpret"),
@@ -37,7 +38,7 @@ def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
     def alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.full(shape, -777, dtype=dtype, device=device)
 
-    monkeypatch.setattr(ops_meta, "_alloc", alloc)
+    monkeypatch.setattr(_launch, "alloc", alloc)
 
 
 def _check(got: ops_meta.VarlenMetadata, lens: list[int], labels: torch.Tensor | None, ignore_index: int) -> None:

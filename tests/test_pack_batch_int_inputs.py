@@ -1,5 +1,5 @@
-"""pack_batch on integer inputs that used to wrap or fail without naming the sample: uint64 values >= 2**63,
-reversed (negative-stride) numpy arrays, unsigned torch tensors beside int64 ones."""
+"""pack_batch on integer inputs that could wrap or fail without naming the sample: uint64 values >= 2**63,
+reversed (negative-stride) numpy arrays, unsigned torch tensors beside int64 ones, negative token ids."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels.packing import pack_batch, pack_sequences
+from omnibal_kernels.packing import PackCollator, pack_batch, pack_sequences
 
 BIG = 2**63 + 5
 
@@ -101,7 +101,31 @@ def test_any_integer_input_packs_exactly_or_names_the_sample(samples, shared):
         with pytest.raises(ValueError, match=f"sample {too_big[0]}: input_ids\\[\\d+\\] = \\d+ does not fit in int64"):
             pack_sequences(ids, shared=shared)
         return
+    negative = [(i, j, v) for i, (_, values) in enumerate(samples) for j, v in enumerate(values) if v < 0]
+    if negative:
+        i, j, v = negative[0]
+        with pytest.raises(ValueError, match=f"sample {i}: input_ids\\[{j}\\] = {v} is negative"):
+            pack_sequences(ids, shared=shared)
+        return
     fields = pack_sequences(ids, shared=shared)
     assert fields["input_ids"].dtype == torch.int64
     assert fields["input_ids"][0].tolist() == [v for _, values in samples for v in values]
     assert fields["cu_seqlens"].tolist() == np.cumsum([0] + [len(v) for _, v in samples]).tolist()
+
+
+def test_one_element_reversed_views_pack():
+    """numpy calls a one-element view contiguous whatever its (negative) stride; torch refuses such strides."""
+    for dtype in (np.int64, np.int8):
+        view = np.array([7], dtype)[::-1]
+        for fields in _both_paths([np.array([1, 2], np.int8), view]):
+            assert fields["input_ids"][0].tolist() == [1, 2, 7]
+
+
+@pytest.mark.parametrize("make", [torch.tensor, np.array, list], ids=["torch", "numpy", "list"])
+def test_negative_token_ids_name_the_sample_and_position(make):
+    samples = [{"input_ids": make([3, 4, 5])}, {"input_ids": make([6, 7, -100, 8])}]
+    for collate in (pack_batch, PackCollator(warmup=False)):
+        with pytest.raises(ValueError, match=r"sample 1: input_ids\[2\] = -100 is negative"):
+            collate(samples)
+    # labels take ignore_index: a negative label is no error
+    assert pack_batch([{"input_ids": [3, 4], "labels": [-100, 4]}])["labels"][0].tolist() == [-100, 4]

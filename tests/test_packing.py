@@ -406,10 +406,9 @@ def _count_images(samples: list, fields: dict, options: PackOptions) -> None:
 
 
 def test_field_packer_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    from omnibal_kernels import packing
+    from omnibal_kernels.packing import fields
 
-    monkeypatch.setitem(packing._FIELD_PACKERS, "pixel_values", _count_images)
-    monkeypatch.setitem(packing._FIELD_PACKERS, "image_grid_thw", f"{__name__}:_count_images")
+    monkeypatch.setattr(fields, "pack_batch_vision", _count_images)
     samples = _samples([3, 2, 4])
     samples[0]["pixel_values"] = [torch.zeros(3, 4, 4)] * 2
     samples[0]["image_grid_thw"] = [(1, 2, 2)] * 2

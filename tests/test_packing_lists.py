@@ -67,7 +67,8 @@ def test_lists_in_a_worker_give_the_tensor_batch(shared: bool) -> None:
 
 def test_other_integer_sequences() -> None:
     # tuples, ranges, numpy and 0-d tensor integers, the int64 extremes, and a bool among ints (torch
-    # makes int64 of a mixed list): all as the same values in an int64 tensor
+    # makes int64 of a mixed list): all as the same values in an int64 tensor. Token ids are never negative
+    # (pack_batch refuses them), so the negative extremes go into the labels.
     values = [INT64_MIN, -1, 0, 7, INT64_MAX]
     cases = [
         tuple(values),
@@ -77,12 +78,15 @@ def test_other_integer_sequences() -> None:
         [torch.tensor(v) for v in values],
         [4, True, False, 9],
     ]
-    samples = [{"input_ids": case} for case in cases]
+    ids = [tuple(abs(int(v)) % INT64_MAX for v in case) for case in cases]
+    samples = [{"input_ids": i, "labels": case} for i, case in zip(ids, cases)]
+    samples.append({"input_ids": [np.int64(INT64_MAX), torch.tensor(0), True]})
     batch = pack_batch(samples, mask_first_label=False)
     flat = [int(v) for case in cases for v in case]
-    assert batch["input_ids"].dtype == torch.int64
-    assert batch["input_ids"][0].tolist() == flat
-    assert batch["labels"][0].tolist() == flat
+    assert batch["input_ids"].dtype == torch.int64 and batch["labels"].dtype == torch.int64
+    assert batch["input_ids"][0].tolist() == [v for i in ids for v in i] + [INT64_MAX, 0, 1]
+    assert batch["labels"][0].tolist() == flat + [INT64_MAX, 0, 1]
+    cases.append([0, 0, 0])
     assert batch["cu_seqlens"].tolist() == np.cumsum([0] + [len(c) for c in cases]).tolist()
 
 

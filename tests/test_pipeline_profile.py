@@ -162,3 +162,32 @@ def test_cli_profile_from_config_writes_json(tmp_path, capsys):
     prof = load_profile(out)
     assert len(prof) == 1 + 24 + 1 + 32 + 1
     assert main(["profile", "--model", "no_such_module:f"]) == 2
+
+
+def test_engine_forms_for_virtual_stages():
+    prof = profile_from_config("internvl-300m-7b", [(np.array([8.0, 8.0]), np.array([2000.0, 3000.0]))])
+    plan = partition(prof, 2, micro_batches=8, schedule="interleaved", virtual_stages=2)
+    assert plan.num_stages == 4 and plan.num_ranks == 2 and plan.rank_stages(1) == [1, 3]
+    meg = megatron_layout(plan, prof)
+    assert meg["virtual_pipeline_model_parallel_size"] == 2
+    assert len(meg["decoder_layers_per_stage"]) == 4 and sum(meg["decoder_layers_per_stage"]) == 32
+    assert len(meg["pipeline_model_parallel_layout"].split("|")) == 4
+    with pytest.raises(ValueError, match="one stage per rank"):
+        deepspeed_parts(plan)
+    zbv = partition(prof, 2, micro_batches=8, schedule="zbv", virtual_stages=2)
+    assert zbv.stage_ranks == (0, 1, 1, 0) and zbv.rank_stages(0) == [0, 3]
+
+
+def test_cli_partition_schedules(capsys):
+    assert main(["partition", "--config", "internvl-300m-7b", "--stages", "2", "--micro-batches", "8",
+                 "--schedule", "interleaved", "--virtual-stages", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["virtual_stages"] == 2 and len(out["stages"]) == 4 and out["stage_ranks"] == [0, 1, 0, 1]
+    assert "deepspeed_parts" not in out and out["megatron"]["virtual_pipeline_model_parallel_size"] == 2
+    assert out["lower_bound_ms"] <= out["step_ms"]
+    assert main(["partition", "--config", "internvl-300m-7b", "--stages", "2", "--schedule", "zbv"]) == 0
+    text = capsys.readouterr().out
+    assert "2 ranks x 2 stages" in text and "rank" in text
+    assert main(["partition", "--config", "internvl-300m-7b", "--stages", "2", "--schedule", "1f1b",
+                 "--virtual-stages", "2"]) == 2
+    assert "virtual_stages" in capsys.readouterr().err

@@ -141,11 +141,26 @@ def test_a_source_that_runs_dry_is_detected_next_epoch_and_next_shard():
 
 
 def test_a_re_iterable_source_passes_the_check_every_epoch():
-    source = _source(_mixed_lengths(120, 5, 0.0))
-    packer = BalancedPacker(source, _loads, **CAPS, buffer_size=50, world_size=2, rank=1)
+    lengths = _mixed_lengths(120, 5, 0.0)
+    source = _source(lengths)
+    packers = [BalancedPacker(source, _loads, **CAPS, buffer_size=50, world_size=2, rank=r) for r in range(2)]
+    packer = packers[1]
+    previous = None
     for epoch in range(3):
-        packer.set_epoch(epoch)
+        for p in packers:
+            p.set_epoch(epoch)
         assert len(list(packer)) > 0
+        # each pass reads the whole source again: over both ranks every sample is in a pack, as often as the
+        # report of the same stream says, and both ranks take the same number of steps
+        packs = [[_pack_ids(pack) for pack in p] for p in packers]
+        assert len(packs[0]) == len(packs[1])
+        seen = Counter(i for rank in packs for pack in rank for i in pack)
+        report = streaming_report(lengths, **CAPS, buffer_size=50, world_size=2, epoch=epoch).streaming
+        assert report.dropped == 0 and set(seen) == set(range(len(source)))
+        assert sum(seen.values()) - len(source) == report.duplicated
+        # and plans the epoch it was set to
+        assert packs != previous
+        previous = packs
 
 
 def test_report_gives_the_stream_where_no_offline_plan_exists():

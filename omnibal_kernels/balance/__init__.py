@@ -4,31 +4,37 @@ Modules, in the order they build on each other (no module imports one below it i
 
 ===========  =========================================================================================
 ``cost``     the per-sample cost model the balanced method equalizes
-``packs``    what a plan is (``Plan``), the planning errors, the per-epoch seed
+``seeds``    the seed check and the per-epoch seed (the engine's SplitMix64)
+``options``  ``PlanOptions`` and ``IsfOptions``: how to plan, checked once; the options-and-keywords rule
+``packs``    what a plan is (``Plan``) and the planning errors
 ``engine``   the C++ engine for given capacities (the methods: balanced, isf, random)
 ``report``   balance metrics of a plan (the paper's Dist Ratio, fills, step efficiency)
 ``search``   capacities from a wanted mean pack size
-``plan``     ``plan_packs``: checks, capacity search, engine
+``plan``     ``plan_packs``: capacity search where needed, then the engine
 ``schedule`` several plans as one schedule: groups one after another or interleaved, micro-steps
 ``targets``  measures beyond the report: pack lower bounds, load trend over the epoch, packs repeated
 ===========  =========================================================================================
 """
 from .cost import CostModel
-from .packs import METHODS, OVERSIZE_POLICIES, OversizeError, Plan, TooFewPacksError, epoch_seed
+from .options import METHODS, OVERSIZE_POLICIES, IsfOptions, PlanOptions
+from .packs import OversizeError, Plan, TooFewPacksError
 from .plan import plan_packs
 from .report import BalanceReport, balance_report, dist_ratio
 from .search import Capacities, search_capacity
+from .seeds import epoch_seed
 from .targets import PackBounds, load_trend, pack_lower_bounds, repeated_pack_share
 
 __all__ = [
     "BalanceReport",
     "Capacities",
     "CostModel",
+    "IsfOptions",
     "METHODS",
     "OVERSIZE_POLICIES",
     "OversizeError",
     "PackBounds",
     "Plan",
+    "PlanOptions",
     "TooFewPacksError",
     "balance_report",
     "dist_ratio",

@@ -1,4 +1,4 @@
-"""What a plan is: packs of samples and their (step, rank) schedule, the planning errors, and the per-epoch seed.
+"""What a plan is: packs of samples and their (step, rank) schedule, and the planning errors.
 
 Nothing here plans; :mod:`omnibal_kernels.balance.engine` builds plans for given capacities and
 :func:`omnibal_kernels.balance.plan.plan_packs` is the public entry.
@@ -8,22 +8,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .._checks import check_epoch, check_int
 from ..lengths import Lengths
 
-__all__ = ["Plan", "OversizeError", "TooFewPacksError", "METHODS", "OVERSIZE_POLICIES", "epoch_seed", "as_lengths",
-           "hash_arrays"]
-
-Method = Literal["balanced", "isf", "random"]
-OversizePolicy = Literal["error", "single", "drop"]
-METHODS: tuple[str, ...] = ("balanced", "isf", "random")
-OVERSIZE_POLICIES: tuple[str, ...] = ("error", "single", "drop")
-
-_MASK64 = (1 << 64) - 1
+__all__ = ["Plan", "OversizeError", "TooFewPacksError", "as_lengths", "hash_arrays"]
 
 
 class OversizeError(ValueError):
@@ -40,22 +31,6 @@ def hash_arrays(*arrays: np.ndarray) -> str:
     for arr in arrays:
         h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
     return h.hexdigest()[:16]
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    """The 64-bit seed of one epoch's plan: ``seed`` and ``epoch`` mixed by two SplitMix64 steps."""
-    seed = check_int("seed", seed)
-    if not -(1 << 63) <= seed < (1 << 64):
-        raise ValueError(f"seed must be in [-2**63, 2**64) (it is mixed as a 64-bit word), got {seed}")
-    epoch = check_epoch(epoch)
-
-    def mix(z: int) -> int:
-        z = (z + 0x9E3779B97F4A7C15) & _MASK64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        return z ^ (z >> 31)
-
-    return mix(mix(seed & _MASK64) ^ epoch)
 
 
 @dataclass(frozen=True)

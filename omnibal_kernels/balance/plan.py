@@ -1,6 +1,6 @@
-"""``plan_packs``: the public entry of planning. Checks the options, searches capacities when they are not
-given (:mod:`~omnibal_kernels.balance.search`) and builds the plan (:mod:`~omnibal_kernels.balance.engine`,
-whose docstring describes the methods).
+"""``plan_packs``: the public entry of planning. Searches capacities where the options give none
+(:mod:`~omnibal_kernels.balance.search`) and builds the plan (:mod:`~omnibal_kernels.balance.engine`, whose
+docstring describes the methods).
 """
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from typing import Optional, Union
 
 import numpy as np
 
+from .._checks import check_epoch
 from ..lengths import Lengths
 from .cost import CostModel
-from .engine import ISF_ITERATIONS, build_plan, check_plan_options
-from .packs import Method, OversizePolicy, Plan, as_lengths, epoch_seed
+from .engine import build_plan
+from .options import UNSET, Method, OversizePolicy, PlanOptions, check_world_size, plan_options
+from .packs import Plan, as_lengths
 from .search import search_capacity
 
 __all__ = ["plan_packs"]
@@ -22,35 +24,31 @@ def plan_packs(
     lengths: Union[Lengths, tuple, np.ndarray],
     *,
     world_size: int,
-    method: Method = "balanced",
-    target_batch_size: float = 4.0,
-    vit_capacity: Optional[int] = None,
-    llm_capacity: Optional[int] = None,
-    vit_threshold: Optional[int] = None,
-    llm_threshold: Optional[int] = None,
-    iterations: int = ISF_ITERATIONS,
-    oversize: OversizePolicy = "error",
-    drop_last: bool = False,
-    seed: int = 0,
     epoch: int = 0,
-    cost_model: Optional[CostModel] = None,
+    options: Optional[PlanOptions] = None,
+    method: Method = UNSET,
+    target_batch_size: float = UNSET,
+    vit_capacity: Optional[int] = UNSET,
+    llm_capacity: Optional[int] = UNSET,
+    vit_threshold: Optional[int] = UNSET,
+    llm_threshold: Optional[int] = UNSET,
+    iterations: int = UNSET,
+    oversize: OversizePolicy = UNSET,
+    drop_last: bool = UNSET,
+    seed: int = UNSET,
+    cost_model: Optional[CostModel] = UNSET,
 ) -> Plan:
     """Groups samples into packs under a ViT and an LLM capacity and schedules them on ranks and steps.
 
     Args:
         lengths: per-sample loads (``Lengths``, a ``(vit, llm)`` tuple, or a 1-D array of token counts).
         world_size: data-parallel ranks; every step gives each rank one pack.
-        method: ``"balanced"`` (default), ``"isf"`` or ``"random"`` (see the module docstring).
-        target_batch_size: mean samples per pack wanted, used to search capacities when they are not given.
-        vit_capacity, llm_capacity: the capacities (tiles/patches and tokens per pack); both or neither.
-        vit_threshold, llm_threshold: ISF keep thresholds (default: ``vit_capacity`` and
-            ``llm_capacity - 128``, as the authors' scripts).
-        iterations: ISF rounds (default 50).
-        oversize: what to do with samples that alone exceed a capacity: ``"error"`` (raise
-            ``OversizeError``), ``"single"`` (each in its own pack, reported) or ``"drop"`` (left out, reported).
-        drop_last: drop the packs of a ragged last step (reported) instead of filling it with reused packs.
-        seed, epoch: the plan is a pure function of these (and the rest); each epoch gets new packs and order.
-        cost_model: per-sample cost the balanced method equalizes (default ``CostModel.internvl_7b()``).
+        epoch: with the options' seed, what the plan is drawn from; each epoch gets new packs and order.
+        options: a :class:`~omnibal_kernels.balance.options.PlanOptions` (default: its defaults).
+        method, target_batch_size, vit_capacity, llm_capacity, oversize, drop_last, seed, cost_model: fields
+            of ``PlanOptions``, replacing those of ``options``; ``vit_threshold``, ``llm_threshold`` and
+            ``iterations`` are fields of its ``isf`` part. Capacities not given are searched from
+            ``target_batch_size`` (:func:`~omnibal_kernels.balance.search_capacity`).
 
     Returns:
         A ``Plan``.
@@ -62,15 +60,15 @@ def plan_packs(
     """
     start = time.perf_counter()
     lengths = as_lengths(lengths)
-    world_size, iterations = check_plan_options(lengths, world_size, method, oversize, iterations)
-    epoch_seed(seed, epoch)  # checks seed and epoch before any search
-    if (vit_capacity is None) != (llm_capacity is None):
-        raise ValueError("give both vit_capacity and llm_capacity, or neither (then they are searched)")
-    if vit_capacity is None:
-        caps = search_capacity(lengths, target_batch_size, method=method, world_size=world_size,
-                               oversize=oversize, seed=seed, iterations=iterations)
-        vit_capacity, llm_capacity = caps.vit_capacity, caps.llm_capacity
-    return build_plan(lengths, world_size=world_size, method=method, vit_capacity=vit_capacity,
-                      llm_capacity=llm_capacity, vit_threshold=vit_threshold, llm_threshold=llm_threshold,
-                      iterations=iterations, oversize=oversize, drop_last=drop_last, seed=seed, epoch=epoch,
-                      cost_model=cost_model or CostModel.internvl_7b(), start=start)
+    options = plan_options(options, method=method, target_batch_size=target_batch_size, vit_capacity=vit_capacity,
+                           llm_capacity=llm_capacity, vit_threshold=vit_threshold, llm_threshold=llm_threshold,
+                           iterations=iterations, oversize=oversize, drop_last=drop_last, seed=seed,
+                           cost_model=cost_model)
+    world_size = check_world_size(world_size)
+    epoch = check_epoch(epoch)
+    if len(lengths) == 0:
+        raise ValueError("lengths is empty: nothing to plan")
+    if not options.has_capacities:
+        caps = search_capacity(lengths, options=options, world_size=world_size)
+        options = options.replace(vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity)
+    return build_plan(lengths, options, world_size=world_size, epoch=epoch, start=start)

@@ -32,6 +32,7 @@ class BalanceReport:
         duplicated: sample slots that repeat a sample (reused packs of a ragged last step).
         seconds: planning time.
         oversize: scheduled samples over a capacity, each in a pack of its own (``oversize="single"``).
+        duplicated_fraction: ``duplicated / num_samples``, the share of the epoch trained twice.
     """
 
     num_samples: int
@@ -47,6 +48,7 @@ class BalanceReport:
     duplicated: int
     seconds: float
     oversize: int = 0
+    duplicated_fraction: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -121,4 +123,5 @@ def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel]
         duplicated=duplicated,
         seconds=float(plan.seconds),
         oversize=oversize,
+        duplicated_fraction=duplicated / num_samples if num_samples else 0.0,
     )

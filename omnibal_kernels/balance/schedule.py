@@ -14,7 +14,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .. import _ext
-from .packs import Plan, epoch_seed
+from .packs import Plan
+from .seeds import epoch_seed
 
 __all__ = ["StackedPlans", "concat_plans", "interleave_steps", "micro_step_packs"]
 

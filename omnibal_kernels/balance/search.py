@@ -19,16 +19,18 @@ Capacities given by the user are never searched: then the ``oversize`` policy of
 from __future__ import annotations
 
 import math
-import numbers
-from typing import NamedTuple, Optional, Union
+import warnings
+from typing import Callable, NamedTuple, Optional, Union
 
 import numpy as np
 
-from ..lengths import Lengths
 from .._progress import progress_bar
+from ..lengths import Lengths
 from .cost import CostModel
-from .engine import ISF_ITERATIONS, ISF_LLM_MARGIN, build_plan
-from .packs import METHODS, OVERSIZE_POLICIES, as_lengths
+from .engine import build_plan
+from .options import (UNSET, IsfOptions, Method, OversizePolicy, PlanOptions, check_world_size,
+                      default_isf_thresholds, plan_options)
+from .packs import as_lengths
 from .report import balance_report
 
 __all__ = ["Capacities", "search_capacity"]
@@ -36,10 +38,8 @@ __all__ = ["Capacities", "search_capacity"]
 _BASE_TOKENS = 4096  # the authors' starting LLM capacity
 # The LLM headroom covers this many standard deviations of a pack's token excess over the data's ratio, so
 # best fit almost never has to close a pack on its tokens while ViT room is left (ViT loads are coarse: one
-# tile missing in a 16-tile pack is 6% of it). Measured over the classes of benchmarks/bench_balance.py at 8
-# and 64 ranks: 2, 3 and 4 sigmas give ViT fill 0.995 / 0.9987 / 0.9997 and ViT dist 0.0008 / 0.0010 /
-# 0.0003 on the bundled data, 0.9957 / 0.9979 / 0.9989 and 0.0018 / 0.0013 / 0.0006 on Qwen2-VL-like patches,
-# with the same number of packs (the ViT capacity binds); only the LLM fill drops.
+# tile missing in a 16-tile pack is 6% of it). More headroom costs only LLM fill while the ViT capacity binds;
+# benchmarks/bench_balance.py::test_headroom_sigmas measures fills and dist ratios per choice.
 HEADROOM_SIGMAS = 4.0
 # The spread of the token excess is estimated on an evenly strided subset of at most this many samples.
 _SPREAD_SAMPLES = 1 << 16
@@ -47,13 +47,18 @@ _ALIGN = 16
 
 
 class Capacities(NamedTuple):
-    """Searched capacities, ISF's default thresholds for them, and the predicted mean samples per pack."""
+    """Searched capacities, ISF's default thresholds for them, and the predicted mean samples per pack.
+
+    ``raised``: the capacities were raised past those of ``target_batch_size`` so that the largest sample fits;
+    ``predicted_batch_size`` then says how many samples packs hold instead (``search_capacity`` warns).
+    """
 
     vit_capacity: int
     llm_capacity: int
     vit_threshold: int
     llm_threshold: int
     predicted_batch_size: float
+    raised: bool = False
 
 
 def _grid_step(lengths: Lengths) -> tuple[int, int]:
@@ -68,13 +73,14 @@ def _grid_step(lengths: Lengths) -> tuple[int, int]:
 
 def search_capacity(
     lengths: Union[Lengths, tuple, np.ndarray],
-    target_batch_size: float = 4.0,
+    target_batch_size: float = UNSET,
     *,
-    method: str = "balanced",
+    options: Optional[PlanOptions] = None,
+    method: Method = UNSET,
     world_size: int = 8,
-    oversize: str = "error",
-    seed: int = 0,
-    iterations: int = ISF_ITERATIONS,
+    oversize: OversizePolicy = UNSET,
+    seed: int = UNSET,
+    iterations: int = UNSET,
     progress: Optional[bool] = None,
 ) -> Capacities:
     """Finds capacities whose packs hold about ``target_batch_size`` samples on average.
@@ -82,32 +88,52 @@ def search_capacity(
     Args:
         lengths: per-sample loads (``Lengths``, a ``(vit, llm)`` tuple, or a 1-D array of token counts).
         target_batch_size: wanted mean samples per pack (> 0).
-        method: the planning method the capacities are for (``"isf"`` evaluates candidates by planning).
+        options: a :class:`~omnibal_kernels.balance.options.PlanOptions` without capacities; the keywords
+            replace its fields. ``method`` is the planning method the capacities are for (``"isf"``
+            evaluates candidates by planning them with ``seed`` and ``iterations``); with ``"isf"`` and
+            ``oversize="error"`` the capacities hold the largest sample (the other methods' capacities
+            always hold every sample).
         world_size: ranks, for the ISF evaluation.
-        oversize: for ``"isf"``: when ``"error"``, capacities hold the largest sample (the other methods'
-            capacities always hold every sample).
-        seed, iterations: for the ISF evaluation.
         progress: show a progress bar over ISF candidates (default: when stderr is a terminal).
 
     Returns:
-        ``Capacities(vit_capacity, llm_capacity, vit_threshold, llm_threshold, predicted_batch_size)``;
+        ``Capacities(vit_capacity, llm_capacity, vit_threshold, llm_threshold, predicted_batch_size, raised)``;
         the thresholds are ISF's defaults (``vit_capacity`` and ``llm_capacity - 128``).
+
+    Warns:
+        UserWarning: when the capacities had to be raised past the target's so that the largest sample fits
+            (``raised``), naming that sample's loads and the predicted mean samples per pack.
     """
-    if not (isinstance(target_batch_size, numbers.Real) and not isinstance(target_batch_size, bool)
-            and target_batch_size > 0 and math.isfinite(target_batch_size)):
-        raise ValueError(f"target_batch_size must be a positive number, got {target_batch_size!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if oversize not in OVERSIZE_POLICIES:
-        raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
+    options = plan_options(options, target_batch_size=target_batch_size, method=method, oversize=oversize,
+                           seed=seed, iterations=iterations)
+    if options.has_capacities:
+        raise ValueError("options give vit_capacity and llm_capacity: there is nothing to search "
+                         "(search with options whose capacities are None)")
+    world_size = check_world_size(world_size)
     lengths = as_lengths(lengths)
     n = len(lengths)
     if n == 0:
         raise ValueError("lengths is empty")
     # A pack cannot hold more samples than there are: aim at most at one pack of everything.
-    target = min(float(target_batch_size), float(n))
-    if method != "isf":
-        return _fitted_capacities(lengths, target)
+    target = min(options.target_batch_size, float(n))
+    caps = _fitted_capacities(lengths, target) if options.method != "isf" else _isf_capacities(
+        lengths, target, options, world_size, progress)
+    if caps.raised:
+        stats = lengths.stats()
+        warnings.warn(
+            f"target_batch_size={options.target_batch_size:g}: the capacities it gives cannot hold the largest "
+            f"sample (ViT load {stats.vit_max}, {stats.llm_max} tokens), so they were raised to ViT "
+            f"{caps.vit_capacity} / LLM {caps.llm_capacity}: packs hold about {caps.predicted_batch_size:.3g} "
+            f"samples on average (predicted_batch_size), not {options.target_batch_size:g}; give the capacities "
+            "with oversize='single' to keep smaller packs", UserWarning, stacklevel=2)
+    return caps
+
+
+def _isf_capacities(lengths: Lengths, target: float, options: PlanOptions, world_size: int,
+                    progress: Optional[bool]) -> Capacities:
+    """The authors' grid candidate for ``target`` (module docstring), raised to hold the largest sample unless
+    ``oversize`` allows oversize samples."""
+    n = len(lengths)
     step, vit0 = _grid_step(lengths)
     stats = lengths.stats()
     vit_total = float(stats.vit_sum)
@@ -128,17 +154,18 @@ def search_capacity(
     if has_vit:
         k = max(k, math.ceil(target * vit_total / n) - vit0)
     k = max(k, math.ceil((target * llm_total / n - _BASE_TOKENS) / step))
-    if oversize == "error":
+    k_target = k
+    if options.oversize == "error":
         if has_vit:
             k = max(k, stats.vit_max - vit0)
         k = max(k, math.ceil((stats.llm_max - _BASE_TOKENS) / step))
+    raised = k > k_target
     while predicted(k) < target * (1 - 1e-12):  # guards the rounding of the closed form (a step or two)
         k += 1
 
-    k = _best_isf_candidate(lengths, k, caps, predicted, target, world_size, oversize, seed, iterations,
-                            progress)
+    k = _best_isf_candidate(lengths, k, caps, predicted, target, options, world_size, progress)
     qv, qt = caps(k)
-    return Capacities(qv, qt, qv, max(qt - ISF_LLM_MARGIN, 1), predicted(k))
+    return Capacities(qv, qt, *default_isf_thresholds(qv, qt), predicted(k), raised)
 
 
 def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
@@ -147,8 +174,9 @@ def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
     stats = lengths.stats()
     vit_total, llm_total = float(stats.vit_sum), float(stats.llm_sum)
     if vit_total == 0:  # text only: one capacity
-        qt = max(math.ceil(target * llm_total / n), int(stats.llm_max), 1)
-        return Capacities(0, qt, 0, max(qt - ISF_LLM_MARGIN, 1), n / max(llm_total / qt, 1.0))
+        wanted = max(math.ceil(target * llm_total / n), 1)
+        qt = max(wanted, int(stats.llm_max))
+        return Capacities(0, qt, *default_isf_thresholds(0, qt), n / max(llm_total / qt, 1.0), qt > wanted)
     tokens_per_unit = llm_total / vit_total
     stride = max(n // _SPREAD_SAMPLES, 1)
     vit = lengths.vit[::stride].astype(np.float64)
@@ -172,7 +200,7 @@ def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
     qv_int = max(math.ceil(qv - 1e-9), int(stats.vit_max), 1)
     qt_int = max(math.ceil(qt - 1e-9), int(stats.llm_max), 1)
     packs = max(vit_total / qv_int, llm_total / qt_int, 1.0)
-    return Capacities(qv_int, qt_int, qv_int, max(qt_int - ISF_LLM_MARGIN, 1), n / packs)
+    return Capacities(qv_int, qt_int, *default_isf_thresholds(qv_int, qt_int), n / packs, scale > target)
 
 
 # ISF packs and orders without a cost model; the report of a candidate does not depend on this one.
@@ -182,18 +210,21 @@ _ISF_COST = CostModel.internvl_7b()
 _MAX_ISF_CANDIDATES = 32
 
 
-def _best_isf_candidate(lengths, k_first, caps, predicted, target, world_size, oversize, seed, iterations,
-                        progress) -> int:
+def _best_isf_candidate(lengths: Lengths, k_first: int, caps: Callable[[int], tuple[int, int]],
+                        predicted: Callable[[int], float], target: float, options: PlanOptions, world_size: int,
+                        progress: Optional[bool]) -> int:
     """The authors' choice among candidates: lowest vit_dist + llm_dist with ave_bs in [target, target + 1]."""
+    # each candidate is planned as the authors do: default thresholds, no dropped step, epoch 0
+    candidate = options.replace(isf=IsfOptions(iterations=options.isf.iterations), drop_last=False,
+                                cost_model=_ISF_COST)
     best_k, best_score = k_first, math.inf
     k = k_first
     bar = progress_bar(total=None, desc="capacity search (isf)", enabled=progress)
     try:
         while True:
             qv, qt = caps(k)
-            plan = build_plan(lengths, world_size=world_size, method="isf", vit_capacity=qv, llm_capacity=qt,
-                              vit_threshold=None, llm_threshold=None, iterations=iterations, oversize=oversize,
-                              drop_last=False, seed=seed, epoch=0, cost_model=_ISF_COST)
+            plan = build_plan(lengths, candidate.replace(vit_capacity=qv, llm_capacity=qt), world_size=world_size,
+                              epoch=0)
             rep = balance_report(plan, lengths)
             bar.update(1)
             if rep.ave_bs > target + 1 or predicted(k) > target + 1 or k - k_first >= _MAX_ISF_CANDIDATES:

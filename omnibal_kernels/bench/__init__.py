@@ -6,6 +6,8 @@
 Providers, registered by name in :mod:`.runner` and run in this order:
 
 * ``quality`` (:mod:`.quality`): balance quality and simulated training time, methods x data x world sizes;
+* ``cp`` (:mod:`.context_parallel`): context-parallel layouts of long-context packs: per-rank balance, K/V
+  exchanged, padding and predicted step time of every strategy at CP 2, 4, 8;
 * ``planning`` (:mod:`.planning`): planning time against ``numpy.argsort`` as N grows, sampler cost at scale;
 * ``collate`` (:mod:`.collate`): ``pack_batch`` against a per-sample Python collator and the ``torch.cat``
   floor, in the main process and in DataLoader workers;

@@ -13,6 +13,9 @@ Inputs (sample sizes drawn with a fixed seed from the bundled real loads):
 Providers (same samples, same text outputs):
 
 * ``omnibal_kernels``: ``pack_batch`` (the numba backend);
+* ``omnibal_kernels_checked``: ``pack_batch`` on the samples of a planned micro-step (what
+  ``sampler.wrap(dataset)`` hands the collator): every sample's tokens, ViT load and label tokens checked against
+  its length entry, and ``num_items_in_batch`` and the loss counts set; the cost of the check, side by side;
 * ``python_per_sample``: ``testing.pack_batch_reference`` (per-sample Python lists, as Hugging Face's
   ``DataCollatorWithFlattening`` builds them), plus ``torch.cat`` of the pixels and a Python loop for the
   vision offsets;
@@ -35,6 +38,8 @@ import torch
 
 from ..data import DEFAULT_LENGTHS_PATH
 from ..packing import PackedBatch, pack_batch, warmup
+from ..packing.planned import sample_loads
+from ..sampler.steps import PlannedBatch, PlannedDataset, PlannedSamples, PlannedStep
 from ..testing import pack_batch_reference
 from .runner import Config, register
 
@@ -43,6 +48,7 @@ TILE_PX = 112
 PATCH_DIM = 3 * 2 * 14 * 14  # channels x temporal patch x 14 x 14 pixels
 Samples = list[dict[str, Any]]
 OURS, PYTHON, HF, FLOOR = "omnibal_kernels", "python_per_sample", "hf_flattening", "torch_cat_floor"
+CHECKED = "omnibal_kernels_checked"
 INPUTS = ("text", "tiles", "patches", "lists")
 FULL = dict(batch_sizes=(4, 16, 64), worker_batch_sizes=(4, 16, 64), rounds=7, budget_s=0.02, worker_batches=12)
 QUICK = dict(batch_sizes=(4, 16), worker_batch_sizes=(16,), rounds=3, budget_s=0.005, worker_batches=6)
@@ -73,6 +79,20 @@ def make_samples(kind: str, batch_size: int, seed: int = 0) -> Samples:
         sample["labels"] = torch.randint(0, VOCAB, (int(n),), generator=gen)
         samples.append(sample)
     return samples
+
+
+def planned_step(samples: Samples) -> PlannedStep:
+    """The step a sampler would give ``samples`` (one micro-step of one rank): their true loads and label counts."""
+    loads = [sample_loads(s) for s in samples]
+    label = tuple(int((torch.as_tensor(s.get("labels", s["input_ids"]))[1:] != -100).sum()) for s in samples)
+    return PlannedStep(epoch=0, step=0, micro_step=0, micro_steps_per_step=1, world_size=1, rank=0,
+                       vit=tuple(v for _, v in loads), llm=tuple(int(t or 0) for t, _ in loads), label=label,
+                       num_items_in_batch=sum(label), num_samples_in_batch=sum(n > 0 for n in label))
+
+
+def planned_samples(samples: Samples) -> PlannedSamples:
+    """``samples`` as ``sampler.wrap(dataset)`` hands them to the collator, loads checked."""
+    return PlannedSamples(list(samples), planned_step(samples), list(range(len(samples))), True)
 
 
 def python_collate(samples: Samples) -> dict[str, Any]:
@@ -178,10 +198,14 @@ class _Fixed(torch.utils.data.Dataset):
         return self.samples[i]
 
 
-def measure_worker(fn: Callable[[Samples], Any], samples: Samples, batches: int) -> float:
-    """Seconds per batch a one-worker DataLoader delivers with ``fn`` as collate (first batch excluded)."""
-    index = list(range(len(samples)))
-    loader = torch.utils.data.DataLoader(_Fixed(samples), batch_sampler=[index] * (batches + 1), collate_fn=fn,
+def measure_worker(fn: Callable[[Samples], Any], samples: Samples, batches: int, planned: bool = False) -> float:
+    """Seconds per batch a one-worker DataLoader delivers with ``fn`` as collate (first batch excluded);
+    ``planned``: the batches are a sampler's (``PlannedBatch`` over a ``PlannedDataset``), checked by the collator."""
+    index: list[int] = list(range(len(samples)))
+    dataset: Any = _Fixed(samples)
+    if planned:
+        index, dataset = PlannedBatch(index, planned_step(samples)), PlannedDataset(dataset)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=[index] * (batches + 1), collate_fn=fn,
                                          num_workers=1, prefetch_factor=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -218,18 +242,22 @@ def _run(config: Config, sizes: dict[str, Any]) -> list[dict[str, Any]]:
         funcs = providers(kind)
         for batch_size in sizes["batch_sizes"]:
             samples = make_samples(kind, batch_size, config.seed)
-            times = measure(funcs, samples, sizes["rounds"], sizes["budget_s"])
+            planned = planned_samples(samples)
+            checked = {**funcs, CHECKED: lambda _samples, planned=planned: pack_batch(planned)}
+            times = measure(checked, samples, sizes["rounds"], sizes["budget_s"])
             rows += _rows(times, kind, batch_size, "process", samples)
         for batch_size in sizes["worker_batch_sizes"] if kind != "lists" else ():
             samples = make_samples(kind, batch_size, config.seed)
             times = {name: measure_worker(fn, samples, sizes["worker_batches"])
                      for name, fn in worker_providers().items()}
+            times[CHECKED] = measure_worker(pack_batch, samples, sizes["worker_batches"], planned=True)
             rows += _rows(times, kind, batch_size, "worker", samples)
-        last = [r for r in rows if r["input"] == kind and r["where"] == "process"][-len(funcs):]
+        last = [r for r in rows if r["input"] == kind and r["where"] == "process"][-len(funcs) - 1:]
         ours = next(r for r in last if r["provider"] == OURS)
         config.say(f"  {kind}, batch {ours['batch_size']}: pack_batch {ours['seconds'] * 1e3:.2f} ms, "
                    f"{ours['vs_python']:.1f}x faster than per-sample Python, {ours['vs_floor']:.2f}x the floor"
-                   + (f", {ours['vs_hf']:.1f}x faster than DataCollatorWithFlattening" if "vs_hf" in ours else ""))
+                   + (f", {ours['vs_hf']:.1f}x faster than DataCollatorWithFlattening" if "vs_hf" in ours else "")
+                   + f"; loads checked {ours['checked_vs_ours']:.2f}x its time")
     return rows
 
 
@@ -238,6 +266,9 @@ def _rows(times: dict[str, float], kind: str, batch_size: int, where: str, sampl
     rows = [{"provider": name, "batch_size": batch_size, "input": kind, "where": where, "seconds": t,
              "tokens": tokens, "vs_floor": t / times[FLOOR], "vs_python": times[PYTHON] / t}
             for name, t in times.items()]
+    for row in rows:
+        if row["provider"] == OURS:
+            row["checked_vs_ours"] = times[CHECKED] / row["seconds"]
     if HF in times:
         for row in rows:
             row["vs_hf"] = times[HF] / row["seconds"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import time
 from typing import Any
@@ -40,6 +39,7 @@ from ..balance import CostModel, plan_packs
 from ..lengths import Lengths
 from ..packing import pack_batch, warmup
 from ..testing.models import causal_lm_loss
+from ..testing.processes import free_port
 from ..testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
 from .baselines import random_padded_plan
 from .runner import Config, register
@@ -146,11 +146,6 @@ def _worker(rank: int, port: int, sizes: dict[str, int], seed: int, out_path: st
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def summarize(results: dict[str, list], lengths: Lengths) -> dict[str, Any]:
     """The report entry from the per-round, per-rank ``[seconds, allreduce_s, tokens, steps]`` rows."""
@@ -185,7 +180,7 @@ def run(config: Config) -> dict[str, Any]:
     method = "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else "spawn"
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "ddp.json")
-        torch.multiprocessing.start_processes(_worker, args=(_free_port(), sizes, config.seed, out_path),
+        torch.multiprocessing.start_processes(_worker, args=(free_port(), sizes, config.seed, out_path),
                                               nprocs=WORLD_SIZE, join=True, start_method=method)
         with open(out_path) as f:
             raw = json.load(f)

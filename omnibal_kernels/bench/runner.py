@@ -45,6 +45,7 @@ Provider = Callable[[Config], dict]
 _MODULES: dict[str, str] = {
     "quality": "quality",
     "targets": "targets",
+    "cp": "context_parallel",
     "planning": "planning",
     "collate": "collate",
     "ddp": "ddp",

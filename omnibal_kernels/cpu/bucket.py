@@ -7,7 +7,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .._varlen import PatchBuckets
+from .._contracts.bucket import PatchBuckets
 
 
 @numba.njit(nogil=True)

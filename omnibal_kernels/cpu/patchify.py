@@ -12,7 +12,8 @@ import numba
 import numpy as np
 import torch
 
-from .._varlen import ELEMENT_VIEW, PackedPatches, patch_segments, plan_patches
+from .._checks import check_cpu_tensor
+from .._contracts.patchify import ELEMENT_VIEW, PackedPatches, patch_segments, plan_patches
 
 
 @numba.njit(nogil=True)
@@ -47,8 +48,7 @@ def patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size
              temporal_patch_size: int = 2) -> PackedPatches:
     """CPU version of :func:`omnibal_kernels.ops.patchify.patchify` (same arguments and outputs)."""
     plan = plan_patches(images, sizes, patch_size, merge_size, temporal_patch_size)
-    if plan.device.type != "cpu":
-        raise ValueError(f"the CPU twin needs CPU tensors, got {plan.device}")
+    check_cpu_tensor("patchify", plan.views[0])
     total = int(plan.first_patch[-1])
     dim = plan.channels * temporal_patch_size * patch_size * patch_size
     out = torch.empty((total, dim), dtype=plan.dtype)

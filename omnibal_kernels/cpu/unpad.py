@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from .._varlen import (
-    LengthsLike,
+from .._checks import check_cpu_tensor
+from .._contracts.segments import LengthsLike
+from .._contracts.unpad import (
     PackedTokens,
     check_attention_mask,
     check_packed,
     check_padded,
     mask_segments,
-    resolve_segments,
-    unpack_segments,
+    pad_segments,
+    unpad_segments,
 )
-
-
-def _check_cpu(x: torch.Tensor, fn: str) -> None:
-    if x.device.type != "cpu":
-        raise ValueError(f"{fn}: the CPU twin needs CPU tensors, got a tensor on {x.device}")
 
 
 def _prefix_mask(cu_seqlens: torch.Tensor, padded_len: int) -> torch.Tensor:
@@ -40,16 +36,8 @@ def unpad(
     """``padded (B, S, *rest)`` + lengths -> ``packed (T, *rest)``; see ``omnibal_kernels.ops.unpad.unpad``."""
     fn = "unpad"
     padded = check_padded(padded, fn)
-    _check_cpu(padded, fn)
-    seg = resolve_segments(
-        seq_lens,
-        cu_seqlens,
-        total_tokens,
-        batch=padded.shape[0],
-        padded_len=padded.shape[1],
-        device=padded.device,
-        fn=fn,
-    )
+    check_cpu_tensor(fn, padded)
+    seg = unpad_segments(padded, seq_lens, cu_seqlens, total_tokens, fn)
     return padded[_prefix_mask(seg.cu_seqlens, padded.shape[1])]
 
 
@@ -64,8 +52,8 @@ def pad(
     """``packed (T, *rest)`` + lengths -> ``(B, S, *rest)``; see ``omnibal_kernels.ops.unpad.pad``."""
     fn = "pad"
     packed = check_packed(packed, fn)
-    _check_cpu(packed, fn)
-    seg = unpack_segments(packed, seq_lens, cu_seqlens, padded_len, fill_value, fn)
+    check_cpu_tensor(fn, packed)
+    seg = pad_segments(packed, seq_lens, cu_seqlens, padded_len, fill_value, fn)
     if padded_len is None:
         padded_len = seg.max_seqlen if seg.max_seqlen is not None else 0
     padded_len = int(padded_len)
@@ -77,7 +65,7 @@ def unpad_from_mask(padded: torch.Tensor, attention_mask: torch.Tensor) -> Packe
     """``unpad`` with lengths from a right-padded ``(B, S)`` mask; see ``omnibal_kernels.ops.unpad``."""
     fn = "unpad_from_mask"
     padded = check_padded(padded, fn)
-    _check_cpu(padded, fn)
+    check_cpu_tensor(fn, padded)
     mask = check_attention_mask(padded, attention_mask, fn)
     seq_lens, cu_seqlens, _, longest = mask_segments(mask, fn)
     return PackedTokens(padded[mask], cu_seqlens, longest, seq_lens)

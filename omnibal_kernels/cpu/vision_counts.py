@@ -9,20 +9,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._checks import QWEN2VL_MAX_RATIO, as_int_array, check_image_sizes, is_tensor
+from .._checks import QWEN2VL_MAX_RATIO
+from .._contracts.vision_counts import ResizedSize, TileGrid, host_sizes, like_input
 
 __all__ = ["internvl_tile_grid", "smart_resize"]
 
 # Images per chunk: bounds the (chunk, candidates) float64 matrix of the InternVL search to ~20 MB.
 _CHUNK = 1 << 16
-
-
-def _like_input(x: Any, *arrays: np.ndarray) -> tuple[Any, ...]:
-    if is_tensor(x):
-        import torch
-
-        return tuple(torch.from_numpy(a) for a in arrays)
-    return arrays
 
 
 def _round_half_even_div(x: np.ndarray, d: int) -> np.ndarray:
@@ -31,20 +24,16 @@ def _round_half_even_div(x: np.ndarray, d: int) -> np.ndarray:
 
 
 def internvl_tile_grid(widths: Any, heights: Any, ratios: Sequence[tuple[int, int]], image_size: int,
-                       use_thumbnail: bool) -> tuple[Any, Any, Any]:
-    """``(cols, rows, num_tiles)``, each ``(N,)`` int64; ``ratios`` in InternVL's scan order."""
-    w = as_int_array(widths, "widths")
-    h = as_int_array(heights, "heights")
-    check_image_sizes(w, h)
-    return _like_input(widths, *_internvl_grid(w, h, list(ratios), image_size, use_thumbnail))
+                       use_thumbnail: bool) -> TileGrid:
+    """:class:`TileGrid` of ``(N,)`` int64 arrays; ``ratios`` in InternVL's scan order."""
+    w, h = host_sizes(widths, heights)
+    return TileGrid(*like_input(widths, *_internvl_grid(w, h, list(ratios), image_size, use_thumbnail)))
 
 
-def smart_resize(widths: Any, heights: Any, factor: int, min_pixels: int, max_pixels: int) -> tuple[Any, Any]:
-    """Qwen2-VL ``smart_resize``: ``(resized_height, resized_width)``, each ``(N,)`` int64."""
-    w = as_int_array(widths, "widths")
-    h = as_int_array(heights, "heights")
-    check_image_sizes(w, h, max_ratio=QWEN2VL_MAX_RATIO)
-    return _like_input(widths, *_smart_resize(h, w, factor, min_pixels, max_pixels))
+def smart_resize(widths: Any, heights: Any, factor: int, min_pixels: int, max_pixels: int) -> ResizedSize:
+    """Qwen2-VL ``smart_resize``: :class:`ResizedSize` of ``(N,)`` int64 arrays."""
+    w, h = host_sizes(widths, heights, max_ratio=QWEN2VL_MAX_RATIO)
+    return ResizedSize(*like_input(widths, *_smart_resize(h, w, factor, min_pixels, max_pixels)))
 
 
 def _internvl_grid(widths: np.ndarray, heights: np.ndarray, ratios: list[tuple[int, int]], image_size: int,

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._varlen import PatchBuckets
+from .._contracts.bucket import PatchBuckets, check_sort_tensors
+from . import _launch
 
 # Items per program. The in-block rank compares all pairs (BLOCK x BLOCK booleans); 128 keeps that at 128
 # values per thread with 4 warps, and the histogram at K * N / 128 int32 words.
@@ -86,22 +87,17 @@ def bucket_sort(counts: torch.Tensor, boundaries: torch.Tensor) -> PatchBuckets:
     ``boundaries``: ``(K - 1,)`` non-decreasing, same device. Returns
     :class:`~omnibal_kernels.PatchBuckets` of torch tensors.
     """
-    if not isinstance(counts, torch.Tensor) or not isinstance(boundaries, torch.Tensor):
-        raise TypeError("counts and boundaries must be torch tensors")
-    if counts.device != boundaries.device:
-        raise ValueError(f"counts on {counts.device} but boundaries on {boundaries.device}")
-    if counts.dim() != 1 or boundaries.dim() != 1:
-        raise ValueError(f"counts {tuple(counts.shape)} and boundaries {tuple(boundaries.shape)} must be 1-D")
-    counts = counts.to(torch.int64).contiguous()
-    boundaries = boundaries.to(torch.int64).contiguous()
+    counts, boundaries = check_sort_tensors(counts, boundaries)
+    _launch.check_launchable(counts, "bucket_sort")
     n = counts.numel()
     k = boundaries.numel() + 1
     num_blocks = max(1, triton.cdiv(n, BLOCK))
     device = counts.device
-    bucket_ids = torch.empty(n, dtype=torch.int32, device=device)
-    rank = torch.empty(n, dtype=torch.int32, device=device)
+    bucket_ids = _launch.alloc((n,), torch.int32, device)
+    rank = _launch.alloc((n,), torch.int32, device)
+    # a (bucket, block) pair without items gets no store: its count stays 0
     hist = torch.zeros(k * num_blocks, dtype=torch.int64, device=device)
-    perm = torch.empty(n, dtype=torch.int64, device=device)
+    perm = _launch.alloc((n,), torch.int64, device)
     if n:
         _bucket_hist_kernel[(num_blocks,)](
             counts_ptr=counts, bnd_ptr=boundaries, bucket_ptr=bucket_ids, rank_ptr=rank, hist_ptr=hist,
@@ -111,7 +107,7 @@ def bucket_sort(counts: torch.Tensor, boundaries: torch.Tensor) -> PatchBuckets:
     # exclusive scan, bucket-major: base[b, blk] = items before (b, blk)
     inclusive = torch.cumsum(hist, 0)
     base = inclusive - hist
-    offsets = torch.empty(k + 1, dtype=torch.int64, device=device)
+    offsets = _launch.alloc((k + 1,), torch.int64, device)
     offsets[:k] = base.view(k, num_blocks)[:, 0]
     offsets[k] = n
     if n:

@@ -24,8 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import device_of, use_cpu_twin
-from .._varlen import ELEMENT_VIEW, PackedPatches, patch_segments, plan_patches
+from .._checks import use_cpu_twin
+from .._contracts.patchify import ELEMENT_VIEW, PackedPatches, patch_segments, plan_patches
+from . import _launch
 
 # Per-image table columns (int64): first patch, grid_t, grid_h, grid_w, frames, stride_t, stride_c, stride_h,
 # stride_w (strides in elements, so channels-last and padded views need no copy).
@@ -86,9 +87,10 @@ def _patchify_kernel(
 
 
 def launch_patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
-                        temporal_patch_size: int = 2) -> PackedPatches:
+                    temporal_patch_size: int = 2) -> PackedPatches:
     """Launch the Triton kernel (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``)."""
     plan = plan_patches(images, sizes, patch_size, merge_size, temporal_patch_size)
+    _launch.check_launchable(plan.views[0], "patchify")
     device = plan.device
     n = len(plan.views)
     total = int(plan.first_patch[-1])
@@ -103,8 +105,8 @@ def launch_patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, mer
     base = base.to(device)
     meta_t = torch.from_numpy(meta).to(device)
     patch_image_t = torch.from_numpy(patch_image).to(device)
-    out = torch.empty((total, dim), dtype=plan.dtype, device=device)
-    pos = torch.empty((total, 2), dtype=torch.int64, device=device)
+    out = _launch.alloc((total, dim), plan.dtype, device)
+    pos = _launch.alloc((total, 2), torch.int64, device)
     elem = out.element_size()
     if total:
         _patchify_kernel[(total,)](
@@ -144,7 +146,7 @@ def patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size
             devices, bad ``sizes``, naming the image.
     """
     first = images[0] if isinstance(images, (list, tuple)) and images else images
-    if use_cpu_twin(backend, device_of(first), "patchify"):
+    if use_cpu_twin("patchify", backend, first):
         from ..cpu.patchify import patchify as patchify_cpu
 
         return patchify_cpu(images, sizes, patch_size=patch_size, merge_size=merge_size,

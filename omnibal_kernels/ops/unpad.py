@@ -24,17 +24,17 @@ import triton
 import triton.language as tl
 
 from .._checks import use_cpu_twin
-from .._varlen import (
-    INT32_MAX,
-    LengthsLike,
+from .._contracts.segments import INT32_MAX, LengthsLike
+from .._contracts.unpad import (
     PackedTokens,
     check_attention_mask,
     check_packed,
     check_padded,
     mask_segments,
-    resolve_segments,
-    unpack_segments,
+    pad_segments,
+    unpad_segments,
 )
+from . import _launch
 
 # A tile of ~16 KiB per program keeps enough loads in flight per SM for a bandwidth-bound copy while
 # leaving registers for 4 warps (16 B per thread per access -> 8 accesses in flight per thread). One row
@@ -148,25 +148,6 @@ def _pad_kernel(
 # ----------------------------------------------------------------------------------------------- launchers
 
 
-def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Every output buffer comes from here (tests poison it to catch unwritten elements)."""
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _interpreted() -> bool:
-    """True when triton was loaded with TRITON_INTERPRET=1 (kernels then run on CPU tensors)."""
-    return not isinstance(_unpad_kernel, triton.runtime.JITFunction)
-
-
-def _check_launchable(x: torch.Tensor, fn: str) -> None:
-    if x.device.type == "cuda" or (x.device.type == "cpu" and _interpreted()):
-        return
-    raise ValueError(
-        f"{fn}: the Triton kernel needs a CUDA tensor (CPU tensors only under TRITON_INTERPRET=1), "
-        f"got a tensor on {x.device}"
-    )
-
-
 def _bits(x: torch.Tensor) -> torch.Tensor:
     """Same memory viewed as integers of the element's width (wider elements as several int64)."""
     width = x.element_size()
@@ -221,9 +202,9 @@ def launch_unpad(
 
     ``cu_seqlens`` is int32 ``(B + 1,)`` on the device of ``padded``.
     """
-    _check_launchable(padded, "unpad")
+    _launch.check_launchable(padded, "unpad")
     batch, padded_len = padded.shape[0], padded.shape[1]
-    out = _alloc((total_tokens, *padded.shape[2:]), padded.dtype, padded.device)
+    out = _launch.alloc((total_tokens, *padded.shape[2:]), padded.dtype, padded.device)
     if out.numel() == 0:
         return out
     src = _bits(_rows(padded, (batch, padded_len)))
@@ -263,10 +244,10 @@ def launch_pad(
     num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
     """Kernel call without checks of the lengths: ``packed (T, *rest)`` -> ``(B, padded_len, *rest)``."""
-    _check_launchable(packed, "pad")
+    _launch.check_launchable(packed, "pad")
     batch = cu_seqlens.numel() - 1
     total_tokens = packed.shape[0]
-    out = _alloc((batch, padded_len, *packed.shape[1:]), packed.dtype, packed.device)
+    out = _launch.alloc((batch, padded_len, *packed.shape[1:]), packed.dtype, packed.device)
     if out.numel() == 0:
         return out
     src = _bits(_rows(packed, (total_tokens,)))
@@ -359,15 +340,12 @@ def unpad(
     """
     fn = "unpad"
     padded = check_padded(padded, fn)
-    if use_cpu_twin(backend, padded.device.type, fn):
+    if use_cpu_twin(fn, backend, padded):
         from ..cpu.unpad import unpad as unpad_cpu
 
         return unpad_cpu(padded, seq_lens, cu_seqlens=cu_seqlens, total_tokens=total_tokens)
-    batch = padded.shape[0]
-    seg = resolve_segments(
-        seq_lens, cu_seqlens, total_tokens, batch=batch, padded_len=padded.shape[1], device=padded.device, fn=fn
-    )
-    _check_launchable(padded, fn)
+    seg = unpad_segments(padded, seq_lens, cu_seqlens, total_tokens, fn)
+    _launch.check_launchable(padded, fn)
     return _Unpad.apply(padded, seg.cu_seqlens, seg.total_tokens)
 
 
@@ -395,12 +373,12 @@ def pad(
     """
     fn = "pad"
     packed = check_packed(packed, fn)
-    if use_cpu_twin(backend, packed.device.type, fn):
+    if use_cpu_twin(fn, backend, packed):
         from ..cpu.unpad import pad as pad_cpu
 
         return pad_cpu(packed, seq_lens, cu_seqlens=cu_seqlens, padded_len=padded_len, fill_value=fill_value)
-    seg = unpack_segments(packed, seq_lens, cu_seqlens, padded_len, fill_value, fn)
-    _check_launchable(packed, fn)
+    seg = pad_segments(packed, seq_lens, cu_seqlens, padded_len, fill_value, fn)
+    _launch.check_launchable(packed, fn)
     if padded_len is None:
         padded_len = seg.max_seqlen if seg.max_seqlen is not None else _longest_on_device(seg.cu_seqlens)
     return _Pad.apply(packed, seg.cu_seqlens, padded_len, fill_value)
@@ -429,11 +407,11 @@ def unpad_from_mask(padded: torch.Tensor, attention_mask: torch.Tensor, *, backe
     fn = "unpad_from_mask"
     padded = check_padded(padded, fn)
     mask = check_attention_mask(padded, attention_mask, fn)
-    if use_cpu_twin(backend, padded.device.type, fn):
+    if use_cpu_twin(fn, backend, padded):
         from ..cpu.unpad import unpad_from_mask as unpad_from_mask_cpu
 
         return unpad_from_mask_cpu(padded, attention_mask)
-    _check_launchable(padded, fn)
+    _launch.check_launchable(padded, fn)
     seq_lens, cu_seqlens, total, longest = mask_segments(mask, fn)
     packed = _Unpad.apply(padded, cu_seqlens, total)
     return PackedTokens(packed, cu_seqlens, longest, seq_lens)

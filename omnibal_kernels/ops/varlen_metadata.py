@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from .._checks import check_backend, use_cpu_twin
-from .._varlen import VarlenMetadata, check_varlen_args
+from .._contracts.varlen_metadata import VarlenMetadata, check_varlen_args
+from . import _launch
 
 # tokens per inner step of one program: 1024 int64 positions = 8 KiB of stores per step
 BLOCK_T = 1024
@@ -80,15 +81,6 @@ def _varlen_metadata_kernel(
             tl.store(labels_out_ptr + tok, lab, mask=ok)
 
 
-def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Every output buffer comes from here (tests poison it to catch unwritten elements)."""
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _interpreted() -> bool:
-    return not isinstance(_varlen_metadata_kernel, triton.runtime.JITFunction)
-
-
 def launch_varlen_metadata(
     seq_lens: torch.Tensor,
     total_tokens: int,
@@ -96,22 +88,19 @@ def launch_varlen_metadata(
     ignore_index: int = -100,
 ) -> VarlenMetadata:
     """Kernel call without value checks; ``seq_lens`` is 1-D contiguous int32/int64 on the kernel's device."""
-    if not (seq_lens.device.type == "cuda" or (seq_lens.device.type == "cpu" and _interpreted())):
-        raise ValueError(
-            "varlen_metadata: the Triton kernel needs a CUDA tensor (CPU tensors only under "
-            f"TRITON_INTERPRET=1), got a tensor on {seq_lens.device}"
-        )
+    _launch.check_launchable(seq_lens, "varlen_metadata")
     device = seq_lens.device
     batch = seq_lens.numel()
     if batch == 0:
         cu_seqlens = torch.zeros(1, dtype=torch.int32, device=device)
         empty = labels.clone() if labels is not None else None
-        return VarlenMetadata(cu_seqlens, _alloc((0,), torch.int64, device), _alloc((0,), torch.int32, device), empty)
+        no_tokens = (_launch.alloc((0,), torch.int64, device), _launch.alloc((0,), torch.int32, device))
+        return VarlenMetadata(cu_seqlens, *no_tokens, empty)
     # the kernel writes every element of these (cu_seqlens[0] included)
-    cu_seqlens = _alloc((batch + 1,), torch.int32, device)
-    position_ids = _alloc((total_tokens,), torch.int64, device)
-    seq_idx = _alloc((total_tokens,), torch.int32, device)
-    labels_out = None if labels is None else _alloc(tuple(labels.shape), labels.dtype, device)
+    cu_seqlens = _launch.alloc((batch + 1,), torch.int32, device)
+    position_ids = _launch.alloc((total_tokens,), torch.int64, device)
+    seq_idx = _launch.alloc((total_tokens,), torch.int32, device)
+    labels_out = None if labels is None else _launch.alloc(tuple(labels.shape), labels.dtype, device)
     labels_flat = None if labels is None else labels.reshape(-1).contiguous()
     # splits sized for the average sequence: about one BLOCK_T step per program
     n_split = max(1, min(MAX_SPLIT, triton.cdiv(triton.cdiv(max(total_tokens, 1), batch), BLOCK_T)))
@@ -157,9 +146,9 @@ def varlen_metadata(
         labels (shape and dtype of the input labels) or None)``.
     """
     fn = "varlen_metadata"
-    check_backend(backend, fn)
+    check_backend(fn, backend)
     total_tokens = check_varlen_args(seq_lens, total_tokens, labels, ignore_index, fn)
-    if use_cpu_twin(backend, seq_lens.device.type, fn):
+    if use_cpu_twin(fn, backend, seq_lens):
         from ..cpu.varlen_metadata import varlen_metadata as varlen_metadata_cpu
 
         return varlen_metadata_cpu(seq_lens, total_tokens=total_tokens, labels=labels, ignore_index=ignore_index)

@@ -18,7 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import MAX_IMAGE_SIDE, QWEN2VL_MAX_RATIO
+from .._checks import QWEN2VL_MAX_RATIO
+from .._contracts.vision_counts import ResizedSize, TileGrid, device_sizes
+from . import _launch
 
 # Images per program: the kernels are tiny and memory bound; 256 keeps enough programs for 10^5 images.
 BLOCK = 256
@@ -111,63 +113,38 @@ def _smart_resize_kernel(
     tl.store(w_out_ptr + offs, w_res, mask=mask)
 
 
-def _sizes(widths: torch.Tensor, heights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if not isinstance(widths, torch.Tensor) or not isinstance(heights, torch.Tensor):
-        raise TypeError("widths and heights must both be torch tensors for the Triton path")
-    if widths.device != heights.device:
-        raise ValueError(f"widths on {widths.device} but heights on {heights.device}")
-    if widths.dim() != 1 or widths.shape != heights.shape:
-        raise ValueError(f"widths {tuple(widths.shape)} and heights {tuple(heights.shape)} must be equal 1-D shapes")
-    for name, t in (("widths", widths), ("heights", heights)):
-        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-            raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
-    w = widths.to(torch.int64).contiguous()
-    h = heights.to(torch.int64).contiguous()
-    # one host sync to name the first bad image
-    bad = (w <= 0) | (h <= 0) | (w > MAX_IMAGE_SIDE) | (h > MAX_IMAGE_SIDE)
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0, 0])
-        raise ValueError(f"image {i}: size {int(w[i])}x{int(h[i])} has a side outside [1, {MAX_IMAGE_SIDE}]")
-    return w, h
-
-
 def internvl_tile_grid(widths: torch.Tensor, heights: torch.Tensor, ratios: Sequence[tuple[int, int]],
-                              image_size: int, use_thumbnail: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(cols, rows, num_tiles)``, each ``(N,)`` int64 on the input's device; ``ratios`` in InternVL's scan order."""
-    w, h = _sizes(widths, heights)
+                       image_size: int, use_thumbnail: bool) -> TileGrid:
+    """:class:`TileGrid` of ``(N,)`` int64 tensors on the input's device; ``ratios`` in InternVL's scan order."""
+    w, h = device_sizes(widths, heights)
+    _launch.check_launchable(w, "internvl_tile_grid")
     n = w.numel()
     cand_cols = torch.tensor([r[0] for r in ratios], dtype=torch.int64, device=w.device)
     cand_rows = torch.tensor([r[1] for r in ratios], dtype=torch.int64, device=w.device)
-    cols = torch.empty_like(w)
-    rows = torch.empty_like(w)
-    tiles = torch.empty_like(w)
+    cols = _launch.alloc((n,), torch.int64, w.device)
+    rows = _launch.alloc((n,), torch.int64, w.device)
+    tiles = _launch.alloc((n,), torch.int64, w.device)
     if n:
         _internvl_tiles_kernel[(triton.cdiv(n, BLOCK),)](
             w_ptr=w, h_ptr=h, cand_cols_ptr=cand_cols, cand_rows_ptr=cand_rows, cols_ptr=cols, rows_ptr=rows,
             tiles_ptr=tiles, n=n, num_cands=len(ratios), image_size=image_size,
             USE_THUMBNAIL=use_thumbnail, BLOCK=BLOCK,
         )
-    return cols, rows, tiles
+    return TileGrid(cols, rows, tiles)
 
 
 def smart_resize(widths: torch.Tensor, heights: torch.Tensor, factor: int, min_pixels: int,
-                        max_pixels: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen2-VL ``smart_resize``: ``(resized_height, resized_width)``, each ``(N,)`` int64 on the input's device."""
-    w, h = _sizes(widths, heights)
+                 max_pixels: int) -> ResizedSize:
+    """Qwen2-VL ``smart_resize``: :class:`ResizedSize` of ``(N,)`` int64 tensors on the input's device."""
+    w, h = device_sizes(widths, heights, max_ratio=QWEN2VL_MAX_RATIO)
+    _launch.check_launchable(w, "smart_resize")
     n = w.numel()
-    if n:
-        ratio = torch.maximum(w, h).double() / torch.minimum(w, h).double()
-        bad = ratio > QWEN2VL_MAX_RATIO
-        if bool(bad.any()):
-            i = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(f"image {i}: absolute aspect ratio must be at most {QWEN2VL_MAX_RATIO}, "
-                             f"got {float(ratio[i])} (height {int(h[i])}, width {int(w[i])})")
-    h_out = torch.empty_like(w)
-    w_out = torch.empty_like(w)
+    h_out = _launch.alloc((n,), torch.int64, w.device)
+    w_out = _launch.alloc((n,), torch.int64, w.device)
     if n:
         _smart_resize_kernel[(triton.cdiv(n, BLOCK),)](
             w_ptr=w, h_ptr=h, h_out_ptr=h_out, w_out_ptr=w_out,
             n=n, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels,
             BLOCK=BLOCK,
         )
-    return h_out, w_out
+    return ResizedSize(h_out, w_out)

@@ -14,15 +14,15 @@ _GIB = 2 ** 30
 
 def add_parsers(sub: Any) -> None:
     """Registers ``partition`` and ``profile`` on an argparse sub-parser set."""
-    from .partition import RECOMPUTE_MODES
+    from .partition import OBJECTIVES, RECOMPUTE_MODES
     from .schedule import SCHEDULES
 
     part = sub.add_parser(
         "partition",
         help="split a model into pipeline stages with per-stage recomputation; compare with the uniform split",
         description="Search the pipeline partition of a per-layer profile (a JSON file, or --config to estimate "
-        "one) that minimizes the bottleneck stage, with a per-stage recompute plan under --memory-gb, and print "
-        "it beside the uniform split.",
+        "one) of least simulated step time under --schedule (or least bottleneck stage with --objective "
+        "bottleneck), with a per-rank recompute plan under --memory-gb, and print it beside the uniform split.",
     )
     part.add_argument("profile", nargs="?", default=None, metavar="PROFILE", help="JSON profile file")
     part.add_argument("--config", default=None,
@@ -32,8 +32,13 @@ def add_parsers(sub: Any) -> None:
     part.add_argument("--micro-batches", type=int, default=16, help="micro-batches per step (default 16)")
     part.add_argument("--memory-gb", type=float, default=None,
                       help="memory per stage in GiB (default: memory is no constraint)")
-    part.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    part.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                      help="the torch.distributed.pipelining schedule the step is simulated under (default 1f1b)")
+    part.add_argument("--virtual-stages", type=int, default=None,
+                      help="chunks per rank (default 1; 2 for zbv; interleaved and interleaved-zb take any)")
     part.add_argument("--method", choices=("exact", "paper"), default="exact")
+    part.add_argument("--objective", choices=OBJECTIVES, default="step",
+                      help="exact search: least simulated step (default) or least bottleneck stage")
     part.add_argument("--recompute", choices=RECOMPUTE_MODES, default="plan",
                       help="plan: optimal per stage (default); uniform: none if it fits, else every layer")
     part.add_argument("--link-gb-per-s", type=float, default=25.0, help="GB/s between stages (default 25)")
@@ -115,47 +120,47 @@ def _run_partition(args: argparse.Namespace) -> int:
     if args.memory_gb is not None and not args.memory_gb > 0:
         raise ValueError(f"--memory-gb must be > 0, got {args.memory_gb}")
     memory = None if args.memory_gb is None else args.memory_gb * _GIB
+    chunks = args.virtual_stages if args.virtual_stages is not None else 2 if args.schedule == "zbv" else 1
     common = dict(micro_batches=args.micro_batches, memory_bytes=memory, schedule=args.schedule,
-                  link_gb_per_s=args.link_gb_per_s)
-    best = partition(profile, args.stages, method=args.method, recompute=args.recompute,
+                  virtual_stages=chunks, link_gb_per_s=args.link_gb_per_s)
+    best = partition(profile, args.stages, method=args.method, objective=args.objective, recompute=args.recompute,
                      fixed_starts=_fixed_starts(args, profile), **common)
     uniform = partition(profile, args.stages, method="uniform", recompute="uniform", **common)
     out = best.to_dict()
     out["uniform"] = uniform.to_dict()
     out["speedup_vs_uniform"] = uniform.step_ms / best.step_ms
     out["layer_names"] = profile.names
-    out["deepspeed_parts"] = deepspeed_parts(best)
+    if chunks == 1:
+        out["deepspeed_parts"] = deepspeed_parts(best)
     if any(layer.kind for layer in profile.layers):
         out["megatron"] = megatron_layout(best, profile)
     if args.json:
         print(json.dumps(out))
         return 0
     names = profile.names
-    print(f"{len(profile)} layers, {args.stages} stages, {args.micro_batches} micro-batches, {args.schedule}, "
-          f"memory {'unlimited' if memory is None else f'{args.memory_gb:g} GiB'} per stage")
-    for label, plan in ((f"{args.method} search", best), ("uniform split", uniform)):
-        print(f"\n{label}: step {plan.step_ms:.1f} ms, bubble {plan.bubble:.3f}, bottleneck "
+    print(f"{len(profile)} layers, {args.stages} ranks x {chunks} stages, {args.micro_batches} micro-batches, "
+          f"{args.schedule}, memory {'unlimited' if memory is None else f'{args.memory_gb:g} GiB'} per rank")
+    for label, plan in ((f"{args.method} search ({args.objective})", best), ("uniform split", uniform)):
+        proven = "" if plan.method != "exact" or args.objective != "step" else (
+            ", optimal" if plan.optimality_gap <= 1e-9 else f", within {plan.optimality_gap:.2%} of optimal")
+        print(f"\n{label}: step {plan.step_ms:.1f} ms{proven}, bubble {plan.bubble:.3f}, bottleneck "
               f"{plan.bottleneck_ms:.1f} ms{'' if plan.fits else ', DOES NOT FIT'}")
-        print(f"  {'stage':>5}  {'layers':<28} {'n':>3}  {'recompute':>9}  {'ms/micro-batch':>14}  {'peak GiB':>8}")
+        print(f"  {'stage':>5} {'rank':>4}  {'layers':<28} {'n':>3}  {'recompute':>9}  {'ms/micro-batch':>14}  "
+              f"{'rank peak GiB':>13}")
         for s, (a, b) in enumerate(plan.stages):
-            print(f"  {s:>5}  {names[a] + ' .. ' + names[b]:<28} {b - a + 1:>3}  {len(plan.recompute[s]):>9}  "
-                  f"{plan.stage_ms[s]:>14.1f}  {plan.peak_bytes[s] / _GIB:>8.2f}")
+            r = plan.stage_ranks[s]
+            print(f"  {s:>5} {r:>4}  {names[a] + ' .. ' + names[b]:<28} {b - a + 1:>3}  {len(plan.recompute[s]):>9}  "
+                  f"{plan.stage_ms[s]:>14.1f}  {plan.peak_bytes[r] / _GIB:>13.2f}")
     print(f"\npredicted speed-up over the uniform split: {uniform.step_ms / best.step_ms:.3f}x")
     return 0
 
 
+# Named model factories for ``profile --model``: the tiny VLM lives with the test models, above this package.
+_MODELS = {"tiny-vlm": "omnibal_kernels.testing.tiny_vlm:pipeline_example"}
+
+
 def _load_factory(spec: str) -> Any:
-    if spec == "tiny-vlm":
-        import torch
-
-        from .tiny_vlm import TinyVLMConfig, build_tiny_vlm, tiny_vlm_kinds
-
-        c = TinyVLMConfig()
-        model = build_tiny_vlm(c)
-        g = torch.Generator().manual_seed(0)
-        inputs = (torch.randn(2, c.vision_tokens, c.patch_dim, generator=g),
-                  torch.randint(0, c.vocab, (2, c.text_tokens), generator=g))
-        return model, inputs, tiny_vlm_kinds(model)
+    spec = _MODELS.get(spec, spec)
     module, sep, attr = spec.partition(":")
     if not sep:
         raise ValueError(f"--model expects tiny-vlm or MODULE:FUNCTION, got {spec!r}")

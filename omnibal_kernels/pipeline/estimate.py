@@ -19,7 +19,8 @@ import numpy as np
 
 from .profile import LayerProfile, ModelProfile, read_json
 
-__all__ = ["TransformerShape", "VLMConfig", "CONFIGS", "load_config", "profile_from_config", "packs_from_plan"]
+__all__ = ["TransformerShape", "VLMConfig", "CONFIGS", "cost_model_from_config", "load_config", "profile_from_config",
+           "packs_from_plan"]
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,18 @@ def _llm_cost(params: float, layers: int, hidden: int) -> Any:
                                  llm_hidden=hidden)
 
 
+def cost_model_from_config(config: Union[str, Path, VLMConfig, Mapping[str, Any]]) -> Any:
+    """The whole model's ``balance.CostModel`` from its shapes (tiles attended alone, a causal LLM): the per-kind
+    costs :func:`~omnibal_kernels.pipeline.micro_batches.micro_batch_times` scales layers by."""
+    from ..balance.cost import CostModel
+
+    cfg = load_config(config)
+    v, t = cfg.vision, cfg.llm
+    return CostModel.from_shapes(vit_params=v.layers * v.layer_params, vit_layers=v.layers, vit_hidden=v.hidden,
+                                 vit_tokens_per_unit=cfg.vit_tokens_per_tile, vit_units_attend_jointly=False,
+                                 llm_params=t.layers * t.layer_params, llm_layers=t.layers, llm_hidden=t.hidden)
+
+
 def _layer_table(cfg: VLMConfig, dtype_bytes: int) -> list[dict[str, Any]]:
     """Per layer: name, kind, params, CostModel (per block), activation bytes per ViT tile / LLM token."""
     v, t = cfg.vision, cfg.llm
@@ -205,6 +218,27 @@ def _layer_table(cfg: VLMConfig, dtype_bytes: int) -> list[dict[str, Any]]:
     return rows
 
 
+def pack_loads(packs: Sequence[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``packs`` (a sequence of ``(vit, llm)`` per-sample load pairs, or one pair) as checked float64 arrays;
+    ``ValueError`` names the pack."""
+    if isinstance(packs, tuple) and len(packs) == 2 and np.ndim(packs[0]) == 1:
+        packs = [packs]  # one pack given as (vit, llm)
+    if not isinstance(packs, Sequence) or len(packs) == 0:
+        raise ValueError("packs must be a non-empty sequence of (vit, llm) per-sample load pairs")
+    loads = []
+    for p, pack in enumerate(packs):
+        if not isinstance(pack, (tuple, list)) or len(pack) != 2:
+            raise ValueError(f"packs[{p}] must be a (vit, llm) pair of per-sample loads")
+        vit = np.atleast_1d(np.asarray(pack[0], dtype=np.float64))
+        llm = np.atleast_1d(np.asarray(pack[1], dtype=np.float64))
+        if vit.shape != llm.shape or vit.ndim != 1:
+            raise ValueError(f"packs[{p}]: vit and llm must be 1-D of one length, got {vit.shape} and {llm.shape}")
+        if (vit < 0).any() or (llm < 0).any() or not (np.isfinite(vit).all() and np.isfinite(llm).all()):
+            raise ValueError(f"packs[{p}]: loads must be finite and >= 0")
+        loads.append((vit, llm))
+    return loads
+
+
 def profile_from_config(
     config: Union[str, Path, VLMConfig, Mapping[str, Any]],
     packs: Sequence[tuple[Any, Any]],
@@ -226,21 +260,7 @@ def profile_from_config(
         static_bytes_per_param: parameter + gradient + optimizer bytes per parameter.
     """
     cfg = load_config(config)
-    if isinstance(packs, tuple) and len(packs) == 2 and np.ndim(packs[0]) == 1:
-        packs = [packs]  # one pack given as (vit, llm)
-    if not isinstance(packs, Sequence) or len(packs) == 0:
-        raise ValueError("packs must be a non-empty sequence of (vit, llm) per-sample load pairs")
-    loads = []
-    for p, pack in enumerate(packs):
-        if not isinstance(pack, (tuple, list)) or len(pack) != 2:
-            raise ValueError(f"packs[{p}] must be a (vit, llm) pair of per-sample loads")
-        vit = np.atleast_1d(np.asarray(pack[0], dtype=np.float64))
-        llm = np.atleast_1d(np.asarray(pack[1], dtype=np.float64))
-        if vit.shape != llm.shape or vit.ndim != 1:
-            raise ValueError(f"packs[{p}]: vit and llm must be 1-D of one length, got {vit.shape} and {llm.shape}")
-        if (vit < 0).any() or (llm < 0).any() or not (np.isfinite(vit).all() and np.isfinite(llm).all()):
-            raise ValueError(f"packs[{p}]: loads must be finite and >= 0")
-        loads.append((vit, llm))
+    loads = pack_loads(packs)
     for key, value in (("tflops", tflops), ("efficiency", efficiency)):
         if not value > 0:
             raise ValueError(f"{key} must be > 0, got {value}")

@@ -1,51 +1,66 @@
-"""Pipeline partition search: contiguous stages of a layer chain, with per-stage recomputation.
+"""Pipeline partition search: contiguous stages of a layer chain, with per-rank recomputation.
 
-Stage ``s`` holding layers ``a..b`` costs, per micro-batch, ``t = forward + backward + recompute + comm``:
-the recompute time is that of the optimal per-stage knapsack (``recompute.stage_recompute``) for the stage's
-budget when it holds ``held(s)`` micro-batches, and ``comm`` the time to send its output forward and its
-input's gradient back (``output_bytes / link_gb_per_s``). Methods:
+``P`` ranks run ``S = P * virtual_stages`` virtual stages (chunks), placed as the schedule places them
+(:func:`~omnibal_kernels.pipeline.schedule.stage_ranks`); stage and memory costs are those of
+:mod:`~omnibal_kernels.pipeline.costs`, the step that of :func:`~omnibal_kernels.pipeline.schedule.simulate`.
+Methods:
 
-- ``"exact"``: the partition with the least bottleneck ``max_s t_s`` (which sets the steady-state step time of
-  1F1B and GPipe), ties broken by the least ``sum_s t_s``: two dynamic programs over (stage, last layer),
-  O(L^2 P) stage evaluations, with memory budgets and fixed stage starts; recompute searched jointly.
-- ``"paper"``: OmniBal's search: a greedy anchor partition (cut where the running time passes ``s/P`` of the
+- ``"exact"``, ``objective="step"`` (default): the split of least simulated step time under the schedule,
+  with memory budgets and fixed stage starts, proven optimal by branch and bound
+  (:mod:`~omnibal_kernels.pipeline.search`); ``lower_bound_ms`` says how close a search stopped by
+  ``node_limit`` came. ``objective="bottleneck"``: the split of least bottleneck stage, ties broken by the
+  least total (one stage per rank), which sets the steady state but not the fill and drain.
+- ``"paper"``: OmniBal's search: a greedy anchor partition (cut where the running time passes ``s/S`` of the
   total), candidates moving every boundary by at most ``radius`` layers, ranked by the spread of stage compute
-  and communication (squared deviations from the anchor's means, summed; a k-best dynamic program finds the
-  ``top_k`` exactly), then scored by the schedule simulator; the fastest simulated step wins.
-- ``"uniform"``: equal layer counts (the first ``L mod P`` stages one more), what users do by default.
+  and communication, the ``top_k`` simulated; the fastest step wins.
+- ``"uniform"``: equal layer counts (the first ``L mod S`` stages one more), what users do by default.
 
-Recompute modes: ``"plan"`` (optimal per stage, the memory balance), ``"uniform"`` (one setting for every stage:
-none if every stage fits, else every layer), ``"all"``, ``"none"``.
+Recompute modes: ``"plan"`` (least recompute time that fits, per rank), ``"uniform"`` (one setting for every
+rank: none if every rank fits, else every layer), ``"all"``, ``"none"``. Every search's step is the
+simulator's for the per-stage times of the profile; :func:`~omnibal_kernels.pipeline.micro_batches.simulate_packs`
+runs a plan with one time per micro-batch.
 """
 from __future__ import annotations
 
-import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from .._checks import check_positive_int
+from .bounds import Windows
+from .costs import StageCosts
 from .profile import ModelProfile, as_profile
-from .recompute import _add_item, stage_recompute
-from .schedule import SCHEDULES, held_micro_batches, simulate
+from .schedule import check_schedule, simulate
+from .search import paper_candidates, search_bottleneck, search_step
 
-__all__ = ["METHODS", "RECOMPUTE_MODES", "PipelinePlan", "partition", "evaluate_partition", "uniform_stages"]
+__all__ = ["METHODS", "OBJECTIVES", "RECOMPUTE_MODES", "PipelinePlan", "evaluate_partition", "partition",
+           "uniform_stages"]
 
 METHODS = ("exact", "paper", "uniform")
+OBJECTIVES = ("step", "bottleneck")
 RECOMPUTE_MODES = ("plan", "uniform", "all", "none")
-_GB = 1e9
+# Nodes the exact step search expands before it stops with the best split and a proven lower bound, with one
+# stage per rank and with several (whose nodes cost more and whose bounds prune less).
+NODE_LIMIT = 20_000
+NODE_LIMIT_VIRTUAL = 2_000
+Budgets = Union[None, float, Sequence[float]]
 
 
 @dataclass(frozen=True)
 class PipelinePlan:
     """A partition with its recompute choice and the simulated step.
 
-    ``stages``: ``(first, last)`` layer indices per stage, inclusive, contiguous, covering the chain;
-    ``recompute``: per stage, the (global) indices of recomputed layers; ``step_ms``, ``bubble``: the simulated
-    step; ``peak_bytes``: per stage; ``stage_ms``: per stage and micro-batch, forward + backward + recompute +
-    communication; ``activation_bytes``: per stage, the bytes one micro-batch keeps for backward under the
-    recompute choice; ``fits``: every stage within its budget.
+    Per virtual stage (chain order): ``stages`` ``(first, last)`` layer indices, inclusive, contiguous,
+    covering the chain; ``recompute`` the (global) indices of recomputed layers; ``stage_ms`` forward +
+    backward + recompute + sends per micro-batch; ``forward_ms``, ``backward_ms`` (recompute included, sends
+    not); ``activation_bytes`` kept by one micro-batch under the recompute choice. ``comm_ms``: per boundary,
+    one send each way. Per rank: ``peak_bytes`` (simulated), ``memory_bytes`` (the bound the search keeps
+    within budget, ``static + sum held * kept``), ``slack_bytes`` (0 when the recompute choice is exactly
+    optimal). ``step_ms``, ``bubble``: the simulated step; ``lower_bound_ms``: a proven bound on the step of
+    every split the method could have returned (equal to ``step_ms`` for a completed exact search);
+    ``fits``: every rank within its budget.
     """
 
     stages: tuple[tuple[int, int], ...]
@@ -63,31 +78,65 @@ class PipelinePlan:
     schedule: str
     micro_batches: int
     names: tuple[str, ...] = field(default=(), repr=False)
+    virtual_stages: int = 1
+    stage_ranks: tuple[int, ...] = ()
+    objective: str = "step"
+    lower_bound_ms: float = 0.0
+    search_nodes: int = 0
+    memory_bytes: tuple[int, ...] = ()
+    slack_bytes: tuple[int, ...] = ()
+    weight_ms: tuple[float, ...] = ()
 
     @property
     def num_stages(self) -> int:
+        """Virtual stages (``ranks * virtual_stages``)."""
         return len(self.stages)
 
     @property
+    def num_ranks(self) -> int:
+        return len(self.stages) // self.virtual_stages
+
+    @property
+    def rank_ms(self) -> tuple[float, ...]:
+        """Per rank, the time of one micro-batch through all its stages."""
+        out = [0.0] * self.num_ranks
+        for j, t in enumerate(self.stage_ms):
+            out[self.stage_ranks[j]] += t
+        return tuple(out)
+
+    @property
     def bottleneck_ms(self) -> float:
-        return max(self.stage_ms)
+        return max(self.rank_ms)
+
+    @property
+    def optimality_gap(self) -> float:
+        """``step_ms / lower_bound_ms - 1``: 0 when the split is proven optimal."""
+        return self.step_ms / self.lower_bound_ms - 1.0 if self.lower_bound_ms > 0 else math.inf
+
+    def rank_stages(self, rank: int) -> list[int]:
+        """The virtual stages ``rank`` runs, in chain order."""
+        return [j for j, r in enumerate(self.stage_ranks) if r == rank]
 
     def layer_names(self, stage: int) -> list[str]:
-        """Names of the layers of ``stage``."""
+        """Names of the layers of virtual stage ``stage``."""
         first, last = self.stages[stage]
         return list(self.names[first:last + 1])
 
     def recompute_names(self, stage: int) -> list[str]:
-        """Names of the recomputed layers of ``stage`` (for ``apply_recompute``)."""
+        """Names of the recomputed layers of virtual stage ``stage`` (for ``apply_recompute``)."""
         return [self.names[j] for j in self.recompute[stage]]
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "method": self.method, "schedule": self.schedule, "micro_batches": self.micro_batches,
-            "stages": [list(s) for s in self.stages], "recompute": [list(r) for r in self.recompute],
-            "step_ms": self.step_ms, "bubble": self.bubble, "peak_bytes": list(self.peak_bytes),
-            "stage_ms": list(self.stage_ms), "bottleneck_ms": self.bottleneck_ms,
-            "activation_bytes": list(self.activation_bytes), "fits": self.fits,
+            "method": self.method, "objective": self.objective, "schedule": self.schedule,
+            "micro_batches": self.micro_batches, "virtual_stages": self.virtual_stages,
+            "stage_ranks": list(self.stage_ranks), "stages": [list(s) for s in self.stages],
+            "recompute": [list(r) for r in self.recompute], "step_ms": self.step_ms, "bubble": self.bubble,
+            "lower_bound_ms": self.lower_bound_ms, "search_nodes": self.search_nodes,
+            "peak_bytes": list(self.peak_bytes), "memory_bytes": list(self.memory_bytes),
+            "slack_bytes": list(self.slack_bytes), "stage_ms": list(self.stage_ms),
+            "bottleneck_ms": self.bottleneck_ms, "activation_bytes": list(self.activation_bytes),
+            "fits": self.fits,
         }
 
 
@@ -102,143 +151,35 @@ def uniform_stages(num_layers: int, stages: int) -> list[tuple[int, int]]:
     return out
 
 
-class _Costs:
-    """Stage costs t(a, b, s) of one profile under one setting (budgets, schedule, recompute mode)."""
-
-    def __init__(self, profile: ModelProfile, stages: int, micro_batches: int, schedule: str,
-                 budgets: Optional[list[float]], mode: str, link_gb_per_s: float) -> None:
-        self.profile = profile
-        self.L = len(profile)
-        self.P = stages
-        self.m = micro_batches
-        self.schedule = schedule
-        self.budgets = budgets
-        self.mode = mode
-        self.fwd = profile.forward_ms
-        self.bwd = profile.backward_ms
-        self.act = profile.activation_bytes
-        self.inp = profile.input_bytes_per_layer
-        self.static = profile.static_bytes
-        self.out = profile.output_bytes
-        self.send_ms = self.out / (link_gb_per_s * _GB) * 1e3 if link_gb_per_s else np.zeros(self.L)
-        z = np.zeros(1)
-        self.c_fwd = np.concatenate([z, np.cumsum(self.fwd)])
-        self.c_train = np.concatenate([z, np.cumsum(self.fwd + self.bwd)])
-        self.c_act = np.concatenate([z, np.cumsum(self.act)])
-        self.c_inp = np.concatenate([z, np.cumsum(self.inp)])
-        self.c_static = np.concatenate([z, np.cumsum(self.static)])
-        self._fronts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        self._matrix: dict[int, np.ndarray] = {}
-
-    def held(self, s: int) -> int:
-        return held_micro_batches(self.schedule, self.P, self.m, s)
-
-    def budget(self, s: int) -> Optional[float]:
-        return None if self.budgets is None else self.budgets[s]
-
-    def comm(self, a: int, b: int) -> float:
-        """Send time of a stage a..b: its output forward, its input's gradient back."""
-        return (self.send_ms[b] if b < self.L - 1 else 0.0) + (self.send_ms[a - 1] if a > 0 else 0.0)
-
-    def _front(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        row = self._fronts.get(a)
-        if row is None:
-            row = []
-            w, c = np.zeros(1), np.zeros(1)
-            for j in range(a, self.L):
-                save = self.act[j] - self.inp[j]
-                if save > 0:
-                    w, c = _add_item(w, c, save, self.fwd[j])
-                row.append((w, c))
-            self._fronts[a] = row
-        return row[b - a]
-
-    def recompute_ms(self, a: int, b: int, s: int) -> float:
-        """Least recompute time for stage s = a..b to fit (inf when it cannot)."""
-        k = self.held(s)
-        static = self.c_static[b + 1] - self.c_static[a]
-        act = self.c_act[b + 1] - self.c_act[a]
-        budget = self.budget(s)
-        fits = budget is None or static + k * act <= budget
-        if self.mode == "none":
-            return 0.0 if fits else math.inf
-        if self.mode == "all":
-            kept = self.c_inp[b + 1] - self.c_inp[a]
-            ok = budget is None or static + k * kept <= budget
-            return self.c_fwd[b + 1] - self.c_fwd[a] if ok else math.inf
-        if fits:
-            return 0.0
-        need = (static + k * act - budget) / k
-        w, c = self._front(a, b)
-        i = int(np.searchsorted(w, need, side="left"))
-        return float(c[i]) if i < w.size else math.inf
-
-    def matrix(self, s: int) -> np.ndarray:
-        """(L, L) stage times for stage s (inf where a > b or the stage cannot fit)."""
-        k = self.held(s)
-        key = k if self.budgets is None or len(set(self.budgets)) == 1 else (k, s)
-        cached = self._matrix.get(key)
-        if cached is not None:
-            return cached
-        L = self.L
-        a_idx, b_idx = np.meshgrid(np.arange(L), np.arange(L), indexing="ij")
-        valid = a_idx <= b_idx
-        train = self.c_train[b_idx + 1] - self.c_train[a_idx]
-        comm = np.where(b_idx < L - 1, self.send_ms[np.minimum(b_idx, L - 1)], 0.0) + \
-            np.where(a_idx > 0, self.send_ms[np.maximum(a_idx - 1, 0)], 0.0)
-        t = np.where(valid, train + comm, np.inf)
-        if (self.budgets is not None and self.mode != "none") or self.mode == "all":
-            for a in range(L):
-                for b in range(a, L):
-                    t[a, b] += self.recompute_ms(a, b, s)
-        elif self.budgets is not None:
-            static = self.c_static[b_idx + 1] - self.c_static[a_idx]
-            act = self.c_act[b_idx + 1] - self.c_act[a_idx]
-            t = np.where(static + k * act <= self.budget(s), t, np.inf)
-        self._matrix[key] = t
-        return t
-
-    def stage_time(self, a: int, b: int, s: int) -> float:
-        return float(self.matrix(s)[a, b])
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_choices(recompute: str, schedule: str, link_gb_per_s: float) -> None:
+def _check_choices(recompute: str, link_gb_per_s: float, weight_fraction: float) -> None:
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if not link_gb_per_s >= 0:
         raise ValueError(f"link_gb_per_s must be >= 0, got {link_gb_per_s}")
+    if not 0.0 <= weight_fraction <= 1.0:
+        raise ValueError(f"weight_fraction must be in [0, 1], got {weight_fraction}")
 
 
-def _budgets(memory_bytes: Union[None, float, Sequence[float]], stages: int) -> Optional[list[float]]:
+def _budgets(memory_bytes: Budgets, ranks: int) -> Optional[list[float]]:
     if memory_bytes is None:
         return None
     if isinstance(memory_bytes, (int, float, np.integer, np.floating)) and not isinstance(memory_bytes, bool):
-        values = [float(memory_bytes)] * stages
+        values = [float(memory_bytes)] * ranks
     else:
         values = [float(v) for v in memory_bytes]
-        if len(values) != stages:
-            raise ValueError(f"memory_bytes: {len(values)} per-stage budgets for {stages} stages")
-    for s, v in enumerate(values):
+        if len(values) != ranks:
+            raise ValueError(f"memory_bytes: {len(values)} per-rank budgets for {ranks} ranks")
+    for r, v in enumerate(values):
         if not v > 0:
-            raise ValueError(f"memory_bytes: the budget of stage {s} must be > 0, got {v}")
+            raise ValueError(f"memory_bytes: the budget of rank {r} must be > 0, got {v}")
     return values
 
 
 def _fixed(fixed_starts: Optional[Mapping[int, int]], stages: int, layers: int) -> dict[int, int]:
     out: dict[int, int] = {}
     for s, first in dict(fixed_starts or {}).items():
-        s = _check_int("fixed_starts stage", s, 0)
-        first = _check_int("fixed_starts layer", first, 0)
+        s = check_positive_int("fixed_starts stage", s, 0)
+        first = check_positive_int("fixed_starts layer", first, 0)
         if s >= stages or first >= layers:
             raise ValueError(f"fixed_starts: stage {s} at layer {first} is outside {stages} stages / {layers} layers")
         if (s == 0) != (first == 0):
@@ -251,163 +192,82 @@ def _fixed(fixed_starts: Optional[Mapping[int, int]], stages: int, layers: int) 
     return out
 
 
-def _check_layers_fit(costs: _Costs) -> None:
-    """A layer that cannot fit any stage even alone and recomputed makes every partition infeasible."""
-    if costs.budgets is None:
-        return
+def _check_layers_fit(costs: StageCosts) -> None:
+    """A layer that cannot fit any rank even alone and recomputed makes every partition infeasible."""
     for j in range(costs.L):
-        if all(not math.isfinite(costs.recompute_ms(j, j, s)) for s in range(costs.P)):
+        if not costs.layer_fits_alone(j):
             layer = costs.profile.layers[j]
             raise ValueError(
                 f"layer {j} ({layer.name!r}) does not fit any stage's memory budget even alone with recomputation "
                 f"(static {layer.static_bytes / 2**30:.2f} GiB, recompute mode {costs.mode!r})")
 
 
-def _exact(costs: _Costs, fixed: dict[int, int]) -> Optional[list[tuple[int, int]]]:
-    L, P = costs.L, costs.P
-    mats = [costs.matrix(s) for s in range(P)]
+class _Evaluator:
+    """Complete splits under one :class:`StageCosts`: recompute per rank, then the simulated step."""
 
-    def allowed_starts(s: int, b: int) -> np.ndarray:
-        # stage s = a..b: a >= s (earlier stages non-empty), a <= b
-        a = np.arange(s, b + 1)
-        if s in fixed:
-            a = a[a == fixed[s]]
-        if s + 1 in fixed and b != fixed[s + 1] - 1:
-            return a[:0]
-        return a
+    def __init__(self, costs: StageCosts) -> None:
+        self.c = costs
 
-    def run(combine: str, cap: float) -> tuple[np.ndarray, np.ndarray]:
-        best = np.full((P, L), np.inf)
-        arg = np.full((P, L), -1, dtype=np.int64)
-        for s in range(P):
-            for b in range(s, L - (P - 1 - s)):
-                a = allowed_starts(s, b)
-                if a.size == 0:
-                    continue
-                t = mats[s][a, b]
-                t = np.where(t <= cap, t, np.inf)
-                prev = np.zeros(a.size) if s == 0 else best[s - 1, a - 1]
-                if s == 0:
-                    t = np.where(a == 0, t, np.inf)
-                val = np.maximum(prev, t) if combine == "max" else prev + t
-                i = int(np.argmin(val))
-                if math.isfinite(val[i]):
-                    best[s, b] = val[i]
-                    arg[s, b] = a[i]
-        return best, arg
+    def parts(self, stages: Sequence[tuple[int, int]]):
+        c = self.c
+        chosen: list[tuple[int, ...]] = [()] * c.S
+        rec, kept = np.zeros(c.S), np.zeros(c.S)
+        memory, slack, fits = [], [], True
+        for r in range(c.P):
+            own = [(j, a, b) for j, (a, b) in enumerate(stages) if c.rank_of[j] == r]
+            choice = c.rank_choice(own)
+            for (j, _, _), ch, ms, kb in zip(own, choice.chosen, choice.recompute_ms, choice.kept_bytes):
+                chosen[j], rec[j], kept[j] = ch, ms, kb
+            memory.append(choice.memory_bytes)
+            slack.append(choice.slack_bytes)
+            fits = fits and choice.fits
+        return chosen, rec, kept, memory, slack, fits
 
-    best, _ = run("max", math.inf)
-    tau = best[P - 1, L - 1]
-    if not math.isfinite(tau):
-        return None
-    best, arg = run("sum", tau * (1 + 1e-12))
-    stages, b = [], L - 1
-    for s in range(P - 1, -1, -1):
-        a = int(arg[s, b])
-        stages.append((a, b))
-        b = a - 1
-    return stages[::-1]
+    def inputs(self, stages: Sequence[tuple[int, int]], rec: np.ndarray) -> dict[str, np.ndarray]:
+        c = self.c
+        a = np.array([s[0] for s in stages])
+        b = np.array([s[1] for s in stages])
+        fwd = c.span(c.c_fwd, a, b)
+        bt = c.span(c.c_bwd, a, b)
+        return {"forward_ms": fwd, "backward_ms": bt + rec, "weight_ms": c.wf * bt,
+                "comm_ms": c.send_ms[b[:-1]]}
 
+    def step(self, stages: Sequence[tuple[int, int]]) -> Optional[float]:
+        _, rec, _, _, _, fits = self.parts(stages)
+        if not fits:
+            return None
+        x = self.inputs(stages, rec)
+        return simulate(x["forward_ms"], x["backward_ms"], self.c.m, schedule=self.c.schedule,
+                        virtual_stages=self.c.v, comm_ms=x["comm_ms"], weight_ms=x["weight_ms"]).step_ms
 
-def _anchor(costs: _Costs) -> list[int]:
-    """Greedy: stage s starts where the running train time first passes s/P of the total (closest cut)."""
-    L, P = costs.L, costs.P
-    c = costs.c_train
-    starts = [0]
-    for s in range(1, P):
-        target = c[-1] * s / P
-        j = int(np.searchsorted(c, target))
-        if j > 0 and abs(c[j - 1] - target) <= abs(c[min(j, L)] - target):
-            j -= 1
-        j = min(max(j, starts[-1] + 1), L - (P - s))
-        starts.append(j)
-    return starts
-
-
-def _paper_candidates(costs: _Costs, fixed: dict[int, int], radius: int, top_k: int) -> list[list[int]]:
-    """The ``top_k`` stage-start lists around the anchor with the least spread (k-best DP, exact)."""
-    L, P = costs.L, costs.P
-    anchor = _anchor(costs)
-    anchor_stages = list(zip(anchor, anchor[1:] + [L]))
-    compute = [costs.c_train[b] - costs.c_train[a] for a, b in anchor_stages]
-    comm = [costs.comm(a, b - 1) for a, b in anchor_stages]
-    mean_t, mean_c = float(np.mean(compute)), float(np.mean(comm))
-
-    def spread(a: int, b: int, s: int) -> float:  # stage a..b inclusive
-        rec = costs.recompute_ms(a, b, s)
-        if not math.isfinite(rec):
-            return math.inf
-        t = costs.c_train[b + 1] - costs.c_train[a] + rec
-        return (t - mean_t) ** 2 + (costs.comm(a, b) - mean_c) ** 2
-
-    options = [[0]]
-    for s in range(1, P):
-        if s in fixed:
-            options.append([fixed[s]])
-        else:
-            options.append([j for j in range(anchor[s] - radius, anchor[s] + radius + 1) if s <= j <= L - (P - s)])
-    # frontier[j] = up to top_k (score, starts) with stage s starting at j
-    frontier: dict[int, list[tuple[float, tuple[int, ...]]]] = {0: [(0.0, (0,))]}
-    for s in range(1, P + 1):
-        nxt: dict[int, list[tuple[float, tuple[int, ...]]]] = {}
-        for j in (options[s] if s < P else [L]):
-            cands = []
-            for i, paths in frontier.items():
-                if i >= j:
-                    continue
-                add = spread(i, j - 1, s - 1)
-                if math.isfinite(add):
-                    cands.extend((score + add, starts + ((j,) if s < P else ())) for score, starts in paths)
-            if cands:
-                nxt[j] = heapq.nsmallest(top_k, cands)
-        frontier = nxt
-    return [list(starts) for _, starts in frontier.get(L, [])]
-
-
-def _plan_for(costs: _Costs, stages: list[tuple[int, int]], method: str, link_gb_per_s: float) -> PipelinePlan:
-    prof = costs.profile
-    fwd, bwd, comm_out, recs, stage_ms, act, static = [], [], [], [], [], [], []
-    fits = True
-    for s, (a, b) in enumerate(stages):
-        k = costs.held(s)
-        st = float(costs.c_static[b + 1] - costs.c_static[a])
-        budget = costs.budget(s)
-        if costs.mode == "none" or (costs.mode == "plan" and budget is None):
-            chosen, rec_ms = [], 0.0
-        elif costs.mode == "all":
-            chosen, rec_ms = list(range(b - a + 1)), float(costs.c_fwd[b + 1] - costs.c_fwd[a])
-        else:
-            found = stage_recompute(costs.act[a:b + 1], costs.inp[a:b + 1], costs.fwd[a:b + 1], st, k, budget)
-            if found is None:  # cannot fit: recompute everything worth it and report the overflow
-                chosen = [j for j in range(b - a + 1) if costs.act[a + j] > costs.inp[a + j]]
-                rec_ms = float(sum(costs.fwd[a + j] for j in chosen))
-            else:
-                rec_ms, chosen, _ = found
-        kept = float(costs.c_act[b + 1] - costs.c_act[a]) - sum(costs.act[a + j] - costs.inp[a + j] for j in chosen)
-        recs.append(tuple(a + j for j in chosen))
-        f = float(costs.c_fwd[b + 1] - costs.c_fwd[a])
-        bw = float(costs.c_train[b + 1] - costs.c_train[a]) - f + rec_ms
-        fwd.append(f)
-        bwd.append(bw)
-        act.append(kept)
-        static.append(st)
-        stage_ms.append(f + bw + costs.comm(a, b))
-        if b < costs.L - 1:
-            comm_out.append(float(costs.send_ms[b]))
-        if budget is not None and st + k * kept > budget * (1 + 1e-9):
-            fits = False
-    sim = simulate(fwd, bwd, costs.m, schedule=costs.schedule, comm_ms=comm_out, activation_bytes=act,
-                   static_bytes=static)
-    return PipelinePlan(
-        stages=tuple((int(a), int(b)) for a, b in stages), recompute=tuple(recs), step_ms=sim.step_ms,
-        bubble=sim.bubble, peak_bytes=sim.peak_bytes, stage_ms=tuple(stage_ms), forward_ms=tuple(fwd),
-        backward_ms=tuple(bwd), comm_ms=tuple(comm_out), activation_bytes=tuple(int(round(k)) for k in act),
-        fits=fits, method=method, schedule=costs.schedule,
-        micro_batches=costs.m, names=tuple(prof.names))
+    def plan(self, stages: Sequence[tuple[int, int]], method: str, objective: str, lower: float = 0.0,
+             nodes: int = 0) -> PipelinePlan:
+        c = self.c
+        chosen, rec, kept, memory, slack, fits = self.parts(stages)
+        x = self.inputs(stages, rec)
+        static = np.array([c.span(c.c_static, a, b) for a, b in stages])
+        sim = simulate(x["forward_ms"], x["backward_ms"], c.m, schedule=c.schedule, virtual_stages=c.v,
+                       comm_ms=x["comm_ms"], activation_bytes=kept, static_bytes=static, weight_ms=x["weight_ms"])
+        f, bb, w = c.parts(np.arange(c.S), np.array([s[0] for s in stages]), np.array([s[1] for s in stages]), rec)
+        return PipelinePlan(
+            stages=tuple((int(a), int(b)) for a, b in stages), recompute=tuple(chosen), step_ms=sim.step_ms,
+            bubble=sim.bubble, peak_bytes=sim.peak_bytes, stage_ms=tuple(float(t) for t in f + bb + w),
+            forward_ms=tuple(float(t) for t in x["forward_ms"]), backward_ms=tuple(float(t) for t in x["backward_ms"]),
+            comm_ms=tuple(float(t) for t in x["comm_ms"]), activation_bytes=tuple(int(round(k)) for k in kept),
+            fits=fits, method=method, schedule=c.schedule, micro_batches=c.m, names=tuple(c.profile.names),
+            virtual_stages=c.v, stage_ranks=tuple(int(r) for r in c.rank_of), objective=objective,
+            lower_bound_ms=min(lower, sim.step_ms) if lower else 0.0, search_nodes=nodes,
+            memory_bytes=tuple(int(round(x)) for x in memory), slack_bytes=tuple(int(math.ceil(x)) for x in slack),
+            weight_ms=tuple(float(t) for t in x["weight_ms"]))
 
 
 def _modes(mode: str) -> list[str]:
     return ["none", "all"] if mode == "uniform" else [mode]
+
+
+def _costs(profile: ModelProfile, ranks: int, v: int, m: int, schedule: str, budgets: Optional[list[float]],
+           mode: str, link: float, weight_fraction: float) -> StageCosts:
+    return StageCosts(profile, ranks, v, m, schedule, budgets, mode, link, weight_fraction)
 
 
 def evaluate_partition(
@@ -415,28 +275,85 @@ def evaluate_partition(
     stages: Sequence[Sequence[int]],
     *,
     micro_batches: int,
-    memory_bytes: Union[None, float, Sequence[float]] = None,
+    memory_bytes: Budgets = None,
     schedule: str = "1f1b",
+    virtual_stages: int = 1,
     recompute: str = "plan",
     link_gb_per_s: float = 25.0,
+    weight_fraction: float = 0.5,
     method: str = "given",
 ) -> PipelinePlan:
-    """The recompute choice and simulated step of a given partition (``stages`` as ``(first, last)`` pairs)."""
+    """The recompute choice and simulated step of a given partition (``stages``: ``(first, last)`` pairs, one
+    per virtual stage in chain order)."""
     profile = as_profile(profile)
-    micro_batches = _check_int("micro_batches", micro_batches, 1)
-    _check_choices(recompute, schedule, link_gb_per_s)
+    m = check_positive_int("micro_batches", micro_batches)
+    v = check_positive_int("virtual_stages", virtual_stages)
+    check_schedule(schedule, v)
+    _check_choices(recompute, link_gb_per_s, weight_fraction)
     stage_list = [(int(a), int(b)) for a, b in stages]
     L = len(profile)
     if not stage_list or stage_list[0][0] != 0 or stage_list[-1][1] != L - 1 or any(
             b < a or (i and a != stage_list[i - 1][1] + 1) for i, (a, b) in enumerate(stage_list)):
         raise ValueError(f"stages must be contiguous non-empty (first, last) pairs covering layers 0..{L - 1}, "
                          f"got {stage_list}")
-    P = len(stage_list)
+    if len(stage_list) % v:
+        raise ValueError(f"stages: {len(stage_list)} virtual stages are not {v} per rank")
+    P = len(stage_list) // v
     budgets = _budgets(memory_bytes, P)
-    plans = [_plan_for(_Costs(profile, P, micro_batches, schedule, budgets, m, link_gb_per_s), stage_list,
-                       method, link_gb_per_s) for m in _modes(recompute)]
+    plans = [_Evaluator(_costs(profile, P, v, m, schedule, budgets, mode, link_gb_per_s, weight_fraction)).plan(
+        stage_list, method, "given") for mode in _modes(recompute)]
     fitting = [p for p in plans if p.fits]
     return fitting[0] if fitting else plans[-1]
+
+
+def _search_limits(costs: StageCosts, fixed: dict[int, int], objective: str) -> tuple[np.ndarray, float]:
+    """Per start, the last layer a stage may end at: beyond it even the lone stage time (no recompute, no
+    sends) would exceed what a known split reaches (its step over m, or its bottleneck)."""
+    ev = _Evaluator(costs)
+    uniform = uniform_stages(costs.L, costs.S)
+    ok = all(fixed.get(s, a) == a for s, (a, _) in enumerate(uniform))
+    step = ev.step(uniform) if ok else None
+    if step is None:
+        return np.full(costs.L, costs.L - 1, np.int64), math.inf
+    if objective == "step":
+        cap = step / costs.m
+    else:
+        _, rec, _, _, _, _ = ev.parts(uniform)
+        f, bb, w = costs.parts(np.arange(costs.S), np.array([a for a, _ in uniform]),
+                               np.array([b for _, b in uniform]), rec)
+        cap = float(np.max(f + bb + w))
+    train = costs.c_fwd + costs.c_bwd
+    last = np.searchsorted(train, train[:-1] + cap * (1 + 1e-9), side="right") - 2
+    return np.clip(last, np.arange(costs.L), costs.L - 1).astype(np.int64), step
+
+
+def _search(costs: StageCosts, fixed: dict[int, int], method: str, objective: str, radius: int, top_k: int,
+            node_limit: int) -> Optional[PipelinePlan]:
+    ev = _Evaluator(costs)
+    L, S = costs.L, costs.S
+    if method == "exact":
+        last, _ = _search_limits(costs, fixed, objective)
+        mats, _ = costs.recompute_matrices(last)
+        if objective == "bottleneck":
+            found = search_bottleneck(costs, mats, fixed)
+            return None if found is None else ev.plan(found, "exact", objective)
+        windows = Windows.of(costs.schedule, costs.P, costs.m, costs.v)
+        seeds = [uniform_stages(L, S)] if all(fixed.get(s, a) == a for s, (a, _) in
+                                              enumerate(uniform_stages(L, S))) else []
+        if costs.v == 1:
+            seeds.append(search_bottleneck(costs, mats, fixed))
+        result = search_step(costs, mats, windows, fixed, ev.step, seeds, node_limit)
+        if result is None:
+            return None
+        return ev.plan(result.stages, "exact", objective, result.lower_bound_ms, result.nodes)
+    last = np.full(L, L - 1, np.int64)
+    mats, _ = costs.recompute_matrices(last) if costs.v == 1 else (None, None)
+    if mats is None:
+        a, b = np.meshgrid(np.arange(L), np.arange(L), indexing="ij")
+        mats = np.stack([np.where(a <= b, costs.lone_recompute(j, a, b), np.inf) for j in range(S)])
+    plans = [ev.plan(st, "paper", "step") for st in paper_candidates(costs, mats, fixed, radius, top_k)]
+    plans = [p for p in plans if p.fits]
+    return min(plans, key=lambda p: p.step_ms) if plans else None
 
 
 def partition(
@@ -444,77 +361,92 @@ def partition(
     stages: int,
     *,
     micro_batches: int,
-    memory_bytes: Union[None, float, Sequence[float]] = None,
+    memory_bytes: Budgets = None,
     method: str = "exact",
+    objective: str = "step",
     recompute: str = "plan",
     schedule: str = "1f1b",
+    virtual_stages: int = 1,
     fixed_starts: Optional[Mapping[int, int]] = None,
     link_gb_per_s: float = 25.0,
+    weight_fraction: float = 0.5,
     radius: int = 2,
     top_k: int = 8,
+    node_limit: Optional[int] = None,
 ) -> PipelinePlan:
-    """Splits a layer chain into ``stages`` pipeline stages with a per-stage recomputation plan.
+    """Splits a layer chain over ``stages`` pipeline ranks with a per-rank recomputation plan.
 
     Args:
         profile: a ``ModelProfile`` (or its dict form).
-        stages: P, the number of pipeline stages (1 <= P <= layers).
-        micro_batches: m, micro-batches per step (sets how many each stage holds under 1F1B).
-        memory_bytes: one budget for every stage or one per stage; ``None``: memory is no constraint.
-        method: ``"exact"``, ``"paper"`` or ``"uniform"`` (module docstring).
+        stages: P, the number of pipeline ranks; the chain is cut into ``P * virtual_stages`` virtual stages
+            (1 <= that <= layers).
+        micro_batches: m, micro-batches per step (sets how many each stage holds).
+        memory_bytes: one budget for every rank or one per rank; ``None``: memory is no constraint.
+        method: ``"exact"``, ``"paper"`` or ``"uniform"``; objective: ``"step"`` or ``"bottleneck"`` for
+            ``"exact"`` (module docstring).
         recompute: ``"plan"``, ``"uniform"``, ``"all"`` or ``"none"`` (module docstring).
-        schedule: ``"1f1b"`` or ``"gpipe"``.
-        fixed_starts: ``{stage: first layer}`` boundaries the search must keep (e.g. ``{1: n_vit}`` puts the
-            whole ViT on stage 0).
-        link_gb_per_s: GB/s between consecutive stages (0: communication is free).
+        schedule, virtual_stages: one of ``SCHEDULES`` and its chunks per rank (2 for ``"zbv"``).
+        fixed_starts: ``{virtual stage: first layer}`` boundaries the search must keep (e.g. ``{1: n_vit}`` puts
+            the whole ViT on stage 0).
+        link_gb_per_s: GB/s between consecutive stages on different ranks (0: communication is free).
+        weight_fraction: under zero bubble, the share of each layer's backward that is its weight gradient.
         radius, top_k: the paper search's neighbourhood and number of candidates simulated.
+        node_limit: nodes the exact step search may expand before it returns its best split with a bound
+            (default ``NODE_LIMIT``, ``NODE_LIMIT_VIRTUAL`` with several stages per rank).
 
-    Raises ``ValueError`` when no partition fits the budgets (naming a layer that fits no stage when there is
+    Raises ``ValueError`` when no partition fits the budgets (naming a layer that fits no rank when there is
     one). The uniform split is returned even when it does not fit (``fits`` tells).
     """
     profile = as_profile(profile)
     L = len(profile)
-    P = _check_int("stages", stages, 1)
-    m = _check_int("micro_batches", micro_batches, 1)
-    if P > L:
-        raise ValueError(f"stages ({P}) must not exceed the number of layers ({L})")
+    P = check_positive_int("stages", stages)
+    m = check_positive_int("micro_batches", micro_batches)
+    v = check_positive_int("virtual_stages", virtual_stages)
+    check_schedule(schedule, v)
+    S = P * v
+    if S > L:
+        raise ValueError(f"stages * virtual_stages ({S}) must not exceed the number of layers ({L})")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    _check_choices(recompute, schedule, link_gb_per_s)
-    radius = _check_int("radius", radius, 0)
-    top_k = _check_int("top_k", top_k, 1)
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if objective == "bottleneck" and v > 1:
+        raise ValueError("objective='bottleneck' takes one stage per rank (virtual_stages=1)")
+    _check_choices(recompute, link_gb_per_s, weight_fraction)
+    radius = check_positive_int("radius", radius, 0)
+    top_k = check_positive_int("top_k", top_k)
+    if node_limit is None:
+        node_limit = NODE_LIMIT if v == 1 else NODE_LIMIT_VIRTUAL
+    node_limit = check_positive_int("node_limit", node_limit)
     budgets = _budgets(memory_bytes, P)
-    fixed = _fixed(fixed_starts, P, L)
+    fixed = _fixed(fixed_starts, S, L)
     if method == "uniform":
-        return evaluate_partition(profile, uniform_stages(L, P), micro_batches=m, memory_bytes=budgets,
-                                  schedule=schedule, recompute=recompute, link_gb_per_s=link_gb_per_s,
-                                  method="uniform")
+        return evaluate_partition(profile, uniform_stages(L, S), micro_batches=m, memory_bytes=budgets,
+                                  schedule=schedule, virtual_stages=v, recompute=recompute,
+                                  link_gb_per_s=link_gb_per_s, weight_fraction=weight_fraction, method="uniform")
     best: Optional[PipelinePlan] = None
-    errors = []
+    errors, lower = [], math.inf
     for mode in _modes(recompute):
-        costs = _Costs(profile, P, m, schedule, budgets, mode, link_gb_per_s)
+        costs = _costs(profile, P, v, m, schedule, budgets, mode, link_gb_per_s, weight_fraction)
         try:
             _check_layers_fit(costs)
         except ValueError as exc:
             errors.append(exc)
             continue
-        if method == "exact":
-            found = _exact(costs, fixed)
-            cands = [] if found is None else [_plan_for(costs, found, "exact", link_gb_per_s)]
-        else:
-            starts = _paper_candidates(costs, fixed, radius, top_k)
-            cands = [_plan_for(costs, list(zip(st, [x - 1 for x in st[1:]] + [L - 1])), "paper", link_gb_per_s)
-                     for st in starts]
-        for plan in cands:
-            if not plan.fits:
-                continue
-            key = (plan.bottleneck_ms, sum(plan.stage_ms)) if method == "exact" else (plan.step_ms,)
-            if best is None or key < ((best.bottleneck_ms, sum(best.stage_ms)) if method == "exact"
-                                      else (best.step_ms,)):
-                best = plan
+        plan = _search(costs, fixed, method, objective, radius, top_k, node_limit)
+        if plan is None or not plan.fits:
+            continue
+        lower = min(lower, plan.lower_bound_ms)
+        key = (plan.bottleneck_ms, sum(plan.stage_ms)) if objective == "bottleneck" and method == "exact" \
+            else (plan.step_ms,)
+        if best is None or key < ((best.bottleneck_ms, sum(best.stage_ms)) if objective == "bottleneck"
+                                  and method == "exact" else (best.step_ms,)):
+            best = plan
     if best is None:
         if errors and len(errors) == len(_modes(recompute)):
             raise errors[-1]
         where = "" if method == "exact" else f" within radius {radius} of the anchor"
-        raise ValueError(f"no partition into {P} stages fits the memory budget{where} "
+        raise ValueError(f"no partition into {S} stages fits the memory budget{where} "
                          f"(recompute mode {recompute!r}, schedule {schedule!r}, {m} micro-batches)")
-    return best
+    # with two recompute settings tried, what is proven is the lesser of their bounds
+    return replace(best, lower_bound_ms=lower) if best.lower_bound_ms else best

@@ -4,69 +4,96 @@ A stage that holds ``k`` micro-batches of activations needs ``static + k * kept`
 ``activation_bytes`` over the layers that keep their activations and ``input bytes`` over the layers that are
 recomputed (a checkpointed layer keeps only its input and runs its forward again in the backward pass).
 Choosing the layers to recompute so that the stage fits its budget at the least recompute time is a 0/1
-knapsack (a min-cost cover of the bytes to save); ``min_cost_cover`` solves it exactly with a Pareto frontier
-of (bytes saved, time) over the layers, which stays small when many layers share one shape.
+knapsack (a min-cost cover of the bytes to save), NP-hard in general. :func:`cover` solves it on a Pareto
+frontier of (bytes saved, time) bounded to ``FRONTIER_POINTS`` points (``pipeline._frontier``): exact while the
+frontier stays within the bound (layers of a few shapes, or a few dozen layers of any), else optimal for a
+budget smaller by a reported slack. :func:`min_cost_cover` is the unbounded exact solver.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["min_cost_cover", "pareto_frontier", "StageMemory", "stage_recompute", "apply_recompute",
-           "CheckpointWrapper"]
+from ._frontier import add_item, solve
+
+__all__ = ["FRONTIER_POINTS", "Cover", "CheckpointWrapper", "StageMemory", "StageRecompute", "apply_recompute",
+           "cover", "min_cost_cover", "pareto_frontier", "stage_recompute"]
+
+# Points a frontier keeps before the grid takes over: it bounds one stage's search to O(layers * points) time
+# and memory; frontiers of real models (repeated blocks) stay far below it, so they are solved exactly.
+FRONTIER_POINTS = 4096
+
+
+class Cover(NamedTuple):
+    """A min-cost cover: ``cost``, the sorted ``chosen`` item indices, and ``grid``: 0 when exact, else the
+    bytes each item's weight was floored to (the cover is then optimal for ``need + len(items) * grid``)."""
+
+    cost: float
+    chosen: list[int]
+    grid: float
 
 
 def pareto_frontier(weights: Sequence[float], costs: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     """All non-dominated ``(saved, cost)`` sums of subsets of the items, ``saved`` and ``cost`` increasing.
 
-    Items with ``weight <= 0`` are never worth taking and are left out. The first point is ``(0, 0)``.
-    """
-    w_front = np.zeros(1)
-    c_front = np.zeros(1)
-    for w, c in zip(weights, costs):
-        if w <= 0:
+    Items with ``weight <= 0`` are never worth taking and are left out. The first point is ``(0, 0)``. The
+    frontier can have ``2 ** len(items)`` points."""
+    w = np.zeros(1)
+    c = np.zeros(1)
+    n = 1
+    for wt, ct in zip(weights, costs):
+        if wt <= 0:
             continue
-        w_front, c_front = _add_item(w_front, c_front, float(w), float(c))
-    return w_front, c_front
+        out_w, out_c = np.zeros(2 * n), np.zeros(2 * n)
+        n = add_item(w, c, n, float(wt), float(ct), np.inf, out_w, out_c)
+        w, c = out_w[:n], out_c[:n]
+    return w.copy(), c.copy()
 
 
-def _add_item(w_front: np.ndarray, c_front: np.ndarray, w: float, c: float) -> tuple[np.ndarray, np.ndarray]:
-    w_all = np.concatenate([w_front, w_front + w])
-    c_all = np.concatenate([c_front, c_front + c])
-    # Walk from the most saved down: keep a point only when it is cheaper than every point saving more.
-    order = np.lexsort((c_all, -w_all))
-    w_all, c_all = w_all[order], c_all[order]
-    best_above = np.minimum.accumulate(np.concatenate([[np.inf], c_all[:-1]]))
-    keep = c_all < best_above
-    return w_all[keep][::-1].copy(), c_all[keep][::-1].copy()
+def _as_items(weights: Sequence[float], costs: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    c = np.asarray(costs, dtype=np.float64).reshape(-1)
+    if w.shape != c.shape:
+        raise ValueError(f"weights and costs must have one length, got {w.size} and {c.size}")
+    if not (np.isfinite(w).all() and np.isfinite(c).all()) or (c < 0).any():
+        raise ValueError("weights must be finite and costs finite and >= 0")
+    return w, c
+
+
+def cover(weights: Sequence[float], costs: Sequence[float], need: float, *,
+          limit: int = FRONTIER_POINTS) -> Optional[Cover]:
+    """The cheapest subset of items whose weights sum to at least ``need``, on a frontier of at most ``limit``
+    points (module docstring), or ``None`` when even all items fall short."""
+    w, c = _as_items(weights, costs)
+    if need <= 0:
+        return Cover(0.0, [], 0.0)
+    if w[w > 0].sum() < need:
+        return None
+    for grid in (0.0, need / limit):
+        chosen = np.zeros(w.size, np.bool_)
+        cost, within = solve(w, c, float(need), grid, int(limit), chosen)
+        if within:
+            if not np.isfinite(cost):
+                return None  # the floored weights fall short; the slack is the price of the bound
+            return Cover(float(cost), [int(j) for j in np.flatnonzero(chosen)], grid)
+    raise AssertionError("a frontier on a grid of need / limit has at most limit + 2 points")
 
 
 def min_cost_cover(weights: Sequence[float], costs: Sequence[float], need: float) -> Optional[tuple[float, list[int]]]:
     """The cheapest subset of items whose weights sum to at least ``need``: ``(cost, sorted indices)``, or
-    ``None`` when even all items fall short. Exact (a Pareto frontier over the items, subsets tracked)."""
+    ``None`` when even all items fall short. Exact, on an unbounded frontier (exponential in the worst case)."""
+    w, c = _as_items(weights, costs)
     if need <= 0:
         return 0.0, []
-    points: list[tuple[float, float, int]] = [(0.0, 0.0, 0)]  # (saved, cost, bitmask of items)
-    for j, (w, c) in enumerate(zip(weights, costs)):
-        if w <= 0:
-            continue
-        grown = points + [(sw + w, sc + c, mask | (1 << j)) for sw, sc, mask in points]
-        grown.sort(key=lambda t: (-t[0], t[1]))
-        points = []
-        best = math.inf
-        for point in grown:
-            if point[1] < best:
-                points.append(point)
-                best = point[1]
-        points.reverse()
-    feasible = [p for p in points if p[0] >= need]
-    if not feasible:
-        return None
-    _, cost, mask = min(feasible, key=lambda t: (t[1], -t[0]))
-    return float(cost), [j for j in range(len(weights)) if mask >> j & 1]
+    limit = FRONTIER_POINTS
+    while True:
+        chosen = np.zeros(w.size, np.bool_)
+        cost, within = solve(w, c, float(need), 0.0, limit, chosen)
+        if within:
+            return None if not np.isfinite(cost) else (float(cost), [int(j) for j in np.flatnonzero(chosen)])
+        limit *= 2
 
 
 @dataclass(frozen=True)
@@ -82,6 +109,16 @@ class StageMemory:
         return self.static_bytes + self.held * self.kept_bytes
 
 
+class StageRecompute(NamedTuple):
+    """A stage's recompute choice: ``recompute_ms``, the ``chosen`` local layer indices, its ``memory`` and
+    ``slack_bytes`` (0 when exact; else the choice is optimal for a budget smaller by at most this)."""
+
+    recompute_ms: float
+    chosen: list[int]
+    memory: StageMemory
+    slack_bytes: float
+
+
 def stage_recompute(
     activation_bytes: Sequence[float],
     input_bytes: Sequence[float],
@@ -89,21 +126,22 @@ def stage_recompute(
     static_bytes: float,
     held: int,
     budget: Optional[float],
-) -> Optional[tuple[float, list[int], StageMemory]]:
-    """The least-recompute-time choice for one stage's layers: ``(recompute_ms, local indices, memory)``, or
-    ``None`` when the stage cannot fit ``budget`` even recomputing everything worth recomputing."""
+    *,
+    limit: int = FRONTIER_POINTS,
+) -> Optional[StageRecompute]:
+    """The least-recompute-time choice for one stage's layers, or ``None`` when the stage cannot fit ``budget``
+    even recomputing everything worth recomputing."""
     act = np.asarray(activation_bytes, dtype=np.float64)
     inp = np.asarray(input_bytes, dtype=np.float64)
     full = static_bytes + held * act.sum()
     if budget is None or full <= budget:
-        return 0.0, [], StageMemory(float(static_bytes), float(act.sum()), held)
-    need = (full - budget) / held
-    found = min_cost_cover(act - inp, forward_ms, need)
+        return StageRecompute(0.0, [], StageMemory(float(static_bytes), float(act.sum()), held), 0.0)
+    found = cover(act - inp, forward_ms, (full - budget) / held, limit=limit)
     if found is None:
         return None
-    cost, chosen = found
-    kept = act.sum() - sum(act[j] - inp[j] for j in chosen)
-    return cost, chosen, StageMemory(float(static_bytes), float(kept), held)
+    kept = act.sum() - sum(act[j] - inp[j] for j in found.chosen)
+    slack = held * found.grid * int((act - inp > 0).sum())
+    return StageRecompute(found.cost, found.chosen, StageMemory(float(static_bytes), float(kept), held), slack)
 
 
 class CheckpointWrapper:

@@ -1,35 +1,63 @@
-"""Pipeline schedule simulator: 1F1B and GPipe, per-stage forward/backward times and communication.
+"""Pipeline schedule simulator: GPipe, 1F1B, interleaved 1F1B and two zero-bubble schedules, with per-stage or
+per-(micro-batch, stage) times and communication.
 
-Each stage runs its operations in the schedule's fixed order; an operation starts when the stage is free and
-its input has arrived: the forward of micro-batch ``i`` on stage ``s`` needs that forward on stage ``s - 1``
-and its send to ``s``; the backward needs the backward on ``s + 1`` and the gradient's send back (and its own
-forward). A send occupies the sending stage right after the operation (blocking point-to-point sends, as in
-Megatron's 1F1B without communication overlap), so a stage's time per micro-batch is its forward, backward and
-two sends, the quantity the partition search balances. Activations of a micro-batch are held from the end of
-its forward to the end of its backward.
+A pipeline of ``P`` ranks runs a chain cut into ``S = P * v`` virtual stages (``v`` chunks per rank). Each rank
+runs its operations in the schedule's fixed order (the orders of ``torch.distributed.pipelining``, tested
+against its ``pipeline_order``); an operation starts when the rank is free and its input has arrived: the
+forward ``F`` of micro-batch ``i`` on virtual stage ``j`` needs ``F(j - 1, i)`` and its send, the backward
+``B`` needs ``B(j + 1, i)`` and the gradient's send (the last stage, its own ``F``). A send occupies the
+sending rank right after the operation (blocking point-to-point sends, as in Megatron's 1F1B without
+communication overlap); stages on one rank exchange nothing. Activations of a micro-batch are held from the end
+of its forward to the end of its backward (of its weight gradient under zero bubble).
 
-- GPipe: all forwards, then all backwards (micro-batch order), so every stage holds ``m`` micro-batches.
-- 1F1B (PipeDream-flush, Megatron's default): ``min(P - s - 1, m)`` warm-up forwards on stage ``s``, then one
-  forward and one backward in turn, then the remaining backwards; stage ``s`` holds ``min(P - s, m)``.
+- ``"gpipe"``: all forwards, then all backwards; every stage holds ``m`` micro-batches.
+- ``"1f1b"`` (PipeDream-flush, Megatron's default): ``min(P - r - 1, m)`` warm-up forwards on rank ``r``, then a
+  forward and a backward in turn, then the remaining backwards; rank ``r`` holds ``min(P - r, m)``.
+- ``"interleaved"`` (``ScheduleInterleaved1F1B``, Megatron's virtual pipeline): chunks placed round-robin
+  (virtual stage ``j`` on rank ``j mod P``), micro-batches in rounds of ``m // max(1, m // P)`` per chunk,
+  ``(v - 1) * round + 2 (P - 1 - r)`` warm-up forwards.
+- ``"interleaved-zb"`` (``ScheduleInterleavedZeroBubble``, ZB-H1 for ``v = 1``): the backward split into the
+  input gradient ``B`` and the weight gradient ``W``; ``(v - 1) * round + P - 1 - r`` warm-up forwards, a ``W``
+  after every ``B`` from rank ``r``'s ``r``-th on, the rest at the end.
+- ``"zbv"`` (``ScheduleZBVZeroBubble``): two chunks per rank in a V (rank ``r`` holds virtual stages ``r`` and
+  ``2P - 1 - r``), the same split backward.
+
+Time and memory of a simulation are O(operations) and O(P v) (the orders are generated, never stored), so a
+step of a million micro-batches is simulated in seconds; ``timeline=True`` also returns every operation.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["SCHEDULES", "ScheduleResult", "simulate", "held_micro_batches"]
+from .._checks import check_positive_int
+from ._kernels import DEADLOCK, GPIPE, INTERLEAVED, INTERLEAVED_ZB, OK, ONE_F_ONE_B, ZBV, order_into, simulate_into
 
-SCHEDULES = ("1f1b", "gpipe")
+__all__ = ["SCHEDULES", "TORCH_SCHEDULES", "ScheduleResult", "held_micro_batches", "schedule_order", "simulate",
+           "stage_ranks"]
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "interleaved-zb", "zbv")
+# The torch.distributed.pipelining class that runs each schedule.
+TORCH_SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved": "ScheduleInterleaved1F1B",
+                   "interleaved-zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
+_CODES = {"1f1b": ONE_F_ONE_B, "gpipe": GPIPE, "interleaved": INTERLEAVED, "interleaved-zb": INTERLEAVED_ZB,
+          "zbv": ZBV}
+ZERO_BUBBLE = ("interleaved-zb", "zbv")
+_KINDS = ("F", "B", "W")
 
 
 @dataclass(frozen=True)
 class ScheduleResult:
-    """One simulated step: ``step_ms``, ``bubble`` (idle fraction of stage-time), per stage: ``busy_ms``
-    (compute and sends),
-    ``held`` (most micro-batches whose activations are alive at once), ``peak_bytes``, and the timeline
-    ``ops`` as ``(stage, "F"|"B", micro_batch, start_ms, end_ms)``."""
+    """One simulated step.
+
+    ``step_ms``; ``bubble``: idle fraction of rank-time; per rank: ``busy_ms`` (compute and sends),
+    ``peak_bytes`` (static bytes plus the most activation bytes alive at once); per virtual stage: ``held``
+    (most micro-batches alive at once); ``ops``: with ``timeline=True``, every operation as
+    ``(virtual stage, "F" | "B" | "W", micro-batch, start_ms, end_ms)``, else empty.
+    """
 
     step_ms: float
     bubble: float
@@ -39,114 +67,174 @@ class ScheduleResult:
     ops: tuple[tuple[int, str, int, float, float], ...]
 
 
-def held_micro_batches(schedule: str, stages: int, micro_batches: int, stage: int) -> int:
-    """Micro-batches whose activations stage ``stage`` holds at its peak under ``schedule``."""
+def check_schedule(schedule: object, virtual_stages: int) -> str:
+    """``schedule`` is one of :data:`SCHEDULES` and takes ``virtual_stages`` chunks per rank."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    v = check_positive_int("virtual_stages", virtual_stages)
+    if schedule in ("1f1b", "gpipe") and v != 1:
+        raise ValueError(f"virtual_stages: schedule {schedule!r} runs one chunk per rank, got {v} (use "
+                         "'interleaved' or 'interleaved-zb' for more)")
+    if schedule == "zbv" and v != 2:
+        raise ValueError(f"virtual_stages: schedule 'zbv' runs exactly 2 chunks per rank, got {v}")
+    return str(schedule)
+
+
+def _round(schedule: str, ranks: int, m: int) -> int:
+    """Micro-batches per round of the interleaved orders; torch requires ``m`` to be a multiple of the rounds."""
+    if schedule not in ("interleaved", "interleaved-zb"):
+        return 1
+    rounds = max(1, m // ranks)
+    if m % rounds:
+        raise ValueError(f"micro_batches: {schedule!r} with {ranks} ranks needs a multiple of {rounds} "
+                         f"(max(1, micro_batches // ranks) rounds), got {m}")
+    return m // rounds
+
+
+def _warmup(schedule: str, ranks: int, v: int, m: int, per_round: int) -> np.ndarray:
+    r = np.arange(ranks)
     if schedule == "gpipe":
-        return micro_batches
+        return np.full(ranks, m, np.int64)
     if schedule == "1f1b":
-        return min(stages - stage, micro_batches)
-    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        return np.minimum(ranks - r - 1, m).astype(np.int64)
+    hops = 2 if schedule == "interleaved" else 1
+    return np.minimum((v - 1) * per_round + hops * (ranks - 1 - r), m * v).astype(np.int64)
 
 
-def _order(schedule: str, stages: int, m: int, s: int) -> list[tuple[str, int]]:
-    if schedule == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    warmup = min(stages - s - 1, m)
-    order = [("F", i) for i in range(warmup)]
-    f, b = warmup, 0
-    while f < m:
-        order += [("F", f), ("B", b)]
-        f += 1
-        b += 1
-    order += [("B", i) for i in range(b, m)]
-    return order
+def stage_ranks(schedule: str, ranks: int, virtual_stages: int = 1) -> tuple[int, ...]:
+    """The rank of every virtual stage: round-robin (``j mod P``), or the V of ``"zbv"``."""
+    check_schedule(schedule, virtual_stages)
+    P = check_positive_int("ranks", ranks)
+    if schedule == "zbv":
+        return tuple(j if j < P else 2 * P - 1 - j for j in range(2 * P))
+    return tuple(j % P for j in range(P * virtual_stages))
+
+
+def schedule_order(schedule: str, ranks: int, micro_batches: int,
+                   virtual_stages: int = 1) -> list[list[tuple[str, int, int]]]:
+    """The order of every rank: ``[[(kind, virtual stage, micro-batch), ...] per rank]``, kind ``"F"``,
+    ``"B"`` or ``"W"``. Memory grows with ``micro_batches``; :func:`simulate` never builds it."""
+    check_schedule(schedule, virtual_stages)
+    P = check_positive_int("ranks", ranks)
+    m = check_positive_int("micro_batches", micro_batches)
+    per_round = _round(schedule, P, m)
+    warm = _warmup(schedule, P, virtual_stages, m, per_round)
+    out = []
+    n = 3 * m * virtual_stages
+    for r in range(P):
+        kinds, stages, mbs = (np.zeros(n, np.int64) for _ in range(3))
+        length = order_into(_CODES[schedule], r, P, virtual_stages, m, per_round, int(warm[r]), kinds, stages, mbs)
+        out.append([(_KINDS[k], int(j), int(i)) for k, j, i in zip(kinds[:length], stages[:length], mbs[:length])])
+    return out
+
+
+def _times(name: str, value: object, m: int, width: int, default: float = 0.0) -> np.ndarray:
+    """``value`` as a C-contiguous float64 (1, width) or (m, width) array, finite and >= 0."""
+    if value is None:
+        return np.full((1, width), default)
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim == 1 and arr.shape == (width,):
+        arr = arr[None, :]
+    elif arr.ndim != 2 or arr.shape != (m, width):
+        raise ValueError(f"{name} must have shape ({width},) or (micro_batches, {width}) = ({m}, {width}), "
+                         f"got {arr.shape}")
+    if not np.isfinite(arr).all() or (arr < 0).any():
+        raise ValueError(f"{name} must be finite and >= 0")
+    return np.ascontiguousarray(arr)
 
 
 def simulate(
-    forward_ms: Sequence[float],
-    backward_ms: Sequence[float],
+    forward_ms: Sequence[float] | np.ndarray,
+    backward_ms: Sequence[float] | np.ndarray,
     micro_batches: int,
     *,
     schedule: str = "1f1b",
-    comm_ms: Optional[Sequence[float]] = None,
-    activation_bytes: Optional[Sequence[float]] = None,
+    virtual_stages: int = 1,
+    comm_ms: Optional[Sequence[float] | np.ndarray] = None,
+    activation_bytes: Optional[Sequence[float] | np.ndarray] = None,
     static_bytes: Optional[Sequence[float]] = None,
+    weight_ms: Optional[Sequence[float] | np.ndarray] = None,
+    timeline: bool = False,
 ) -> ScheduleResult:
-    """Simulates one training step of a P-stage pipeline.
+    """Simulates one training step of a pipeline of ``P = S / virtual_stages`` ranks.
 
     Args:
-        forward_ms, backward_ms: (P,) per-stage time of one micro-batch (backward includes recomputation).
+        forward_ms, backward_ms: (S,) time of one micro-batch on each virtual stage, in chain order, or
+            (micro_batches, S) one time per micro-batch and stage (the backward includes recomputation).
         micro_batches: m, micro-batches per step.
-        schedule: ``"1f1b"`` or ``"gpipe"``.
-        comm_ms: (P - 1,) send time between stages s and s + 1, each way (activations forward, their
-            gradient back); it occupies the sender.
-        activation_bytes: (P,) bytes one micro-batch keeps on each stage; static_bytes: (P,) bytes always held.
+        schedule: one of :data:`SCHEDULES` (module docstring).
+        virtual_stages: v, chunks per rank (1 for ``"1f1b"`` and ``"gpipe"``, 2 for ``"zbv"``).
+        comm_ms: (S - 1,) or (m, S - 1): send time between virtual stages j and j + 1, each way (activations
+            forward, their gradient back); it occupies the sender, and is free between stages of one rank.
+        activation_bytes: (S,) or (m, S) bytes a micro-batch keeps on each stage; static_bytes: (S,) bytes
+            each stage always holds (summed per rank).
+        weight_ms: (S,) or (m, S), under zero bubble the part of ``backward_ms`` that is the weight gradient
+            (``W``, default half of it); the rest (recomputation included) is the input gradient that the
+            previous stage waits for. Other schedules run the backward whole.
+        timeline: also return every operation (memory grows with m).
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    fwd = np.asarray(forward_ms, dtype=np.float64)
-    bwd = np.asarray(backward_ms, dtype=np.float64)
-    p = fwd.size
-    if fwd.ndim != 1 or p == 0 or bwd.shape != fwd.shape:
-        raise ValueError(f"forward_ms and backward_ms must be 1-D of one length >= 1, got {fwd.shape}, {bwd.shape}")
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
-        raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
-    m = int(micro_batches)
-    comm = np.zeros(max(p - 1, 0)) if comm_ms is None else np.asarray(comm_ms, dtype=np.float64)
-    if comm.shape != (max(p - 1, 0),):
-        raise ValueError(f"comm_ms must have P - 1 = {p - 1} entries, got shape {comm.shape}")
-    for name, arr in (("forward_ms", fwd), ("backward_ms", bwd), ("comm_ms", comm)):
-        if not np.isfinite(arr).all() or (arr < 0).any():
-            raise ValueError(f"{name} must be finite and >= 0")
-    act = np.zeros(p) if activation_bytes is None else np.asarray(activation_bytes, dtype=np.float64)
-    static = np.zeros(p) if static_bytes is None else np.asarray(static_bytes, dtype=np.float64)
-    if act.shape != (p,) or static.shape != (p,):
-        raise ValueError(f"activation_bytes and static_bytes must have P = {p} entries")
+    check_schedule(schedule, virtual_stages)
+    m = check_positive_int("micro_batches", micro_batches)
+    v = int(virtual_stages)
+    fwd_arr = np.asarray(forward_ms, dtype=np.float64)
+    if fwd_arr.ndim not in (1, 2) or fwd_arr.shape[-1] == 0:
+        raise ValueError(f"forward_ms must be (S,) or (micro_batches, S) with S >= 1, got shape {fwd_arr.shape}")
+    S = fwd_arr.shape[-1]
+    if S % v:
+        raise ValueError(f"forward_ms: {S} virtual stages are not {v} chunks per rank")
+    P = S // v
+    fwd = _times("forward_ms", forward_ms, m, S)
+    bwd = _times("backward_ms", backward_ms, m, S)
+    comm = _times("comm_ms", comm_ms, m, S - 1)
+    act = _times("activation_bytes", activation_bytes, m, S)
+    static = _times("static_bytes", static_bytes, 1, S)[0]
+    if schedule in ZERO_BUBBLE:
+        d_w = bwd / 2 if weight_ms is None else _times("weight_ms", weight_ms, m, S)
+        if (d_w > bwd * (1 + 1e-12)).any():
+            raise ValueError("weight_ms must not exceed backward_ms")
+    else:
+        d_w = np.zeros_like(bwd)
+    d_w = np.minimum(d_w, bwd)
+    per_round = _round(schedule, P, m)
+    ranks = np.asarray(stage_ranks(schedule, P, v), dtype=np.int64)
+    cross = (ranks[:-1] != ranks[1:]).astype(np.float64)
+    d_f = fwd + np.concatenate([comm * cross, np.zeros((comm.shape[0], 1))], axis=1)
+    d_b = bwd - d_w + np.concatenate([np.zeros((comm.shape[0], 1)), comm * cross], axis=1)
+    # one row for all micro-batches, or one row each: the kernel reads the three alike
+    d_f, d_b, d_w = (np.ascontiguousarray(x) for x in np.broadcast_arrays(d_f, d_b, d_w))
+    busy, peak, held = np.zeros(P), np.zeros(P), np.zeros(S, np.int64)
+    ops_total = (3 if schedule in ZERO_BUBBLE else 2) * m * v * P
+    tl = np.zeros((ops_total if timeline else 1, 6))
+    warm = _warmup(schedule, P, v, m, per_round)
+    ring = min(m, 2 * S + 8)
+    while True:
+        status, step, n_ops = simulate_into(_CODES[schedule], P, v, m, per_round, warm, ranks, d_f, d_b, d_w, act,
+                                              schedule in ZERO_BUBBLE, ring, bool(timeline), tl, busy, peak, held)
+        if status == OK:
+            break
+        if status == DEADLOCK and ring < m:
+            ring = min(m, 2 * ring)
+            continue
+        raise RuntimeError(f"schedule {schedule!r}: the operation order is inconsistent (status {status})")
+    bubble = 0.0 if step == 0 else 1.0 - float(busy.sum()) / (P * step)
+    rank_static = np.bincount(ranks, weights=static, minlength=P)
+    ops: tuple[tuple[int, str, int, float, float], ...] = ()
+    if timeline:
+        ops = tuple((int(j), _KINDS[int(k)], int(i), float(a), float(b)) for _, k, j, i, a, b in tl[:n_ops])
+    return ScheduleResult(float(step), float(bubble), tuple(float(b) for b in busy), tuple(int(h) for h in held),
+                          tuple(int(round(s + p)) for s, p in zip(rank_static, peak)), ops)
 
-    orders = [_order(schedule, p, m, s) for s in range(p)]
-    done_f = np.full((p, m), np.nan)
-    done_b = np.full((p, m), np.nan)
-    pos = [0] * p
-    free = np.zeros(p)
-    ops = []
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for s in range(p):
-            while pos[s] < len(orders[s]):
-                kind, i = orders[s][pos[s]]
-                # done_* include the op's send, so the receiver may start when they are reached.
-                if kind == "F":
-                    ready = 0.0 if s == 0 else done_f[s - 1, i]
-                    dur = fwd[s] + (comm[s] if s < p - 1 else 0.0)
-                else:
-                    ready = done_f[s, i] if s == p - 1 else max(done_b[s + 1, i], done_f[s, i])
-                    dur = bwd[s] + (comm[s - 1] if s > 0 else 0.0)
-                if np.isnan(ready):
-                    break
-                start = max(free[s], ready)
-                end = start + dur
-                (done_f if kind == "F" else done_b)[s, i] = end
-                free[s] = end
-                ops.append((s, kind, i, float(start), float(end)))
-                pos[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # cannot happen for these schedules; guards against an order bug looping forever
-            raise RuntimeError("pipeline schedule deadlocked")
 
-    step = float(max(end for *_, end in ops)) if ops else 0.0
-    sends = np.concatenate([comm, [0.0]]) + np.concatenate([[0.0], comm])
-    busy = [float(m * (fwd[s] + bwd[s] + sends[s])) for s in range(p)]
-    bubble = 0.0 if step == 0 else 1.0 - sum(busy) / (p * step)
-    held = []
-    for s in range(p):
-        events = sorted([(done_f[s, i], 1) for i in range(m)] + [(done_b[s, i], -1) for i in range(m)],
-                        key=lambda e: (e[0], e[1]))
-        live = peak = 0
-        for _, delta in events:
-            live += delta
-            peak = max(peak, live)
-        held.append(peak)
-    peak_bytes = tuple(int(static[s] + held[s] * act[s]) for s in range(p))
-    return ScheduleResult(step, float(bubble), tuple(busy), tuple(held), peak_bytes, tuple(ops))
+@lru_cache(maxsize=256)
+def _held(schedule: str, ranks: int, m: int, v: int) -> tuple[int, ...]:
+    return simulate(np.zeros(ranks * v), np.zeros(ranks * v), m, schedule=schedule, virtual_stages=v).held
+
+
+def held_micro_batches(schedule: str, ranks: int, micro_batches: int, stage: int, *, virtual_stages: int = 1) -> int:
+    """Micro-batches whose activations virtual stage ``stage`` holds at its peak under ``schedule`` (it depends
+    on the order alone, not on the times)."""
+    check_schedule(schedule, virtual_stages)
+    P = check_positive_int("ranks", ranks)
+    m = check_positive_int("micro_batches", micro_batches)
+    s = check_positive_int("stage", stage, 0, P * virtual_stages - 1)
+    return _held(schedule, P, m, int(virtual_stages))[s]

@@ -9,10 +9,19 @@ Python API::
     result.write("lengths.json")          # + lengths.report.json: problems per kind, skipped indices
 
 Command line: ``omnibal-kernels lengths DATA --tokenizer PATH --model internvl|qwen2vl|qwen2.5vl -o OUT``.
+
+Modules, in the order a sample passes them: :mod:`.sources` (records from files), :mod:`.records` (chat
+parts), :mod:`.media` (sizes from headers), :mod:`.chat` (template, placeholders), :mod:`.tokens`,
+:mod:`.loads` (image tokens, ViT load), :mod:`.count` (one chunk), :mod:`.issues` (problems per sample);
+:mod:`.pool` (worker processes), :mod:`.api` (the run), :mod:`.result` and :mod:`.merge` (files and shards).
 """
-from .api import RawLengths, lengths_from_raw, merge_length_parts, parse_shard
-from .count import ISSUE_KINDS, ON_ERROR, SampleError
+from .api import lengths_from_raw, parse_shard
+from .count import DEFAULT_MAX_FRAMES
+from .issues import ISSUE_KINDS, ON_ERROR, SampleError
+from .merge import merge_length_parts
+from .pool import WorkerDied
+from .result import RawLengths
 from .spec import MODELS, ModelSpec, load_model_spec
 
-__all__ = ["ISSUE_KINDS", "MODELS", "ON_ERROR", "ModelSpec", "RawLengths", "SampleError", "lengths_from_raw",
-           "load_model_spec", "merge_length_parts", "parse_shard"]
+__all__ = ["DEFAULT_MAX_FRAMES", "ISSUE_KINDS", "MODELS", "ON_ERROR", "ModelSpec", "RawLengths", "SampleError",
+           "WorkerDied", "lengths_from_raw", "load_model_spec", "merge_length_parts", "parse_shard"]

@@ -1,7 +1,7 @@
 """``omnibal-kernels lengths DATA --tokenizer PATH --model M``: the raw-data mode of the ``lengths`` subcommand.
 
 :func:`add_arguments` adds this mode's options to the ``lengths`` parser; its ``run`` sends a parsed command
-here when ``--tokenizer`` or ``--merge`` is given. The counting options that today's ``lengths`` already has
+here when ``--tokenizer`` or ``--merge`` is given. The counting options of the plain ``lengths`` mode
 (``--max-num``, ``--min-pixels``, ...) keep their meaning here as overrides of the settings read from the
 folder, but only when given on the command line.
 """
@@ -12,12 +12,17 @@ import shutil
 import sys
 from pathlib import Path
 
-from .api import RawLengths, lengths_from_raw, merge_length_parts, parse_shard
-from .count import ON_ERROR
+from .._checks import check_positive_int
+from .api import lengths_from_raw, parse_shard
+from .count import DEFAULT_MAX_FRAMES
+from .issues import ON_ERROR
+from .media import pil_pixel_limit
+from .merge import merge_length_parts
+from .result import RawLengths
 
 __all__ = ["add_arguments", "run"]
 
-# today's `lengths` options (dest) -> the ModelSpec field they override in raw mode
+# the plain mode's options (dest) -> the ModelSpec field they override in raw mode
 _OVERRIDABLE = {"num_image_token": "num_image_token", "min_num": "min_num", "max_num": "max_num",
                 "image_size": "image_size", "patch_size": "patch_size", "merge_size": "merge_size",
                 "temporal_patch_size": "temporal_patch_size", "min_pixels": "min_pixels",
@@ -52,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--work-dir", type=Path, default=None,
                    help="finished chunks are kept here, so a run that dies resumes (default: OUTPUT.chunks, "
                         "removed after success and started over when it holds another run's chunks)")
+    g.add_argument("--max-frames", type=int, default=DEFAULT_MAX_FRAMES,
+                   help="a sample whose videos give the model more frames (after the video processor's sampling) "
+                        f"is a problem of kind over_max_frames (default {DEFAULT_MAX_FRAMES}; bounds memory)")
+    g.add_argument("--max-image-pixels", type=int, default=None,
+                   help="an image or video frame with more pixels is a problem of kind over_max_image_pixels "
+                        "(default: PIL's decompression-bomb limit, 2 * PIL.Image.MAX_IMAGE_PIXELS; a larger value "
+                        "raises PIL's limit in this process)")
     g.add_argument("--trust-remote-code", action="store_true", help="for tokenizers with their own code")
     g.add_argument("--add-special-tokens", choices=("auto", "yes", "no"), default="auto",
                    help="the tokenizer adds its BOS/EOS to the rendered chat: auto (default) unless the chat "
@@ -69,6 +81,19 @@ def _overrides(args: argparse.Namespace) -> dict:
     if getattr(args, "use_thumbnail", True) is False:
         out["use_thumbnail"] = False
     return {k: int(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in out.items()}
+
+
+def _allow_image_pixels(limit: int | None) -> None:
+    """Raise PIL's decompression-bomb limit of this process to ``--max-image-pixels`` when that is larger:
+    the option is the bound the user chose for the run."""
+    if limit is None:
+        return
+    limit = check_positive_int("--max-image-pixels", limit)
+    current = pil_pixel_limit()
+    if current is not None and limit > current:
+        from PIL import Image
+
+        Image.MAX_IMAGE_PIXELS = limit  # PIL warns above this and refuses above twice this
 
 
 def _summary(result: RawLengths, out: Path, extra: str = "") -> None:
@@ -99,12 +124,15 @@ def run(args: argparse.Namespace) -> int:
     if shard is not None and output.suffix != ".npz":
         raise ValueError(f"--shard writes one part for --merge: give -o a .npz path, got {str(output)!r}")
     work_dir = args.work_dir if args.work_dir is not None else output.with_name(output.name + ".chunks")
+    _allow_image_pixels(args.max_image_pixels)
     result = lengths_from_raw(
         args.input, args.tokenizer, args.model, image_root=args.image_root, max_length=args.max_length,
         on_error=args.on_error, num_workers=args.workers, chunk_size=args.chunk_size, shard=shard,
-        work_dir=work_dir, stale_work_dir="error" if args.work_dir is not None else "restart", progress=None if args.progress else False, trust_remote_code=args.trust_remote_code,
-        add_special_tokens={"auto": None, "yes": True, "no": False}[args.add_special_tokens], exif_transpose=args.exif_transpose,
-        overrides=_overrides(args))
+        work_dir=work_dir, stale_work_dir="error" if args.work_dir is not None else "restart",
+        progress=None if args.progress else False, trust_remote_code=args.trust_remote_code,
+        add_special_tokens={"auto": None, "yes": True, "no": False}[args.add_special_tokens],
+        exif_transpose=args.exif_transpose, overrides=_overrides(args), max_frames=args.max_frames,
+        max_image_pixels=args.max_image_pixels)
     if shard is not None:
         out = result.save_part(output)
         _summary(result, out, f" (shard {shard[0]}/{shard[1]}: samples {result.start}..{result.stop - 1})")

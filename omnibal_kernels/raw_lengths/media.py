@@ -3,17 +3,22 @@
 Images: ``PIL.Image.open`` parses only the header; ``.size`` is read and the file is closed (no ``load()``).
 Videos: frame count, frame size and frame rate come from the reference's own metadata (``num_frames`` /
 ``nframes``, ``width``, ``height``, ``fps``) when given, else from the container header through PyAV
-(``pip install av``); a list of frames counts its frames and reads each frame's header.
+(``pip install av``); a list of frames counts its frames and reads each frame's header. Given sizes, frame
+counts and frame rates must be positive finite numbers (sizes and counts integral).
 """
 from __future__ import annotations
 
 import base64
 import io
+import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
-__all__ = ["MediaError", "VideoInfo", "image_size", "video_info"]
+import numpy as np
+
+__all__ = ["MediaError", "VideoInfo", "image_size", "pil_pixel_limit", "video_info"]
 
 _EXIF_ORIENTATION = 0x0112
 # EXIF orientations 5-8 rotate by 90 or 270 degrees: exif_transpose swaps width and height.
@@ -21,8 +26,8 @@ _SWAPPING_ORIENTATIONS = (5, 6, 7, 8)
 
 
 class MediaError(ValueError):
-    """An image or video that cannot be measured; ``kind`` is ``missing_media``, ``unreadable_media`` or
-    ``bad_media_size``."""
+    """An image or video that cannot be measured or that the counting refuses; ``kind`` is one of
+    :data:`~omnibal_kernels.raw_lengths.issues.ISSUE_KINDS`."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -79,13 +84,40 @@ def _open_source(ref: Any, root: Optional[Path]) -> tuple[Any, str]:
     return str(path), str(path)
 
 
+def _positive_int(value: Any, what: str) -> int:
+    """``value`` as a positive int: a ``TypeError`` for what is no number (a bad record), a ``bad_media_size``
+    MediaError for a number that is no positive integer (NaN, infinities, fractions, zero, negatives)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} = {value!r} is not a number")
+    if not (isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer())) \
+            or value <= 0:
+        raise MediaError("bad_media_size", f"{what} = {value!r} is not a positive integer")
+    return int(value) if isinstance(value, numbers.Integral) else int(float(value))
+
+
+def _fps(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"video fps = {value!r} is not a number")
+    if not math.isfinite(value) or value <= 0:
+        raise MediaError("bad_media_size", f"video fps = {value!r} is not a positive finite number")
+    return float(value)
+
+
 def _given_size(ref: Mapping[str, Any]) -> Optional[tuple[int, int]]:
     w, h = ref.get("width"), ref.get("height")
     if w is None or h is None:
         return None
-    if isinstance(w, bool) or isinstance(h, bool) or int(w) != w or int(h) != h or w <= 0 or h <= 0:
-        raise MediaError("bad_media_size", f"media size {w}x{h} (width x height) is not two positive integers")
-    return int(w), int(h)
+    return _positive_int(w, "media width"), _positive_int(h, "media height")
+
+
+def pil_pixel_limit() -> Optional[int]:
+    """Pixels above which ``PIL.Image.open`` refuses an image (``DecompressionBombError``): twice
+    ``PIL.Image.MAX_IMAGE_PIXELS``, read now; None when PIL's check is switched off."""
+    from PIL import Image
+
+    return None if Image.MAX_IMAGE_PIXELS is None else 2 * int(Image.MAX_IMAGE_PIXELS)
 
 
 def image_size(ref: Any, root: Optional[Path] = None, exif_transpose: bool = False) -> tuple[int, int]:
@@ -98,9 +130,11 @@ def image_size(ref: Any, root: Optional[Path] = None, exif_transpose: bool = Fal
             transformers' ``load_image`` does (InternVL's and qwen-vl-utils' own loaders do not).
 
     Raises:
-        MediaError: ``missing_media`` for a missing file, ``unreadable_media`` for one PIL cannot identify.
+        MediaError: ``missing_media`` for a missing file, ``unreadable_media`` for one PIL cannot identify,
+            ``over_max_image_pixels`` for one PIL refuses as too large (:func:`pil_pixel_limit`),
+            ``bad_media_size`` for given sizes that are not positive integers.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     if isinstance(ref, Image.Image):
         w, h = ref.size
@@ -117,8 +151,11 @@ def image_size(ref: Any, root: Optional[Path] = None, exif_transpose: bool = Fal
             orientation = im.getexif().get(_EXIF_ORIENTATION) if exif_transpose else None
     except FileNotFoundError as exc:
         raise MediaError("missing_media", f"{name}: no such file") from exc
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise MediaError("unreadable_media", f"{name}: not a readable image ({exc})") from exc
+    except Image.DecompressionBombError as exc:
+        raise MediaError("over_max_image_pixels", f"{name}: PIL refuses to open it ({exc} Raise "
+                         "PIL.Image.MAX_IMAGE_PIXELS to count such images)") from exc
+    except Exception as exc:  # PIL's format plugins raise many error types on a damaged header: all unreadable
+        raise MediaError("unreadable_media", f"{name}: not a readable image ({type(exc).__name__}: {exc})") from exc
     return (h, w) if orientation in _SWAPPING_ORIENTATIONS else (w, h)
 
 
@@ -126,9 +163,7 @@ def _frames_of(ref: Mapping[str, Any]) -> Optional[int]:
     for key in ("num_frames", "nframes", "frames", "total_num_frames"):
         value = ref.get(key)
         if value is not None and not isinstance(value, (list, tuple)):
-            if isinstance(value, bool) or int(value) != value or value <= 0:
-                raise MediaError("bad_media_size", f"video {key} = {value!r} is not a positive integer")
-            return int(value)
+            return _positive_int(value, f"video {key}")
     return None
 
 
@@ -180,13 +215,12 @@ def video_info(ref: Any, root: Optional[Path] = None) -> VideoInfo:
             return video_info(list(frames_list), root)
         frames = _frames_of(ref)
         size = _given_size(ref)
+        fps = _fps(ref.get("fps"))
         if frames is not None and size is not None:
-            fps = ref.get("fps")
-            return VideoInfo(frames, size[0], size[1], None if fps is None else float(fps))
+            return VideoInfo(frames, size[0], size[1], fps)
         source, name = _open_source(ref, root)
         info = _pyav_info(source, name)
-        fps = ref.get("fps")
         return VideoInfo(frames or info.num_frames, *(size or (info.width, info.height)),
-                         info.fps if fps is None else float(fps))
+                         info.fps if fps is None else fps)
     source, name = _open_source(ref, root)
     return _pyav_info(source, name)

@@ -3,6 +3,7 @@
 * :mod:`omnibal_kernels.testing.references`: ``<what>_reference`` functions (balance, ops, vision, attention,
   ``pack_batch``).
 * :mod:`omnibal_kernels.testing.models`: ``TinyCausalLM`` and its building blocks, ``causal_lm_loss``.
+* :mod:`omnibal_kernels.testing.processes`: ``free_port`` for local multi-process runs.
 
 Importing this package imports torch; nothing in the library imports it.
 """

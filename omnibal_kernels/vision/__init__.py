@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "QWEN2VL_MAX_RATIO": "counts",
     "TileGrid": "counts",
     "ResizedGrid": "counts",
+    "ResizedSize": "counts",
     "internvl_target_ratios": "counts",
     "internvl_tile_grid": "counts",
     "internvl_num_tiles": "counts",

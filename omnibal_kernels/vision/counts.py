@@ -21,11 +21,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._checks import (MAX_IMAGE_SIDE, QWEN2VL_MAX_RATIO, as_int_array, check_positive_int, device_of, is_tensor,
-                       use_cpu_twin)
+from .._checks import MAX_IMAGE_SIDE, QWEN2VL_MAX_RATIO, as_int_array, check_positive_int, is_tensor, use_cpu_twin
+from .._contracts.vision_counts import ResizedSize, TileGrid
 
-# Most tiles of an InternVL grid: the configs use 6 to 40; the candidate scan grows as max_num**3
-# (256 takes 0.4 s on one core), and an absurd value would never finish.
+# Most tiles of an InternVL grid: the configs use 6 to 40; the candidate scan grows as max_num**3, and an
+# absurd value would never finish.
 INTERNVL_MAX_TILES = 256
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "MAX_IMAGE_SIDE",
     "QWEN2VL_MAX_RATIO",
     "TileGrid",
+    "ResizedSize",
     "ResizedGrid",
     "internvl_target_ratios",
     "internvl_tile_grid",
@@ -42,17 +43,6 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------- InternVL
-
-
-class TileGrid(NamedTuple):
-    """InternVL tiling of N images (all ``(N,)`` int64, numpy or torch like the input)."""
-
-    cols: Any
-    """tiles along the width (``target_aspect_ratio[0]``)"""
-    rows: Any
-    """tiles along the height (``target_aspect_ratio[1]``)"""
-    num_tiles: Any
-    """``cols * rows`` plus the thumbnail when ``use_thumbnail`` and ``cols * rows > 1``"""
 
 
 def internvl_target_ratios(min_num: int = 1, max_num: int = 12) -> list[tuple[int, int]]:
@@ -96,11 +86,11 @@ def internvl_tile_grid(widths: Any, heights: Any, *, min_num: int = 1, max_num: 
     """
     ratios = internvl_target_ratios(min_num, max_num)
     image_size = check_positive_int("image_size", image_size, maximum=MAX_IMAGE_SIDE)
-    if use_cpu_twin(backend, device_of(widths, heights), "internvl_tile_grid"):
+    if use_cpu_twin("internvl_tile_grid", backend, widths, heights):
         from ..cpu.vision_counts import internvl_tile_grid as count
     else:
         from ..ops.vision_counts import internvl_tile_grid as count
-    return TileGrid(*count(widths, heights, ratios, image_size, bool(use_thumbnail)))
+    return count(widths, heights, ratios, image_size, bool(use_thumbnail))
 
 
 def internvl_num_tiles(widths: Any, heights: Any, *, min_num: int = 1, max_num: int = 12, image_size: int = 448,
@@ -138,8 +128,8 @@ def _check_pixels(factor: int, min_pixels: int, max_pixels: int) -> tuple[int, i
 
 
 def qwen2vl_smart_resize(widths: Any, heights: Any, *, factor: int = 28, min_pixels: int = 56 * 56,
-                         max_pixels: int = 28 * 28 * 1280, backend: str = "auto") -> tuple[Any, Any]:
-    """Qwen2-VL ``smart_resize`` of many images: ``(resized_height, resized_width)``, each ``(N,)`` int64.
+                         max_pixels: int = 28 * 28 * 1280, backend: str = "auto") -> ResizedSize:
+    """Qwen2-VL ``smart_resize`` of many images: :class:`ResizedSize` ``(height, width)``, each ``(N,)`` int64.
 
     Both sides are rounded (half to even) to multiples of ``factor``; if the area then exceeds
     ``max_pixels`` the image is scaled by ``beta = sqrt(h * w / max_pixels)`` and floored to multiples of
@@ -156,7 +146,7 @@ def qwen2vl_smart_resize(widths: Any, heights: Any, *, factor: int = 28, min_pix
             naming the image.
     """
     factor, min_pixels, max_pixels = _check_pixels(factor, min_pixels, max_pixels)
-    if use_cpu_twin(backend, device_of(widths, heights), "qwen2vl_smart_resize"):
+    if use_cpu_twin("qwen2vl_smart_resize", backend, widths, heights):
         from ..cpu.vision_counts import smart_resize
     else:
         from ..ops.vision_counts import smart_resize

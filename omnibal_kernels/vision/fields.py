@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .._checks import is_tensor
+from .._shared_memory import in_worker, shared_tensors
 from .mrope import grid_rows, mrope_position_ids
 
 __all__ = ["SAMPLE_KEYS", "VISION_KEYS", "pack_vision_fields", "unpack_vision_fields", "pack_batch_vision",
@@ -130,7 +131,7 @@ def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_si
     parts = [samples[i][pixel_key] for i in with_pixels]
     if shared:
         rows_total = sum(int(p.shape[0]) for p in parts)
-        pixels = _shared_empty((rows_total, *parts[0].shape[1:]), parts[0].dtype)
+        (pixels,) = shared_tensors(((rows_total, *parts[0].shape[1:]), parts[0].dtype))
         torch.cat(parts, dim=0, out=pixels)
     else:
         pixels = torch.cat(parts, dim=0)
@@ -181,7 +182,7 @@ def unpack_vision_fields(fields: Mapping[str, Any], batch_size: int | None = Non
 
 # --------------------------------------------------------------------------------------------- pack_batch hook
 
-# Sample keys pack_batch hands to pack_batch_vision (omnibal_kernels.packing registers it under each).
+# Sample keys for which pack_batch calls pack_batch_vision (once per batch, whichever of them it has).
 SAMPLE_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 # Batch keys that tell unpack_batch a batch carries vision fields.
 VISION_KEYS = ("num_images", "num_videos", "second_per_grid_ts")
@@ -198,15 +199,6 @@ _PRODUCED = frozenset(
     ("vit_cu_seqlens", "vit_max_seqlen", "image_to_sample", "num_images", "text_position_ids",
      *(v for k, v in _VIDEO_RENAME.items() if k not in ("pixel_values", "image_grid_thw")))
 )
-
-
-def _shared_empty(shape: tuple[int, ...], dtype: Any) -> Any:
-    """An uninitialized contiguous tensor in shared memory (what DataLoader workers hand over without a copy)."""
-    import torch
-
-    numel = int(np.prod(shape, dtype=np.int64))
-    storage = torch.UntypedStorage._new_shared(max(numel, 1) * torch.empty(0, dtype=dtype).element_size())
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 
 def _sample_seconds(samples: Sequence[Mapping[str, Any]], video_rows: list[np.ndarray]) -> list[np.ndarray]:
@@ -226,11 +218,11 @@ def _sample_seconds(samples: Sequence[Mapping[str, Any]], video_rows: list[np.nd
 
 
 def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, options: Any) -> None:
-    """``pack_batch``'s multimodal packer: adds the vision fields and, when ``options.mrope``, mRoPE positions.
+    """``pack_batch``'s multimodal packer: adds the vision fields and, with mRoPE on, the mRoPE positions.
 
     Called by :func:`omnibal_kernels.packing.pack_batch` after the text fields are built (``fields`` holds
-    them); see :class:`omnibal_kernels.packing.PackOptions` for the options and :func:`pack_vision_fields`
-    for the fields.
+    them); ``options`` is its :class:`omnibal_kernels.packing.PackOptions` (this reads ``options.mrope``, an
+    :class:`omnibal_kernels.packing.MRopeOptions`); see :func:`pack_vision_fields` for the fields.
     """
     import warnings
 
@@ -240,8 +232,9 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
         for i, s in enumerate(samples):
             if key in s:
                 raise ValueError(f"sample {i} has a {key!r} field, which pack_batch produces itself")
-    shared = torch.utils.data.get_worker_info() is not None
-    merge = options.spatial_merge_size if options.mrope else None
+    mrope = options.mrope
+    shared = in_worker()
+    merge = mrope.spatial_merge_size if mrope.enabled else None
     images = pack_vision_fields(samples, spatial_merge_size=merge, shared=shared)
     fields.update(images)
     has_videos = any(s.get("pixel_values_videos") is not None or s.get("video_grid_thw") is not None
@@ -254,7 +247,7 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
     if any("second_per_grid_ts" in s for s in samples):
         seconds = _sample_seconds(samples, video_rows)
         fields["second_per_grid_ts"] = torch.from_numpy(np.concatenate(seconds).astype(np.float32))
-    if not options.mrope:
+    if not mrope.enabled:
         if "image_grid_thw" in fields or "video_grid_thw" in fields:
             warnings.warn("samples carry image_grid_thw/video_grid_thw but image_token_id is not set: "
                           "position_ids stay 1-D text positions, not Qwen2-VL mRoPE (pass image_token_id)",
@@ -267,24 +260,24 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
     text_pos = fields["position_ids"]  # (1, T), restarting per segment, padding included
     ids = fields["input_ids"][0, :total].split(lens)
     image_rows = [grid_rows(s.get("image_grid_thw"), f"sample {i}: image_grid_thw") for i, s in enumerate(samples)]
-    if options.video_token_id is None:
+    if mrope.video_token_id is None:
         for i, rows in enumerate(video_rows):
             if rows.shape[0]:
                 raise ValueError(f"sample {i}: has video_grid_thw but video_token_id is not set")
     seconds = None
-    if options.tokens_per_second is not None and any(rows.shape[0] for rows in video_rows):
+    if mrope.tokens_per_second is not None and any(rows.shape[0] for rows in video_rows):
         seconds = np.concatenate(_sample_seconds(samples, video_rows))
-    mrope = mrope_position_ids(
-        ids, image_rows, video_rows if options.video_token_id is not None else None,
-        image_token_id=options.image_token_id, video_token_id=options.video_token_id,
-        spatial_merge_size=options.spatial_merge_size, second_per_grid_ts=seconds,
-        tokens_per_second=options.tokens_per_second if seconds is not None else None,
-        convention=options.mrope_convention,
+    positions = mrope_position_ids(
+        ids, image_rows, video_rows if mrope.video_token_id is not None else None,
+        image_token_id=mrope.image_token_id, video_token_id=mrope.video_token_id,
+        spatial_merge_size=mrope.spatial_merge_size, second_per_grid_ts=seconds,
+        tokens_per_second=mrope.tokens_per_second if seconds is not None else None,
+        convention=mrope.mrope_convention,
     )
-    rows = 4 if options.mrope_text_row else 3
+    rows = 4 if mrope.mrope_text_row else 3
     padded = text_pos.shape[1]
     position_ids = torch.empty((rows, 1, padded), dtype=torch.int64)
-    position_ids[rows - 3:, 0, :total] = mrope.position_ids[:, 0]
+    position_ids[rows - 3:, 0, :total] = positions.position_ids[:, 0]
     position_ids[rows - 3:, 0, total:] = text_pos[0, total:]  # padding: positions of its own segment
     if rows == 4:
         position_ids[0] = text_pos

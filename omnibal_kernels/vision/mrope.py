@@ -155,104 +155,114 @@ def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, vid
         if video_token_id is None:
             raise ValueError("video_grid_thw needs video_token_id")
         kinds.append(("video", video_grid_thw, video_token_id))
-    # per sample, per kind: the grid rows of that sample
-    per_sample: dict[str, list[np.ndarray]] = {}
-    for kind, grid, token in kinds:
-        if isinstance(grid, (list, tuple)) and len(grid) == len(ids_list) and all(
-                g is None or np.ndim(g.detach().cpu() if is_tensor(g) else g) == 2 for g in grid):
-            per_sample[kind] = [grid_rows(g, f"{kind}_grid_thw[{i}]") for i, g in enumerate(grid)]
-            continue
-        rows = grid_rows(grid, f"{kind}_grid_thw")
-        tokens_per_item = rows[:, 0] * (rows[:, 1] // m) * (rows[:, 2] // m)
-        splits, k = [], 0
-        for i, ids in enumerate(ids_list):
-            need = int((ids == token).sum())
-            start = k
-            while need > 0 and k < rows.shape[0]:
-                need -= int(tokens_per_item[k])
-                k += 1
-            if need != 0:
-                raise ValueError(f"sample {i}: its {kind} placeholder tokens do not add up to whole "
-                                 f"{kind}_grid_thw rows (rows {start}..{k - 1})")
-            splits.append(rows[start:k])
-        if k != rows.shape[0]:
-            raise ValueError(f"{kind}_grid_thw has {rows.shape[0]} rows but the samples use {k}")
-        per_sample[kind] = splits
+    tokens = {kind: token for kind, _, token in kinds}
+    grids = {kind: _rows_per_sample(kind, grid, token, ids_list, m) for kind, grid, token in kinds}
     seconds = None
     if second_per_grid_ts is not None:
         seconds = np.asarray(second_per_grid_ts.detach().cpu() if is_tensor(second_per_grid_ts)
                              else second_per_grid_ts, dtype=np.float32).reshape(-1)
-    video_counter = 0
-    pieces, text_pieces, deltas = [], [], []
+    clock = _VideoClock(seconds, tokens_per_second)
+    pieces = []
     for i, ids in enumerate(ids_list):
-        n = ids.shape[0]
-        tokens = {kind: tok for kind, _, tok in kinds}
-        is_visual = np.zeros(n, dtype=bool)
-        for tok in tokens.values():
-            is_visual |= ids == tok
-        visual_pos = np.flatnonzero(is_visual)
-        queues = {kind: list(per_sample[kind][i]) for kind in tokens}
-        used = {kind: 0 for kind in tokens}
-        pos = np.zeros((3, n), dtype=np.int64)
-        shift = np.zeros(n + 1, dtype=np.int64)  # text position = index + cumulative shift
-        items = []
-        st, acc = 0, 0
-        while True:
-            j = np.searchsorted(visual_pos, st)
-            if j >= visual_pos.shape[0]:
-                break
-            p = int(visual_pos[j])
-            kind = "image" if ids[p] == image_token_id else "video"
-            if used[kind] >= len(queues[kind]):
-                raise ValueError(f"sample {i}: more {kind} placeholders than {kind}_grid_thw rows")
-            t, h, w = (int(v) for v in queues[kind][used[kind]])
-            used[kind] += 1
-            if h % m or w % m:
-                raise ValueError(f"sample {i}: {kind} grid {(t, h, w)} is not divisible by spatial_merge_size {m}")
-            gh, gw = h // m, w // m
-            length = t * gh * gw
-            if p + length > n or not (ids[p:p + length] == tokens[kind]).all():
-                raise ValueError(f"sample {i}: {kind} at token {p} needs {length} consecutive placeholders "
-                                 f"for grid {(t, h, w)}")
-            if kind == "video" and seconds is not None:
-                if video_counter >= seconds.shape[0]:
-                    raise ValueError("second_per_grid_ts has fewer entries than videos")
-                t_steps = video_time_positions(t, seconds[video_counter], tokens_per_second)
-            else:
-                t_steps = np.arange(t, dtype=np.int64)
-            if kind == "video":
-                video_counter += 1
-            start = p + acc
-            tt = np.repeat(t_steps, gh * gw)
-            hh = np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
-            ww = np.tile(np.arange(gw, dtype=np.int64), t * gh)
-            pos[0, p:p + length] = start + tt
-            pos[1, p:p + length] = start + hh
-            pos[2, p:p + length] = start + ww
-            if convention == "max_hw":
-                span = max(gh, gw)
-            else:
-                span = max(int(t_steps[-1]), gh - 1, gw - 1) + 1
-            acc += span - length
-            shift[p + length] += span - length
-            items.append((p, length))
-            st = p + length
-        for kind in tokens:
-            if used[kind] != len(queues[kind]):
-                raise ValueError(f"sample {i}: {len(queues[kind])} {kind}_grid_thw rows but {used[kind]} "
-                                 f"{kind} placeholder runs")
-        text_pos = np.arange(n, dtype=np.int64) + np.cumsum(shift)[:n]
-        text_mask = np.ones(n, dtype=bool)
-        for p, length in items:
-            text_mask[p:p + length] = False
-        pos[:, text_mask] = text_pos[text_mask]
-        pieces.append(pos)
-        text_pieces.append(np.arange(n, dtype=np.int64))
-        deltas.append((int(pos.max()) + 1 - n) if n else 0)
-    if seconds is not None and video_counter != seconds.shape[0]:
-        raise ValueError(f"second_per_grid_ts has {seconds.shape[0]} entries for {video_counter} videos")
+        sample_grids = {kind: list(rows[i]) for kind, rows in grids.items()}
+        pieces.append(_sample_positions(i, ids, sample_grids, tokens, m, clock, convention))
+    if seconds is not None and clock.videos != seconds.shape[0]:
+        raise ValueError(f"second_per_grid_ts has {seconds.shape[0]} entries for {clock.videos} videos")
+    deltas = [(int(pos.max()) + 1 - pos.shape[1]) if pos.shape[1] else 0 for pos in pieces]
     position_ids = torch.from_numpy(np.concatenate(pieces, axis=1)).reshape(3, 1, -1)
-    text_position_ids = torch.from_numpy(np.concatenate(text_pieces)).reshape(1, -1)
+    text_position_ids = torch.from_numpy(np.concatenate([np.arange(ids.shape[0], dtype=np.int64)
+                                                         for ids in ids_list])).reshape(1, -1)
     return MRopePositions(position_ids, text_position_ids, torch.tensor(deltas, dtype=torch.int64))
 
 
+def _rows_per_sample(kind: str, grid: Any, token: int, ids_list: list[np.ndarray], m: int) -> list[np.ndarray]:
+    """The ``(k_i, 3)`` grid rows of every sample: given per sample, or one table split by the samples'
+    placeholder counts (each image or video takes ``t * (h / m) * (w / m)`` placeholders)."""
+    if isinstance(grid, (list, tuple)) and len(grid) == len(ids_list) and all(
+            g is None or np.ndim(g.detach().cpu() if is_tensor(g) else g) == 2 for g in grid):
+        return [grid_rows(g, f"{kind}_grid_thw[{i}]") for i, g in enumerate(grid)]
+    rows = grid_rows(grid, f"{kind}_grid_thw")
+    tokens_per_item = rows[:, 0] * (rows[:, 1] // m) * (rows[:, 2] // m)
+    splits, k = [], 0
+    for i, ids in enumerate(ids_list):
+        need = int((ids == token).sum())
+        start = k
+        while need > 0 and k < rows.shape[0]:
+            need -= int(tokens_per_item[k])
+            k += 1
+        if need != 0:
+            raise ValueError(f"sample {i}: its {kind} placeholder tokens do not add up to whole "
+                             f"{kind}_grid_thw rows (rows {start}..{k - 1})")
+        splits.append(rows[start:k])
+    if k != rows.shape[0]:
+        raise ValueError(f"{kind}_grid_thw has {rows.shape[0]} rows but the samples use {k}")
+    return splits
+
+
+class _VideoClock:
+    """Time positions of the batch's videos in order: ``0..t-1``, or Qwen2.5-VL's from ``second_per_grid_ts``."""
+
+    def __init__(self, seconds: np.ndarray | None, tokens_per_second: float | None) -> None:
+        self.seconds = seconds
+        self.tokens_per_second = tokens_per_second
+        self.videos = 0  # videos numbered so far
+
+    def steps(self, t: int) -> np.ndarray:
+        """The ``t`` time positions of the next video."""
+        video = self.videos
+        self.videos += 1
+        if self.seconds is None:
+            return np.arange(t, dtype=np.int64)
+        if video >= self.seconds.shape[0]:
+            raise ValueError("second_per_grid_ts has fewer entries than videos")
+        return video_time_positions(t, self.seconds[video], self.tokens_per_second)  # type: ignore[arg-type]
+
+
+def _sample_positions(i: int, ids: np.ndarray, grids: dict[str, list[np.ndarray]], tokens: dict[str, int], m: int,
+                      clock: _VideoClock, convention: str) -> np.ndarray:
+    """``(3, n)`` positions of sample ``i``: text advances all three by one, each placeholder run gets its
+    grid's ``start + (t, h, w)`` and moves the text after it on as ``convention`` says."""
+    n = ids.shape[0]
+    is_visual = np.zeros(n, dtype=bool)
+    for tok in tokens.values():
+        is_visual |= ids == tok
+    visual_pos = np.flatnonzero(is_visual)
+    used = {kind: 0 for kind in tokens}
+    pos = np.zeros((3, n), dtype=np.int64)
+    shift = np.zeros(n + 1, dtype=np.int64)  # text position = index + cumulative shift
+    text_mask = np.ones(n, dtype=bool)
+    st, acc = 0, 0
+    while True:
+        j = np.searchsorted(visual_pos, st)
+        if j >= visual_pos.shape[0]:
+            break
+        p = int(visual_pos[j])
+        kind = "image" if ids[p] == tokens["image"] else "video"
+        if used[kind] >= len(grids[kind]):
+            raise ValueError(f"sample {i}: more {kind} placeholders than {kind}_grid_thw rows")
+        t, h, w = (int(v) for v in grids[kind][used[kind]])
+        used[kind] += 1
+        if h % m or w % m:
+            raise ValueError(f"sample {i}: {kind} grid {(t, h, w)} is not divisible by spatial_merge_size {m}")
+        gh, gw = h // m, w // m
+        length = t * gh * gw
+        if p + length > n or not (ids[p:p + length] == tokens[kind]).all():
+            raise ValueError(f"sample {i}: {kind} at token {p} needs {length} consecutive placeholders "
+                             f"for grid {(t, h, w)}")
+        t_steps = clock.steps(t) if kind == "video" else np.arange(t, dtype=np.int64)
+        start = p + acc
+        pos[0, p:p + length] = start + np.repeat(t_steps, gh * gw)
+        pos[1, p:p + length] = start + np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
+        pos[2, p:p + length] = start + np.tile(np.arange(gw, dtype=np.int64), t * gh)
+        span = max(gh, gw) if convention == "max_hw" else max(int(t_steps[-1]), gh - 1, gw - 1) + 1
+        acc += span - length
+        shift[p + length] += span - length
+        text_mask[p:p + length] = False
+        st = p + length
+    for kind in tokens:
+        if used[kind] != len(grids[kind]):
+            raise ValueError(f"sample {i}: {len(grids[kind])} {kind}_grid_thw rows but {used[kind]} "
+                             f"{kind} placeholder runs")
+    text_pos = np.arange(n, dtype=np.int64) + np.cumsum(shift)[:n]
+    pos[:, text_mask] = text_pos[text_mask]
+    return pos

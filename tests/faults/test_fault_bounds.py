@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import omnibal_kernels as ok
 from omnibal_kernels.balance import epoch_seed
-from omnibal_kernels.balance.engine import MAX_CAPACITY
+from omnibal_kernels.balance.options import MAX_CAPACITY
 
 
 def _text_lengths(n: int = 400, seed: int = 0) -> ok.Lengths:

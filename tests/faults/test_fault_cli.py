@@ -96,7 +96,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
     (["lengths", "{folder.json}", "-o", "{dir}/out.json"], ["folder.json: is a directory"]),
     (["lengths", "{dir}/missing.json", "-o", "{dir}/out.json"], ["missing.json"]),
     (["lengths", "{records.json}", "-o", "{regular}/out.json"], ["regular/out.json"]),
-    (["lengths", "{records.json}", "-o", "{dir}/out.txt"], ["out.txt", "use a .json or .npz suffix"]),
+    (["lengths", "{records.json}", "-o", "{dir}/out.txt"], ["out.txt", "use a .json, .jsonl or .npz suffix"]),
     (["lengths", "{records.json}", "-o", "{dir}/out.json", "--num-image-token", str(2**63)], ["num_image_token"]),
     (["lengths", "{records.json}", "-o", "{dir}/out.json", "--num-image-token", "-1"], ["num_image_token"]),
     (["lengths", "{records.json}", "-o", "{dir}/out.json", "--max-num", str(2**31)], ["max_num must be <= 256"]),

@@ -1,0 +1,215 @@
+"""What a stage of a partition costs: per-interval times and memory of one profile under one setting.
+
+Virtual stage ``j`` holding layers ``a..b`` runs, per micro-batch, a forward ``F = forward + send out`` and a
+backward ``B = backward + recompute + send in`` (sends only between stages on different ranks, as
+``output_bytes / link_gb_per_s``); under zero bubble ``B`` is the input-gradient part, ``(1 - weight_fraction)``
+of the backward plus the recomputation, and ``W`` the rest. A rank holding stages with ``held_j``
+micro-batches alive at their peaks needs ``static + sum_j held_j * kept_j`` bytes (an upper bound on the
+simulated peak, which is exact when each rank holds one stage); ``kept`` is the activation bytes of the layers
+that are not recomputed plus the input bytes of those that are.
+
+Recompute modes: ``"plan"`` (the least recompute time that fits, per rank: a knapsack over its layers),
+``"all"`` (every layer), ``"none"``; ``"uniform"`` is resolved by the caller (none if every rank fits, else all).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ._frontier import recompute_matrix, solve
+from .profile import ModelProfile
+from .recompute import FRONTIER_POINTS, cover
+from .schedule import ZERO_BUBBLE, held_micro_batches, stage_ranks
+
+__all__ = ["RankChoice", "StageCosts"]
+
+_GB = 1e9
+
+
+@dataclass(frozen=True)
+class RankChoice:
+    """The recompute choice of one rank: ``chosen`` (global layer indices per virtual stage of the rank),
+    ``recompute_ms`` and ``kept_bytes`` per stage, ``memory_bytes`` (static + held * kept, summed), ``fits``
+    and ``slack_bytes`` (0 when the choice is exactly optimal)."""
+
+    chosen: tuple[tuple[int, ...], ...]
+    recompute_ms: tuple[float, ...]
+    kept_bytes: tuple[float, ...]
+    memory_bytes: float
+    fits: bool
+    slack_bytes: float
+
+
+class StageCosts:
+    """Interval costs of ``profile`` on ``ranks * virtual_stages`` virtual stages under one setting.
+
+    ``budgets``: per rank bytes (``None``: memory is no constraint). Prefix sums make every interval sum O(1).
+    """
+
+    def __init__(self, profile: ModelProfile, ranks: int, virtual_stages: int, micro_batches: int, schedule: str,
+                 budgets: Optional[list[float]], mode: str, link_gb_per_s: float, weight_fraction: float) -> None:
+        self.profile = profile
+        self.L, self.P, self.v = len(profile), ranks, virtual_stages
+        self.S = ranks * virtual_stages
+        self.m, self.schedule, self.budgets, self.mode = micro_batches, schedule, budgets, mode
+        self.rank_of = np.asarray(stage_ranks(schedule, ranks, virtual_stages), dtype=np.int64)
+        self.held = np.array([held_micro_batches(schedule, ranks, micro_batches, j, virtual_stages=virtual_stages)
+                              for j in range(self.S)], dtype=np.float64)
+        self.cross_out = np.append(self.rank_of[:-1] != self.rank_of[1:], False)
+        self.cross_in = np.insert(self.rank_of[1:] != self.rank_of[:-1], 0, False)
+        self.wf = weight_fraction if schedule in ZERO_BUBBLE else 0.0
+        self.fwd, self.bwd = profile.forward_ms, profile.backward_ms
+        self.act, self.inp = profile.activation_bytes, profile.input_bytes_per_layer
+        self.static = profile.static_bytes
+        self.send_ms = profile.output_bytes / (link_gb_per_s * _GB) * 1e3 if link_gb_per_s else np.zeros(self.L)
+        z = np.zeros(1)
+        self.c_fwd = np.concatenate([z, np.cumsum(self.fwd)])
+        self.c_bwd = np.concatenate([z, np.cumsum(self.bwd)])
+        self.c_act = np.concatenate([z, np.cumsum(self.act)])
+        self.c_inp = np.concatenate([z, np.cumsum(self.inp)])
+        # the least a stage can keep: a layer is recomputed only where its input is smaller than what it saves
+        self.c_least = np.concatenate([z, np.cumsum(np.minimum(self.act, self.inp))])
+        self.c_static = np.concatenate([z, np.cumsum(self.static)])
+        # Lower bound of what the layers from b + 1 on add to a round trip (forward and input gradient).
+        self.rest = (self.c_fwd[-1] - self.c_fwd) + (1.0 - self.wf) * (self.c_bwd[-1] - self.c_bwd)
+        self._rank_cache: dict[tuple, RankChoice] = {}
+        self.grids: Optional[np.ndarray] = None  # set by recompute_matrices: the grid per start it used
+        self.last: Optional[np.ndarray] = None  # and the last layer a stage from each start may end at
+
+    # ---- sums over an interval a..b (inclusive) --------------------------------------------------------
+    def span(self, c: np.ndarray, a, b):
+        return c[np.asarray(b) + 1] - c[a]
+
+    def budget(self, rank: int) -> Optional[float]:
+        return None if self.budgets is None else self.budgets[rank]
+
+    def send_out(self, j: int, b):
+        """Send time after stage j ending at layer b (0 at the chain's end or to the same rank)."""
+        b = np.asarray(b)
+        return np.where((b < self.L - 1) & self.cross_out[j], self.send_ms[np.minimum(b, self.L - 1)], 0.0)
+
+    def send_in(self, j: int, a):
+        """Send time of the input gradient of stage j starting at layer a."""
+        a = np.asarray(a)
+        return np.where((a > 0) & self.cross_in[j], self.send_ms[np.maximum(a - 1, 0)], 0.0)
+
+    def parts(self, j: int, a, b, recompute_ms=0.0):
+        """``(F, B, W)`` of stage j = a..b per micro-batch (arrays broadcast over a and b)."""
+        f = self.span(self.c_fwd, a, b)
+        bt = self.span(self.c_bwd, a, b)
+        return (f + self.send_out(j, b), (1.0 - self.wf) * bt + recompute_ms + self.send_in(j, a), self.wf * bt)
+
+    # ---- memory ---------------------------------------------------------------------------------------
+    def lone_recompute(self, j: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """A lower bound on stage j's recompute time as one stage of its rank: 0 where it can fit with
+        ``mode`` (alone, the other stages of the rank taking nothing), inf where it cannot."""
+        budget = self.budget(int(self.rank_of[j]))
+        if self.mode == "all":
+            rec = self.span(self.c_fwd, a, b)
+            kept = self.span(self.c_inp, a, b)
+        else:
+            rec = np.zeros(np.broadcast(a, b).shape)
+            kept = self.span(self.c_least if self.mode == "plan" else self.c_act, a, b)
+        if budget is None:
+            return rec
+        ok = self.span(self.c_static, a, b) + self.held[j] * kept <= budget
+        return np.where(ok, rec, np.inf)
+
+    def recompute_matrices(self, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(S, L, L) least recompute ms per stage for b <= last[a] (inf elsewhere and where nothing fits), and
+        (L,) the grid of each start (0: exact). With one stage per rank they are the recompute times
+        ``rank_choice`` gives from then on; with several, lower bounds (``lone_recompute``)."""
+        L = self.L
+        out = np.full((self.S, L, L), np.inf)
+        grids = np.zeros(L)
+        self.last = np.asarray(last, dtype=np.int64)
+        if self.mode != "plan" or self.budgets is None or self.v > 1:
+            a, b = np.meshgrid(np.arange(L), np.arange(L), indexing="ij")
+            for j in range(self.S):
+                out[j] = np.where((a <= b) & (b <= last[:, None]), self.lone_recompute(j, a, b), np.inf)
+            return out, grids
+        keys = sorted({(self.held[j], self.budgets[int(self.rank_of[j])]) for j in range(self.S)})
+        held = np.array([k for k, _ in keys])
+        budget = np.array([bb for _, bb in keys])
+        mats = np.full((len(keys), L, L), np.inf)
+        recompute_matrix(self.act - self.inp, self.fwd.copy(), self.c_static, self.c_act, held, budget,
+                                   np.asarray(last, dtype=np.int64), FRONTIER_POINTS, mats, grids)
+        for j in range(self.S):
+            out[j] = mats[keys.index((self.held[j], self.budgets[int(self.rank_of[j])]))]
+        self.grids = grids
+        self._rank_cache.clear()
+        return out, grids
+
+    def rank_choice(self, intervals: Sequence[tuple[int, int, int]]) -> RankChoice:
+        """The recompute choice of one rank holding ``(stage j, a, b)`` for each of its stages."""
+        key = tuple(intervals)
+        found = self._rank_cache.get(key)
+        if found is None:
+            found = self._rank_choice(key)
+            if len(self._rank_cache) > 100_000:
+                self._rank_cache.clear()
+            self._rank_cache[key] = found
+        return found
+
+    def _rank_choice(self, intervals: tuple[tuple[int, int, int], ...]) -> RankChoice:
+        rank = int(self.rank_of[intervals[0][0]])
+        budget = self.budget(rank)
+        layers = [np.arange(a, b + 1) for _, a, b in intervals]
+        held = [self.held[j] for j, _, _ in intervals]
+        static = sum(float(self.span(self.c_static, a, b)) for _, a, b in intervals)
+        act = [float(self.span(self.c_act, a, b)) for _, a, b in intervals]
+        inp = [float(self.span(self.c_inp, a, b)) for _, a, b in intervals]
+        n = len(intervals)
+        if self.mode == "all":
+            chosen = [tuple(int(x) for x in ls) for ls in layers]
+            rec = [float(self.fwd[ls].sum()) for ls in layers]
+            kept = inp
+        elif self.mode == "none" or budget is None or static + sum(h * x for h, x in zip(held, act)) <= budget:
+            chosen, rec, kept = [()] * n, [0.0] * n, act
+        else:
+            items = np.concatenate(layers)
+            if n == 1:
+                # per micro-batch, the arithmetic of recompute_matrix, so both give one answer
+                _, a, b = intervals[0]
+                weights = self.act[items] - self.inp[items]
+                need = (self.c_static[b + 1] - self.c_static[a] - budget) / held[0] + self.c_act[b + 1] - self.c_act[a]
+                scale = held[0]
+            else:
+                weights = np.concatenate([h * (self.act[ls] - self.inp[ls]) for h, ls in zip(held, layers)])
+                need = static + sum(h * x for h, x in zip(held, act)) - budget
+                scale = 1.0
+            if n == 1 and self.grids is not None:
+                mask = np.zeros(items.size, np.bool_)
+                cost, _ = solve(weights, self.fwd[items], float(need), float(self.grids[a]),
+                                          2 * FRONTIER_POINTS, mask)
+                found = None if not math.isfinite(cost) else (np.flatnonzero(mask), float(self.grids[a]))
+            else:
+                got = cover(weights, self.fwd[items], need)
+                found = None if got is None else (got.chosen, got.grid)
+            if found is None:  # cannot fit: recompute every layer worth it and report the overflow
+                take = {int(items[t]) for t in np.flatnonzero(weights > 0)}
+                slack = 0.0
+            else:
+                take = {int(items[t]) for t in found[0]}
+                slack = scale * found[1] * int((weights > 0).sum())
+            chosen = [tuple(int(x) for x in ls if int(x) in take) for ls in layers]
+            rec = [float(self.fwd[list(c)].sum()) if c else 0.0 for c in chosen]
+            kept = [a - sum(self.act[x] - self.inp[x] for x in c) for a, c in zip(act, chosen)]
+            memory = static + sum(h * k for h, k in zip(held, kept))
+            return RankChoice(tuple(chosen), tuple(rec), tuple(float(k) for k in kept), float(memory),
+                              bool(memory <= budget * (1 + 1e-9) and found is not None), float(slack))
+        memory = static + sum(h * k for h, k in zip(held, kept))
+        fits = budget is None or memory <= budget * (1 + 1e-9)
+        return RankChoice(tuple(chosen), tuple(rec), tuple(float(k) for k in kept), float(memory), bool(fits), 0.0)
+
+    def layer_fits_alone(self, j: int) -> bool:
+        """Whether layer ``j`` fits some rank even alone and recomputed under ``mode``."""
+        if self.budgets is None:
+            return True
+        for s in range(self.S):
+            if math.isfinite(float(self.lone_recompute(s, np.array(j), np.array(j)))):
+                return True
+        return False

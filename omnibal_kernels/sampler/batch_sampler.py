@@ -1,0 +1,309 @@
+"""``BalancedBatchSampler``: the ``torch.utils.data.Sampler[list[int]]`` over the epochs' schedules."""
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch.utils.data
+
+from .._checks import check_epoch, check_int, check_positive_int, default_world
+from ..balance.cost import CostModel
+from ..balance.options import UNSET, Method, OversizePolicy, PlanOptions
+from ..balance.packs import Plan, as_lengths
+from ..lengths import Lengths
+from .epochs import EpochCache, EpochSchedule, plan_epoch
+from .groups import build_groups
+from .report import SamplerReport, make_report, micro_step_loads
+from .state import Cursor, config_fingerprint, make_state, read_state, resume_position
+from .steps import PlannedBatch, PlannedDataset, planned_batch, step_label_counts
+
+__all__ = ["BalancedBatchSampler"]
+
+
+def _shared_field(name: str) -> Any:
+    """A read-only attribute of the sampler: field ``name`` of the options, the same for every group."""
+    return property(lambda self: getattr(self.options[0], name), doc=f"The options' ``{name}`` (every group's).")
+
+
+# Duplicates above this share of an epoch's samples are warned about (once per sampler).
+DUPLICATES_WARNING_FRACTION = 0.05
+
+
+class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
+    """Yields, for this rank, one list of sample ids per micro-step: ``DataLoader(ds, batch_sampler=...)``.
+
+    Each list is a :class:`~omnibal_kernels.sampler.steps.PlannedBatch`, which also carries its micro-step's
+    place in the plan and, with label counts in the lengths, the optimizer step's label tokens over all ranks
+    and micro-steps. ``DataLoader(sampler.wrap(dataset), batch_sampler=sampler, collate_fn=PackCollator(...))``
+    hands that to the collator: every batch then has ``num_items_in_batch`` and each sample's loads are checked
+    against the lengths (:meth:`wrap`).
+
+    Args:
+        lengths: per-sample loads (``Lengths``, a ``(vit, llm)`` tuple, or a 1-D array of token counts);
+            sample ``i`` is ``dataset[i]``.
+        options: a :class:`~omnibal_kernels.balance.options.PlanOptions` for every group, or a sequence with
+            one per group (:mod:`~omnibal_kernels.sampler.groups` says which fields may differ).
+        world_size, rank: data-parallel ranks and this one, both or neither; default torch.distributed's when
+            initialized, else 1 and 0 (with ``WORLD_SIZE > 1`` in the environment that is an error: call
+            ``torch.distributed.init_process_group`` first).
+        method, target_batch_size, vit_capacity, llm_capacity, seed, drop_last, oversize, cost_model: fields
+            of ``PlanOptions``, replacing those of ``options``; ``target_batch_size`` and the capacities may
+            be sequences with one value per group. Capacities not given are searched once, on each group's
+            whole data, and kept for all epochs.
+        micro_steps_per_step: micro-steps (gradient accumulation steps) per optimizer step.
+        groups: ``None`` (one group), a per-sample array of integer group ids (groups in sorted id order), or
+            a list of index arrays partitioning the samples. Each group is packed under its own capacities;
+            each optimizer step holds packs of one group.
+        dataset, num_samples: when given, the number of samples must equal ``len(lengths)``.
+
+    Raises:
+        ValueError/TypeError: rank not in ``[0, world_size)``, only one of ``world_size`` and ``rank``,
+            ``WORLD_SIZE > 1`` without a process group, too few packs for the ranks with ``drop_last``, lengths
+            not matching the dataset, bad groups or options (naming the argument, group or sample).
+
+    Warns:
+        UserWarning: capacities raised past those of ``target_batch_size`` (at construction), an epoch whose
+            reused packs repeat more than 5% of its samples (once), and a wrapped dataset iterated without
+            label counts in the lengths outside :func:`omnibal_kernels.loss.step_batches` (once).
+    """
+
+    def __init__(
+        self,
+        lengths: Union[Lengths, tuple, np.ndarray],
+        *,
+        options: Union[PlanOptions, Sequence[PlanOptions], None] = None,
+        world_size: Optional[int] = None,
+        rank: Optional[int] = None,
+        method: Method = UNSET,
+        target_batch_size: Union[float, Sequence[float]] = UNSET,
+        vit_capacity: Union[int, Sequence[int], None] = UNSET,
+        llm_capacity: Union[int, Sequence[int], None] = UNSET,
+        seed: int = UNSET,
+        drop_last: bool = UNSET,
+        micro_steps_per_step: int = 1,
+        oversize: OversizePolicy = UNSET,
+        cost_model: Optional[CostModel] = UNSET,
+        groups: Any = None,
+        dataset: Any = None,
+        num_samples: Optional[int] = None,
+    ) -> None:
+        self.lengths = as_lengths(lengths)
+        n = len(self.lengths)
+        if n == 0:
+            raise ValueError("lengths is empty: nothing to sample")
+        if dataset is not None:
+            if not hasattr(dataset, "__len__"):
+                raise TypeError("dataset must have a length (a map-style dataset) to check it against lengths")
+            if len(dataset) != n:
+                raise ValueError(f"lengths has {n} samples but the dataset has {len(dataset)}")
+        if num_samples is not None and num_samples != n:
+            raise ValueError(f"lengths has {n} samples but num_samples is {num_samples}")
+        self.world_size, self.rank = default_world(world_size, rank, owner="BalancedBatchSampler")
+        self.micro_steps_per_step = check_positive_int("micro_steps_per_step", micro_steps_per_step)
+        self._groups = build_groups(self.lengths, groups, options, world_size=self.world_size,
+                                    micro_steps=self.micro_steps_per_step, method=method,
+                                    target_batch_size=target_batch_size, vit_capacity=vit_capacity,
+                                    llm_capacity=llm_capacity, seed=seed, drop_last=drop_last, oversize=oversize,
+                                    cost_model=cost_model)
+        self._config_fingerprint = config_fingerprint(self.lengths, self._groups, self.world_size,
+                                                      self.micro_steps_per_step)
+        self._cursor = Cursor()
+        self._epochs = EpochCache(lambda e: plan_epoch(self._groups, self.world_size, self.micro_steps_per_step, e))
+        self._sample_costs: Optional[np.ndarray] = None
+        self._wrapped = False  # wrap() was called: batches reach a collator that weights the loss
+        self._counted_per_step = False  # step_batches counts the label tokens (one all-reduce per step)
+        self._warned: set[str] = set()
+        self._schedule()  # plan now: bad options fail at construction, not in the first DataLoader pass
+
+    # ------------------------------------------------------------------------------------------ options
+
+    @property
+    def options(self) -> tuple[PlanOptions, ...]:
+        """Every group's options, with its capacities (given or searched)."""
+        return self._groups.options
+
+    @property
+    def groups(self) -> list[np.ndarray]:
+        """Every group's sorted sample ids (one group: all samples)."""
+        return list(self._groups.ids)
+
+    @property
+    def capacities(self) -> list[tuple[int, int]]:
+        """``(vit_capacity, llm_capacity)`` of every group."""
+        return self._groups.capacities
+
+    method = _shared_field("method")
+    seed = _shared_field("seed")
+    drop_last = _shared_field("drop_last")
+    oversize = _shared_field("oversize")
+    cost_model = _shared_field("cost_model")
+
+    # ------------------------------------------------------------------------------------------ sampling
+
+    def _schedule(self, epoch: Optional[int] = None) -> EpochSchedule:
+        """The schedule of ``epoch`` (checked; default: the current one)."""
+        current = self._cursor.epoch
+        schedule = self._epochs.get(current if epoch is None else check_epoch(epoch), current)
+        if schedule.duplicated_fraction > DUPLICATES_WARNING_FRACTION and "duplicates" not in self._warned:
+            self._warned.add("duplicates")
+            slots = self.world_size * self.micro_steps_per_step
+            warnings.warn(
+                f"epoch {schedule.epoch}: {schedule.duplicated_fraction:.1%} of the epoch's samples are trained twice: "
+                f"its packs do not fill a whole number of optimizer steps of world_size {self.world_size} x "
+                f"micro_steps_per_step {self.micro_steps_per_step} = {slots} packs, and the ragged last step is "
+                f"filled with reused packs (packs hold about {schedule.mean_pack_size:.3g} samples); pass "
+                "drop_last=True to drop it instead, or use more samples, fewer ranks or smaller packs",
+                UserWarning, stacklevel=3)
+        return schedule
+
+    @property
+    def epoch(self) -> int:
+        return self._cursor.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch to sample (a new plan per epoch). Setting the current epoch again keeps a
+        resumed position, so ``load_state_dict`` followed by the usual ``set_epoch(e)`` continues mid-epoch."""
+        self._cursor.set_epoch(check_epoch(epoch))
+
+    def __len__(self) -> int:
+        """Batches the next pass yields: the epoch's micro-steps, less those already done before a resume."""
+        return self._schedule().num_micro_steps - self._cursor.start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if _iterated_as_a_plain_sampler(self, sys._getframe(1)):
+            raise TypeError("BalancedBatchSampler yields whole batches: pass it as DataLoader(dataset, "
+                            "batch_sampler=sampler), not sampler=sampler")
+        if self._wrapped and self.lengths.label is None and not self._counted_per_step \
+                and "label counts" not in self._warned:
+            self._warned.add("label counts")
+            warnings.warn(
+                "the lengths carry no label counts, so the batches of sampler.wrap(dataset) get no "
+                "num_items_in_batch and a model's loss would be a mean per pack, not over the optimizer step: "
+                "iterate omnibal_kernels.step_batches(loader), which counts each step's label tokens with one "
+                "all-reduce, or load lengths with label counts", UserWarning, stacklevel=2)
+        return self._batches()
+
+    def _batches(self) -> Iterator[PlannedBatch]:
+        schedule = self._schedule()
+        counts = self._step_counts(schedule)
+        for i in range(self._cursor.begin_pass(), schedule.num_micro_steps):
+            self._cursor.position = i + 1
+            yield planned_batch(schedule, i, self.rank, self.lengths, self.micro_steps_per_step, counts)
+        self._cursor.end_pass()
+
+    def _step_counts(self, schedule: EpochSchedule) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """Every optimizer step's label tokens and labelled samples (None without label counts), made once."""
+        if self.lengths.label is None:
+            return None
+        if schedule.step_counts is None:
+            schedule.step_counts = step_label_counts(schedule, self.lengths.label, self.micro_steps_per_step)
+        return schedule.step_counts
+
+    def wrap(self, dataset: Any, *, check_loads: bool = True) -> PlannedDataset:
+        """``dataset`` for ``DataLoader(sampler.wrap(dataset), batch_sampler=sampler, collate_fn=...)``.
+
+        The collator (:class:`~omnibal_kernels.packing.PackCollator`, ``pack_batch``) then receives each batch
+        with its :class:`~omnibal_kernels.sampler.steps.PlannedStep` (in DataLoader workers too: it travels with
+        the batch's indices) and gives every batch its ``num_items_in_batch``: the label tokens of the whole
+        optimizer step over all ranks and micro-steps, known from the plan when the lengths carry label
+        counts. A model's loss over it, times ``world_size`` under DDP (which averages gradients), has exactly
+        the gradient of the token mean over the optimizer step.
+
+        Args:
+            dataset: the map-style dataset the lengths describe (sample ``i`` is ``dataset[i]``).
+            check_loads: the collator checks every sample's tokens (``len(input_ids)``), ViT load (the first
+                dimension of ``pixel_values`` and ``pixel_values_videos``: tiles or patches) and label tokens
+                against its length entry, and raises ``ValueError`` naming the sample and both values on a
+                difference, before the pack is built (stale lengths would overfill packs).
+
+        Raises:
+            ValueError: the dataset's length is not the number of samples of the lengths.
+        """
+        if not hasattr(dataset, "__len__"):
+            raise TypeError("wrap: dataset must have a length (a map-style dataset)")
+        if len(dataset) != len(self.lengths):
+            raise ValueError(f"wrap: the dataset has {len(dataset)} samples but the lengths have {len(self.lengths)}")
+        self._wrapped = True
+        return PlannedDataset(dataset, check_loads=check_loads)
+
+    # ------------------------------------------------------------------------------------------ state
+
+    def fingerprint(self, epoch: Optional[int] = None) -> str:
+        """Hash of the epoch's schedule over all ranks (equal on every rank; default: the current epoch)."""
+        return self._schedule(epoch).fingerprint
+
+    def state_dict(self, consumed: Optional[int] = None) -> dict[str, Any]:
+        """The position in the epoch, to resume from (the same on every rank).
+
+        Args:
+            consumed: micro-steps the training loop consumed in the current (or just finished) pass, counted
+                from where that pass started (a resumed position included). Default: all batches this
+                sampler handed out, which is exact when batches are fetched on demand (``num_workers=0``); a
+                DataLoader with workers prefetches, so pass the loop's count then.
+        """
+        schedule = self._schedule()
+        return make_state(self._cursor, consumed, num_micro_steps=schedule.num_micro_steps,
+                          world_size=self.world_size, config_fingerprint=self._config_fingerprint,
+                          plan_fingerprint=schedule.fingerprint)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues where ``state`` was saved: the next pass yields exactly the remaining batches.
+
+        Raises ValueError when the state was saved with other lengths, options or world size.
+        """
+        epoch = read_state(state, world_size=self.world_size, config_fingerprint=self._config_fingerprint)
+        schedule = self._schedule(epoch)
+        position = resume_position(state, epoch=epoch, plan_fingerprint=schedule.fingerprint,
+                                   num_micro_steps=schedule.num_micro_steps)
+        self._cursor.resume(epoch, position)
+
+    # ------------------------------------------------------------------------------------------ inspection
+
+    def plans(self, epoch: Optional[int] = None) -> tuple[Plan, ...]:
+        """Every group's :class:`Plan` of the epoch (over ``world_size * micro_steps_per_step`` virtual ranks);
+        sample ids inside are group-local (``sampler.groups[g][id]`` is the dataset index)."""
+        return self._schedule(epoch).plans
+
+    def rank_batches(self, rank: Optional[int] = None, epoch: Optional[int] = None) -> list[PlannedBatch]:
+        """All batches of ``rank`` (default this one) for the epoch, from its start, as :meth:`__iter__` yields them."""
+        rank = self.rank if rank is None else check_int("rank", rank)
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        schedule = self._schedule(epoch)
+        counts = self._step_counts(schedule)
+        return [planned_batch(schedule, i, rank, self.lengths, self.micro_steps_per_step, counts)
+                for i in range(schedule.num_micro_steps)]
+
+    def micro_step_loads(self, epoch: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step."""
+        if self._sample_costs is None:
+            self._sample_costs = self.cost_model.sample_costs(self.lengths.vit, self.lengths.llm)
+        return micro_step_loads(self._schedule(epoch), self.lengths, self._sample_costs)
+
+    def balance_report(self, epoch: Optional[int] = None) -> SamplerReport:
+        """The :class:`SamplerReport` of the epoch (default: the current one; made once per planned epoch)."""
+        schedule = self._schedule(epoch)
+        if schedule.report is None:
+            schedule.report = make_report(schedule, self._groups, self.micro_steps_per_step,
+                                          self.micro_step_loads(schedule.epoch))
+        return schedule.report
+
+    def __repr__(self) -> str:
+        return (f"BalancedBatchSampler(samples={len(self.lengths)}, world_size={self.world_size}, rank={self.rank}, "
+                f"method={self.method!r}, capacities={self.capacities}, micro_steps_per_step="
+                f"{self.micro_steps_per_step}, groups={len(self.groups)}, epoch={self.epoch})")
+
+
+def _iterated_as_a_plain_sampler(sampler: BalancedBatchSampler, caller: Optional[FrameType]) -> bool:
+    """Whether ``iter(sampler)`` was called by a DataLoader that takes it for a sampler of single indices: a
+    ``BatchSampler`` wrapping it (``DataLoader(sampler=...)``), or a loader without automatic batching."""
+    owner = caller.f_locals.get("self") if caller is not None else None
+    if type(owner) is torch.utils.data.BatchSampler and owner.sampler is sampler:
+        return True
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return isinstance(owner, _BaseDataLoaderIter) and not getattr(owner, "_auto_collation", True)
