@@ -52,8 +52,8 @@ Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold
 // the samples of the others are pooled for the next round; the last round keeps all its packs. A round's
 // shuffled pool is packed in chunks of 16k samples (random subsets that stay in cache); packs still open at
 // the end (from the last round, or from a chunk where none filled up) are merged across chunks. `totals`
-// receives every pack's ViT load, LLM load and cost (appended, in pack order). rounds >= 1.
-Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed, const CostModel& cost,
-                     PackLoads& totals);
+// receives every pack's ViT load and LLM load (appended, in pack order; its cost is the caller's).
+// rounds >= 1.
+Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed, PackLoads& totals);
 
 }  // namespace omnibal

@@ -1,5 +1,5 @@
 // Per-sample loads and what the engine reads from them: the loads themselves, a set of sample ids, the two
-// capacities of a pack, the cost model, and one pass of load statistics.
+// capacities of a pack, the per-sample costs, and one pass of load statistics.
 //
 // Every sample has a ViT load (image tiles or patches) and an LLM load (tokens), both in [0, kMaxLoad]: the
 // grouping keeps them as int32 next to each sample's id (see item_of in grouping.cpp, which checks).
@@ -33,17 +33,11 @@ struct Capacity {
   int64_t llm;
 };
 
-// Training cost of one sample: linear and quadratic terms of its ViT and LLM loads.
-struct CostModel {
-  double vit_linear = 0.0;
-  double vit_quadratic = 0.0;
-  double llm_linear = 1.0;
-  double llm_quadratic = 0.0;
-
-  double sample_cost(int64_t vit, int64_t llm) const {
-    const double v = static_cast<double>(vit), t = static_cast<double>(llm);
-    return vit_linear * v + vit_quadratic * v * v + llm_linear * t + llm_quadratic * t * t;
-  }
+// Training cost of every sample, indexed by sample id (finite, >= 0; computed by the caller from its cost
+// model), and the cost of a pack beyond its samples'.
+struct SampleCosts {
+  const double* cost;
+  double per_pack = 0.0;
 };
 
 // Totals and maxima of per-sample loads in one pass, and the LLM total with every sample rounded up to

@@ -254,9 +254,17 @@ class CostModel:
         if llm is not None:
             v = np.asarray(lengths, dtype=np.float64)
             t = np.asarray(llm, dtype=np.float64)
-            return (self.vit_linear * v + self.vit_quadratic * v * v + self.llm_linear * t
-                    + self.llm_quadratic * t * t + self.per_sample)
-        return sample_features(lengths) @ self.coefficients()
+            squares = v * v
+        else:
+            if not isinstance(lengths, Lengths):
+                raise TypeError(f"lengths must be a Lengths, got {type(lengths).__name__}")
+            v, t, squares = lengths.vit.astype(np.float64), lengths.llm.astype(np.float64), _vit_square_sums(lengths)
+        # One elementwise operation at a time, in a fixed order (no matrix product, whose summation order and
+        # fused multiply-adds vary with the BLAS): the same costs, to the bit, on every rank and platform.
+        out = self.vit_linear * v + self.vit_quadratic * squares
+        out = out + self.llm_linear * t
+        out = out + self.llm_quadratic * (t * t)
+        return out + self.per_sample
 
     def pack_costs(self, lengths: Lengths, packs: PackLike) -> np.ndarray:
         """``(P,)`` float64 cost of every pack: its samples' costs plus ``per_pack``.

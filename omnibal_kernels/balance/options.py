@@ -116,7 +116,8 @@ class PlanOptions:
             default 4).
         oversize: a sample that alone exceeds a capacity: ``"error"`` (raise ``OversizeError``, default),
             ``"single"`` (its own pack, reported) or ``"drop"`` (left out, reported).
-        drop_last: drop the packs of a ragged last step (reported) instead of filling it with reused packs.
+        drop_last: drop the packs of a ragged last step (reported) instead of filling it with reused packs
+            (the balanced method splits packs into whole steps first, where it can: then nothing is dropped).
         seed: with the epoch, what a plan is drawn from; an int in ``[-2**63, 2**64)``.
         cost_model: the per-sample cost the balanced method equalizes (``None``: ``CostModel.internvl_7b()``).
         isf: the ``isf`` method's settings; thresholds are an error with another method.
