@@ -1,6 +1,7 @@
 // fill_pack_costs, split_to_whole_steps and cost_order (step_balance.hpp): the packs and their order before the
 // exchanges of refine_steps.
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -8,6 +9,15 @@
 #include "step_balance.hpp"
 
 namespace omnibal {
+namespace {
+
+// cost_order sorts by 16-bit digits (4 passes over the packs, counts that stay in cache), and many packs
+// only: below kRadixMin packs a comparison sort costs less than the passes' counts.
+constexpr int kRadixBits = 16;
+constexpr uint64_t kRadixMask = (uint64_t{1} << kRadixBits) - 1;
+constexpr size_t kRadixMin = size_t{1} << 16;
+
+}  // namespace
 
 void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals) {
   const Index n = packs.size();
@@ -91,12 +101,38 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
 }
 
 LargeVector<Index> cost_order(const PackLoads& totals) {
-  LargeVector<Index> order(totals.cost.size());
+  const size_t n = totals.cost.size();
+  LargeVector<Index> order(n);
   std::iota(order.begin(), order.end(), 0);
   const double* cost = totals.cost.data();
-  std::sort(order.begin(), order.end(), [cost](Index a, Index b) {
-    return cost[a] != cost[b] ? cost[a] > cost[b] : a < b;
-  });
+  if (n < kRadixMin) {
+    std::sort(order.begin(), order.end(),
+              [cost](Index a, Index b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; });
+    return order;
+  }
+  // Costs are finite and >= 0, so their bit patterns order as they do; complemented, an increasing stable
+  // radix sort from the ids in order gives decreasing cost, ties by id.
+  LargeVector<uint64_t> key(n), key_out(n);
+  for (size_t p = 0; p < n; ++p) {
+    uint64_t bits;
+    std::memcpy(&bits, cost + p, sizeof bits);
+    key[p] = ~bits;
+  }
+  LargeVector<Index> out(n);
+  std::vector<size_t> start(size_t{1} << kRadixBits);
+  for (int shift = 0; shift < 64; shift += kRadixBits) {
+    std::fill(start.begin(), start.end(), 0);
+    for (size_t k = 0; k < n; ++k) ++start[(key[k] >> shift) & kRadixMask];
+    size_t sum = 0;
+    for (size_t& s : start) sum += std::exchange(s, sum);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t to = start[(key[k] >> shift) & kRadixMask]++;
+      out[to] = order[k];
+      key_out[to] = key[k];
+    }
+    order.swap(out);
+    key.swap(key_out);
+  }
   return order;
 }
 
