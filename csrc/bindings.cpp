@@ -143,10 +143,12 @@ Capacity as_capacity(int64_t vit_capacity, int64_t llm_capacity) {
   return Capacity{vit_capacity, llm_capacity};
 }
 
-// The per-sample costs: a 1-D float64 array of one entry per sample, every entry finite and >= 0 (a cast would
-// hide an integer or float32 array computed elsewhere), kept alive while the engine reads it.
+// The per-sample costs: a float64 array, (N,) (one cost per sample) or (N, 2) (its ViT and its LLM cost),
+// every entry finite and >= 0 (a cast would hide an integer or float32 array computed elsewhere), kept alive
+// while the engine reads it.
 struct CostArray {
   py::array_t<double, py::array::c_style> cost;
+  int dims = 1;
 
   CostArray(const py::handle& obj, Index num_samples) {
     const py::array arr = py::array::ensure(obj);
@@ -155,14 +157,16 @@ struct CostArray {
     }
     cost = py::array_t<double, py::array::c_style>::ensure(arr);
     if (!cost) throw py::error_already_set();
-    if (cost.ndim() != 1 || cost.shape(0) != num_samples) {
-      throw std::invalid_argument("sample_costs must be 1-D with one entry per sample (" + std::to_string(num_samples) +
-                                  ")");
+    const bool two = cost.ndim() == 2 && cost.shape(1) == 2;
+    if (!(cost.ndim() == 1 || two) || cost.shape(0) != num_samples) {
+      throw std::invalid_argument("sample_costs must be (N,) or (N, 2) with one row per sample (N = " +
+                                  std::to_string(num_samples) + ")");
     }
+    dims = two ? 2 : 1;
     const double* c = cost.data();
-    for (Index k = 0; k < num_samples; ++k) {
+    for (Index k = 0; k < num_samples * dims; ++k) {
       if (!(std::isfinite(c[k]) && c[k] >= 0.0)) {
-        throw std::invalid_argument("sample_costs[" + std::to_string(k) + "] = " + std::to_string(c[k]) +
+        throw std::invalid_argument("sample_costs[" + std::to_string(k / dims) + "] = " + std::to_string(c[k]) +
                                     " is not a finite cost >= 0");
       }
     }
@@ -301,7 +305,7 @@ void bind_grouping(py::module_& m) {
         {
           py::gil_scoped_release release;
           plan = omnibal::plan_balanced(loads.view(), ids.set, single_ids.set, cap,
-                                        omnibal::SampleCosts{costs.cost.data(), per_pack}, rounds, world_size,
+                                        omnibal::SampleCosts{costs.cost.data(), costs.dims, per_pack}, rounds, world_size,
                                         drop_last, seed, work_per_sample);
         }
         return BalancedPlanResult{packs_result(std::move(plan.packs)),
@@ -311,7 +315,8 @@ void bind_grouping(py::module_& m) {
       py::arg("llm_capacity"), py::arg("sample_costs"), py::arg("per_pack"), py::arg("rounds"), py::arg("world_size"),
       py::arg("drop_last"), py::arg("seed"), py::arg("work_per_sample"),
       "Best-fit packs of `items` (None: every sample), plus one pack per sample of `singles` (or None), and "
-      "their balanced assignment on the float64 per-sample costs (a pack costs its samples' plus per_pack; "
+      "their balanced assignment on the float64 per-sample costs, (N,) or (N, 2) for a ViT and an LLM part (a "
+      "pack costs its samples' plus per_pack, in the last part; "
       "work_per_sample bounds the step refinement, 0: none); returns BalancedPlan.");
 }
 

@@ -30,10 +30,18 @@ struct Packs {
   void close_pack() { offsets.push_back(static_cast<Index>(samples.size())); }
 };
 
-// Per-pack totals, kept in step with the packs' contents.
+// Per-pack totals, kept in step with the packs' contents; cost[p * cost_dims + d] is part d of pack p's cost
+// (SampleCosts).
 struct PackLoads {
   LargeVector<int64_t> vit, llm;
   LargeVector<double> cost;
+  int cost_dims = 1;
+
+  double cost_sum(Index p) const {
+    double c = 0.0;
+    for (int d = 0; d < cost_dims; ++d) c += cost[static_cast<size_t>(p * cost_dims + d)];
+    return c;
+  }
 };
 
 // Plain random next-fit: shuffle, then close the open pack whenever the next sample does not fit.

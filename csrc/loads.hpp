@@ -33,11 +33,19 @@ struct Capacity {
   int64_t llm;
 };
 
-// Training cost of every sample, indexed by sample id (finite, >= 0; computed by the caller from its cost
-// model), and the cost of a pack beyond its samples'.
+// Training cost of every sample (finite, >= 0; computed by the caller from its cost model) in `dims` parts,
+// cost[id * dims + d]: one (the step's time) or two (the ViT's and the LLM's, on different pipeline stages);
+// a pack costs the sum of its samples' in each part, plus per_pack in the last.
 struct SampleCosts {
   const double* cost;
+  int dims = 1;
   double per_pack = 0.0;
+
+  double total(Index id) const {
+    double c = 0.0;
+    for (int d = 0; d < dims; ++d) c += cost[id * dims + d];
+    return c;
+  }
 };
 
 // Totals and maxima of per-sample loads in one pass, and the LLM total with every sample rounded up to

@@ -24,19 +24,21 @@ namespace omnibal {
 // visible gain.
 constexpr double kRefineTolerance = 1e-3;
 
-// Every pack's cost: the costs of its samples, summed in pack order, plus costs.per_pack.
+// Every pack's cost parts: the costs of its samples, summed in pack order, plus costs.per_pack in the last.
 void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals);
 
 // Raises the number of packs to a multiple of world_size, so that no slot repeats a pack and none is dropped:
 // the costliest packs of two or more samples are each split in two halves of near-equal cost (samples by
-// decreasing cost, each to the half with the lower cost so far; ties by sample id). Does nothing when there
-// are fewer such packs than needed (make_whole_steps then repeats or drops packs). New packs are appended
-// after the others; `totals` is kept in step. Returns the number of packs split.
+// decreasing cost, ties by sample id, each to the half with the lower cost so far, on a tie the one with fewer
+// samples). Does nothing when there are fewer such packs than needed (make_whole_steps then repeats or drops
+// packs). New packs are appended after the others; `totals` is kept in step. Returns the number of packs split.
 Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs,
                            Index world_size);
 
-// Pack ids by decreasing cost, ties by id: the same order on every platform.
-LargeVector<Index> cost_order(const PackLoads& totals);
+// Pack ids by decreasing cost, ties by id (the same order on every platform). With two cost parts: by the
+// part of wider spread, blocks of steps re-sorted by the other, the block size chosen from the two spreads
+// so that a step spans as small a share of each (step_order.cpp).
+LargeVector<Index> cost_order(const PackLoads& totals, Index world_size);
 
 // For every step (the packs order[s * world_size : (s + 1) * world_size]), repeatedly lowers the cost of the
 // step's costliest pack by exchanging samples with a lighter pack of the step: a move of one sample or a

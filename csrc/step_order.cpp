@@ -1,6 +1,7 @@
 // fill_pack_costs, split_to_whole_steps and cost_order (step_balance.hpp): the packs and their order before the
 // exchanges of refine_steps.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <utility>
@@ -17,17 +18,56 @@ constexpr int kRadixBits = 16;
 constexpr uint64_t kRadixMask = (uint64_t{1} << kRadixBits) - 1;
 constexpr size_t kRadixMin = size_t{1} << 16;
 
+// Ids 0 .. n - 1 by decreasing key (finite, >= 0), ties by id.
+LargeVector<Index> sorted_desc(const double* cost, size_t n) {
+  LargeVector<Index> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  if (n < kRadixMin) {
+    std::sort(order.begin(), order.end(),
+              [cost](Index a, Index b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; });
+    return order;
+  }
+  // Keys are finite and >= 0, so their bit patterns order as they do; complemented, an increasing stable
+  // radix sort from the ids in order gives decreasing keys, ties by id.
+  LargeVector<uint64_t> key(n), key_out(n);
+  for (size_t p = 0; p < n; ++p) {
+    uint64_t bits;
+    std::memcpy(&bits, cost + p, sizeof bits);
+    key[p] = ~bits;
+  }
+  LargeVector<Index> out(n);
+  std::vector<size_t> start(size_t{1} << kRadixBits);
+  for (int shift = 0; shift < 64; shift += kRadixBits) {
+    std::fill(start.begin(), start.end(), 0);
+    for (size_t k = 0; k < n; ++k) ++start[(key[k] >> shift) & kRadixMask];
+    size_t sum = 0;
+    for (size_t& s : start) sum += std::exchange(s, sum);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t to = start[(key[k] >> shift) & kRadixMask]++;
+      out[to] = order[k];
+      key_out[to] = key[k];
+    }
+    order.swap(out);
+    key.swap(key_out);
+  }
+  return order;
+}
+
 }  // namespace
 
 void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals) {
   const Index n = packs.size();
-  totals.cost.resize(static_cast<size_t>(n));
+  const int dims = costs.dims;
+  totals.cost_dims = dims;
+  totals.cost.resize(static_cast<size_t>(n * dims));
   for (Index p = 0; p < n; ++p) {
-    double c = 0.0;
-    for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
-      c += costs.cost[packs.samples[static_cast<size_t>(i)]];
+    for (int d = 0; d < dims; ++d) {
+      double c = 0.0;
+      for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
+        c += costs.cost[packs.samples[static_cast<size_t>(i)] * dims + d];
+      }
+      totals.cost[static_cast<size_t>(p * dims + d)] = d + 1 == dims ? c + costs.per_pack : c;
     }
-    totals.cost[static_cast<size_t>(p)] = c + costs.per_pack;
   }
 }
 
@@ -42,7 +82,7 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
   }
   if (static_cast<Index>(candidates.size()) < need) return 0;
   auto costlier = [&](Index a, Index b) {
-    const double ca = totals.cost[static_cast<size_t>(a)], cb = totals.cost[static_cast<size_t>(b)];
+    const double ca = totals.cost_sum(a), cb = totals.cost_sum(b);
     return ca != cb ? ca > cb : a < b;
   };
   std::nth_element(candidates.begin(), candidates.begin() + (need - 1), candidates.end(), costlier);
@@ -55,13 +95,16 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
     const size_t p = static_cast<size_t>(candidates[static_cast<size_t>(k)]);
     members.assign(packs.samples.begin() + packs.offsets[p], packs.samples.begin() + packs.offsets[p + 1]);
     std::sort(members.begin(), members.end(), [&](Index a, Index b) {
-      return costs.cost[a] != costs.cost[b] ? costs.cost[a] > costs.cost[b] : a < b;
+      const double ca = costs.total(a), cb = costs.total(b);
+      return ca != cb ? ca > cb : a < b;
     });
     double half[2] = {0.0, 0.0};
     for (const Index id : members) {
-      const int h = half[1] < half[0] ? 1 : 0;
+      // the cheaper half so far, on a tie the smaller one: neither half is left empty
+      const size_t size0 = first[static_cast<size_t>(k)].size(), size1 = second[static_cast<size_t>(k)].size();
+      const int h = half[1] < half[0] || (half[1] == half[0] && size1 < size0) ? 1 : 0;
       (h == 0 ? first : second)[static_cast<size_t>(k)].push_back(id);
-      half[h] += costs.cost[id];
+      half[h] += costs.total(id);
     }
   }
   Packs out;
@@ -100,38 +143,39 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
   return need;
 }
 
-LargeVector<Index> cost_order(const PackLoads& totals) {
-  const size_t n = totals.cost.size();
-  LargeVector<Index> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  const double* cost = totals.cost.data();
-  if (n < kRadixMin) {
-    std::sort(order.begin(), order.end(),
-              [cost](Index a, Index b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; });
-    return order;
+LargeVector<Index> cost_order(const PackLoads& totals, Index world_size) {
+  const int dims = totals.cost_dims;
+  const size_t n = totals.cost.size() / static_cast<size_t>(dims);
+  if (dims == 1) return sorted_desc(totals.cost.data(), n);
+  // Two parts: sorted by the part whose spread over the packs (5th to 95th percentile, relative to the mean)
+  // is wider, then blocks of b steps re-sorted by the other. A step then spans about b / steps of the first
+  // part's spread and 1 / b of the second's; b = sqrt(steps * spread_2 / spread_1) makes the two equal.
+  double spread[2];
+  std::vector<double> part(n);
+  for (int d = 0; d < 2; ++d) {
+    double sum = 0.0;
+    for (size_t p = 0; p < n; ++p) sum += part[p] = totals.cost[2 * p + static_cast<size_t>(d)];
+    std::sort(part.begin(), part.end());
+    const double lo = part[static_cast<size_t>(0.05 * static_cast<double>(n - 1))];
+    const double hi = part[static_cast<size_t>(0.95 * static_cast<double>(n - 1))];
+    spread[d] = sum > 0.0 ? (hi - lo) * static_cast<double>(n) / sum : 0.0;
   }
-  // Costs are finite and >= 0, so their bit patterns order as they do; complemented, an increasing stable
-  // radix sort from the ids in order gives decreasing cost, ties by id.
-  LargeVector<uint64_t> key(n), key_out(n);
-  for (size_t p = 0; p < n; ++p) {
-    uint64_t bits;
-    std::memcpy(&bits, cost + p, sizeof bits);
-    key[p] = ~bits;
-  }
-  LargeVector<Index> out(n);
-  std::vector<size_t> start(size_t{1} << kRadixBits);
-  for (int shift = 0; shift < 64; shift += kRadixBits) {
-    std::fill(start.begin(), start.end(), 0);
-    for (size_t k = 0; k < n; ++k) ++start[(key[k] >> shift) & kRadixMask];
-    size_t sum = 0;
-    for (size_t& s : start) sum += std::exchange(s, sum);
-    for (size_t k = 0; k < n; ++k) {
-      const size_t to = start[(key[k] >> shift) & kRadixMask]++;
-      out[to] = order[k];
-      key_out[to] = key[k];
-    }
-    order.swap(out);
-    key.swap(key_out);
+  const int first = spread[1] > spread[0] ? 1 : 0;
+  const double steps = std::max(1.0, static_cast<double>(n / static_cast<size_t>(world_size)));
+  const double blocks = spread[first] > 0.0 ? std::sqrt(steps * spread[1 - first] / spread[first]) : steps;
+  const size_t block = static_cast<size_t>(std::min(steps, std::max(1.0, std::round(blocks)))) *
+                       static_cast<size_t>(world_size);
+  LargeVector<double> key(n);
+  for (size_t p = 0; p < n; ++p) key[p] = totals.cost[2 * p + static_cast<size_t>(first)];
+  LargeVector<Index> order = sorted_desc(key.data(), n);
+  for (size_t from = 0; from < n; from += block) {
+    const size_t to = std::min(n, from + block);
+    std::sort(order.begin() + static_cast<std::ptrdiff_t>(from), order.begin() + static_cast<std::ptrdiff_t>(to),
+              [&](Index a, Index b) {
+                const double ca = totals.cost[2 * static_cast<size_t>(a) + static_cast<size_t>(1 - first)];
+                const double cb = totals.cost[2 * static_cast<size_t>(b) + static_cast<size_t>(1 - first)];
+                return ca != cb ? ca > cb : a < b;
+              });
   }
   return order;
 }

@@ -2,6 +2,7 @@
 // chosen with arg-min trees over the step's packs, the samples exchanged found by binary search in each pack's
 // samples sorted by cost.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -53,17 +54,26 @@ class ArgMin {
   std::vector<int64_t> node_;
 };
 
+// At most this many cost parts (SampleCosts::dims): the step's time, or the ViT's and the LLM's.
+constexpr int kMaxDims = 2;
+
 struct Entry {
-  double cost;
+  double cost[kMaxDims];
   int64_t vit, llm;
   Index id;
 };
 
-bool cheaper(const Entry& a, const Entry& b) { return a.cost != b.cost ? a.cost < b.cost : a.id < b.id; }
+// Orders entries by cost part d, ties by id.
+struct Cheaper {
+  int d;
+  bool operator()(const Entry& a, const Entry& b) const {
+    return a.cost[d] != b.cost[d] ? a.cost[d] < b.cost[d] : a.id < b.id;
+  }
+};
 
-// First position in `e` (sorted by cost) whose cost is >= c.
-int64_t lower_cost(const std::vector<Entry>& e, double c) {
-  return std::lower_bound(e.begin(), e.end(), c, [](const Entry& x, double v) { return x.cost < v; }) - e.begin();
+// First position in `e` (sorted by cost part d) whose part d is >= c.
+int64_t lower_cost(const std::vector<Entry>& e, int d, double c) {
+  return std::lower_bound(e.begin(), e.end(), c, [d](const Entry& x, double v) { return x.cost[d] < v; }) - e.begin();
 }
 
 int64_t log2_ceil(size_t n) {
@@ -72,47 +82,58 @@ int64_t log2_ceil(size_t n) {
   return k;
 }
 
-// The exchange chosen for the heavy pack: `x` leaves it for pack `other`, `y` (or none, -1) comes back.
+// The exchange chosen for the heavy pack: `x` leaves it for pack `other`, `y` (unless has_y) comes back.
 struct Exchange {
-  double top = kInf;    // the larger cost of the two packs after it
-  double error = kInf;  // |cost moved - cost wanted|
-  int64_t other = -1, x = -1, y = -1;
+  double top = kInf;    // the larger score of the two packs after it
+  double error = kInf;  // |cost moved - cost wanted|, in the heavy pack's worst part
+  int64_t other = -1;
+  Entry x{}, y{};
+  bool has_y = false;
 };
 
 class StepRefiner {
  public:
   StepRefiner(PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap)
-      : totals_(totals), loads_(loads), costs_(costs), cap_(cap) {}
+      : totals_(totals), loads_(loads), costs_(costs), cap_(cap), dims_(costs.dims) {}
 
   // Refines the step made of packs ids[0:w] (frozen[k] marks the ones to leave alone) within `budget` units
   // of work; returns the number of exchanges. Its packs' samples are then in content(k).
   int64_t refine(const Index* ids, const std::vector<char>& frozen, int64_t w, int64_t budget, const Packs& packs) {
     ids_ = ids;
     frozen_ = &frozen;
-    double sum = 0.0, floor = 0.0, top = 0.0;
-    for (int64_t k = 0; k < w; ++k) {
-      const double c = cost(k);
-      sum += c;
-      if (frozen[static_cast<size_t>(k)]) floor = std::max(floor, c);
-      else top = std::max(top, c);
+    for (int d = 0; d < dims_; ++d) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < w; ++k) sum += part(k, d);
+      mean_[d] = sum / static_cast<double>(w);
+      inv_[d] = mean_[d] > 0.0 ? 1.0 / mean_[d] : 0.0;
     }
-    mean_ = sum / static_cast<double>(w);
-    // Nothing to gain below the mean within tolerance, or below a pack that cannot change.
-    floor = std::max(floor, mean_ * (1.0 + kRefineTolerance));
+    // A pack's score: its largest part relative to the step's mean of that part (1: the least largest pack
+    // a step can have). Nothing to gain below 1 within tolerance, or below a pack that cannot change.
+    double floor = 1.0 + kRefineTolerance, top = 0.0;
+    for (int64_t k = 0; k < w; ++k) {
+      if (frozen[static_cast<size_t>(k)]) floor = std::max(floor, score(k));
+      else top = std::max(top, score(k));
+    }
     if (top <= floor || budget <= 0) return 0;
     if (static_cast<int64_t>(content_.size()) < w) content_.resize(static_cast<size_t>(w));
     heaviest_.reset(w);
     lightest_.reset(w);
     for (int64_t k = 0; k < w; ++k) {
       if (frozen[static_cast<size_t>(k)]) continue;
-      std::vector<Entry>& e = content_[static_cast<size_t>(k)];
+      std::vector<Entry>& e = content_[static_cast<size_t>(k)][0];
       e.clear();
       const size_t p = static_cast<size_t>(ids[k]);
       for (Index i = packs.offsets[p]; i < packs.offsets[p + 1]; ++i) {
         const Index id = packs.samples[static_cast<size_t>(i)];
-        e.push_back(Entry{costs_.cost[id], loads_.vit[id], loads_.llm[id], id});
+        Entry x{{0.0, 0.0}, loads_.vit[id], loads_.llm[id], id};
+        for (int d = 0; d < dims_; ++d) x.cost[d] = costs_.cost[id * dims_ + d];
+        e.push_back(x);
       }
-      std::sort(e.begin(), e.end(), cheaper);
+      for (int d = 0; d < dims_; ++d) {
+        std::vector<Entry>& sorted = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
+        if (d > 0) sorted = e;
+        std::sort(sorted.begin(), sorted.end(), Cheaper{d});
+      }
       update(k);
     }
     work_ = 0;
@@ -120,7 +141,7 @@ class StepRefiner {
     int full_scans = 0;
     while (work_ < budget) {
       const int64_t a = heaviest_.best();
-      if (a < 0 || cost(a) <= floor) break;
+      if (a < 0 || score(a) <= floor) break;
       Exchange best;
       tried_.clear();
       try_pair(a, lightest_.best(), best);
@@ -136,96 +157,134 @@ class StepRefiner {
     return exchanges;
   }
 
-  const std::vector<Entry>& content(int64_t k) const { return content_[static_cast<size_t>(k)]; }
+  const std::vector<Entry>& content(int64_t k) const { return content_[static_cast<size_t>(k)][0]; }
 
  private:
-  double cost(int64_t k) const { return totals_.cost[static_cast<size_t>(ids_[k])]; }
-
-  void update(int64_t k) {
-    heaviest_.set(k, -cost(k));
-    lightest_.set(k, cost(k));
+  double part(int64_t k, int d) const { return totals_.cost[static_cast<size_t>(ids_[k] * dims_ + d)]; }
+  double score(int64_t k) const {
+    double s = 0.0;
+    for (int d = 0; d < dims_; ++d) s = std::max(s, part(k, d) * inv_[d]);
+    return s;
+  }
+  int worst_part(int64_t k) const {
+    int worst = 0;
+    for (int d = 1; d < dims_; ++d) {
+      if (part(k, d) * inv_[d] > part(k, worst) * inv_[worst]) worst = d;
+    }
+    return worst;
   }
 
-  // The exchange between heavy pack a and pack b that moves a cost nearest to the one wanted: what brings a
-  // down to the step's mean without raising b above it (half their gap when b is above the mean already).
-  // Kept in `best` when it leaves the larger of the two packs cheaper than best's.
+  void update(int64_t k) {
+    heaviest_.set(k, -score(k));
+    lightest_.set(k, score(k));
+  }
+
+  // The exchange between heavy pack a and pack b that moves a cost, in a's worst part, nearest to the one
+  // wanted: what brings a down to the step's mean without raising b above it (half their gap when b is
+  // above the mean already); it must leave both packs' scores below a's. Kept in `best` when it leaves the
+  // larger of the two scores lower than best's.
   void try_pair(int64_t a, int64_t b, Exchange& best) {
     if (b < 0 || b == a || (*frozen_)[static_cast<size_t>(b)]) return;
     if (std::find(tried_.begin(), tried_.end(), b) != tried_.end()) return;
     tried_.push_back(b);
-    const double ca = cost(a), cb = cost(b), gap = ca - cb;
+    const int d = worst_part(a);
+    const double ca = part(a, d), cb = part(b, d), gap = ca - cb, mean = mean_[d];
     if (!(gap > 0.0)) return;
-    const double want = cb < mean_ ? std::min(ca - mean_, mean_ - cb) : 0.5 * gap;
+    const double want = cb < mean ? std::min(ca - mean, mean - cb) : 0.5 * gap;
     const size_t pa = static_cast<size_t>(ids_[a]), pb = static_cast<size_t>(ids_[b]);
     const int64_t room_av = cap_.vit - totals_.vit[pa], room_at = cap_.llm - totals_.llm[pa];
     const int64_t room_bv = cap_.vit - totals_.vit[pb], room_bt = cap_.llm - totals_.llm[pb];
-    const std::vector<Entry>& A = content_[static_cast<size_t>(a)];
-    const std::vector<Entry>& B = content_[static_cast<size_t>(b)];
+    const std::vector<Entry>& A = content_[static_cast<size_t>(a)][static_cast<size_t>(d)];
+    const std::vector<Entry>& B = content_[static_cast<size_t>(b)][static_cast<size_t>(d)];
     const int64_t na = static_cast<int64_t>(A.size()), nb = static_cast<int64_t>(B.size());
+    const double limit = score(a);
     Exchange pair;
-    auto consider = [&](double d, int64_t x, int64_t y) {
-      if (!(d > 0.0 && d < gap)) return;
-      const double error = std::fabs(d - want);
-      if (error < pair.error) pair = Exchange{std::max(ca - d, cb + d), error, b, x, y};
+    // x leaves a for b, y (if any) comes back: both packs' scores after it, against a's now.
+    auto consider = [&](const Entry& x, const Entry* y) {
+      const double moved = x.cost[d] - (y != nullptr ? y->cost[d] : 0.0);
+      const double error = std::fabs(moved - want);
+      if (!(moved > 0.0) || error >= pair.error) return;
+      double sa = 0.0, sb = 0.0;
+      for (int q = 0; q < dims_; ++q) {
+        const double delta = x.cost[q] - (y != nullptr ? y->cost[q] : 0.0);
+        sa = std::max(sa, (part(a, q) - delta) * inv_[q]);
+        sb = std::max(sb, (part(b, q) + delta) * inv_[q]);
+      }
+      if (!(std::max(sa, sb) < limit)) return;
+      pair = Exchange{std::max(sa, sb), error, b, x, y != nullptr ? *y : Entry{}, y != nullptr};
     };
     if (na > 1) {  // a move leaves a at least one sample
-      const int64_t at = lower_cost(A, want);
+      const int64_t at = lower_cost(A, d, want);
       work_ += log2_ceil(A.size()) + 2 * kNeighbours;
       for (int64_t i = std::max<int64_t>(0, at - kNeighbours); i < std::min(na, at + kNeighbours); ++i) {
         const Entry& x = A[static_cast<size_t>(i)];
-        if (x.vit <= room_bv && x.llm <= room_bt) consider(x.cost, i, -1);
+        if (x.vit <= room_bv && x.llm <= room_bt) consider(x, nullptr);
       }
     }
     const int64_t scan = std::min(na, kSwapScan);
     const int64_t search = log2_ceil(B.size()) + 2 * kNeighbours;
     for (int64_t s = 0; s < scan && nb > 0; ++s) {
-      const int64_t i = scan == na ? s : s * na / scan;
-      const Entry& x = A[static_cast<size_t>(i)];
-      const int64_t at = lower_cost(B, x.cost - want);
+      const Entry& x = A[static_cast<size_t>(scan == na ? s : s * na / scan)];
+      const int64_t at = lower_cost(B, d, x.cost[d] - want);
       work_ += search;
       for (int64_t j = std::max<int64_t>(0, at - kNeighbours); j < std::min(nb, at + kNeighbours); ++j) {
         const Entry& y = B[static_cast<size_t>(j)];
         const int64_t dv = y.vit - x.vit, dt = y.llm - x.llm;
-        if (dv <= room_av && -dv <= room_bv && dt <= room_at && -dt <= room_bt) consider(x.cost - y.cost, i, j);
+        if (dv <= room_av && -dv <= room_bv && dt <= room_at && -dt <= room_bt) consider(x, &y);
       }
     }
     if (pair.other >= 0 && pair.top < best.top) best = pair;
   }
 
-  void apply(int64_t a, const Exchange& ex) {
-    std::vector<Entry>& A = content_[static_cast<size_t>(a)];
-    std::vector<Entry>& B = content_[static_cast<size_t>(ex.other)];
-    const Entry x = A[static_cast<size_t>(ex.x)];
-    A.erase(A.begin() + ex.x);
-    Entry y{0.0, 0, 0, -1};
-    if (ex.y >= 0) {
-      y = B[static_cast<size_t>(ex.y)];
-      B.erase(B.begin() + ex.y);
-      A.insert(std::lower_bound(A.begin(), A.end(), y, cheaper), y);
+  // Takes `e` out of every sorted copy of pack k's samples, or puts it in.
+  void remove(int64_t k, const Entry& e) {
+    for (int d = 0; d < dims_; ++d) {
+      std::vector<Entry>& v = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
+      v.erase(std::lower_bound(v.begin(), v.end(), e, Cheaper{d}));
     }
-    B.insert(std::lower_bound(B.begin(), B.end(), x, cheaper), x);
-    work_ += static_cast<int64_t>(A.size() + B.size());
-    const size_t pa = static_cast<size_t>(ids_[a]), pb = static_cast<size_t>(ids_[ex.other]);
-    totals_.vit[pa] += y.vit - x.vit;
-    totals_.llm[pa] += y.llm - x.llm;
-    totals_.cost[pa] += y.cost - x.cost;
-    totals_.vit[pb] += x.vit - y.vit;
-    totals_.llm[pb] += x.llm - y.llm;
-    totals_.cost[pb] += x.cost - y.cost;
+  }
+  void insert(int64_t k, const Entry& e) {
+    for (int d = 0; d < dims_; ++d) {
+      std::vector<Entry>& v = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
+      v.insert(std::lower_bound(v.begin(), v.end(), e, Cheaper{d}), e);
+    }
+  }
+
+  void apply(int64_t a, const Exchange& ex) {
+    const int64_t b = ex.other;
+    remove(a, ex.x);
+    insert(b, ex.x);
+    if (ex.has_y) {
+      remove(b, ex.y);
+      insert(a, ex.y);
+    }
+    work_ += dims_ * static_cast<int64_t>(content(a).size() + content(b).size());
+    const size_t pa = static_cast<size_t>(ids_[a]), pb = static_cast<size_t>(ids_[b]);
+    const Entry none{{0.0, 0.0}, 0, 0, -1};
+    const Entry& y = ex.has_y ? ex.y : none;
+    totals_.vit[pa] += y.vit - ex.x.vit;
+    totals_.llm[pa] += y.llm - ex.x.llm;
+    totals_.vit[pb] += ex.x.vit - y.vit;
+    totals_.llm[pb] += ex.x.llm - y.llm;
+    for (int d = 0; d < dims_; ++d) {
+      totals_.cost[pa * static_cast<size_t>(dims_) + static_cast<size_t>(d)] += y.cost[d] - ex.x.cost[d];
+      totals_.cost[pb * static_cast<size_t>(dims_) + static_cast<size_t>(d)] += ex.x.cost[d] - y.cost[d];
+    }
     update(a);
-    update(ex.other);
+    update(b);
   }
 
   PackLoads& totals_;
   const Loads& loads_;
   const SampleCosts& costs_;
   Capacity cap_;
+  int dims_;
   const Index* ids_ = nullptr;
   const std::vector<char>* frozen_ = nullptr;
-  double mean_ = 0.0;
+  double mean_[kMaxDims] = {0.0, 0.0}, inv_[kMaxDims] = {0.0, 0.0};
   int64_t work_ = 0;
   ArgMin heaviest_, lightest_;
-  std::vector<std::vector<Entry>> content_;
+  std::vector<std::array<std::vector<Entry>, kMaxDims>> content_;
   std::vector<int64_t> tried_;
 };
 

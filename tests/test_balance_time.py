@@ -110,6 +110,8 @@ def test_split_packs_fill_a_step_that_best_fit_leaves_ragged():
     assert plan.num_packs == 4 and plan.duplicated_slots == 0 and plan.dropped_samples.size == 0
     # the costliest pack split in halves of 5, then samples moved until no pack holds more than 8 (ceil 30 / 4)
     assert sorted(plan.pack_sizes().tolist()) == [7, 7, 8, 8]
+    free = plan_packs(lengths, world_size=4, vit_capacity=0, llm_capacity=100, cost_model=CostModel())
+    assert sorted(free.pack_sizes().tolist()) == [5, 5, 10, 10]  # all costs 0: split by count, nothing to move
 
 
 @pytest.mark.parametrize("kind, cost, world_size, n, bound", [
@@ -124,3 +126,68 @@ def test_epoch_cost_near_the_ideal(kind, cost, world_size, n, bound):
     assert plan.num_steps >= 50
     ideal = (cost.sample_costs(lengths).sum() + cost.per_pack * plan.num_packs) / world_size
     assert _epoch_cost(plan, lengths, cost) / ideal <= bound
+
+
+# --- objective="stages": the ViT and the LLM on different pipeline stages --------------------------------------
+
+
+def _stage_costs(plan, lengths: Lengths, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """``(num_steps, world_size)`` ViT and LLM cost of every slot's pack (per_sample and per_pack: LLM)."""
+    vit = CostModel(vit_linear=cost.vit_linear, vit_quadratic=cost.vit_quadratic)
+    llm = CostModel(llm_linear=cost.llm_linear, llm_quadratic=cost.llm_quadratic, per_sample=cost.per_sample,
+                    per_pack=cost.per_pack)
+    return vit.pack_costs(lengths, plan)[plan.step_packs], llm.pack_costs(lengths, plan)[plan.step_packs]
+
+
+def test_stages_is_checked():
+    lengths = Lengths(np.ones(40, np.int64), np.full(40, 10, np.int64))
+    with pytest.raises(ValueError, match="objective must be one of"):
+        plan_packs(lengths, world_size=2, objective="speed")
+    with pytest.raises(ValueError, match="objective='stages' applies to method='balanced' only"):
+        plan_packs(lengths, world_size=2, method="isf", objective="stages")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 2500),
+    world_size=st.sampled_from([1, 2, 3, 8, 64]),
+    terms=_costs,
+    pack_room=st.sampled_from([1.0, 4.0, 40.0]),
+    seed=st.integers(0, 2**64 - 1),
+    data_seed=st.integers(0, 2**32 - 1),
+)
+def test_stage_exchanges_keep_invariants_and_never_raise_a_step(n, world_size, terms, pack_room, seed, data_seed):
+    rng = np.random.default_rng(data_seed)
+    vit = np.where(rng.random(n) < 0.3, 0, rng.integers(1, 2000, n))
+    lengths = Lengths(vit, vit // 4 + rng.integers(1, 3000, n))
+    cost = CostModel(*terms)
+    kwargs = dict(world_size=world_size, cost_model=cost, objective="stages", seed=seed,
+                  vit_capacity=int(max(vit.max(), 1) * pack_room), llm_capacity=int(lengths.llm.max() * pack_room))
+    plan = plan_packs(lengths, **kwargs)
+    assert plan.fingerprint() == plan_packs(lengths, **kwargs).fingerprint()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
+        unrefined = plan_packs(lengths, **kwargs)
+    if plan.duplicated_slots == 0:
+        _check_exactly_once_within_capacities(plan, lengths)
+
+    def step_scores(p):  # per step, the largest part of any pack relative to the step's mean of that part
+        parts = _stage_costs(p, lengths, cost)
+        rel = [x / np.where(x.mean(1, keepdims=True) > 0, x.mean(1, keepdims=True), np.inf) for x in parts]
+        return np.sort(np.maximum(*rel).max(axis=1))
+
+    # exchanges stay within a step (its means stay), and no step's worst pack gets worse: so the sorted
+    # step scores of the refined plan are each at most the unrefined ones
+    assert (step_scores(plan) <= step_scores(unrefined) * (1 + 1e-9) + 1e-12).all()
+
+
+def test_stages_balance_each_stage():
+    lengths = _with_seqlens("patch_multires", 70_000, seed=1)
+    cost, world_size = qwen2vl_7b_cost(), 64
+    per_stage = {}
+    for objective in ("time", "stages"):
+        vit, llm = _stage_costs(plan_packs(lengths, world_size=world_size, cost_model=cost, objective=objective),
+                                lengths, cost)
+        per_stage[objective] = [x.max(axis=1).sum() / (x.sum() / world_size) for x in (vit, llm)]
+    assert max(per_stage["stages"]) <= 1.025
+    assert all(s < t for s, t in zip(per_stage["stages"], per_stage["time"]))

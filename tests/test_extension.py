@@ -174,7 +174,7 @@ def test_scalar_options_are_checked():
         C.plan_balanced(vit, llm, None, None, 12, 4096, costs, 0.0, 0, 4, False, 3, 1024)
     with pytest.raises(TypeError, match="^sample_costs must be a float64 array"):
         C.plan_balanced(vit, llm, None, None, 12, 4096, llm, 0.0, 4, 4, False, 3, 1024)
-    with pytest.raises(ValueError, match="^sample_costs must be 1-D with one entry per sample"):
+    with pytest.raises(ValueError, match=r"^sample_costs must be \(N,\) or \(N, 2\) with one row per sample"):
         C.plan_balanced(vit, llm, None, None, 12, 4096, costs[1:], 0.0, 4, 4, False, 3, 1024)
     for bad in (-1.0, float("nan"), float("inf")):
         poisoned = costs.copy()

@@ -7,7 +7,8 @@ Methods:
   ``world_size`` (no pack repeated, none dropped), packs sorted by cost and cut into steps, then samples
   exchanged (moves and swaps, within the capacities) between the packs of each step until its costliest
   pack, what the step waits for, costs about the step's mean. A pack costs its samples'
-  ``cost_model.sample_costs`` plus ``per_pack``. Steps are laid out in a stratified random order (no load
+  ``cost_model.sample_costs`` plus ``per_pack``; with ``objective="stages"`` its ViT and LLM costs are
+  balanced each on its own (a pack's score is the larger of the two, each relative to the step's mean). Steps are laid out in a stratified random order (no load
   trend over the epoch) and ranks are shuffled within a step.
 * ``"isf"``: the OmniBal paper's Iterative Sampling and Filtering, packs to ranks in random order.
 * ``"random"``: random next-fit packs, in random order (the baseline).
@@ -24,6 +25,7 @@ import numpy as np
 
 from .. import _ext
 from ..lengths import Lengths
+from .cost import CostModel
 from .options import PlanOptions
 from .packs import OversizeError, Plan, TooFewPacksError
 from .seeds import epoch_seed
@@ -62,8 +64,8 @@ def build_plan(lengths: Lengths, options: PlanOptions, *, world_size: int, epoch
     if method == "balanced":
         balanced = C.plan_balanced(
             vit, llm, items, singles if singles.size else None, vit_capacity, llm_capacity,
-            cost_model.sample_costs(lengths), cost_model.per_pack, BEST_FIT_ROUNDS, world_size, drop_last, plan_seed,
-            REFINE_WORK_PER_SAMPLE)
+            _sample_costs(lengths, cost_model, options.objective), cost_model.per_pack, BEST_FIT_ROUNDS, world_size,
+            drop_last, plan_seed, REFINE_WORK_PER_SAMPLE)
         offsets, samples, assignment = balanced.packs.offsets, balanced.packs.samples, balanced.assignment
     else:
         if method == "isf":
@@ -102,6 +104,17 @@ def build_plan(lengths: Lengths, options: PlanOptions, *, world_size: int, epoch
         num_input_samples=len(lengths),
         seconds=time.perf_counter() - start,
     )
+
+
+def _sample_costs(lengths: Lengths, cost_model: CostModel, objective: str) -> np.ndarray:
+    """What the balanced method balances: ``(N,)`` float64 sample costs (``"time"``), or ``(N, 2)`` their ViT
+    and LLM parts (``"stages"``; ``per_sample`` in the LLM part, ``per_pack`` added there by the engine)."""
+    if objective == "time":
+        return cost_model.sample_costs(lengths)
+    vit = CostModel(vit_linear=cost_model.vit_linear, vit_quadratic=cost_model.vit_quadratic)
+    llm = CostModel(llm_linear=cost_model.llm_linear, llm_quadratic=cost_model.llm_quadratic,
+                    per_sample=cost_model.per_sample)
+    return np.stack([vit.sample_costs(lengths), llm.sample_costs(lengths)], axis=1)
 
 
 def _split_oversize(lengths: Lengths, vit_capacity: int, llm_capacity: int,
