@@ -304,9 +304,9 @@ void bind_grouping(py::module_& m) {
         omnibal::BalancedPlan plan;
         {
           py::gil_scoped_release release;
-          plan = omnibal::plan_balanced(loads.view(), ids.set, single_ids.set, cap,
-                                        omnibal::SampleCosts{costs.cost.data(), costs.dims, per_pack}, rounds, world_size,
-                                        drop_last, seed, work_per_sample);
+          const omnibal::SampleCosts sample_costs_view{costs.cost.data(), costs.dims, per_pack};
+          plan = omnibal::plan_balanced(loads.view(), ids.set, single_ids.set, cap, sample_costs_view, rounds,
+                                        world_size, drop_last, seed, work_per_sample);
         }
         return BalancedPlanResult{packs_result(std::move(plan.packs)),
                                   assignment_result(std::move(plan.assignment), world_size)};

@@ -8,8 +8,9 @@ Methods:
   exchanged (moves and swaps, within the capacities) between the packs of each step until its costliest
   pack, what the step waits for, costs about the step's mean. A pack costs its samples'
   ``cost_model.sample_costs`` plus ``per_pack``; with ``objective="stages"`` its ViT and LLM costs are
-  balanced each on its own (a pack's score is the larger of the two, each relative to the step's mean). Steps are laid out in a stratified random order (no load
-  trend over the epoch) and ranks are shuffled within a step.
+  balanced each on its own (a pack's score is the larger of the two, each relative to the step's mean).
+  Steps are laid out in a stratified random order (no load trend over the epoch) and ranks are shuffled
+  within a step.
 * ``"isf"``: the OmniBal paper's Iterative Sampling and Filtering, packs to ranks in random order.
 * ``"random"``: random next-fit packs, in random order (the baseline).
 
