@@ -4,8 +4,8 @@ Each run starts 2 or 4 processes (one gloo rank each, one torch thread) that tra
 models in float64 through the documented path: ``DataLoader(sampler.wrap(dataset), batch_sampler=sampler,
 collate_fn=PackCollator.for_model(model))``, 2 micro-steps per optimizer step, ``(loss * world_size).backward()``
 per micro-step under ``DistributedDataParallel`` (``no_sync`` but on the last micro-step). The gradients after
-the first and the last optimizer step of the epoch (the last is ragged: it reuses packs, so some samples are
-trained twice) must equal, within 1e-6 relative, those of the samples one at a time: every (sample, slot) of
+the first and the last optimizer step of the epoch (``tests/test_loss.py`` covers a ragged last step whose
+reused packs train samples twice) must equal, within 1e-6 relative, those of the samples one at a time: every (sample, slot) of
 the step over all ranks and micro-steps run alone, its summed token loss over the step's targets (token mean),
 or its mean token loss over the step's samples with targets (sample mean), in float64.
 
