@@ -5,8 +5,9 @@ models in float64 through the documented path: ``DataLoader(sampler.wrap(dataset
 collate_fn=PackCollator.for_model(model))``, 2 micro-steps per optimizer step, ``(loss * world_size).backward()``
 per micro-step under ``DistributedDataParallel`` (``no_sync`` but on the last micro-step). The gradients after
 the first and the last optimizer step of the epoch (random packs: the last is ragged and reuses packs, so
-some samples are trained twice; the balanced method would split packs into whole steps) must equal, within 1e-6 relative, those of the samples one at a time: every (sample, slot) of
-the step over all ranks and micro-steps run alone, its summed token loss over the step's targets (token mean),
+some samples are trained twice; the balanced method would split packs into whole steps) must equal, within
+1e-6 relative, those of the samples one at a time: every (sample, slot) of the step over all ranks and
+micro-steps run alone, its summed token loss over the step's targets (token mean),
 or its mean token loss over the step's samples with targets (sample mean), in float64.
 
 Scenarios: text (Llama), InternVL-style tiles and Qwen2-VL-style patches; lengths with label counts (the counts
