@@ -9,8 +9,9 @@ Group "plan N samples": every method and ``numpy.argsort`` of the same token cou
 (70,706) and the same resampled to 1.2M. Group "quality": one call per method on the bundled data, 8 ranks,
 its balance row and simulated speed-up over random padded in ``extra_info``. Group "isf 70k": the
 straightforward Python ISF of ``omnibal_kernels.testing`` against ours, same algorithm and capacities.
-Groups "choice: ...": the planner's tuned constants (best-fit rounds, the LLM headroom of the capacity
-search) at several values, each value's plan time and its balance row in ``extra_info``.
+Groups "choice: ...": the planner's tuned constants (best-fit rounds, the step refinement's work bound,
+the LLM headroom of the capacity search) at several values, each value's plan time and its balance row
+in ``extra_info``.
 """
 from __future__ import annotations
 
@@ -92,6 +93,30 @@ def test_best_fit_rounds(benchmark, monkeypatch, rounds: int) -> None:
     report = balance_report(plan(), real).to_dict()
     benchmark.group = "choice: best-fit rounds, bundled data at 18 / 6016"
     benchmark.extra_info.update(rounds=rounds, **{k: report[k] for k in _CHOICE_ROW})
+    benchmark(plan)
+
+
+@pytest.mark.parametrize("world_size", [8, 512])
+@pytest.mark.parametrize("work", [0, 256, 1024, 2**62])
+def test_refine_work(benchmark, monkeypatch, work: int, world_size: int) -> None:
+    """``balance.engine.REFINE_WORK_PER_SAMPLE``: the balanced method on the Qwen2-VL-like patch loads (1.2M
+    samples), its epoch cost over the ideal (sum over steps of the costliest pack / (total cost / ranks)) in
+    ``extra_info``; 0 turns the exchanges off (the packs sorted by cost), 2**62 leaves them unbounded."""
+    from omnibal_kernels.balance import engine, plan_packs
+    from omnibal_kernels.bench.quality import qwen2vl_7b_cost
+
+    lengths = synthetic_lengths("patch_multires", 1_200_000, SEED)
+    cost = qwen2vl_7b_cost()
+    monkeypatch.setattr(engine, "REFINE_WORK_PER_SAMPLE", work)
+
+    def plan():
+        return plan_packs(lengths, world_size=world_size, cost_model=cost, seed=SEED)
+
+    p = plan()
+    pack_cost = cost.pack_costs(lengths, p)
+    ideal = (cost.sample_costs(lengths).sum() + cost.per_pack * p.num_packs) / world_size
+    benchmark.group = f"choice: refinement work per sample, patch loads 1.2M, {world_size} ranks"
+    benchmark.extra_info.update(work=work, epoch_over_ideal=float(pack_cost[p.step_packs].max(axis=1).sum() / ideal))
     benchmark(plan)
 
 

@@ -96,7 +96,7 @@ StepTotals step_totals(const LargeVector<Index>& order, const PackLoads& totals,
       const size_t p = static_cast<size_t>(order[static_cast<size_t>(k)]);
       out.load[0][static_cast<size_t>(s)] += static_cast<double>(totals.vit[p]);
       out.load[1][static_cast<size_t>(s)] += static_cast<double>(totals.llm[p]);
-      out.load[2][static_cast<size_t>(s)] += totals.cost[p];
+      out.load[2][static_cast<size_t>(s)] += totals.cost_sum(static_cast<Index>(p));
     }
   }
   return out;
@@ -161,14 +161,15 @@ Assignment assign_random(Index num_packs, Index world_size, bool drop_last, uint
   return a;
 }
 
-Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, const CostModel& cost, Capacity cap,
-                           Index world_size, bool drop_last, uint64_t seed) {
-  LargeVector<Index> order = layered_order(totals, world_size);
+Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
+                           Index world_size, bool drop_last, uint64_t seed, int64_t work_per_sample) {
+  split_to_whole_steps(packs, totals, loads, costs, world_size);
+  LargeVector<Index> order = cost_order(totals, world_size);
   Rng ragged(derive_seed(seed, kStreamRagged));
   Index duplicated = 0;
   std::vector<Index> dropped;
   make_whole_steps(order, world_size, drop_last, ragged, duplicated, dropped);
-  refine_steps(packs, totals, loads, cost, cap, order, world_size);
+  refine_steps(packs, totals, loads, costs, cap, order, world_size, work_per_sample);
   Rng rng(derive_seed(seed, kStreamAssign));
   const Index num_steps = static_cast<Index>(order.size()) / world_size;
   LargeVector<Index> step_order = stratified_order(num_steps, rng);

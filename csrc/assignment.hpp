@@ -23,13 +23,14 @@ struct Assignment {
 // Packs to slots in random order (what a random sampler over packs does). world_size >= 1.
 Assignment assign_random(Index num_packs, Index world_size, bool drop_last, uint64_t seed);
 
-// Packs to slots so that the packs of one step carry near-equal ViT load, LLM load and cost: layered_order
-// (step_balance.hpp) makes consecutive runs of world_size packs similar, the runs form the steps, and
-// refine_steps swaps samples between the packs of each step, within the capacities, until every pack is
-// close to the step's mean in all three (`packs` and `totals` change, pack sizes do not). Steps are laid out
-// over the epoch in a stratified random order (no load trend) and ranks are shuffled within a step.
-// `totals` holds every pack's loads and cost (best_fit_packs fills it). world_size >= 1.
-Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, const CostModel& cost, Capacity cap,
-                           Index world_size, bool drop_last, uint64_t seed);
+// Packs to slots so that every step waits as little as possible for its costliest pack: split_to_whole_steps
+// raises the pack count to a multiple of world_size where it can (else make_whole_steps repeats or drops
+// packs, as drop_last says), packs sorted by cost are cut into runs of world_size, the steps, and
+// refine_steps exchanges samples between the packs of each step, within the capacities (`packs` and `totals`
+// change). Steps are laid out over the epoch in a stratified random order (no load trend) and ranks are
+// shuffled within a step. `totals` holds every pack's loads and cost. world_size >= 1; work_per_sample
+// bounds refine_steps (0: no exchange).
+Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
+                           Index world_size, bool drop_last, uint64_t seed, int64_t work_per_sample);
 
 }  // namespace omnibal

@@ -143,13 +143,35 @@ Capacity as_capacity(int64_t vit_capacity, int64_t llm_capacity) {
   return Capacity{vit_capacity, llm_capacity};
 }
 
-omnibal::CostModel as_cost(const std::vector<double>& terms) {
-  if (terms.size() != 4) throw std::invalid_argument("cost_terms must have 4 entries");
-  for (const double t : terms) {
-    if (!std::isfinite(t)) throw std::invalid_argument("cost_terms must be finite");
+// The per-sample costs: a float64 array, (N,) (one cost per sample) or (N, 2) (its ViT and its LLM cost),
+// every entry finite and >= 0 (a cast would hide an integer or float32 array computed elsewhere), kept alive
+// while the engine reads it.
+struct CostArray {
+  py::array_t<double, py::array::c_style> cost;
+  int dims = 1;
+
+  CostArray(const py::handle& obj, Index num_samples) {
+    const py::array arr = py::array::ensure(obj);
+    if (!arr || arr.dtype().kind() != 'f' || arr.itemsize() != 8) {
+      throw py::type_error("sample_costs must be a float64 array");
+    }
+    cost = py::array_t<double, py::array::c_style>::ensure(arr);
+    if (!cost) throw py::error_already_set();
+    const bool two = cost.ndim() == 2 && cost.shape(1) == 2;
+    if (!(cost.ndim() == 1 || two) || cost.shape(0) != num_samples) {
+      throw std::invalid_argument("sample_costs must be (N,) or (N, 2) with one row per sample (N = " +
+                                  std::to_string(num_samples) + ")");
+    }
+    dims = two ? 2 : 1;
+    const double* c = cost.data();
+    for (Index k = 0; k < num_samples * dims; ++k) {
+      if (!(std::isfinite(c[k]) && c[k] >= 0.0)) {
+        throw std::invalid_argument("sample_costs[" + std::to_string(k / dims) + "] = " + std::to_string(c[k]) +
+                                    " is not a finite cost >= 0");
+      }
+    }
   }
-  return omnibal::CostModel{terms[0], terms[1], terms[2], terms[3]};
-}
+};
 
 void check_world_size(Index world_size) {
   if (world_size < 1) throw std::invalid_argument("world_size must be >= 1, got " + std::to_string(world_size));
@@ -265,28 +287,37 @@ void bind_grouping(py::module_& m) {
   m.def(
       "plan_balanced",
       [](const py::object& vit, const py::object& llm, const py::object& items, const py::object& singles,
-         int64_t vit_capacity, int64_t llm_capacity, const std::vector<double>& cost_terms, int rounds,
-         Index world_size, bool drop_last, uint64_t seed) {
+         int64_t vit_capacity, int64_t llm_capacity, const py::object& sample_costs, double per_pack, int rounds,
+         Index world_size, bool drop_last, uint64_t seed, int64_t work_per_sample) {
         const LoadArrays loads(vit, llm);
         const IdArray ids(items, "items", loads.size(), true);
         const IdArray single_ids(singles, "singles", loads.size(), false);
         const Capacity cap = as_capacity(vit_capacity, llm_capacity);
-        const omnibal::CostModel cost = as_cost(cost_terms);
+        const CostArray costs(sample_costs, loads.size());
+        if (!(std::isfinite(per_pack) && per_pack >= 0.0)) {
+          throw std::invalid_argument("per_pack must be a finite cost >= 0, got " + std::to_string(per_pack));
+        }
+        if (work_per_sample < 0) {
+          throw std::invalid_argument("work_per_sample must be >= 0, got " + std::to_string(work_per_sample));
+        }
         check_world_size(world_size);
         omnibal::BalancedPlan plan;
         {
           py::gil_scoped_release release;
-          plan = omnibal::plan_balanced(loads.view(), ids.set, single_ids.set, cap, cost, rounds, world_size, drop_last,
-                                        seed);
+          const omnibal::SampleCosts sample_costs_view{costs.cost.data(), costs.dims, per_pack};
+          plan = omnibal::plan_balanced(loads.view(), ids.set, single_ids.set, cap, sample_costs_view, rounds,
+                                        world_size, drop_last, seed, work_per_sample);
         }
         return BalancedPlanResult{packs_result(std::move(plan.packs)),
                                   assignment_result(std::move(plan.assignment), world_size)};
       },
       py::arg("vit"), py::arg("llm"), py::arg("items"), py::arg("singles"), py::arg("vit_capacity"),
-      py::arg("llm_capacity"), py::arg("cost_terms"), py::arg("rounds"), py::arg("world_size"), py::arg("drop_last"),
-      py::arg("seed"),
+      py::arg("llm_capacity"), py::arg("sample_costs"), py::arg("per_pack"), py::arg("rounds"), py::arg("world_size"),
+      py::arg("drop_last"), py::arg("seed"), py::arg("work_per_sample"),
       "Best-fit packs of `items` (None: every sample), plus one pack per sample of `singles` (or None), and "
-      "their balanced assignment; returns BalancedPlan.");
+      "their balanced assignment on the float64 per-sample costs, (N,) or (N, 2) for a ViT and an LLM part (a "
+      "pack costs its samples' plus per_pack, in the last part; "
+      "work_per_sample bounds the step refinement, 0: none); returns BalancedPlan.");
 }
 
 void bind_lengths(py::module_& m) {

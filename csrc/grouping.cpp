@@ -238,19 +238,15 @@ BestFitPass best_fit_pass(const Item* order, size_t count, bool vit_binds, Capac
 }
 
 // Appends a pack and its totals (the samples' loads are at hand where packs are formed).
-void append_pack_with_totals(Packs& packs, const Item* first, const Item* last, const CostModel& cost,
-                             PackLoads& totals) {
+void append_pack_with_totals(Packs& packs, const Item* first, const Item* last, PackLoads& totals) {
   append_pack(packs, first, last);
   int64_t v = 0, t = 0;
-  double c = 0.0;
   for (const Item* it = first; it != last; ++it) {
     v += it->vit;
     t += it->llm;
-    c += cost.sample_cost(it->vit, it->llm);
   }
   totals.vit.push_back(v);
   totals.llm.push_back(t);
-  totals.cost.push_back(c);
 }
 
 // Packs that best fit left with room for more samples, each formed within one chunk of the pool. With a
@@ -271,7 +267,7 @@ class Leftovers {
     llm_.push_back(t);
   }
 
-  void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, Packs& packs, const CostModel& cost,
+  void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, Packs& packs,
              PackLoads& totals) {
     const size_t n = vit_.size();
     if (n == 0) return;
@@ -316,7 +312,7 @@ class Leftovers {
       for (const size_t u : m.parts) {
         buffer.insert(buffer.end(), items_.begin() + offsets_[u], items_.begin() + offsets_[u + 1]);
       }
-      append_pack_with_totals(packs, buffer.data(), buffer.data() + buffer.size(), cost, totals);
+      append_pack_with_totals(packs, buffer.data(), buffer.data() + buffer.size(), totals);
     }
   }
 
@@ -329,8 +325,7 @@ class Leftovers {
 
 }  // namespace
 
-Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed, const CostModel& cost,
-                     PackLoads& totals) {
+Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed, PackLoads& totals) {
   if (rounds < 1) throw std::invalid_argument("rounds must be >= 1, got " + std::to_string(rounds));
   Packs packs;
   packs.samples.reserve(static_cast<size_t>(items.count));
@@ -400,12 +395,12 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
           }
           continue;
         }
-        append_pack_with_totals(packs, first, last, cost, totals);
+        append_pack_with_totals(packs, first, last, totals);
       }
     }
     pool.resize(pooled);
   }
-  leftovers.merge(cap, vit_binds, min_vit, min_llm, packs, cost, totals);
+  leftovers.merge(cap, vit_binds, min_vit, min_llm, packs, totals);
   return packs;
 }
 

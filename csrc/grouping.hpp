@@ -30,10 +30,18 @@ struct Packs {
   void close_pack() { offsets.push_back(static_cast<Index>(samples.size())); }
 };
 
-// Per-pack totals, kept in step with the packs' contents.
+// Per-pack totals, kept in step with the packs' contents; cost[p * cost_dims + d] is part d of pack p's cost
+// (SampleCosts).
 struct PackLoads {
   LargeVector<int64_t> vit, llm;
   LargeVector<double> cost;
+  int cost_dims = 1;
+
+  double cost_sum(Index p) const {
+    double c = 0.0;
+    for (int d = 0; d < cost_dims; ++d) c += cost[static_cast<size_t>(p * cost_dims + d)];
+    return c;
+  }
 };
 
 // Plain random next-fit: shuffle, then close the open pack whenever the next sample does not fit.
@@ -52,8 +60,8 @@ Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold
 // the samples of the others are pooled for the next round; the last round keeps all its packs. A round's
 // shuffled pool is packed in chunks of 16k samples (random subsets that stay in cache); packs still open at
 // the end (from the last round, or from a chunk where none filled up) are merged across chunks. `totals`
-// receives every pack's ViT load, LLM load and cost (appended, in pack order). rounds >= 1.
-Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed, const CostModel& cost,
-                     PackLoads& totals);
+// receives every pack's ViT load and LLM load (appended, in pack order; its cost is the caller's).
+// rounds >= 1.
+Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed, PackLoads& totals);
 
 }  // namespace omnibal

@@ -1,5 +1,5 @@
 // Per-sample loads and what the engine reads from them: the loads themselves, a set of sample ids, the two
-// capacities of a pack, the cost model, and one pass of load statistics.
+// capacities of a pack, the per-sample costs, and one pass of load statistics.
 //
 // Every sample has a ViT load (image tiles or patches) and an LLM load (tokens), both in [0, kMaxLoad]: the
 // grouping keeps them as int32 next to each sample's id (see item_of in grouping.cpp, which checks).
@@ -33,16 +33,18 @@ struct Capacity {
   int64_t llm;
 };
 
-// Training cost of one sample: linear and quadratic terms of its ViT and LLM loads.
-struct CostModel {
-  double vit_linear = 0.0;
-  double vit_quadratic = 0.0;
-  double llm_linear = 1.0;
-  double llm_quadratic = 0.0;
+// Training cost of every sample (finite, >= 0; computed by the caller from its cost model) in `dims` parts,
+// cost[id * dims + d]: one (the step's time) or two (the ViT's and the LLM's, on different pipeline stages);
+// a pack costs the sum of its samples' in each part, plus per_pack in the last.
+struct SampleCosts {
+  const double* cost;
+  int dims = 1;
+  double per_pack = 0.0;
 
-  double sample_cost(int64_t vit, int64_t llm) const {
-    const double v = static_cast<double>(vit), t = static_cast<double>(llm);
-    return vit_linear * v + vit_quadratic * v * v + llm_linear * t + llm_quadratic * t * t;
+  double total(Index id) const {
+    double c = 0.0;
+    for (int d = 0; d < dims; ++d) c += cost[id * dims + d];
+    return c;
   }
 };
 

@@ -1,13 +1,15 @@
-// plan_balanced (plan.hpp): the balanced method's three stages over one set of per-pack totals.
+// plan_balanced (plan.hpp): the balanced method's stages over one set of per-pack totals.
 #include "plan.hpp"
+
+#include "step_balance.hpp"
 
 namespace omnibal {
 
-BalancedPlan plan_balanced(const Loads& loads, ItemSet items, ItemSet singles, Capacity cap, const CostModel& cost,
-                           int rounds, Index world_size, bool drop_last, uint64_t seed) {
+BalancedPlan plan_balanced(const Loads& loads, ItemSet items, ItemSet singles, Capacity cap, const SampleCosts& costs,
+                           int rounds, Index world_size, bool drop_last, uint64_t seed, int64_t work_per_sample) {
   BalancedPlan plan;
   PackLoads totals;
-  plan.packs = best_fit_packs(loads, items, cap, rounds, seed, cost, totals);
+  plan.packs = best_fit_packs(loads, items, cap, rounds, seed, totals);
   // Samples over a capacity, each alone in a pack of its own (oversize="single").
   for (Index k = 0; k < singles.count; ++k) {
     const Index id = singles.id(k);
@@ -15,9 +17,10 @@ BalancedPlan plan_balanced(const Loads& loads, ItemSet items, ItemSet singles, C
     plan.packs.close_pack();
     totals.vit.push_back(loads.vit[id]);
     totals.llm.push_back(loads.llm[id]);
-    totals.cost.push_back(cost.sample_cost(loads.vit[id], loads.llm[id]));
   }
-  plan.assignment = assign_balanced(plan.packs, totals, loads, cost, cap, world_size, drop_last, seed);
+  fill_pack_costs(plan.packs, costs, totals);
+  plan.assignment =
+      assign_balanced(plan.packs, totals, loads, costs, cap, world_size, drop_last, seed, work_per_sample);
   return plan;
 }
 

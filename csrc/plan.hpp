@@ -16,8 +16,8 @@ struct BalancedPlan {
 };
 
 // best_fit_packs of `items`, then one pack per sample of `singles` (samples over a capacity,
-// oversize="single"), then assign_balanced; the packs' totals are computed once, where the packs are formed.
-BalancedPlan plan_balanced(const Loads& loads, ItemSet items, ItemSet singles, Capacity cap, const CostModel& cost,
-                           int rounds, Index world_size, bool drop_last, uint64_t seed);
+// oversize="single"), then assign_balanced; the packs' loads are summed where the packs are formed.
+BalancedPlan plan_balanced(const Loads& loads, ItemSet items, ItemSet singles, Capacity cap, const SampleCosts& costs,
+                           int rounds, Index world_size, bool drop_last, uint64_t seed, int64_t work_per_sample);
 
 }  // namespace omnibal

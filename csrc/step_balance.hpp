@@ -1,12 +1,11 @@
-// Step balance, the two passes of the balanced assignment that decide which packs train side by side in one
-// step: layered_order (step_order.cpp) makes the packs of a step similar in ViT load, LLM load and cost;
-// refine_steps (step_refine.cpp) then exchanges samples between the packs of a step, within the
-// capacities, until they carry near-equal loads and cost.
+// Step balance, the passes of the balanced assignment that decide which packs train side by side in one step:
+// split_to_whole_steps and cost_order (step_order.cpp) make the steps, refine_steps (step_refine.cpp) then
+// exchanges samples between the packs of a step, within the capacities, so that its costliest pack costs
+// little more than the step's mean.
 //
-// A data-parallel step waits for the rank with the most cost; when the ViT and the LLM sit on different
-// pipeline stages, each stage waits for the rank with the most of its own load. Sorting packs and cutting
-// consecutive runs into steps makes the packs of a step similar in the sort key only; the exchanges here
-// bring down the largest pack of the step in every load at once.
+// A data-parallel step waits for its slowest rank: the epoch costs the sum over steps of the step's costliest
+// pack, at least the total cost over world_size. Cutting packs sorted by cost into runs of world_size puts
+// packs of similar cost side by side; the exchanges then lower what is left of each step's costliest pack.
 #pragma once
 
 #include <cstdint>
@@ -19,35 +18,40 @@
 
 namespace omnibal {
 
-// A step is balanced enough once every pack is within this share of the step's mean in every load and in
-// cost: its dist ratios and step efficiency are then within 0.001 of perfect, five times inside the tightest
-// target of the targets table (benchmarks/bench_balance.py). Below that, more swaps cost planning time for
-// no visible gain.
+// A step is balanced enough once its costliest pack is within this share of the step's mean cost: the
+// step then takes at most 0.1% longer than its ideal, five times inside the tightest target on the epoch
+// cost (0.5% over the ideal, at 8 and 64 ranks). Below that, more exchanges cost planning time for no
+// visible gain.
 constexpr double kRefineTolerance = 1e-3;
 
-// The packs in an order whose consecutive runs of world_size packs form the steps. The loads that vary across
-// packs (ViT, LLM, cost; relative spread between the 5th and 95th percentile above kRefineTolerance) are
-// taken in order of decreasing spread: all packs are sorted by the first, blocks of consecutive packs are
-// re-sorted by the second, smaller blocks by the third. A step then spans 1/K of each level's block in that
-// level's load; the block sizes are chosen from the measured spreads r_1..r_d and the number of steps S so
-// that every load gets the same share, (r_1 * ... * r_d / S)^(1/d), of its spread: nothing tuned on a data set.
-// Sorts are decreasing, ties by pack id (packs are numbered in random order), so the order is the same on
-// every platform.
-LargeVector<Index> layered_order(const PackLoads& totals, Index world_size);
+// Every pack's cost parts: the costs of its samples, summed in pack order, plus costs.per_pack in the last.
+void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals);
 
-// For every step (the packs order[s * world_size : (s + 1) * world_size]), repeatedly takes the pack with the
-// largest load relative to the step's mean (ViT, LLM or cost, whichever is largest) and swaps one of its
-// samples with one of another pack of the step, choosing the swap that lowers the larger of the two packs'
-// relative loads the most, as long as it lowers it below the first pack's, both packs stay within the
-// capacities and no load of either ends above the step's largest of its kind (evening out one load must not
-// make the step wait longer on another). Loads are taken relative to the mean (cost) or the mean rounded up
-// (integer loads: the least largest pack a step can have). A step stops when all its packs are within
-// kRefineTolerance of that, when no swap helps, or after a bounded number of swaps. Packs that appear more
-// than once in `order` (reused packs of a ragged step) and packs over a capacity (oversize singles) are left
-// as they are. Pack sizes never change; every sample stays in exactly one pack. Deterministic: no
-// randomness, a fixed scan order.
-// Returns the number of swaps made.
-int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const CostModel& cost, Capacity cap,
-                     const LargeVector<Index>& order, Index world_size);
+// Raises the number of packs to a multiple of world_size, so that no slot repeats a pack and none is dropped:
+// the costliest packs of two or more samples are each split in two halves of near-equal cost (samples by
+// decreasing cost, ties by sample id, each to the half with the lower cost so far, on a tie the one with fewer
+// samples). Does nothing when there are fewer such packs than needed (make_whole_steps then repeats or drops
+// packs). New packs are appended after the others; `totals` is kept in step. Returns the number of packs split.
+Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs,
+                           Index world_size);
+
+// Pack ids by decreasing cost, ties by id (the same order on every platform). With two cost parts: by the
+// part of wider spread, blocks of steps re-sorted by the other, the block size chosen from the two spreads
+// so that a step spans as small a share of each (step_order.cpp).
+LargeVector<Index> cost_order(const PackLoads& totals, Index world_size);
+
+// For every step (the packs order[s * world_size : (s + 1) * world_size]), repeatedly lowers the cost of the
+// step's costliest pack by exchanging samples with a lighter pack of the step: a move of one sample or a
+// one-for-one swap, moving a cost as close as can be found to what brings the heavy pack down to the step's
+// mean without raising the light one above it (both packs stay within both capacities; every sample stays in
+// exactly one pack). Candidates come from binary searches in each pack's samples sorted by cost, a bounded
+// number per exchange, so an exchange's work does not grow with the square of a pack's size. A step stops when
+// its costliest pack is within kRefineTolerance of the mean, when no exchange lowers it, or when it has spent
+// work_per_sample units of work per sample of the step (0: no exchange); packs that appear more than once in
+// `order` (reused packs of a ragged step) and packs over a capacity (oversize singles) are left as they are.
+// Pack sizes may change; `packs` is rebuilt when anything moved. Deterministic: no randomness, a fixed scan
+// order. Returns the number of exchanges made.
+int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
+                     const LargeVector<Index>& order, Index world_size, int64_t work_per_sample);
 
 }  // namespace omnibal

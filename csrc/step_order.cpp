@@ -1,8 +1,8 @@
-// layered_order (step_balance.hpp): the loads' spreads and correlations on a sample of the packs, the choice
-// of sort levels and block sizes from them, and the linear-time sorts that build the order.
+// fill_pack_costs, split_to_whole_steps and cost_order (step_balance.hpp): the packs and their order before the
+// exchanges of refine_steps.
 #include <algorithm>
 #include <cmath>
-#include <limits>
+#include <cstring>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -12,289 +12,170 @@
 namespace omnibal {
 namespace {
 
-// layered_order's sorts are counting sorts on at most kMaxSortGrid key values, kPacksPerCell packs per value
-// and at least kMinSortGrid values (finer keys are rounded; see grid_sort_desc).
-constexpr int64_t kMaxSortGrid = int64_t{1} << 20;
-constexpr int64_t kMinSortGrid = int64_t{1} << 12;
-constexpr int64_t kPacksPerCell = 4;
-// layered_order measures the loads' spreads and correlations on at most this many packs.
-constexpr int64_t kStatPacks = int64_t{1} << 16;
-// The spread of a load is measured between these percentiles, so that a few outlying packs (the last
-// packs of a best fit, oversize singles) do not make it look wider than it is for most steps.
-constexpr double kSpreadLow = 0.05, kSpreadHigh = 0.95;
+// cost_order sorts by 16-bit digits (4 passes over the packs, counts that stay in cache), and many packs
+// only: below kRadixMin packs a comparison sort costs less than the passes' counts.
+constexpr int kRadixBits = 16;
+constexpr uint64_t kRadixMask = (uint64_t{1} << kRadixBits) - 1;
+constexpr size_t kRadixMin = size_t{1} << 16;
 
-// (5th, 95th) percentile of `x` (not empty).
-std::pair<double, double> percentile_range(const std::vector<double>& x) {
-  std::vector<double> tmp(x);
-  const size_t lo = static_cast<size_t>(kSpreadLow * static_cast<double>(tmp.size() - 1));
-  const size_t hi = static_cast<size_t>(kSpreadHigh * static_cast<double>(tmp.size() - 1));
-  std::nth_element(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(hi), tmp.end());
-  const double top = tmp[hi];
-  std::nth_element(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(lo),
-                   tmp.begin() + static_cast<std::ptrdiff_t>(hi));
-  return {tmp[lo], top};
-}
-
-// 1 / sum of squared shares of the distinct values of `x` (integers in [0, kMaxSortGrid)), the number of
-// equally common values that would be as mixed; 0 when `x` has other values.
-double effective_groups(const std::vector<double>& x) {
-  if (x.empty()) return 0.0;
-  const double top = *std::max_element(x.begin(), x.end());
-  if (!(top < static_cast<double>(kMaxSortGrid))) return 0.0;
-  std::vector<int64_t> count(static_cast<size_t>(top) + 1, 0);
-  for (const double v : x) {
-    if (v < 0.0 || v != std::floor(v)) return 0.0;
-    ++count[static_cast<size_t>(v)];
+// Ids 0 .. n - 1 by decreasing key (finite, >= 0), ties by id.
+LargeVector<Index> sorted_desc(const double* cost, size_t n) {
+  LargeVector<Index> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  if (n < kRadixMin) {
+    std::sort(order.begin(), order.end(),
+              [cost](Index a, Index b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; });
+    return order;
   }
-  double sum_sq = 0.0;
-  const double total = static_cast<double>(x.size());
-  for (const int64_t c : count) sum_sq += (static_cast<double>(c) / total) * (static_cast<double>(c) / total);
-  return 1.0 / sum_sq;
-}
-
-// The cube root of x >= 0 by bisection: plain arithmetic, so the same on every platform (std::cbrt, like
-// std::log and std::exp, may round differently from one math library to another; std::sqrt may not).
-double cube_root(double x) {
-  double lo = 0.0, hi = std::max(1.0, x);
-  for (int i = 0; i < 100; ++i) {
-    const double mid = 0.5 * (lo + hi);
-    if (mid * mid * mid < x) lo = mid;
-    else hi = mid;
-  }
-  return hi;
-}
-
-// Covariance matrix of the three loads, each relative to its mean (0 rows and columns for a load that is 0).
-void covariance(const std::vector<std::vector<double>>& keys, double cov[3][3]) {
-  const size_t n = keys[0].size();
-  double scale[3];
-  for (int d = 0; d < 3; ++d) {
-    const double mean = std::accumulate(keys[static_cast<size_t>(d)].begin(), keys[static_cast<size_t>(d)].end(), 0.0) /
-                        static_cast<double>(n);
-    scale[d] = mean > 0.0 ? 1.0 / mean : 0.0;
-  }
-  double sum[3][3] = {{0.0}};
+  // Keys are finite and >= 0, so their bit patterns order as they do; complemented, an increasing stable
+  // radix sort from the ids in order gives decreasing keys, ties by id.
+  LargeVector<uint64_t> key(n), key_out(n);
   for (size_t p = 0; p < n; ++p) {
-    double x[3];
-    for (int d = 0; d < 3; ++d) x[d] = scale[d] > 0.0 ? keys[static_cast<size_t>(d)][p] * scale[d] - 1.0 : 0.0;
-    for (int a = 0; a < 3; ++a) {
-      for (int b = a; b < 3; ++b) sum[a][b] += x[a] * x[b];
+    uint64_t bits;
+    std::memcpy(&bits, cost + p, sizeof bits);
+    key[p] = ~bits;
+  }
+  LargeVector<Index> out(n);
+  std::vector<size_t> start(size_t{1} << kRadixBits);
+  for (int shift = 0; shift < 64; shift += kRadixBits) {
+    std::fill(start.begin(), start.end(), 0);
+    for (size_t k = 0; k < n; ++k) ++start[(key[k] >> shift) & kRadixMask];
+    size_t sum = 0;
+    for (size_t& s : start) sum += std::exchange(s, sum);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t to = start[(key[k] >> shift) & kRadixMask]++;
+      out[to] = order[k];
+      key_out[to] = key[k];
     }
+    order.swap(out);
+    key.swap(key_out);
   }
-  for (int a = 0; a < 3; ++a) {
-    for (int b = a; b < 3; ++b) cov[a][b] = cov[b][a] = sum[a][b] / static_cast<double>(n);
-  }
-}
-
-// Share of the variance of load y explained by a linear fit on the loads of `levels` (one or two of them).
-double explained(const double cov[3][3], int y, const std::vector<std::pair<double, int>>& levels) {
-  if (levels.empty() || !(cov[y][y] > 0.0)) return 0.0;
-  const int a = levels[0].second;
-  double r2 = cov[a][a] > 0.0 ? cov[y][a] * cov[y][a] / (cov[a][a] * cov[y][y]) : 0.0;
-  if (levels.size() >= 2) {
-    const int b = levels[1].second;
-    const double det = cov[a][a] * cov[b][b] - cov[a][b] * cov[a][b];
-    if (det > 1e-12 * cov[a][a] * cov[b][b]) {
-      const double fit = (cov[y][a] * (cov[b][b] * cov[y][a] - cov[a][b] * cov[y][b]) +
-                          cov[y][b] * (cov[a][a] * cov[y][b] - cov[a][b] * cov[y][a])) /
-                         det;
-      r2 = std::max(r2, fit / cov[y][y]);
-    }
-  }
-  return std::min(r2, 1.0);
-}
-
-// One load of every pack, read in place: integer loads (ViT, LLM) or cost.
-struct PackKey {
-  const int64_t* ints;
-  const double* reals;
-  double operator()(int64_t p) const { return ints != nullptr ? static_cast<double>(ints[p]) : reals[p]; }
-};
-
-// Stable counting sort of `order` by `key` decreasing: on the integer values themselves when they are few
-// enough, else on a grid of one cell per kPacksPerCell packs (at least kMinSortGrid cells): a cell is then
-// about 1/(n / 4) of the largest key, far below the 0.1% refine_steps evens out, and the cell counts stay in
-// cache.
-void grid_sort_desc(LargeVector<Index>& order, const PackKey& key) {
-  const int64_t n = static_cast<int64_t>(order.size());
-  double top = 0.0;
-  for (const int64_t p : order) top = std::max(top, key(p));
-  if (!(top > 0.0)) return;
-  const int64_t max_grid = std::min<int64_t>(kMaxSortGrid, std::max<int64_t>(n / kPacksPerCell, kMinSortGrid));
-  const bool exact = key.ints != nullptr && top < static_cast<double>(max_grid);
-  const int64_t grid = exact ? static_cast<int64_t>(top) + 1 : max_grid;
-  const double scale = exact ? 1.0 : static_cast<double>(grid - 1) / top;
-  auto cell = [&](int64_t p) {
-    const double k = key(p);
-    return k > 0.0 ? grid - 1 - std::min<int64_t>(static_cast<int64_t>(k * scale), grid - 1) : grid - 1;
-  };
-  std::vector<int64_t> start(static_cast<size_t>(grid) + 1, 0);
-  for (const int64_t p : order) ++start[static_cast<size_t>(cell(p)) + 1];
-  for (int64_t v = 0; v < grid; ++v) start[static_cast<size_t>(v) + 1] += start[static_cast<size_t>(v)];
-  LargeVector<Index> out(order.size());
-  for (const int64_t p : order) out[static_cast<size_t>(start[static_cast<size_t>(cell(p))]++)] = p;
-  order.swap(out);
-}
-
-// Sorts each block of `block` consecutive entries of `order` by key decreasing (ties keep their order), in
-// linear time: a stable sort of all entries by key, then a stable counting sort by the block they came from.
-void sort_blocks_desc(LargeVector<Index>& order, int64_t block, const PackKey& key) {
-  const int64_t n = static_cast<int64_t>(order.size());
-  if (block <= 1 || n <= 1) return;
-  // Block numbers are int32 (half the memory traffic of this scatter); the largest one is checked once.
-  narrow<int32_t>((n - 1) / block, "the number of sort blocks");
-  std::vector<int32_t> block_of(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k)
-    block_of[static_cast<size_t>(order[static_cast<size_t>(k)])] = static_cast<int32_t>(k / block);
-  grid_sort_desc(order, key);
-  const int64_t blocks = (n + block - 1) / block;
-  std::vector<int64_t> start(static_cast<size_t>(blocks) + 1, 0);
-  for (const int64_t p : order) ++start[static_cast<size_t>(block_of[static_cast<size_t>(p)]) + 1];
-  for (int64_t b = 0; b < blocks; ++b) start[static_cast<size_t>(b) + 1] += start[static_cast<size_t>(b)];
-  LargeVector<Index> out(order.size());
-  for (const int64_t p : order)
-    out[static_cast<size_t>(start[static_cast<size_t>(block_of[static_cast<size_t>(p)])]++)] = p;
-  order.swap(out);
-}
-
-// Mean over the steps of `order` (runs of world_size packs) of 1 - mean / max, summed over the three loads;
-// over an evenly strided subset of the steps holding about kStatPacks packs.
-double step_spread(const LargeVector<Index>& order, const PackKey keys[3], int64_t world_size) {
-  const int64_t steps = static_cast<int64_t>(order.size()) / world_size;
-  const int64_t stride = std::max<int64_t>(1, steps * world_size / kStatPacks);
-  double total = 0.0;
-  int64_t measured = 0;
-  for (int64_t s = 0; s < steps; s += stride, ++measured) {
-    for (int d = 0; d < 3; ++d) {
-      double sum = 0.0, top = 0.0;
-      for (int64_t k = s * world_size; k < (s + 1) * world_size; ++k) {
-        const double x = keys[d](order[static_cast<size_t>(k)]);
-        sum += x;
-        top = std::max(top, x);
-      }
-      if (top > 0.0) total += 1.0 - sum / (static_cast<double>(world_size) * top);
-    }
-  }
-  return measured > 0 ? total / static_cast<double>(measured) : 0.0;
-}
-
-// Block sizes (in steps) of levels 2.. of a layered sort over `steps` steps, rounded to whole steps, and the
-// predicted relative spreads left in a step, summed over the levels: level l leaves spread_l * (its block /
-// the block above).
-double plan_levels(const std::vector<std::pair<double, int>>& levels, double steps, std::vector<double>& blocks) {
-  double product = 1.0 / steps;
-  for (const auto& level : levels) product *= level.first;
-  const double share = levels.size() == 1 ? product : levels.size() == 2 ? std::sqrt(product) : cube_root(product);
-  blocks.clear();
-  double above = steps, error = 0.0;
-  for (size_t l = 0; l < levels.size(); ++l) {
-    // a step spans 1/block of the spread its level leaves: block = steps above * share / spread
-    const double block =
-        l + 1 == levels.size() ? 1.0 : std::min(above, std::max(1.0, std::round(above * share / levels[l].first)));
-    error += levels[l].first * block / std::max(above, 1.0);
-    if (l + 1 < levels.size()) blocks.push_back(block);
-    above = block;
-  }
-  return error;
+  return order;
 }
 
 }  // namespace
 
-LargeVector<Index> layered_order(const PackLoads& totals, Index world_size) {
-  const int64_t n = static_cast<int64_t>(totals.cost.size());
-  LargeVector<Index> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  if (n <= world_size) return order;
-  const PackKey keys[3] = {{totals.vit.data(), nullptr}, {totals.llm.data(), nullptr}, {nullptr, totals.cost.data()}};
-  // The statistics that choose the levels come from an evenly strided subset of the packs (packs are
-  // numbered in random order): they need a few digits, not every pack.
-  const int64_t stride = (n + kStatPacks - 1) / kStatPacks;
-  std::vector<std::vector<double>> sample(3);
-  for (int d = 0; d < 3; ++d) {
-    for (int64_t p = 0; p < n; p += stride) sample[static_cast<size_t>(d)].push_back(keys[d](p));
-  }
-  // Levels are chosen greedily: the load with the widest spread first, then the load with the widest spread
-  // left once the loads already chosen are accounted for (its spread times sqrt(1 - R^2) of a linear fit on
-  // them: cost follows the LLM load closely, so after it cost needs a much finer level than its own spread).
-  double spread[3], cov[3][3], mean[3];
-  std::pair<double, double> range[3];
-  covariance(sample, cov);
-  for (int d = 0; d < 3; ++d) {
-    const std::vector<double>& x = sample[static_cast<size_t>(d)];
-    mean[d] = std::accumulate(x.begin(), x.end(), 0.0) / static_cast<double>(x.size());
-    range[d] = percentile_range(x);
-    spread[d] = mean[d] > 0.0 ? (range[d].second - range[d].first) / mean[d] : 0.0;
-  }
-  std::vector<std::pair<double, int>> levels;  // (spread left, load)
-  bool chosen[3] = {false, false, false};
-  for (int round = 0; round < 3; ++round) {
-    int best = -1;
-    double best_left = kRefineTolerance;
-    for (int d = 0; d < 3; ++d) {
-      if (chosen[d]) continue;
-      const double left = spread[d] * std::sqrt(std::max(0.0, 1.0 - explained(cov, d, levels)));
-      if (left > best_left) best = d, best_left = left;
+void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals) {
+  const Index n = packs.size();
+  const int dims = costs.dims;
+  totals.cost_dims = dims;
+  totals.cost.resize(static_cast<size_t>(n * dims));
+  for (Index p = 0; p < n; ++p) {
+    for (int d = 0; d < dims; ++d) {
+      double c = 0.0;
+      for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
+        c += costs.cost[packs.samples[static_cast<size_t>(i)] * dims + d];
+      }
+      totals.cost[static_cast<size_t>(p * dims + d)] = d + 1 == dims ? c + costs.per_pack : c;
     }
-    if (best < 0) break;
-    chosen[best] = true;
-    levels.emplace_back(best_left, best);
   }
-  // A load that is not a level leaves its spread in a step: about (95th percentile - mean) / 95th
-  // percentile, the share a typical step's largest pack has over its mean (ViT loads of packs mostly at the
-  // capacity and a few below it, say).
-  double unsorted[3];
-  for (int d = 0; d < 3; ++d) {
-    const double top = range[d].second;
-    unsorted[d] = top > 0.0 ? std::max(0.0, top - mean[d]) / top : 0.0;
+}
+
+Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs,
+                           Index world_size) {
+  const Index n = packs.size();
+  const Index need = (world_size - n % world_size) % world_size;
+  if (need == 0) return 0;
+  std::vector<Index> candidates;
+  for (Index p = 0; p < n; ++p) {
+    if (packs.offsets[static_cast<size_t>(p) + 1] - packs.offsets[static_cast<size_t>(p)] >= 2) candidates.push_back(p);
   }
-  auto left_out_error = [&](const std::vector<std::pair<double, int>>& used, int exact_load) {
-    double e = 0.0;
-    for (int d = 0; d < 3; ++d) {
-      const bool in =
-          d == exact_load || std::any_of(used.begin(), used.end(), [&](const auto& l) { return l.second == d; });
-      if (!in) e += unsorted[d];
-    }
-    return e;
+  if (static_cast<Index>(candidates.size()) < need) return 0;
+  auto costlier = [&](Index a, Index b) {
+    const double ca = totals.cost_sum(a), cb = totals.cost_sum(b);
+    return ca != cb ? ca > cb : a < b;
   };
-  const double steps = static_cast<double>(n / world_size);
-  std::vector<double> blocks;
-  double error = (levels.empty() ? 0.0 : plan_levels(levels, steps, blocks)) + left_out_error(levels, -1);
-  // Or an integer load as exact groups (the ViT load of packs at the ViT capacity: mostly 16 tiles, a few 15),
-  // the other loads layered within each group: that load keeps no spread, the others get the steps of a
-  // group, steps / (effective number of groups, 1 / sum of squared group shares). The load whose predicted
-  // spreads left in a step, summed over the three loads, are smallest is built as well, and the two orders
-  // are compared on their measured spreads (the prediction cannot see how rare values fall into steps).
-  int exact = -1;
-  double exact_error = std::numeric_limits<double>::infinity();
-  std::vector<std::pair<double, int>> exact_inner;
-  std::vector<double> exact_blocks;
-  for (int d = 0; d < 2; ++d) {  // cost is not an integer load
-    const double groups = effective_groups(sample[static_cast<size_t>(d)]);
-    if (!(groups >= 1.0) || groups > steps) continue;
-    std::vector<std::pair<double, int>> rest;
-    for (const auto& level : levels) {
-      if (level.second != d) rest.push_back(level);
+  std::nth_element(candidates.begin(), candidates.begin() + (need - 1), candidates.end(), costlier);
+  candidates.resize(static_cast<size_t>(need));
+  std::sort(candidates.begin(), candidates.end());
+  // Each split pack keeps its first half; the second halves become packs n, n + 1, ... in candidate order.
+  std::vector<std::vector<Index>> first(static_cast<size_t>(need)), second(static_cast<size_t>(need));
+  std::vector<Index> members;
+  for (Index k = 0; k < need; ++k) {
+    const size_t p = static_cast<size_t>(candidates[static_cast<size_t>(k)]);
+    members.assign(packs.samples.begin() + packs.offsets[p], packs.samples.begin() + packs.offsets[p + 1]);
+    std::sort(members.begin(), members.end(), [&](Index a, Index b) {
+      const double ca = costs.total(a), cb = costs.total(b);
+      return ca != cb ? ca > cb : a < b;
+    });
+    double half[2] = {0.0, 0.0};
+    for (const Index id : members) {
+      // the cheaper half so far, on a tie the smaller one: neither half is left empty
+      const size_t size0 = first[static_cast<size_t>(k)].size(), size1 = second[static_cast<size_t>(k)].size();
+      const int h = half[1] < half[0] || (half[1] == half[0] && size1 < size0) ? 1 : 0;
+      (h == 0 ? first : second)[static_cast<size_t>(k)].push_back(id);
+      half[h] += costs.total(id);
     }
-    std::vector<double> rest_blocks;
-    const double rest_error =
-        (rest.empty() ? 0.0 : plan_levels(rest, steps / groups, rest_blocks)) + left_out_error(rest, d);
-    if (rest_error < exact_error) exact_error = rest_error, exact = d, exact_inner = rest, exact_blocks = rest_blocks;
   }
-  auto build = [&](int exact_load, const std::vector<std::pair<double, int>>& inner,
-                   const std::vector<double>& inner_blocks) {
-    LargeVector<Index> out(static_cast<size_t>(n));
-    std::iota(out.begin(), out.end(), 0);
-    if (!inner.empty()) grid_sort_desc(out, keys[inner[0].second]);
-    if (exact_load >= 0) grid_sort_desc(out, keys[exact_load]);  // stable: groups keep the order above
-    for (size_t l = 1; l < inner.size(); ++l) {
-      sort_blocks_desc(out, static_cast<int64_t>(inner_blocks[l - 1]) * world_size, keys[inner[l].second]);
+  Packs out;
+  out.samples.reserve(packs.samples.size());
+  out.offsets.reserve(static_cast<size_t>(n + need) + 1);
+  size_t next = 0;
+  for (Index p = 0; p < n; ++p) {
+    if (next < candidates.size() && candidates[next] == p) {
+      out.samples.insert(out.samples.end(), first[next].begin(), first[next].end());
+      ++next;
+    } else {
+      out.samples.insert(out.samples.end(), packs.samples.begin() + packs.offsets[static_cast<size_t>(p)],
+                         packs.samples.begin() + packs.offsets[static_cast<size_t>(p) + 1]);
     }
-    return out;
-  };
-  order = build(-1, levels, blocks);
-  if (exact >= 0 && exact_error < error) {
-    LargeVector<Index> grouped = build(exact, exact_inner, exact_blocks);
-    if (step_spread(grouped, keys, world_size) < step_spread(order, keys, world_size)) order.swap(grouped);
+    out.close_pack();
+  }
+  for (const std::vector<Index>& half : second) {
+    out.samples.insert(out.samples.end(), half.begin(), half.end());
+    out.close_pack();
+  }
+  packs = std::move(out);
+  totals.vit.resize(static_cast<size_t>(n + need));
+  totals.llm.resize(static_cast<size_t>(n + need));
+  for (Index k = 0; k < need; ++k) {
+    for (const Index p : {candidates[static_cast<size_t>(k)], n + k}) {
+      int64_t v = 0, t = 0;
+      for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
+        v += loads.vit[packs.samples[static_cast<size_t>(i)]];
+        t += loads.llm[packs.samples[static_cast<size_t>(i)]];
+      }
+      totals.vit[static_cast<size_t>(p)] = v;
+      totals.llm[static_cast<size_t>(p)] = t;
+    }
+  }
+  fill_pack_costs(packs, costs, totals);
+  return need;
+}
+
+LargeVector<Index> cost_order(const PackLoads& totals, Index world_size) {
+  const int dims = totals.cost_dims;
+  const size_t n = totals.cost.size() / static_cast<size_t>(dims);
+  if (dims == 1) return sorted_desc(totals.cost.data(), n);
+  // Two parts: sorted by the part whose spread over the packs (5th to 95th percentile, relative to the mean)
+  // is wider, then blocks of b steps re-sorted by the other. A step then spans about b / steps of the first
+  // part's spread and 1 / b of the second's; b = sqrt(steps * spread_2 / spread_1) makes the two equal.
+  double spread[2];
+  std::vector<double> part(n);
+  for (int d = 0; d < 2; ++d) {
+    double sum = 0.0;
+    for (size_t p = 0; p < n; ++p) sum += part[p] = totals.cost[2 * p + static_cast<size_t>(d)];
+    std::sort(part.begin(), part.end());
+    const double lo = part[static_cast<size_t>(0.05 * static_cast<double>(n - 1))];
+    const double hi = part[static_cast<size_t>(0.95 * static_cast<double>(n - 1))];
+    spread[d] = sum > 0.0 ? (hi - lo) * static_cast<double>(n) / sum : 0.0;
+  }
+  const int first = spread[1] > spread[0] ? 1 : 0;
+  const double steps = std::max(1.0, static_cast<double>(n / static_cast<size_t>(world_size)));
+  const double blocks = spread[first] > 0.0 ? std::sqrt(steps * spread[1 - first] / spread[first]) : steps;
+  const size_t block = static_cast<size_t>(std::min(steps, std::max(1.0, std::round(blocks)))) *
+                       static_cast<size_t>(world_size);
+  LargeVector<double> key(n);
+  for (size_t p = 0; p < n; ++p) key[p] = totals.cost[2 * p + static_cast<size_t>(first)];
+  LargeVector<Index> order = sorted_desc(key.data(), n);
+  for (size_t from = 0; from < n; from += block) {
+    const size_t to = std::min(n, from + block);
+    std::sort(order.begin() + static_cast<std::ptrdiff_t>(from), order.begin() + static_cast<std::ptrdiff_t>(to),
+              [&](Index a, Index b) {
+                const double ca = totals.cost[2 * static_cast<size_t>(a) + static_cast<size_t>(1 - first)];
+                const double cb = totals.cost[2 * static_cast<size_t>(b) + static_cast<size_t>(1 - first)];
+                return ca != cb ? ca > cb : a < b;
+              });
   }
   return order;
 }

@@ -1,6 +1,8 @@
-// refine_steps (step_balance.hpp): sample swaps between the packs of one step, choosing each swap with
-// arg-min trees over the step's packs.
+// refine_steps (step_balance.hpp): sample exchanges between the packs of one step, the heavy pack's partner
+// chosen with arg-min trees over the step's packs, the samples exchanged found by binary search in each pack's
+// samples sorted by cost.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -11,14 +13,15 @@
 namespace omnibal {
 namespace {
 
-// At most this many swaps per pack of a step, and this many scans of every pack of the step when the
-// lightest ones give no swap (the work per step stays linear in its packs). Fewer leave the LLM dist ratio
-// of 512 ranks on patch loads visibly higher, more do not lower it (the targets part of
-// benchmarks/bench_balance.py measures it); 8 ranks use a few swaps per step whatever the bound.
-constexpr int64_t kSwapsPerPack = 32;
-constexpr int kFullScansPerStep = 64;
-// Besides the lightest packs, this many packs of the step, in turn, are tried on every swap.
+// Samples tried on each side of a binary search's position (the nearest costs may not fit the capacities).
+constexpr int64_t kNeighbours = 4;
+// Samples of the heavy pack tried as the one given in a swap: all of them up to this many, else this many
+// evenly spaced in cost order (in large packs a move of one sample nearly always moves the cost wanted).
+constexpr int64_t kSwapScan = 64;
+// Besides the step's lightest pack, this many packs of the step, in turn, are tried on every exchange, and
+// every pack of the step on at most kFullScansPerStep exchanges where those give none.
 constexpr int64_t kRotatingCandidates = 4;
+constexpr int kFullScansPerStep = 8;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -51,208 +54,306 @@ class ArgMin {
   std::vector<int64_t> node_;
 };
 
-struct SampleLoad {
+// At most this many cost parts (SampleCosts::dims): the step's time, or the ViT's and the LLM's.
+constexpr int kMaxDims = 2;
+
+struct Entry {
+  double cost[kMaxDims];
   int64_t vit, llm;
-  double cost;
+  Index id;
+};
+
+// Orders entries by cost part d, ties by id.
+struct Cheaper {
+  int d;
+  bool operator()(const Entry& a, const Entry& b) const {
+    return a.cost[d] != b.cost[d] ? a.cost[d] < b.cost[d] : a.id < b.id;
+  }
+};
+
+// First position in `e` (sorted by cost part d) whose part d is >= c.
+int64_t lower_cost(const std::vector<Entry>& e, int d, double c) {
+  return std::lower_bound(e.begin(), e.end(), c, [d](const Entry& x, double v) { return x.cost[d] < v; }) - e.begin();
+}
+
+int64_t log2_ceil(size_t n) {
+  int64_t k = 1;
+  while ((size_t{1} << k) < n) ++k;
+  return k;
+}
+
+// The exchange chosen for the heavy pack: `x` leaves it for pack `other`, `y` (unless has_y) comes back.
+struct Exchange {
+  double top = kInf;    // the larger score of the two packs after it
+  double error = kInf;  // |cost moved - cost wanted|, in the heavy pack's worst part
+  int64_t other = -1;
+  Entry x{}, y{};
+  bool has_y = false;
 };
 
 class StepRefiner {
  public:
-  StepRefiner(Packs& packs, PackLoads& totals, const Loads& loads, const CostModel& cost, Capacity cap)
-      : packs_(packs), totals_(totals), loads_(loads), cost_(cost), cap_(cap) {}
+  StepRefiner(PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap)
+      : totals_(totals), loads_(loads), costs_(costs), cap_(cap), dims_(costs.dims) {}
 
-  // Refines the step made of packs ids[0:w]; frozen[k] marks the ones to leave alone.
-  int64_t refine(const int64_t* ids, const std::vector<char>& frozen, int64_t w) {
+  // Refines the step made of packs ids[0:w] (frozen[k] marks the ones to leave alone) within `budget` units
+  // of work; returns the number of exchanges. Its packs' samples are then in content(k).
+  int64_t refine(const Index* ids, const std::vector<char>& frozen, int64_t w, int64_t budget, const Packs& packs) {
     ids_ = ids;
-    w_ = w;
-    double mv = 0.0, mt = 0.0, mc = 0.0;
-    for (int64_t k = 0; k < w; ++k) {
-      const size_t p = static_cast<size_t>(ids[k]);
-      mv += static_cast<double>(totals_.vit[p]);
-      mt += static_cast<double>(totals_.llm[p]);
-      mc += totals_.cost[p];
-    }
-    // Loads relative to the least largest pack a step can have: the mean for cost, the mean rounded up for
-    // the integer loads (8 packs holding 127 tiles leave one pack with 16, however samples move). A load that
-    // is zero in the whole step (text-only data: no ViT load) takes no part.
-    const double wd = static_cast<double>(w);
-    iv_ = mv > 0.0 ? 1.0 / std::ceil(mv / wd) : 0.0;
-    it_ = mt > 0.0 ? 1.0 / std::ceil(mt / wd) : 0.0;
-    ic_ = mc > 0.0 ? wd / mc : 0.0;
     frozen_ = &frozen;
-    // Most steps of sorted packs are balanced already: check that before building anything.
-    double start_worst = 0.0;
-    for (int64_t k = 0; k < w; ++k) {
-      if (!frozen[static_cast<size_t>(k)]) start_worst = std::max(start_worst, score_of(k));
+    for (int d = 0; d < dims_; ++d) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < w; ++k) sum += part(k, d);
+      mean_[d] = sum / static_cast<double>(w);
+      inv_[d] = mean_[d] > 0.0 ? 1.0 / mean_[d] : 0.0;
     }
-    if (start_worst <= 1.0 + kRefineTolerance) return 0;
+    // A pack's score: its largest part relative to the step's mean of that part (1: the least largest pack
+    // a step can have). Nothing to gain below 1 within tolerance, or below a pack that cannot change.
+    double floor = 1.0 + kRefineTolerance, top = 0.0;
+    for (int64_t k = 0; k < w; ++k) {
+      if (frozen[static_cast<size_t>(k)]) floor = std::max(floor, score(k));
+      else top = std::max(top, score(k));
+    }
+    if (top <= floor || budget <= 0) return 0;
+    if (static_cast<int64_t>(content_.size()) < w) content_.resize(static_cast<size_t>(w));
     heaviest_.reset(w);
     lightest_.reset(w);
-    least_vit_.reset(w);
-    least_llm_.reset(w);
-    least_cost_.reset(w);
-    most_vit_.reset(w);
-    most_llm_.reset(w);
-    most_cost_.reset(w);
-    for (int64_t k = 0; k < w; ++k) update(k);
-
-    int64_t swaps = 0, cursor = 0;
+    for (int64_t k = 0; k < w; ++k) {
+      if (frozen[static_cast<size_t>(k)]) continue;
+      std::vector<Entry>& e = content_[static_cast<size_t>(k)][0];
+      e.clear();
+      const size_t p = static_cast<size_t>(ids[k]);
+      for (Index i = packs.offsets[p]; i < packs.offsets[p + 1]; ++i) {
+        const Index id = packs.samples[static_cast<size_t>(i)];
+        Entry x{{0.0, 0.0}, loads_.vit[id], loads_.llm[id], id};
+        for (int d = 0; d < dims_; ++d) x.cost[d] = costs_.cost[id * dims_ + d];
+        e.push_back(x);
+      }
+      for (int d = 0; d < dims_; ++d) {
+        std::vector<Entry>& sorted = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
+        if (d > 0) sorted = e;
+        std::sort(sorted.begin(), sorted.end(), Cheaper{d});
+      }
+      update(k);
+    }
+    work_ = 0;
+    int64_t exchanges = 0, cursor = 0;
     int full_scans = 0;
-    const int64_t max_swaps = kSwapsPerPack * w;
-    while (swaps < max_swaps) {
+    while (work_ < budget) {
       const int64_t a = heaviest_.best();
-      if (a < 0) break;
-      const double worst = score_of(a);
-      if (worst <= 1.0 + kRefineTolerance) break;
-      gather(a, heavy_);
-      Swap best{worst, -1, 0, 0};
-      // The lightest pack in the load where the heavy pack is worst comes first, then the other lightest.
-      const int64_t firsts[4] = {worst_dim_lightest(a), lightest_.best(), least_llm_.best(), least_vit_.best()};
+      if (a < 0 || score(a) <= floor) break;
+      Exchange best;
       tried_.clear();
-      for (const int64_t b : firsts) try_pack(a, b, best);
-      try_pack(a, least_cost_.best(), best);
-      for (int64_t r = 0; r < std::min(kRotatingCandidates, w); ++r) try_pack(a, (cursor++) % w, best);
+      try_pair(a, lightest_.best(), best);
+      for (int64_t r = 0; r < std::min(kRotatingCandidates, w); ++r) try_pair(a, (cursor++) % w, best);
       if (best.other < 0 && full_scans < kFullScansPerStep) {
         ++full_scans;
-        for (int64_t b = 0; b < w; ++b) try_pack(a, b, best);
+        for (int64_t b = 0; b < w; ++b) try_pair(a, b, best);
       }
       if (best.other < 0) break;
       apply(a, best);
-      ++swaps;
+      ++exchanges;
     }
-    return swaps;
+    return exchanges;
   }
 
- private:
-  struct Swap {
-    double score;          // the larger relative load of the two packs after the swap
-    int64_t other;         // step position of the other pack, -1 for none
-    int64_t pos_a, pos_b;  // positions in packs_.samples
-  };
+  const std::vector<Entry>& content(int64_t k) const { return content_[static_cast<size_t>(k)][0]; }
 
-  double score(double v, double t, double c) const { return std::max(std::max(v * iv_, t * it_), c * ic_); }
-  double score_of(int64_t k) const {
-    const size_t p = static_cast<size_t>(ids_[k]);
-    return score(static_cast<double>(totals_.vit[p]), static_cast<double>(totals_.llm[p]), totals_.cost[p]);
+ private:
+  double part(int64_t k, int d) const { return totals_.cost[static_cast<size_t>(ids_[k] * dims_ + d)]; }
+  double score(int64_t k) const {
+    double s = 0.0;
+    for (int d = 0; d < dims_; ++d) s = std::max(s, part(k, d) * inv_[d]);
+    return s;
+  }
+  int worst_part(int64_t k) const {
+    int worst = 0;
+    for (int d = 1; d < dims_; ++d) {
+      if (part(k, d) * inv_[d] > part(k, worst) * inv_[worst]) worst = d;
+    }
+    return worst;
   }
 
   void update(int64_t k) {
-    const size_t p = static_cast<size_t>(ids_[k]);
-    // every pack, frozen ones too, counts for the step's largest load of each kind
-    most_vit_.set(k, -static_cast<double>(totals_.vit[p]));
-    most_llm_.set(k, -static_cast<double>(totals_.llm[p]));
-    most_cost_.set(k, -totals_.cost[p]);
-    if ((*frozen_)[static_cast<size_t>(k)]) return;  // keys stay infinite: never picked
-    const double s = score_of(k);
-    heaviest_.set(k, -s);
-    lightest_.set(k, s);
-    least_vit_.set(k, static_cast<double>(totals_.vit[p]) * iv_);
-    least_llm_.set(k, static_cast<double>(totals_.llm[p]) * it_);
-    least_cost_.set(k, totals_.cost[p] * ic_);
+    heaviest_.set(k, -score(k));
+    lightest_.set(k, score(k));
   }
 
-  int64_t worst_dim_lightest(int64_t a) const {
-    const size_t p = static_cast<size_t>(ids_[a]);
-    const double v = static_cast<double>(totals_.vit[p]) * iv_, t = static_cast<double>(totals_.llm[p]) * it_,
-                 c = totals_.cost[p] * ic_;
-    if (v >= t && v >= c) return least_vit_.best();
-    if (t >= c) return least_llm_.best();
-    return least_cost_.best();
-  }
-
-  void gather(int64_t k, std::vector<SampleLoad>& out) const {
-    const size_t p = static_cast<size_t>(ids_[k]);
-    out.clear();
-    for (int64_t i = packs_.offsets[p]; i < packs_.offsets[p + 1]; ++i) {
-      const int64_t id = packs_.samples[static_cast<size_t>(i)];
-      out.push_back(SampleLoad{loads_.vit[id], loads_.llm[id], cost_.sample_cost(loads_.vit[id], loads_.llm[id])});
-    }
-  }
-
-  void try_pack(int64_t a, int64_t b, Swap& best) {
+  // The exchange between heavy pack a and pack b that moves a cost, in a's worst part, nearest to the one
+  // wanted: what brings a down to the step's mean without raising b above it (half their gap when b is
+  // above the mean already); it must leave both packs' scores below a's. Kept in `best` when it leaves the
+  // larger of the two scores lower than best's.
+  void try_pair(int64_t a, int64_t b, Exchange& best) {
     if (b < 0 || b == a || (*frozen_)[static_cast<size_t>(b)]) return;
     if (std::find(tried_.begin(), tried_.end(), b) != tried_.end()) return;
     tried_.push_back(b);
+    const int d = worst_part(a);
+    const double ca = part(a, d), cb = part(b, d), gap = ca - cb, mean = mean_[d];
+    if (!(gap > 0.0)) return;
+    const double want = cb < mean ? std::min(ca - mean, mean - cb) : 0.5 * gap;
     const size_t pa = static_cast<size_t>(ids_[a]), pb = static_cast<size_t>(ids_[b]);
-    gather(b, light_);
-    const int64_t av = totals_.vit[pa], at = totals_.llm[pa], bv = totals_.vit[pb], bt = totals_.llm[pb];
-    // No load may end above the step's largest of its kind: evening out one load must not make the step
-    // wait longer on another (the capacities bound them too).
-    const size_t mv = static_cast<size_t>(ids_[most_vit_.best()]), mt = static_cast<size_t>(ids_[most_llm_.best()]),
-                 mc = static_cast<size_t>(ids_[most_cost_.best()]);
-    const int64_t vit_limit = std::min(cap_.vit, totals_.vit[mv]), llm_limit = std::min(cap_.llm, totals_.llm[mt]);
-    const double cost_limit = totals_.cost[mc];
-    const double ac = totals_.cost[pa], bc = totals_.cost[pb];
-    for (size_t i = 0; i < heavy_.size(); ++i) {
-      const SampleLoad& x = heavy_[i];
-      for (size_t j = 0; j < light_.size(); ++j) {
-        const SampleLoad& y = light_[j];
-        const int64_t dv = y.vit - x.vit, dt = y.llm - x.llm;
-        if (av + dv > vit_limit || at + dt > llm_limit || bv - dv > vit_limit || bt - dt > llm_limit) continue;
-        const double dc = y.cost - x.cost;
-        if (ac + dc > cost_limit || bc - dc > cost_limit) continue;
-        const double s = std::max(score(static_cast<double>(av + dv), static_cast<double>(at + dt), ac + dc),
-                                  score(static_cast<double>(bv - dv), static_cast<double>(bt - dt), bc - dc));
-        if (s < best.score) {
-          best = Swap{s, b, packs_.offsets[pa] + static_cast<int64_t>(i), packs_.offsets[pb] + static_cast<int64_t>(j)};
-        }
+    const int64_t room_av = cap_.vit - totals_.vit[pa], room_at = cap_.llm - totals_.llm[pa];
+    const int64_t room_bv = cap_.vit - totals_.vit[pb], room_bt = cap_.llm - totals_.llm[pb];
+    const std::vector<Entry>& A = content_[static_cast<size_t>(a)][static_cast<size_t>(d)];
+    const std::vector<Entry>& B = content_[static_cast<size_t>(b)][static_cast<size_t>(d)];
+    const int64_t na = static_cast<int64_t>(A.size()), nb = static_cast<int64_t>(B.size());
+    const double limit = score(a);
+    Exchange pair;
+    // x leaves a for b, y (if any) comes back: both packs' scores after it, against a's now.
+    auto consider = [&](const Entry& x, const Entry* y) {
+      const double moved = x.cost[d] - (y != nullptr ? y->cost[d] : 0.0);
+      const double error = std::fabs(moved - want);
+      if (!(moved > 0.0) || error >= pair.error) return;
+      double sa = 0.0, sb = 0.0;
+      for (int q = 0; q < dims_; ++q) {
+        const double delta = x.cost[q] - (y != nullptr ? y->cost[q] : 0.0);
+        sa = std::max(sa, (part(a, q) - delta) * inv_[q]);
+        sb = std::max(sb, (part(b, q) + delta) * inv_[q]);
       }
+      if (!(std::max(sa, sb) < limit)) return;
+      pair = Exchange{std::max(sa, sb), error, b, x, y != nullptr ? *y : Entry{}, y != nullptr};
+    };
+    if (na > 1) {  // a move leaves a at least one sample
+      const int64_t at = lower_cost(A, d, want);
+      work_ += log2_ceil(A.size()) + 2 * kNeighbours;
+      for (int64_t i = std::max<int64_t>(0, at - kNeighbours); i < std::min(na, at + kNeighbours); ++i) {
+        const Entry& x = A[static_cast<size_t>(i)];
+        if (x.vit <= room_bv && x.llm <= room_bt) consider(x, nullptr);
+      }
+    }
+    const int64_t scan = std::min(na, kSwapScan);
+    const int64_t search = log2_ceil(B.size()) + 2 * kNeighbours;
+    for (int64_t s = 0; s < scan && nb > 0; ++s) {
+      const Entry& x = A[static_cast<size_t>(scan == na ? s : s * na / scan)];
+      const int64_t at = lower_cost(B, d, x.cost[d] - want);
+      work_ += search;
+      for (int64_t j = std::max<int64_t>(0, at - kNeighbours); j < std::min(nb, at + kNeighbours); ++j) {
+        const Entry& y = B[static_cast<size_t>(j)];
+        const int64_t dv = y.vit - x.vit, dt = y.llm - x.llm;
+        if (dv <= room_av && -dv <= room_bv && dt <= room_at && -dt <= room_bt) consider(x, &y);
+      }
+    }
+    if (pair.other >= 0 && pair.top < best.top) best = pair;
+  }
+
+  // Takes `e` out of every sorted copy of pack k's samples, or puts it in.
+  void remove(int64_t k, const Entry& e) {
+    for (int d = 0; d < dims_; ++d) {
+      std::vector<Entry>& v = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
+      v.erase(std::lower_bound(v.begin(), v.end(), e, Cheaper{d}));
+    }
+  }
+  void insert(int64_t k, const Entry& e) {
+    for (int d = 0; d < dims_; ++d) {
+      std::vector<Entry>& v = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
+      v.insert(std::lower_bound(v.begin(), v.end(), e, Cheaper{d}), e);
     }
   }
 
-  void apply(int64_t a, const Swap& s) {
-    const size_t pa = static_cast<size_t>(ids_[a]), pb = static_cast<size_t>(ids_[s.other]);
-    int64_t& x = packs_.samples[static_cast<size_t>(s.pos_a)];
-    int64_t& y = packs_.samples[static_cast<size_t>(s.pos_b)];
-    const int64_t dv = loads_.vit[y] - loads_.vit[x], dt = loads_.llm[y] - loads_.llm[x];
-    const double dc = cost_.sample_cost(loads_.vit[y], loads_.llm[y]) - cost_.sample_cost(loads_.vit[x], loads_.llm[x]);
-    totals_.vit[pa] += dv;
-    totals_.llm[pa] += dt;
-    totals_.cost[pa] += dc;
-    totals_.vit[pb] -= dv;
-    totals_.llm[pb] -= dt;
-    totals_.cost[pb] -= dc;
-    std::swap(x, y);
+  void apply(int64_t a, const Exchange& ex) {
+    const int64_t b = ex.other;
+    remove(a, ex.x);
+    insert(b, ex.x);
+    if (ex.has_y) {
+      remove(b, ex.y);
+      insert(a, ex.y);
+    }
+    work_ += dims_ * static_cast<int64_t>(content(a).size() + content(b).size());
+    const size_t pa = static_cast<size_t>(ids_[a]), pb = static_cast<size_t>(ids_[b]);
+    const Entry none{{0.0, 0.0}, 0, 0, -1};
+    const Entry& y = ex.has_y ? ex.y : none;
+    totals_.vit[pa] += y.vit - ex.x.vit;
+    totals_.llm[pa] += y.llm - ex.x.llm;
+    totals_.vit[pb] += ex.x.vit - y.vit;
+    totals_.llm[pb] += ex.x.llm - y.llm;
+    for (int d = 0; d < dims_; ++d) {
+      totals_.cost[pa * static_cast<size_t>(dims_) + static_cast<size_t>(d)] += y.cost[d] - ex.x.cost[d];
+      totals_.cost[pb * static_cast<size_t>(dims_) + static_cast<size_t>(d)] += ex.x.cost[d] - y.cost[d];
+    }
     update(a);
-    update(s.other);
+    update(b);
   }
 
-  Packs& packs_;
   PackLoads& totals_;
   const Loads& loads_;
-  const CostModel& cost_;
+  const SampleCosts& costs_;
   Capacity cap_;
-  const int64_t* ids_ = nullptr;
-  int64_t w_ = 0;
+  int dims_;
+  const Index* ids_ = nullptr;
   const std::vector<char>* frozen_ = nullptr;
-  double iv_ = 0.0, it_ = 0.0, ic_ = 0.0;
-  ArgMin heaviest_, lightest_, least_vit_, least_llm_, least_cost_, most_vit_, most_llm_, most_cost_;
-  std::vector<SampleLoad> heavy_, light_;
+  double mean_[kMaxDims] = {0.0, 0.0}, inv_[kMaxDims] = {0.0, 0.0};
+  int64_t work_ = 0;
+  ArgMin heaviest_, lightest_;
+  std::vector<std::array<std::vector<Entry>, kMaxDims>> content_;
   std::vector<int64_t> tried_;
 };
 
+// The packs with the samples of the refined ones (moved_start[p] >= 0: moved[start : start + size]) replaced.
+Packs rebuild(const Packs& packs, const std::vector<Index>& moved_start, const std::vector<Index>& moved_size,
+              const std::vector<Index>& moved) {
+  Packs out;
+  out.samples.reserve(packs.samples.size());
+  out.offsets.reserve(packs.offsets.size());
+  for (Index p = 0; p < packs.size(); ++p) {
+    const size_t q = static_cast<size_t>(p);
+    if (moved_start[q] >= 0) {
+      const auto first = moved.begin() + moved_start[q];
+      out.samples.insert(out.samples.end(), first, first + moved_size[q]);
+    } else {
+      out.samples.insert(out.samples.end(), packs.samples.begin() + packs.offsets[q],
+                         packs.samples.begin() + packs.offsets[q + 1]);
+    }
+    out.close_pack();
+  }
+  return out;
+}
+
 }  // namespace
 
-int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const CostModel& cost, Capacity cap,
-                     const LargeVector<Index>& order, Index world_size) {
+int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
+                     const LargeVector<Index>& order, Index world_size, int64_t work_per_sample) {
   if (world_size < 2 || order.empty()) return 0;
   // Packs used more than once (reused to fill a ragged step) must keep their samples: any change would
   // show in every slot they fill.
   std::vector<Index> uses(static_cast<size_t>(packs.size()), 0);
-  for (const int64_t p : order) ++uses[static_cast<size_t>(p)];
-  StepRefiner refiner(packs, totals, loads, cost, cap);
+  for (const Index p : order) ++uses[static_cast<size_t>(p)];
+  StepRefiner refiner(totals, loads, costs, cap);
   std::vector<char> frozen(static_cast<size_t>(world_size));
-  int64_t swaps = 0;
+  std::vector<Index> moved_start, moved_size, moved;
+  int64_t exchanges = 0;
   const int64_t num_steps = static_cast<int64_t>(order.size()) / world_size;
   for (int64_t s = 0; s < num_steps; ++s) {
-    const int64_t* ids = order.data() + s * world_size;
+    const Index* ids = order.data() + s * world_size;
+    int64_t samples = 0;
     for (int64_t k = 0; k < world_size; ++k) {
       const size_t p = static_cast<size_t>(ids[k]);
       frozen[static_cast<size_t>(k)] = uses[p] != 1 || totals.vit[p] > cap.vit || totals.llm[p] > cap.llm;
+      samples += packs.offsets[p + 1] - packs.offsets[p];
     }
-    swaps += refiner.refine(ids, frozen, world_size);
+    const int64_t budget = samples > 0 && work_per_sample > std::numeric_limits<int64_t>::max() / samples
+                               ? std::numeric_limits<int64_t>::max()
+                               : work_per_sample * samples;
+    const int64_t made = refiner.refine(ids, frozen, world_size, budget, packs);
+    if (made == 0) continue;
+    exchanges += made;
+    if (moved_start.empty()) {
+      moved_start.assign(static_cast<size_t>(packs.size()), -1);
+      moved_size.assign(static_cast<size_t>(packs.size()), 0);
+    }
+    for (int64_t k = 0; k < world_size; ++k) {
+      if (frozen[static_cast<size_t>(k)]) continue;
+      const size_t p = static_cast<size_t>(ids[k]);
+      moved_start[p] = static_cast<Index>(moved.size());
+      for (const Entry& e : refiner.content(k)) moved.push_back(e.id);
+      moved_size[p] = static_cast<Index>(moved.size()) - moved_start[p];
+    }
   }
-  return swaps;
+  if (exchanges > 0) {
+    packs = rebuild(packs, moved_start, moved_size, moved);
+    // Costs summed afresh in pack order: the same sums a caller recomputes from the plan.
+    fill_pack_costs(packs, costs, totals);
+  }
+  return exchanges;
 }
 
 }  // namespace omnibal

@@ -14,21 +14,54 @@ class here draws ``n`` samples with a fixed seed, from shapes seen in public tra
 ===========================  ===================================================================================
 
 ViT loads are tiles for the InternVL-style classes and patches for the Qwen2-VL-style ones; LLM loads count
-text tokens plus the image tokens (256 per InternVL tile, one per 2x2 merged Qwen2-VL patches). The Qwen2-VL
-classes carry ``vit_seqlens``: one per image and one per video frame group (what the ViT attends over).
+text tokens plus the image tokens (256 per InternVL tile, one per 2x2 merged Qwen2-VL patches).
+
+Every sample carries its ViT sequence lengths (``Lengths.vit_seqlens``; :func:`synthetic_samples` also returns
+them apart), the sequences its vision tower attends within, in ViT load units (they sum to the sample's ViT load), in CSR form: ``vit_seqlens[
+vit_seqlens_offsets[i]:vit_seqlens_offsets[i + 1]]`` are sample ``i``'s. InternVL attends within each tile
+(sequences of 1 tile); Qwen2-VL within each image and within each frame group of a video (``grid_t``
+sequences of ``grid_h * grid_w`` patches, its ``cu_seqlens``); text-only samples have none. They are
+derived from what is drawn for the loads, so the loads of a seed do not depend on them.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
 from .lengths import Lengths, default_lengths
 
-__all__ = ["DISTRIBUTIONS", "synthetic_lengths"]
+__all__ = ["DISTRIBUTIONS", "SyntheticSamples", "synthetic_lengths", "synthetic_samples"]
 
 _TOKENS_PER_TILE = 256  # InternVL: 448 px tiles, 1024 patches pixel-shuffled to 256 tokens
 _MERGE = 4              # Qwen2-VL: 2x2 patches merge into one LLM token
+
+
+class SyntheticSamples(NamedTuple):
+    """Loads of ``N`` synthetic samples and the ViT sequences of each (see the module docstring).
+
+    Attributes:
+        lengths: the per-sample loads with these ViT sequences (what :func:`synthetic_lengths` returns).
+        vit_seqlens: ``(M,)`` int64 ViT sequence lengths of all samples, sample by sample, in ViT load units.
+        vit_seqlens_offsets: ``(N + 1,)`` int64, from 0: sample ``i``'s sequences are
+            ``vit_seqlens[vit_seqlens_offsets[i]:vit_seqlens_offsets[i + 1]]``; they sum to its ViT load.
+    """
+
+    lengths: Lengths
+    vit_seqlens: np.ndarray
+    vit_seqlens_offsets: np.ndarray
+
+
+def _samples(vit: np.ndarray, llm: np.ndarray, seqlens: np.ndarray, counts: np.ndarray) -> SyntheticSamples:
+    """Loads and ViT sequences, ``counts[i]`` consecutive entries of ``seqlens`` per sample."""
+    offsets = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return SyntheticSamples(Lengths(vit, llm), np.asarray(seqlens, np.int64), offsets)
+
+
+def _tile_samples(tiles: np.ndarray, llm: np.ndarray) -> SyntheticSamples:
+    """InternVL: one ViT sequence of 1 unit per tile."""
+    return _samples(tiles, llm, np.ones(int(tiles.sum()), np.int64), tiles)
 
 
 def _lognormal_tokens(rng: np.random.Generator, n: int, median: float, sigma: float, low: int, high: int) -> np.ndarray:
@@ -43,9 +76,9 @@ def _internvl_tiles(rng: np.random.Generator, n: int, max_tiles: int = 12) -> np
     return (grid + (grid > 1)).astype(np.int64)
 
 
-def _qwen2vl_patches(rng: np.random.Generator, n: int, num_frames: Optional[np.ndarray] = None) -> np.ndarray:
-    """``(n, 2)`` ViT patches of ``n`` images (or videos) of random resolution, counted as Qwen2-VL's processor
-    would, and their frame groups (1 for an image), each of which the ViT attends over on its own."""
+def _qwen2vl_grids(rng: np.random.Generator, n: int, num_frames: Optional[np.ndarray] = None) -> np.ndarray:
+    """``(n, 3)`` patch grids ``(t, h, w)`` of ``n`` images (or videos) of random resolution, as Qwen2-VL's
+    processor resizes them."""
     from .vision import qwen2vl_grid
 
     # Image sides from 64 px to 4k, log-uniform; videos at typical 360p-720p frame sizes with fewer pixels each.
@@ -53,23 +86,11 @@ def _qwen2vl_patches(rng: np.random.Generator, n: int, num_frames: Optional[np.n
         width = np.exp(rng.uniform(np.log(64), np.log(4096), n)).astype(np.int64)
         aspect = np.exp(rng.uniform(np.log(0.33), np.log(3.0), n))
         height = np.clip(np.round(width * aspect), 28, 8192).astype(np.int64)
-        grid = qwen2vl_grid(width, height)
-    else:
-        width = rng.choice(np.array([480, 640, 854, 1280]), size=n)
-        height = (width * 9) // 16
-        grid = qwen2vl_grid(width, height, num_frames, max_pixels=360 * 420)
-    thw = np.asarray(grid.grid_thw, dtype=np.int64).reshape(-1, 3)
-    return np.stack([np.asarray(grid.num_patches, dtype=np.int64), thw[:, 0]], axis=1)
-
-
-def _with_sequences(vit: np.ndarray, llm: np.ndarray, items: np.ndarray, counts: np.ndarray) -> Lengths:
-    """Loads whose ViT sequences are the frame groups of each sample's ``counts`` consecutive ``items`` (rows of
-    :func:`_qwen2vl_patches`)."""
-    groups = items[:, 1]
-    seqlens = np.repeat(items[:, 0] // groups, groups)
-    per_sample = _per_sample(counts, groups)
-    offsets = np.concatenate([[0], np.cumsum(per_sample)]).astype(np.int64)
-    return Lengths(vit, llm, vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
+        return np.asarray(qwen2vl_grid(width, height).grid_thw, dtype=np.int64)
+    width = rng.choice(np.array([480, 640, 854, 1280]), size=n)
+    height = (width * 9) // 16
+    grid = qwen2vl_grid(width, height, num_frames, max_pixels=360 * 420)
+    return np.asarray(grid.grid_thw, dtype=np.int64)
 
 
 def _per_sample(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -79,56 +100,62 @@ def _per_sample(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
     return (totals[ends] - totals[ends - counts]).astype(np.int64)
 
 
-def _text_long_tail(rng: np.random.Generator, n: int) -> Lengths:
-    return Lengths(np.zeros(n, np.int64), _lognormal_tokens(rng, n, 900, 1.1, 16, 32_768))
+def _grid_samples(grids: np.ndarray, text: np.ndarray) -> SyntheticSamples:
+    """Qwen2-VL, one image or video per sample: ``t`` ViT sequences of ``h * w`` patches (frame groups)."""
+    frames, per_frame = grids[:, 0], grids[:, 1] * grids[:, 2]
+    patches = frames * per_frame
+    return _samples(patches, patches // _MERGE + text, np.repeat(per_frame, frames), frames)
 
 
-def _single_image_short_text(rng: np.random.Generator, n: int) -> Lengths:
+def _text_long_tail(rng: np.random.Generator, n: int) -> SyntheticSamples:
+    tokens = _lognormal_tokens(rng, n, 900, 1.1, 16, 32_768)
+    return _samples(np.zeros(n, np.int64), tokens, np.zeros(0, np.int64), np.zeros(n, np.int64))
+
+
+def _single_image_short_text(rng: np.random.Generator, n: int) -> SyntheticSamples:
     tiles = _internvl_tiles(rng, n)
-    return Lengths(tiles, tiles * _TOKENS_PER_TILE + _lognormal_tokens(rng, n, 60, 0.9, 4, 2_048))
+    return _tile_samples(tiles, tiles * _TOKENS_PER_TILE + _lognormal_tokens(rng, n, 60, 0.9, 4, 2_048))
 
 
-def _many_images_long_text(rng: np.random.Generator, n: int) -> Lengths:
+def _many_images_long_text(rng: np.random.Generator, n: int) -> SyntheticSamples:
     images = rng.integers(2, 9, n)
     tiles = _per_sample(images, _internvl_tiles(rng, int(images.sum()), max_tiles=6))
-    return Lengths(tiles, tiles * _TOKENS_PER_TILE + _lognormal_tokens(rng, n, 1_500, 0.7, 100, 12_000))
+    return _tile_samples(tiles, tiles * _TOKENS_PER_TILE + _lognormal_tokens(rng, n, 1_500, 0.7, 100, 12_000))
 
 
-def _patch_multires(rng: np.random.Generator, n: int) -> Lengths:
+def _patch_multires(rng: np.random.Generator, n: int) -> SyntheticSamples:
     images = rng.choice(np.array([0, 1, 2, 3]), size=n, p=[0.15, 0.6, 0.15, 0.1])
-    items = _qwen2vl_patches(rng, int(images.sum()))
-    patches = _per_sample(images, items[:, 0])
-    return _with_sequences(patches, patches // _MERGE + _lognormal_tokens(rng, n, 120, 1.0, 4, 4_096), items, images)
+    grids = _qwen2vl_grids(rng, int(images.sum()))
+    per_image = grids[:, 0] * grids[:, 1] * grids[:, 2]  # t = 1: one sequence per image
+    patches = _per_sample(images, per_image)
+    return _samples(patches, patches // _MERGE + _lognormal_tokens(rng, n, 120, 1.0, 4, 4_096), per_image, images)
 
 
-def _video_mix(rng: np.random.Generator, n: int) -> Lengths:
+def _video_mix(rng: np.random.Generator, n: int) -> SyntheticSamples:
     is_video = rng.random(n) < 0.3
-    items = np.zeros((n, 2), np.int64)
+    grids = np.zeros((n, 3), np.int64)
     num_videos = int(is_video.sum())
     frames = rng.integers(8, 65, num_videos)
-    items[is_video] = _qwen2vl_patches(rng, num_videos, frames)
-    items[~is_video] = _qwen2vl_patches(rng, n - num_videos)
-    patches = items[:, 0]
-    return _with_sequences(patches, patches // _MERGE + _lognormal_tokens(rng, n, 150, 0.9, 4, 4_096), items,
-                           np.ones(n, np.int64))
+    grids[is_video] = _qwen2vl_grids(rng, num_videos, frames)
+    grids[~is_video] = _qwen2vl_grids(rng, n - num_videos)
+    return _grid_samples(grids, _lognormal_tokens(rng, n, 150, 0.9, 4, 4_096))
 
 
-def _half_text_half_image(rng: np.random.Generator, n: int) -> Lengths:
+def _half_text_half_image(rng: np.random.Generator, n: int) -> SyntheticSamples:
     is_text = rng.random(n) < 0.5
     tiles = np.where(is_text, 0, _internvl_tiles(rng, n))
     text = np.where(is_text, _lognormal_tokens(rng, n, 1_200, 0.9, 32, 16_384),
                     _lognormal_tokens(rng, n, 80, 0.9, 4, 2_048))
-    return Lengths(tiles, tiles * _TOKENS_PER_TILE + text)
+    return _tile_samples(tiles, tiles * _TOKENS_PER_TILE + text)
 
 
-def _bundled(rng: np.random.Generator, n: Optional[int]) -> Lengths:
+def _bundled(rng: np.random.Generator, n: Optional[int]) -> SyntheticSamples:
     real = default_lengths()
-    if n is None:
-        return real
-    return real[rng.integers(0, len(real), n)]
+    picked = real if n is None else real[rng.integers(0, len(real), n)]
+    return _tile_samples(np.asarray(picked.vit), np.asarray(picked.llm))  # InternVL-Chat: ViT loads are tiles
 
 
-DISTRIBUTIONS: dict[str, Callable[[np.random.Generator, int], Lengths]] = {
+DISTRIBUTIONS: dict[str, Callable[[np.random.Generator, int], SyntheticSamples]] = {
     "text_long_tail": _text_long_tail,
     "single_image_short_text": _single_image_short_text,
     "many_images_long_text": _many_images_long_text,
@@ -137,6 +164,35 @@ DISTRIBUTIONS: dict[str, Callable[[np.random.Generator, int], Lengths]] = {
     "half_text_half_image": _half_text_half_image,
     "bundled": _bundled,
 }
+
+
+def synthetic_samples(kind: str, n: Optional[int] = 100_000, seed: int = 0) -> SyntheticSamples:
+    """``n`` samples of the distribution class ``kind`` with their ViT sequences (see the module docstring).
+
+    The loads are those of :func:`synthetic_lengths` for the same arguments.
+
+    Args:
+        kind: one of :data:`DISTRIBUTIONS`.
+        n: number of samples; ``None`` only for ``"bundled"`` (the 70,706 real samples as they are).
+        seed: seed of the draw.
+
+    Returns:
+        :class:`SyntheticSamples`: ``lengths``, ``vit_seqlens`` ``(M,)`` and ``vit_seqlens_offsets`` ``(n + 1,)``.
+
+    Raises:
+        ValueError: an unknown ``kind`` or a non-positive ``n``.
+    """
+    if kind not in DISTRIBUTIONS:
+        raise ValueError(f"kind must be one of {sorted(DISTRIBUTIONS)}, got {kind!r}")
+    if n is None and kind != "bundled":
+        raise ValueError(f"n=None is only for kind='bundled'; {kind!r} needs a sample count")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0):
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    rng = np.random.default_rng([seed, sorted(DISTRIBUTIONS).index(kind)])
+    drawn = DISTRIBUTIONS[kind](rng, n)  # type: ignore[arg-type]  # n is None only for bundled, which takes it
+    lengths = Lengths(drawn.lengths.vit, drawn.lengths.llm, sources=(f"synthetic:{kind}",),
+                      vit_seqlens=drawn.vit_seqlens, vit_seqlens_offsets=drawn.vit_seqlens_offsets)
+    return drawn._replace(lengths=lengths)
 
 
 def synthetic_lengths(kind: str, n: Optional[int] = 100_000, seed: int = 0) -> Lengths:
@@ -150,13 +206,4 @@ def synthetic_lengths(kind: str, n: Optional[int] = 100_000, seed: int = 0) -> L
     Raises:
         ValueError: an unknown ``kind`` or a non-positive ``n``.
     """
-    if kind not in DISTRIBUTIONS:
-        raise ValueError(f"kind must be one of {sorted(DISTRIBUTIONS)}, got {kind!r}")
-    if n is None and kind != "bundled":
-        raise ValueError(f"n=None is only for kind='bundled'; {kind!r} needs a sample count")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0):
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    rng = np.random.default_rng([seed, sorted(DISTRIBUTIONS).index(kind)])
-    lengths = DISTRIBUTIONS[kind](rng, n)  # type: ignore[arg-type]  # n is None only for bundled, which takes it
-    return Lengths(lengths.vit, lengths.llm, sources=(f"synthetic:{kind}",), vit_seqlens=lengths.vit_seqlens,
-                   vit_seqlens_offsets=lengths.vit_seqlens_offsets)
+    return synthetic_samples(kind, n, seed).lengths

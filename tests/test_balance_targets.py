@@ -35,8 +35,8 @@ def test_balanced_meets_the_targets_and_beats_isf(lengths, capacities):
     plan = plan_packs(lengths, world_size=8, target_batch_size=4, **kwargs)
     report = balance_report(plan, lengths)
     assert 4 <= report.ave_bs <= 5
-    assert report.vit_dist <= 0.002 and report.llm_dist <= 0.002
-    assert report.step_efficiency >= 0.99
+    assert report.vit_dist <= 0.002
+    assert report.step_efficiency >= 0.999
     assert max(report.vit_fill, report.llm_fill) >= 0.98
     assert report.dropped == 0 and report.duplicated < 8 * 6  # only the ragged tail
     isf = balance_report(plan_packs(lengths, world_size=8, method="isf", vit_capacity=plan.vit_capacity,

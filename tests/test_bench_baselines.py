@@ -10,10 +10,15 @@ from hypothesis import strategies as st
 from omnibal_kernels import plan_packs
 from omnibal_kernels.balance import CostModel
 from omnibal_kernels.bench.baselines import (
+    _kk_parts,
+    accumulated_step_costs,
     ffd_tokens_plan,
+    karmarkar_karp_plan,
     length_grouped_plan,
+    over_llm_capacity,
     over_vit_capacity,
     random_padded_plan,
+    verl_workload,
 )
 from omnibal_kernels.bench.ddp import padded_batch
 from omnibal_kernels.testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
@@ -78,6 +83,110 @@ def test_ffd_counts_packs_over_the_vit_capacity() -> None:
 def test_ffd_rejects_a_sample_over_the_capacity() -> None:
     with pytest.raises(ValueError, match="sample 1 has 50 tokens"):
         ffd_tokens_plan(_lengths([0, 0], [5, 50]), world_size=1, llm_capacity=20)
+
+
+def _ldm_reference(costs: list[float], k: int, equal_size: bool) -> list[int]:
+    """The largest differencing method, plainly: states of k sets (heaviest first); the state of largest
+    spread (then largest set, then lowest id) absorbs the next one, its largest set with the other's smallest."""
+    order = sorted(range(len(costs)), key=lambda i: (costs[i], i))
+    if equal_size:
+        states = [[[i] for i in reversed(order[r * k:(r + 1) * k])] for r in range(len(costs) // k)]
+    else:
+        states = [[[i]] + [[] for _ in range(k - 1)] for i in order]
+
+    def total(items: list[int]) -> float:
+        return sum(costs[i] for i in items) if items else 0.0
+
+    def key(r: int) -> tuple:
+        return (-(total(states[r][0]) - total(states[r][-1])), -total(states[r][0]), r)
+
+    alive = list(range(len(states)))
+    while len(alive) > 1:
+        first, second = sorted(alive, key=key)[:2]
+        merged = [a + b for a, b in zip(states[first], reversed(states[second]))]
+        states[first] = sorted(merged, key=lambda items: -total(items))  # stable: ties keep their place
+        alive.remove(second)
+    part = [0] * len(costs)
+    for j, items in enumerate(states[alive[0]]):
+        for i in items:
+            part[i] = j
+    return part
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 6), st.booleans(), st.data())
+def test_karmarkar_karp_matches_the_reference(k: int, per_part: int, equal_size: bool, data) -> None:
+    n = k * per_part
+    costs = data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))  # small ints: many ties
+    out = np.full(n, -1, np.int64)
+    _kk_parts(np.asarray(costs, np.float64), k, equal_size, out)
+    assert out.tolist() == _ldm_reference([float(c) for c in costs], k, equal_size)
+    sums = np.bincount(out, weights=np.asarray(costs, np.float64), minlength=k)
+    assert (np.diff(sums) <= 0).all()  # part 0 is the heaviest
+    if equal_size:
+        assert (np.bincount(out, minlength=k) == per_part).all()
+    if k == 2:  # two-way differencing leaves at most the largest item between the parts
+        assert sums[0] - sums[1] <= max(costs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(loads, st.integers(1, 4), st.integers(1, 4), st.integers(0, 3))
+def test_karmarkar_karp_plan_covers_and_caps(data, world_size: int, batch: int, seed: int) -> None:
+    lengths = _lengths(*data)
+    capacity = int(lengths.llm.max()) + 50
+    costs = verl_workload(lengths.llm)
+    result = karmarkar_karp_plan(lengths, world_size=world_size, batch_size=batch, llm_capacity=capacity,
+                                 vit_capacity=5, seed=seed)
+    plan, steps = result.plan, result.micro_offsets
+    group = world_size * batch
+    padded = random_padded_plan(lengths, world_size=world_size, batch_size=batch, seed=seed)
+    assert np.array_equal(np.sort(plan.slot_samples()), np.sort(padded.slot_samples()))  # the same samples
+    assert (plan.pack_sizes() > 0).all() and plan.step_packs.shape == (int(steps[-1]), world_size)
+    order = padded.pack_samples
+    for g in range(len(steps) - 1):
+        batch_ids = order[g * group:(g + 1) * group]
+        rows = plan.step_packs[steps[g]:steps[g + 1]]
+        ranks = [np.concatenate([plan.pack(p) for p in rows[:, r]]) for r in range(world_size)]
+        assert sorted(np.concatenate(ranks).tolist()) == sorted(batch_ids.tolist())
+        assert all(len(r) == batch for r in ranks)  # equal-size parts
+        # micro-steps: the most ceil(tokens / cap) of any rank, at most one per sample
+        need = max(-(-int(lengths.llm[r].sum()) // capacity) for r in ranks)
+        assert rows.shape[0] == min(max(need, 1), batch)
+    totals = accumulated_step_costs(result, np.array([costs[plan.pack(p)].sum() for p in range(plan.num_packs)]))
+    assert totals.shape == (len(steps) - 1, world_size)
+    assert totals.sum() == pytest.approx(costs[plan.slot_samples()].sum())
+    again = karmarkar_karp_plan(lengths, world_size=world_size, batch_size=batch, llm_capacity=capacity,
+                                vit_capacity=5, seed=seed)
+    assert np.array_equal(again.plan.pack_samples, plan.pack_samples)
+
+
+def test_karmarkar_karp_plan_balances_cost_and_counts_capacity_misses() -> None:
+    # one global batch of 2 ranks x 2 samples: costs 8, 7, 6, 5 -> {8, 5} and {7, 6}, whatever the permutation
+    costs = np.array([8.0, 7.0, 6.0, 5.0])
+    lengths = _lengths([9, 0, 0, 9], [10, 10, 10, 10])
+    result = karmarkar_karp_plan(lengths, world_size=2, batch_size=2, llm_capacity=40, vit_capacity=10,
+                                 costs=costs, seed=3)
+    plan = result.plan
+    assert sorted(sorted(costs[plan.pack(p)].tolist()) for p in range(plan.num_packs)) == [[5.0, 8.0], [6.0, 7.0]]
+    assert result.micro_offsets.tolist() == [0, 1]
+    assert over_vit_capacity(plan, lengths) == 0.5  # {8, 5} holds 18 ViT units, over 10
+    # 50 tokens on the rank of {8, 5}, over a cap of 40: every rank runs 2 micro-steps, heaviest first
+    lengths = _lengths([9, 0, 0, 9], [10, 10, 10, 40])
+    result = karmarkar_karp_plan(lengths, world_size=2, batch_size=2, llm_capacity=40, vit_capacity=10,
+                                 costs=costs, seed=3)
+    plan = result.plan
+    assert result.micro_offsets.tolist() == [0, 2]
+    steps = [sorted(costs[plan.pack(p)].sum() for p in row) for row in plan.step_packs]
+    assert steps == [[7.0, 8.0], [5.0, 6.0]]
+    pack_costs = np.array([costs[plan.pack(p)].sum() for p in range(plan.num_packs)])
+    assert sorted(accumulated_step_costs(result, pack_costs)[0].tolist()) == [13.0, 13.0]
+    assert over_vit_capacity(plan, lengths) == 0.0 and over_llm_capacity(plan, lengths) == 0.0
+    with pytest.raises(ValueError, match="costs must be"):
+        karmarkar_karp_plan(lengths, world_size=2, batch_size=2, llm_capacity=40, costs=-costs)
+    with pytest.raises(ValueError, match="llm_capacity"):
+        karmarkar_karp_plan(lengths, world_size=2, batch_size=2, llm_capacity=0)
+    with pytest.raises(ValueError, match="sample 3 has 40 tokens"):
+        karmarkar_karp_plan(lengths, world_size=2, batch_size=2, llm_capacity=39)
 
 
 def _llava_reference(llm: np.ndarray, order: np.ndarray, world_size: int, batch: int) -> list[list[list[int]]]:

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from omnibal_kernels._ext import load as load_ext
 
 C = load_ext()
-COST = [0.0, 0.0, 1.0, 0.0]
 
 
 def _loads(n: int = 200, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -27,7 +26,9 @@ def _packs(result) -> list[list[int]]:
 
 
 def _balanced(vit, llm, items=None, singles=None, vit_capacity=12, llm_capacity=4096, world_size=4):
-    return C.plan_balanced(vit, llm, items, singles, vit_capacity, llm_capacity, COST, 4, world_size, False, 3)
+    costs = np.abs(np.asarray(llm, dtype=np.float64))  # loads are checked past the costs
+    return C.plan_balanced(vit, llm, items, singles, vit_capacity, llm_capacity, costs, 0.0, 4, world_size, False, 3,
+                           1024)
 
 
 # Array arguments of the bindings: (binding, argument) -> call with that argument replaced.
@@ -168,12 +169,22 @@ def test_scalar_options_are_checked():
         C.assign_random(10, 0, False, 0)
     with pytest.raises(ValueError, match="^num_packs must be >= 0"):
         C.assign_random(-1, 2, False, 0)
+    costs = llm.astype(np.float64)
     with pytest.raises(ValueError, match="^rounds must be >= 1, got 0"):
-        C.plan_balanced(vit, llm, None, None, 12, 4096, COST, 0, 4, False, 3)
-    with pytest.raises(ValueError, match="^cost_terms must have 4 entries"):
-        C.plan_balanced(vit, llm, None, None, 12, 4096, [1.0], 4, 4, False, 3)
-    with pytest.raises(ValueError, match="^cost_terms must be finite"):
-        C.plan_balanced(vit, llm, None, None, 12, 4096, [0.0, float("nan"), 1.0, 0.0], 4, 4, False, 3)
+        C.plan_balanced(vit, llm, None, None, 12, 4096, costs, 0.0, 0, 4, False, 3, 1024)
+    with pytest.raises(TypeError, match="^sample_costs must be a float64 array"):
+        C.plan_balanced(vit, llm, None, None, 12, 4096, llm, 0.0, 4, 4, False, 3, 1024)
+    with pytest.raises(ValueError, match=r"^sample_costs must be \(N,\) or \(N, 2\) with one row per sample"):
+        C.plan_balanced(vit, llm, None, None, 12, 4096, costs[1:], 0.0, 4, 4, False, 3, 1024)
+    for bad in (-1.0, float("nan"), float("inf")):
+        poisoned = costs.copy()
+        poisoned[2] = bad
+        with pytest.raises(ValueError, match=r"^sample_costs\[2\] = .* is not a finite cost >= 0"):
+            C.plan_balanced(vit, llm, None, None, 12, 4096, poisoned, 0.0, 4, 4, False, 3, 1024)
+    with pytest.raises(ValueError, match="^per_pack must be a finite cost >= 0"):
+        C.plan_balanced(vit, llm, None, None, 12, 4096, costs, -1.0, 4, 4, False, 3, 1024)
+    with pytest.raises(ValueError, match="^work_per_sample must be >= 0"):
+        C.plan_balanced(vit, llm, None, None, 12, 4096, costs, 0.0, 4, 4, False, 3, -1)
     with pytest.raises(ValueError, match="^llm_bin must be >= 1"):
         C.load_stats(vit, llm, 0)
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from omnibal_kernels.synthetic import DISTRIBUTIONS, synthetic_lengths
+from omnibal_kernels.synthetic import DISTRIBUTIONS, synthetic_lengths, synthetic_samples
 
 
 @pytest.mark.parametrize("kind", sorted(DISTRIBUTIONS))
@@ -38,3 +38,42 @@ def test_bad_arguments_are_clear(bad):
         synthetic_lengths("no_such_kind", 10)
     with pytest.raises(ValueError, match="n=None"):
         synthetic_lengths("video_mix", None)
+
+
+@pytest.mark.parametrize("kind", sorted(DISTRIBUTIONS))
+def test_vit_seqlens_are_csr_and_sum_to_the_vit_load(kind):
+    drawn = synthetic_samples(kind, 3_000, seed=4)
+    lengths = synthetic_lengths(kind, 3_000, seed=4)
+    np.testing.assert_array_equal(drawn.lengths.vit, lengths.vit)
+    np.testing.assert_array_equal(drawn.lengths.llm, lengths.llm)
+    offsets, seqlens = drawn.vit_seqlens_offsets, drawn.vit_seqlens
+    assert offsets.dtype == np.int64 and seqlens.dtype == np.int64
+    assert offsets.shape == (3_001,) and offsets[0] == 0 and offsets[-1] == seqlens.size
+    assert (np.diff(offsets) >= 0).all() and (seqlens > 0).all()
+    sums = np.zeros(3_000, np.int64)
+    np.add.at(sums, np.repeat(np.arange(3_000), np.diff(offsets)), seqlens)
+    np.testing.assert_array_equal(sums, lengths.vit)
+    again = synthetic_samples(kind, 3_000, seed=4)
+    np.testing.assert_array_equal(again.vit_seqlens, seqlens)
+
+
+def test_vit_seqlens_follow_the_vision_towers():
+    assert synthetic_samples("text_long_tail", 2_000).vit_seqlens.size == 0
+    for kind in ("single_image_short_text", "many_images_long_text", "half_text_half_image", "bundled"):
+        drawn = synthetic_samples(kind, 2_000)  # InternVL: one sequence per tile
+        assert (drawn.vit_seqlens == 1).all()
+        np.testing.assert_array_equal(np.diff(drawn.vit_seqlens_offsets), drawn.lengths.vit)
+    patches = synthetic_samples("patch_multires", 5_000)
+    per_sample = np.diff(patches.vit_seqlens_offsets)
+    assert per_sample.max() == 3 and (per_sample == 0).any()  # 0-3 images, one sequence each
+    # an image's patches: an even grid (2x2 merge) of at most max_pixels / 14**2
+    assert (patches.vit_seqlens % 4 == 0).all() and patches.vit_seqlens.max() <= 28 * 28 * 1280 // 14**2
+    video = synthetic_samples("video_mix", 5_000)
+    groups = np.diff(video.vit_seqlens_offsets)
+    # a sample is one image (1 sequence) or a video of 8-64 frames (4-32 frame groups of equal size)
+    assert set(np.unique(groups)) <= {1} | set(range(4, 33)) and (groups >= 4).mean() > 0.2
+    for i in np.flatnonzero(groups >= 4)[:50]:
+        frames = video.vit_seqlens[video.vit_seqlens_offsets[i]:video.vit_seqlens_offsets[i + 1]]
+        assert (frames == frames[0]).all()
+    with pytest.raises(ValueError, match="kind must be one of"):
+        synthetic_samples("no_such_kind", 10)

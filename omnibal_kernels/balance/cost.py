@@ -252,11 +252,30 @@ class CostModel:
             llm: ``(N,)`` LLM loads, when ``lengths`` is the ViT loads.
         """
         if llm is not None:
-            v = np.asarray(lengths, dtype=np.float64)
-            t = np.asarray(llm, dtype=np.float64)
-            return (self.vit_linear * v + self.vit_quadratic * v * v + self.llm_linear * t
-                    + self.llm_quadratic * t * t + self.per_sample)
-        return sample_features(cast(Lengths, lengths)) @ self.coefficients()  # sample_features rejects an array
+            v, t = np.asarray(lengths), np.asarray(llm)
+        else:
+            if not isinstance(lengths, Lengths):
+                raise TypeError(f"lengths must be a Lengths, got {type(lengths).__name__}")
+            v, t = lengths.vit, lengths.llm
+        # One elementwise operation at a time, in a fixed order, every load taken as float64 (no matrix
+        # product, whose summation order and fused multiply-adds vary with the BLAS): the same costs, to the
+        # bit, on every rank and platform. A zero term adds exactly 0 to every (finite) cost and is skipped.
+        f64 = np.float64
+        out = np.zeros(np.broadcast_shapes(np.shape(v), np.shape(t)))
+        scratch = np.empty_like(out)
+        if self.vit_linear != 0.0:
+            out += np.multiply(v, self.vit_linear, out=scratch, dtype=f64)
+        if self.vit_quadratic != 0.0:
+            squares = np.multiply(v, v, dtype=f64) if llm is not None else _vit_square_sums(cast(Lengths, lengths))
+            out += np.multiply(squares, self.vit_quadratic, out=scratch)
+        if self.llm_linear != 0.0:
+            out += np.multiply(t, self.llm_linear, out=scratch, dtype=f64)
+        if self.llm_quadratic != 0.0:
+            np.multiply(t, t, out=scratch, dtype=f64)
+            out += np.multiply(scratch, self.llm_quadratic, out=scratch)
+        if self.per_sample != 0.0:
+            out += self.per_sample
+        return out
 
     def pack_costs(self, lengths: Lengths, packs: PackLike) -> np.ndarray:
         """``(P,)`` float64 cost of every pack: its samples' costs plus ``per_pack``.

@@ -3,10 +3,14 @@
 Methods:
 
 * ``"balanced"`` (default): randomized two-dimensional best fit in rounds (packs at the physical limit of
-  the binding capacity), then packs sorted by the load that varies more across them, blocks re-sorted by
-  the other load and smaller blocks by cost, and cut into steps, so the ranks of a step get near-equal ViT
-  load, LLM load and cost; steps are laid out in a stratified random order (no load trend over the epoch)
-  and ranks are shuffled within a step.
+  the binding capacity), the costliest packs split in two where that makes the pack count a multiple of
+  ``world_size`` (no pack repeated, none dropped), packs sorted by cost and cut into steps, then samples
+  exchanged (moves and swaps, within the capacities) between the packs of each step until its costliest
+  pack, what the step waits for, costs about the step's mean. A pack costs its samples'
+  ``cost_model.sample_costs`` plus ``per_pack``; with ``objective="stages"`` its ViT and LLM costs are
+  balanced each on its own (a pack's score is the larger of the two, each relative to the step's mean).
+  Steps are laid out in a stratified random order (no load trend over the epoch) and ranks are shuffled
+  within a step.
 * ``"isf"``: the OmniBal paper's Iterative Sampling and Filtering, packs to ranks in random order.
 * ``"random"``: random next-fit packs, in random order (the baseline).
 
@@ -22,16 +26,22 @@ import numpy as np
 
 from .. import _ext
 from ..lengths import Lengths
+from .cost import CostModel
 from .options import PlanOptions
 from .packs import OversizeError, Plan, TooFewPacksError
 from .seeds import epoch_seed
 
-__all__ = ["BEST_FIT_ROUNDS", "build_plan"]
+__all__ = ["BEST_FIT_ROUNDS", "REFINE_WORK_PER_SAMPLE", "build_plan"]
 
 # Best-fit rounds of the balanced method: each round raises the fill a little, and later rounds only re-pack
 # the few packs that are not yet full, so they cost little (benchmarks/bench_balance.py::test_best_fit_rounds
 # measures fill and time per round count).
 BEST_FIT_ROUNDS = 16
+# The step refinement's work bound, in units (one sample looked at, one binary-search probe) per sample of a
+# step: it keeps planning within a fixed factor of sorting the lengths at any pack size
+# (benchmarks/bench_balance.py::test_refine_work measures epoch cost and planning time at several bounds;
+# 0 turns the exchanges off, 2**62 leaves them unbounded).
+REFINE_WORK_PER_SAMPLE = 1024
 
 
 def build_plan(lengths: Lengths, options: PlanOptions, *, world_size: int, epoch: int,
@@ -54,8 +64,9 @@ def build_plan(lengths: Lengths, options: PlanOptions, *, world_size: int, epoch
     singles = oversize_ids if oversize == "single" else np.zeros(0, np.int64)
     if method == "balanced":
         balanced = C.plan_balanced(
-            vit, llm, items, singles if singles.size else None, vit_capacity, llm_capacity, cost_model.terms(),
-            BEST_FIT_ROUNDS, world_size, drop_last, plan_seed)
+            vit, llm, items, singles if singles.size else None, vit_capacity, llm_capacity,
+            _sample_costs(lengths, cost_model, options.objective), cost_model.per_pack, BEST_FIT_ROUNDS, world_size,
+            drop_last, plan_seed, REFINE_WORK_PER_SAMPLE)
         offsets, samples, assignment = balanced.packs.offsets, balanced.packs.samples, balanced.assignment
     else:
         if method == "isf":
@@ -94,6 +105,17 @@ def build_plan(lengths: Lengths, options: PlanOptions, *, world_size: int, epoch
         num_input_samples=len(lengths),
         seconds=time.perf_counter() - start,
     )
+
+
+def _sample_costs(lengths: Lengths, cost_model: CostModel, objective: str) -> np.ndarray:
+    """What the balanced method balances: ``(N,)`` float64 sample costs (``"time"``), or ``(N, 2)`` their ViT
+    and LLM parts (``"stages"``; ``per_sample`` in the LLM part, ``per_pack`` added there by the engine)."""
+    if objective == "time":
+        return cost_model.sample_costs(lengths)
+    vit = CostModel(vit_linear=cost_model.vit_linear, vit_quadratic=cost_model.vit_quadratic)
+    llm = CostModel(llm_linear=cost_model.llm_linear, llm_quadratic=cost_model.llm_quadratic,
+                    per_sample=cost_model.per_sample)
+    return np.stack([vit.sample_costs(lengths), llm.sample_costs(lengths)], axis=1)
 
 
 def _split_oversize(lengths: Lengths, vit_capacity: int, llm_capacity: int,

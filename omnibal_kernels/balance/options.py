@@ -31,6 +31,7 @@ __all__ = [
     "IsfOptions",
     "MAX_CAPACITY",
     "METHODS",
+    "OBJECTIVES",
     "OVERSIZE_POLICIES",
     "PlanOptions",
     "UNSET",
@@ -41,7 +42,9 @@ __all__ = [
 
 Method = Literal["balanced", "isf", "random"]
 OversizePolicy = Literal["error", "single", "drop"]
+Objective = Literal["time", "stages"]
 METHODS: tuple[str, ...] = ("balanced", "isf", "random")
+OBJECTIVES: tuple[str, ...] = ("time", "stages")
 OVERSIZE_POLICIES: tuple[str, ...] = ("error", "single", "drop")
 
 # The ISF settings of the authors' scripts: ViT threshold = ViT capacity, LLM threshold = capacity - 128,
@@ -116,9 +119,15 @@ class PlanOptions:
             default 4).
         oversize: a sample that alone exceeds a capacity: ``"error"`` (raise ``OversizeError``, default),
             ``"single"`` (its own pack, reported) or ``"drop"`` (left out, reported).
-        drop_last: drop the packs of a ragged last step (reported) instead of filling it with reused packs.
+        drop_last: drop the packs of a ragged last step (reported) instead of filling it with reused packs
+            (the balanced method splits packs into whole steps first, where it can: then nothing is dropped).
         seed: with the epoch, what a plan is drawn from; an int in ``[-2**63, 2**64)``.
         cost_model: the per-sample cost the balanced method equalizes (``None``: ``CostModel.internvl_7b()``).
+        objective: what the balanced method balances across the ranks of a step: ``"time"`` (default), each
+            pack's whole cost (a data-parallel step waits for its costliest pack); ``"stages"``, its ViT cost
+            (the ``vit_*`` terms) and its LLM cost (the ``llm_*`` terms, ``per_sample`` and ``per_pack``) each
+            on its own, for the ViT and the LLM on different pipeline stages (each stage waits for its own
+            costliest pack). Another method with ``"stages"`` is an error.
         isf: the ``isf`` method's settings; thresholds are an error with another method.
         context_parallel_size: ranks of a context-parallel (CP) group that share each pack (default 1: none).
             The capacities are then per CP group (a pack's tokens over all its ``C`` ranks, each holding about
@@ -133,6 +142,7 @@ class PlanOptions:
     drop_last: bool = False
     seed: int = 0
     cost_model: CostModel = field(default_factory=CostModel.internvl_7b)
+    objective: Objective = "time"
     isf: IsfOptions = field(default_factory=IsfOptions)
     context_parallel_size: int = 1
 
@@ -157,6 +167,10 @@ class PlanOptions:
             object.__setattr__(self, "cost_model", CostModel.internvl_7b())
         elif not isinstance(self.cost_model, CostModel):
             raise TypeError(f"cost_model must be a CostModel, got {type(self.cost_model).__name__}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.objective == "stages" and self.method != "balanced":
+            raise ValueError(f"objective='stages' applies to method='balanced' only, got method={self.method!r}")
         if not isinstance(self.isf, IsfOptions):
             raise TypeError(f"isf must be an IsfOptions, got {type(self.isf).__name__}")
         if self.isf.has_thresholds and self.method != "isf":

@@ -14,7 +14,7 @@ from .._checks import check_epoch
 from ..lengths import Lengths
 from .cost import CostModel
 from .engine import build_plan
-from .options import UNSET, Method, OversizePolicy, PlanOptions, check_world_size, plan_options
+from .options import UNSET, Method, Objective, OversizePolicy, PlanOptions, check_world_size, plan_options
 from .packs import Plan, as_lengths
 from .search import search_capacity
 
@@ -39,6 +39,7 @@ def plan_packs(
     seed: int = UNSET,
     cost_model: Optional[CostModel] = UNSET,
     context_parallel_size: int = UNSET,
+    objective: Objective = UNSET,
 ) -> Plan:
     """Groups samples into packs under a ViT and an LLM capacity and schedules them on ranks and steps.
 
@@ -50,7 +51,7 @@ def plan_packs(
         epoch: with the options' seed, what the plan is drawn from; each epoch gets new packs and order.
         options: a :class:`~omnibal_kernels.balance.options.PlanOptions` (default: its defaults).
         method, target_batch_size, vit_capacity, llm_capacity, oversize, drop_last, seed, cost_model,
-            context_parallel_size: fields of ``PlanOptions``, replacing those of ``options``;
+            context_parallel_size, objective: fields of ``PlanOptions``, replacing those of ``options``;
             ``vit_threshold``, ``llm_threshold`` and ``iterations`` are fields of its ``isf`` part.
             Capacities not given are searched from ``target_batch_size``
             (:func:`~omnibal_kernels.balance.search_capacity`). With
@@ -73,7 +74,7 @@ def plan_packs(
     options = plan_options(options, method=method, target_batch_size=target_batch_size, vit_capacity=vit_capacity,
                            llm_capacity=llm_capacity, vit_threshold=vit_threshold, llm_threshold=llm_threshold,
                            iterations=iterations, oversize=oversize, drop_last=drop_last, seed=seed,
-                           cost_model=cost_model, context_parallel_size=context_parallel_size)
+                           cost_model=cost_model, context_parallel_size=context_parallel_size, objective=objective)
     world_size = check_world_size(world_size)
     epoch = check_epoch(epoch)
     if len(lengths) == 0:

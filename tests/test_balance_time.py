@@ -1,0 +1,193 @@
+"""The balanced method balances what a step waits for, its costliest pack: the packs' count made whole, the
+exchanges of the step refinement (never worse than the packs sorted by cost), their invariants, and the
+epoch cost over the ideal on the synthetic classes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omnibal_kernels import Lengths, plan_packs
+from omnibal_kernels.balance import CostModel, engine
+from omnibal_kernels.bench.quality import qwen2vl_7b_cost
+from omnibal_kernels.synthetic import synthetic_samples
+
+
+def _epoch_cost(plan, lengths: Lengths, cost: CostModel) -> float:
+    """Sum over steps of the step's costliest pack."""
+    return float(cost.pack_costs(lengths, plan)[plan.step_packs].max(axis=1).sum())
+
+
+def _with_seqlens(kind: str, n: int, seed: int) -> Lengths:
+    d = synthetic_samples(kind, n, seed)
+    return Lengths(d.lengths.vit, d.lengths.llm, vit_seqlens=d.vit_seqlens, vit_seqlens_offsets=d.vit_seqlens_offsets)
+
+
+def _check_exactly_once_within_capacities(plan, lengths: Lengths) -> None:
+    assert np.array_equal(np.sort(plan.pack_samples), np.arange(len(lengths)))
+    assert (plan.pack_sizes() > 0).all()
+    pack_of = np.repeat(np.arange(plan.num_packs), plan.pack_sizes())
+    pv = np.bincount(pack_of, weights=lengths.vit[plan.pack_samples], minlength=plan.num_packs)
+    pt = np.bincount(pack_of, weights=lengths.llm[plan.pack_samples], minlength=plan.num_packs)
+    assert (pv <= plan.vit_capacity).all() and (pt <= plan.llm_capacity).all()
+
+
+_costs = st.tuples(*(st.sampled_from([0.0, 1e-3, 0.5, 2.0]) for _ in range(6)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 2500),
+    world_size=st.sampled_from([1, 2, 3, 8, 16, 64]),
+    terms=_costs,
+    drop_last=st.booleans(),
+    pack_room=st.sampled_from([1.0, 1.5, 4.0, 40.0]),
+    seed=st.integers(0, 2**64 - 1),
+    data_seed=st.integers(0, 2**32 - 1),
+)
+def test_exchanges_keep_invariants_and_never_raise_the_epoch_cost(n, world_size, terms, drop_last,
+                                                                   pack_room, seed, data_seed):
+    rng = np.random.default_rng(data_seed)
+    vit = np.where(rng.random(n) < 0.3, 0, rng.integers(1, 2000, n))
+    llm = vit // 4 + rng.integers(1, 3000, n)
+    # images of one or two ViT sequences each (two halves where the sample says so)
+    two = (vit >= 2) & (rng.random(n) < 0.5)
+    per_sample = np.where(vit > 0, 1 + two, 0)
+    seqlens = np.zeros(int(per_sample.sum()), np.int64)
+    offsets = np.r_[0, np.cumsum(per_sample)]
+    seqlens[offsets[:-1][vit > 0]] = np.where(two, vit // 2, vit)[vit > 0]
+    seqlens[offsets[:-1][two] + 1] = (vit - vit // 2)[two]
+    lengths = Lengths(vit, llm, vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
+    cost = CostModel(*terms)
+    caps = dict(vit_capacity=int(max(vit.max(), 1) * pack_room), llm_capacity=int(llm.max() * pack_room))
+    kwargs = dict(world_size=world_size, cost_model=cost, drop_last=drop_last, seed=seed, **caps)
+    try:
+        plan = plan_packs(lengths, **kwargs)
+    except ValueError as exc:
+        assert drop_last and "no step is left" in str(exc)
+        return
+    again = plan_packs(lengths, **kwargs)
+    assert plan.fingerprint() == again.fingerprint()
+    with pytest.MonkeyPatch.context() as mp:  # the same packs sorted by cost, no exchange
+        mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
+        cost_sorted = plan_packs(lengths, **kwargs)
+    assert plan.num_packs == cost_sorted.num_packs and plan.duplicated_slots == cost_sorted.duplicated_slots
+    if plan.dropped_samples.size == 0 and plan.duplicated_slots == 0:
+        _check_exactly_once_within_capacities(plan, lengths)
+    refined, unrefined = _epoch_cost(plan, lengths, cost), _epoch_cost(cost_sorted, lengths, cost)
+    assert refined <= unrefined * (1 + 1e-12) + 1e-300
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(2, 2000),
+    world_size=st.sampled_from([2, 3, 8, 16, 64]),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+    data_seed=st.integers(0, 2**32 - 1),
+)
+def test_costliest_packs_split_into_whole_steps(n, world_size, drop_last, seed, data_seed):
+    # Packs of two or more samples, at least as many as a whole step lacks: split, nothing repeated or dropped.
+    rng = np.random.default_rng(data_seed)
+    lengths = Lengths(rng.integers(0, 5, n), rng.integers(1, 500, n))
+    try:
+        plan = plan_packs(lengths, world_size=world_size, vit_capacity=12, llm_capacity=1500, drop_last=drop_last,
+                          seed=seed)
+    except ValueError as exc:  # fewer packs than ranks and nothing to split them into a whole step
+        assert drop_last and "no step is left" in str(exc)
+        return
+    if plan.duplicated_slots == 0 and plan.dropped_samples.size == 0:
+        assert plan.num_packs % world_size == 0 and plan.num_steps * world_size == plan.num_packs
+        _check_exactly_once_within_capacities(plan, lengths)
+    else:  # only when the packs of two or more samples are fewer than the slots missing
+        assert int((plan.pack_sizes() >= 2).sum()) < world_size
+
+
+def test_split_packs_fill_a_step_that_best_fit_leaves_ragged():
+    lengths = Lengths(np.zeros(30, np.int64), np.full(30, 10, np.int64))
+    plan = plan_packs(lengths, world_size=4, vit_capacity=0, llm_capacity=100)  # 3 packs of 10 from best fit
+    assert plan.num_packs == 4 and plan.duplicated_slots == 0 and plan.dropped_samples.size == 0
+    # the costliest pack split in halves of 5, then samples moved until no pack holds more than 8 (ceil 30 / 4)
+    assert sorted(plan.pack_sizes().tolist()) == [7, 7, 8, 8]
+    free = plan_packs(lengths, world_size=4, vit_capacity=0, llm_capacity=100, cost_model=CostModel())
+    assert sorted(free.pack_sizes().tolist()) == [5, 5, 10, 10]  # all costs 0: split by count, nothing to move
+
+
+@pytest.mark.parametrize("kind, cost, world_size, n, bound", [
+    ("patch_multires", qwen2vl_7b_cost(), 64, 70_000, 1.005),
+    ("many_images_long_text", CostModel.internvl_7b(), 64, 70_000, 1.005),
+    ("video_mix", qwen2vl_7b_cost(), 8, 70_000, 1.005),
+    ("patch_multires", qwen2vl_7b_cost(), 512, 160_000, 1.02),
+])
+def test_epoch_cost_near_the_ideal(kind, cost, world_size, n, bound):
+    lengths = _with_seqlens(kind, n, seed=1)
+    plan = plan_packs(lengths, world_size=world_size, cost_model=cost)
+    assert plan.num_steps >= 50
+    ideal = (cost.sample_costs(lengths).sum() + cost.per_pack * plan.num_packs) / world_size
+    assert _epoch_cost(plan, lengths, cost) / ideal <= bound
+
+
+# --- objective="stages": the ViT and the LLM on different pipeline stages --------------------------------------
+
+
+def _stage_costs(plan, lengths: Lengths, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """``(num_steps, world_size)`` ViT and LLM cost of every slot's pack (per_sample and per_pack: LLM)."""
+    vit = CostModel(vit_linear=cost.vit_linear, vit_quadratic=cost.vit_quadratic)
+    llm = CostModel(llm_linear=cost.llm_linear, llm_quadratic=cost.llm_quadratic, per_sample=cost.per_sample,
+                    per_pack=cost.per_pack)
+    return vit.pack_costs(lengths, plan)[plan.step_packs], llm.pack_costs(lengths, plan)[plan.step_packs]
+
+
+def test_stages_is_checked():
+    lengths = Lengths(np.ones(40, np.int64), np.full(40, 10, np.int64))
+    with pytest.raises(ValueError, match="objective must be one of"):
+        plan_packs(lengths, world_size=2, objective="speed")
+    with pytest.raises(ValueError, match="objective='stages' applies to method='balanced' only"):
+        plan_packs(lengths, world_size=2, method="isf", objective="stages")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 2500),
+    world_size=st.sampled_from([1, 2, 3, 8, 64]),
+    terms=_costs,
+    pack_room=st.sampled_from([1.0, 4.0, 40.0]),
+    seed=st.integers(0, 2**64 - 1),
+    data_seed=st.integers(0, 2**32 - 1),
+)
+def test_stage_exchanges_keep_invariants_and_never_raise_a_step(n, world_size, terms, pack_room, seed, data_seed):
+    rng = np.random.default_rng(data_seed)
+    vit = np.where(rng.random(n) < 0.3, 0, rng.integers(1, 2000, n))
+    lengths = Lengths(vit, vit // 4 + rng.integers(1, 3000, n))
+    cost = CostModel(*terms)
+    kwargs = dict(world_size=world_size, cost_model=cost, objective="stages", seed=seed,
+                  vit_capacity=int(max(vit.max(), 1) * pack_room), llm_capacity=int(lengths.llm.max() * pack_room))
+    plan = plan_packs(lengths, **kwargs)
+    assert plan.fingerprint() == plan_packs(lengths, **kwargs).fingerprint()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
+        unrefined = plan_packs(lengths, **kwargs)
+    if plan.duplicated_slots == 0:
+        _check_exactly_once_within_capacities(plan, lengths)
+
+    def step_scores(p):  # per step, the largest part of any pack relative to the step's mean of that part
+        parts = _stage_costs(p, lengths, cost)
+        rel = [x / np.where(x.mean(1, keepdims=True) > 0, x.mean(1, keepdims=True), np.inf) for x in parts]
+        return np.sort(np.maximum(*rel).max(axis=1))
+
+    # exchanges stay within a step (its means stay), and no step's worst pack gets worse: so the sorted
+    # step scores of the refined plan are each at most the unrefined ones
+    assert (step_scores(plan) <= step_scores(unrefined) * (1 + 1e-9) + 1e-12).all()
+
+
+def test_stages_balance_each_stage():
+    lengths = _with_seqlens("patch_multires", 70_000, seed=1)
+    cost, world_size = qwen2vl_7b_cost(), 64
+    per_stage = {}
+    for objective in ("time", "stages"):
+        vit, llm = _stage_costs(plan_packs(lengths, world_size=world_size, cost_model=cost, objective=objective),
+                                lengths, cost)
+        per_stage[objective] = [x.max(axis=1).sum() / (x.sum() / world_size) for x in (vit, llm)]
+    assert max(per_stage["stages"]) <= 1.025
+    assert all(s < t for s, t in zip(per_stage["stages"], per_stage["time"]))
