@@ -1,4 +1,5 @@
 """Build script: the only compiled part is ``omnibal_kernels._C`` (plain C++17 over numpy buffers)."""
+
 import sys
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext

@@ -13,6 +13,7 @@ Groups "choice: ...": the planner's tuned constants (best-fit rounds, the step r
 the LLM headroom of the capacity search) at several values, each value's plan time and its balance row
 in ``extra_info``.
 """
+
 from __future__ import annotations
 
 import sys
@@ -39,8 +40,9 @@ def loads(request):
     return request.param, synthetic_lengths("bundled", SIZES[request.param], SEED)
 
 
-@pytest.mark.parametrize("method", ["argsort", "balanced", "random", "isf", "length_grouped", "random_padded",
-                                    "ffd_tokens"])
+@pytest.mark.parametrize(
+    "method", ["argsort", "balanced", "random", "isf", "length_grouped", "random_padded", "ffd_tokens"]
+)
 def test_plan(benchmark, loads, method: str) -> None:
     label, lengths = loads
     funcs = _methods(lengths, SEED)
@@ -138,8 +140,12 @@ def test_headroom_sigmas(benchmark, monkeypatch, sigmas: float, data: str, world
     first = plan()
     report = balance_report(first, lengths, cost).to_dict()
     benchmark.group = f"choice: LLM headroom sigmas, {data}, {world_size} ranks"
-    benchmark.extra_info.update(sigmas=sigmas, vit_capacity=first.vit_capacity, llm_capacity=first.llm_capacity,
-                                **{k: report[k] for k in _CHOICE_ROW})
+    benchmark.extra_info.update(
+        sigmas=sigmas,
+        vit_capacity=first.vit_capacity,
+        llm_capacity=first.llm_capacity,
+        **{k: report[k] for k in _CHOICE_ROW},
+    )
     benchmark(plan)
 
 

@@ -7,6 +7,7 @@ Group "cp layout <mix>, CP <c>": the time to plan one pack's layout (``context_p
 strategy, on the first pack of each long-context mix; the strategy's row of the suite (balance, K/V exchanged,
 padding, step time over contiguous, on that pack) in ``extra_info``.
 """
+
 from __future__ import annotations
 
 import sys
@@ -34,8 +35,7 @@ def test_layout(benchmark, mix: str, cp_size: int, name: str) -> None:
     row = next(r for r in cp_rows(mix, packs, cp_size) if r["strategy"] == name)
     benchmark.group = f"cp layout {mix}, CP {cp_size}"
     benchmark.extra_info.update(row, sequences=len(packs[0]), **environment()["versions"])
-    benchmark(lambda: context_parallel_rank_times(packs[0], cp_size, strategy, pad_sequences=pad,
-                                                  max_rank_tokens=cap))
+    benchmark(lambda: context_parallel_rank_times(packs[0], cp_size, strategy, pad_sequences=pad, max_rank_tokens=cap))
 
 
 def main(argv: list[str]) -> int:

@@ -3,6 +3,7 @@
 
     python -m pytest benchmarks/bench_gpu.py --benchmark-only
 """
+
 from __future__ import annotations
 
 from typing import Any

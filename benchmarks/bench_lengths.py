@@ -7,6 +7,7 @@ like the published files) of the bundled real loads resampled to 1M samples, wri
     python benchmarks/bench_lengths.py             # prints the table
     python -m pytest benchmarks/bench_lengths.py   # pytest-benchmark group
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,10 @@ def write_length_file(folder: Path, n: int = NUM_SAMPLES, seed: int = 0) -> Path
     real = default_lengths()
     idx = np.random.default_rng(seed).integers(0, len(real), n)
     path = folder / "lengths.json"
-    rows = (f'    {{"vit_num": {v}, "token_num": {t}, "image_flags": {v}}}'
-            for v, t in zip(real.vit[idx].tolist(), real.llm[idx].tolist()))
+    rows = (
+        f'    {{"vit_num": {v}, "token_num": {t}, "image_flags": {v}}}'
+        for v, t in zip(real.vit[idx].tolist(), real.llm[idx].tolist())
+    )
     path.write_text("[\n" + ",\n".join(rows) + "\n]\n")
     return path
 
@@ -39,13 +42,17 @@ def write_length_file(folder: Path, n: int = NUM_SAMPLES, seed: int = 0) -> Path
 def json_baseline(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with open(path, "rb") as f:
         records = json.load(f)
-    return (np.array([r.get("vit_num", 0) for r in records], np.int64),
-            np.array([r["token_num"] for r in records], np.int64))
+    return (
+        np.array([r.get("vit_num", 0) for r in records], np.int64),
+        np.array([r["token_num"] for r in records], np.int64),
+    )
 
 
 def _providers(path: Path) -> dict[str, Callable[[], object]]:
-    return {"json.load + numpy (baseline)": lambda: json_baseline(path),
-            "load_lengths (ours)": lambda: load_lengths(path)}
+    return {
+        "json.load + numpy (baseline)": lambda: json_baseline(path),
+        "load_lengths (ours)": lambda: load_lengths(path),
+    }
 
 
 def speed_table(path: Path, repeats: int = 3, rounds: int = 2) -> list[tuple[str, float, float]]:

@@ -8,6 +8,7 @@ must move (read + written), the effective bandwidth, the ratio to a device-to-de
 (``vs_baseline``: baseline time / op time, > 1 = faster). Batches are drawn from the real InternVL-Chat SFT
 token lengths bundled with the package. Without CUDA the script writes ``{"skipped": ...}`` and exits 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,17 @@ class Bench:
             del src, dst
         return self._copy_ms[n]
 
-    def add(self, op: str, case: str, provider: str, ms: float, bytes_moved: int, baseline_ms: float | None,
-            baseline: str | None, **extra: Any) -> None:
+    def add(
+        self,
+        op: str,
+        case: str,
+        provider: str,
+        ms: float,
+        bytes_moved: int,
+        baseline_ms: float | None,
+        baseline: str | None,
+        **extra: Any,
+    ) -> None:
         copy = self.copy_ms(bytes_moved)
         self.rows.append(
             dict(
@@ -118,8 +128,14 @@ def _bench_pack_case(b: Bench, case: str, n: int, hidden: int, dtype: torch.dtyp
     mask = torch.arange(padded_len, device="cuda")[None, :] < torch.tensor(lens, device="cuda")[:, None]
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
     elem = padded.element_size() * hidden
-    info = dict(dtype=str(dtype).replace("torch.", ""), batch=batch, padded_len=padded_len, tokens=total,
-                hidden=hidden, lengths=source)
+    info = dict(
+        dtype=str(dtype).replace("torch.", ""),
+        batch=batch,
+        padded_len=padded_len,
+        tokens=total,
+        hidden=hidden,
+        lengths=source,
+    )
 
     # correctness guard: a benchmark of wrong results is worthless
     ref, indices, _, _ = unpad_input_reference(padded, mask)
@@ -129,35 +145,77 @@ def _bench_pack_case(b: Bench, case: str, n: int, hidden: int, dtype: torch.dtyp
 
     unpad_ms = b.time_ms(lambda: unpad_input_reference(padded, mask))
     pack_bytes = 2 * total * elem
-    b.add("pack", case, "omnibal (host lengths)", b.time_ms(lambda: ops_pack.unpad(padded, lens)), pack_bytes,
-          unpad_ms, "unpad_input", **info)
-    b.add("pack", case, "omnibal (device cu_seqlens)",
-          b.time_ms(lambda: ops_pack.unpad(padded, cu_seqlens=cu, total_tokens=total)), pack_bytes,
-          unpad_ms, "unpad_input", **info)
-    b.add("pack_from_mask", case, "omnibal", b.time_ms(lambda: ops_pack.unpad_from_mask(padded, mask)),
-          pack_bytes, unpad_ms, "unpad_input", **info)
+    b.add(
+        "pack",
+        case,
+        "omnibal (host lengths)",
+        b.time_ms(lambda: ops_pack.unpad(padded, lens)),
+        pack_bytes,
+        unpad_ms,
+        "unpad_input",
+        **info,
+    )
+    b.add(
+        "pack",
+        case,
+        "omnibal (device cu_seqlens)",
+        b.time_ms(lambda: ops_pack.unpad(padded, cu_seqlens=cu, total_tokens=total)),
+        pack_bytes,
+        unpad_ms,
+        "unpad_input",
+        **info,
+    )
+    b.add(
+        "pack_from_mask",
+        case,
+        "omnibal",
+        b.time_ms(lambda: ops_pack.unpad_from_mask(padded, mask)),
+        pack_bytes,
+        unpad_ms,
+        "unpad_input",
+        **info,
+    )
     b.add("pack", case, "unpad_input (nonzero + index_select)", unpad_ms, pack_bytes, None, None, **info)
 
     pad_ms = b.time_ms(lambda: pad_input_reference(ref, indices, batch, padded_len))
     unpack_bytes = total * elem + batch * padded_len * elem
-    b.add("unpack", case, "omnibal (device cu_seqlens)",
-          b.time_ms(lambda: ops_pack.pad(ref, cu_seqlens=cu, padded_len=padded_len)), unpack_bytes,
-          pad_ms, "pad_input", **info)
+    b.add(
+        "unpack",
+        case,
+        "omnibal (device cu_seqlens)",
+        b.time_ms(lambda: ops_pack.pad(ref, cu_seqlens=cu, padded_len=padded_len)),
+        unpack_bytes,
+        pad_ms,
+        "pad_input",
+        **info,
+    )
     b.add("unpack", case, "pad_input (zeros + index_put)", pad_ms, unpack_bytes, None, None, **info)
 
     if case == HIDDEN_CASES[0][0]:
         for tile_bytes, row_bytes, num_warps in TILE_SWEEP:
-            ms = b.time_ms(lambda: ops_pack.launch_unpad(padded, cu, total, tile_bytes=tile_bytes,
-                                                        row_bytes=row_bytes, num_warps=num_warps))
-            b.add("pack", case, f"tile {tile_bytes}/{row_bytes}/w{num_warps}", ms, pack_bytes, unpad_ms,
-                  "unpad_input", **info)
+            ms = b.time_ms(
+                lambda: ops_pack.launch_unpad(
+                    padded, cu, total, tile_bytes=tile_bytes, row_bytes=row_bytes, num_warps=num_warps
+                )
+            )
+            b.add(
+                "pack",
+                case,
+                f"tile {tile_bytes}/{row_bytes}/w{num_warps}",
+                ms,
+                pack_bytes,
+                unpad_ms,
+                "unpad_input",
+                **info,
+            )
 
 
 def _torch_varlen_metadata(seq_lens: torch.Tensor, labels: torch.Tensor, total: int):
     """The same outputs from stock torch ops (several launches; output_size avoids a sync)."""
     cu = torch.nn.functional.pad(torch.cumsum(seq_lens, 0, dtype=torch.int32), (1, 0))
-    seq_idx = torch.repeat_interleave(torch.arange(seq_lens.numel(), device=seq_lens.device), seq_lens,
-                                      output_size=total)
+    seq_idx = torch.repeat_interleave(
+        torch.arange(seq_lens.numel(), device=seq_lens.device), seq_lens, output_size=total
+    )
     position_ids = torch.arange(total, device=seq_lens.device) - cu[seq_idx]
     out = labels.clone()
     out[cu[:-1].long()] = -100
@@ -174,25 +232,44 @@ def bench_varlen_metadata(b: Bench) -> None:
         labels = torch.randint(0, 150000, (total,), device="cuda")
         got = varlen_metadata(seq_lens, labels=labels)
         want = _torch_varlen_metadata(seq_lens, labels, total)
-        if not (torch.equal(got.cu_seqlens, want[0]) and torch.equal(got.position_ids, want[1])
-                and torch.equal(got.seq_idx, want[2]) and torch.equal(got.labels, want[3])):
+        if not (
+            torch.equal(got.cu_seqlens, want[0])
+            and torch.equal(got.position_ids, want[1])
+            and torch.equal(got.seq_idx, want[2])
+            and torch.equal(got.labels, want[3])
+        ):
             raise AssertionError(f"varlen_metadata differs from the torch ops for {n} sequences")
         # written: positions int64, seq_idx int32, labels int64; read: labels, lengths
         bytes_moved = total * (8 + 4 + 8 + 8) + 8 * n
         base_ms = b.time_ms(lambda: _torch_varlen_metadata(seq_lens, labels, total))
         info = dict(batch=n, tokens=total, lengths=source)
-        b.add("varlen_metadata", f"sft{n}", "omnibal", b.time_ms(lambda: varlen_metadata(seq_lens, labels=labels)),
-              bytes_moved, base_ms, "torch ops", **info)
-        b.add("varlen_metadata", f"sft{n}", "torch ops (cumsum, repeat_interleave)", base_ms, bytes_moved, None,
-              None, **info)
+        b.add(
+            "varlen_metadata",
+            f"sft{n}",
+            "omnibal",
+            b.time_ms(lambda: varlen_metadata(seq_lens, labels=labels)),
+            bytes_moved,
+            base_ms,
+            "torch ops",
+            **info,
+        )
+        b.add(
+            "varlen_metadata",
+            f"sft{n}",
+            "torch ops (cumsum, repeat_interleave)",
+            base_ms,
+            bytes_moved,
+            None,
+            None,
+            **info,
+        )
 
 
 # Later ops add their benchmark function here.
 BENCHMARKS: list[Callable[[Bench], None]] = [bench_pack, bench_varlen_metadata]
 
 
-def run(script: str, benchmarks: list[Callable[[Bench], None]], description: str,
-        argv: list[str] | None = None) -> int:
+def run(script: str, benchmarks: list[Callable[[Bench], None]], description: str, argv: list[str] | None = None) -> int:
     """Command line of a GPU benchmark script: run ``benchmarks`` and write ``--json`` (rows, errors,
     environment), or ``{"skipped": ...}`` without CUDA. Exit status 1 when a benchmark raised."""
     parser = argparse.ArgumentParser(description=description)

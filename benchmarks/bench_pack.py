@@ -11,6 +11,7 @@ Qwen2-VL patches, and the text samples as Python lists. Targets on 16 text sampl
 ``pack_batch`` at least 10x faster than the per-sample Python collator, and within 2x of the floor; on the same
 samples as Python lists, at least 5x faster than ``DataCollatorWithFlattening``.
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,10 +25,20 @@ if __name__ == "__main__":  # run as a script from a checkout: import the packag
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omnibal_kernels.bench import environment, run_suite
-from omnibal_kernels.bench.collate import (CHECKED, FLOOR, HF, INPUTS, OURS, PYTHON, make_samples, measure,
-                                           planned_samples, providers)
-from omnibal_kernels.packing import pack_batch
+from omnibal_kernels.bench.collate import (
+    CHECKED,
+    FLOOR,
+    HF,
+    INPUTS,
+    OURS,
+    PYTHON,
+    make_samples,
+    measure,
+    planned_samples,
+    providers,
+)
 from omnibal_kernels.bench.markdown import to_markdown
+from omnibal_kernels.packing import pack_batch
 
 BATCH_SIZES = (4, 16, 64)
 

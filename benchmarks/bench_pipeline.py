@@ -23,6 +23,7 @@ parameter). Every step time is the schedule simulator's (``pipeline.simulate``).
     python benchmarks/bench_pipeline.py [balance] [schedules] [data] [--markdown]   # --markdown: also README tables
     python -m pytest benchmarks/bench_pipeline.py  # pytest-benchmark: search time
 """
+
 from __future__ import annotations
 
 import sys
@@ -139,8 +140,9 @@ def _steps(lengths: Any, plan: Any) -> list[list[list[tuple[np.ndarray, np.ndarr
     out = []
     for k in range(DATA_STEPS):
         rows = slice(k * MICRO_BATCHES, (k + 1) * MICRO_BATCHES)
-        out.append([[(vit[plan.pack(p)], llm[plan.pack(p)]) for p in plan.step_packs[rows, r]]
-                    for r in range(WORLD_SIZE)])
+        out.append(
+            [[(vit[plan.pack(p)], llm[plan.pack(p)]) for p in plan.step_packs[rows, r]] for r in range(WORLD_SIZE)]
+        )
     return out
 
 
@@ -152,18 +154,26 @@ def data_table() -> list[dict[str, Any]]:
         model = cost_model_from_config(name)
         for schedule, v in DATA_CASES:
             plan, _ = _run(profile, DATA_STAGES, "exact", "plan", schedule=schedule, virtual_stages=v)
-            row: dict[str, Any] = {"model": name, "schedule": schedule, "virtual_stages": v,
-                                   "constant_step_ms": plan.step_ms, "constant_bubble": plan.bubble}
+            row: dict[str, Any] = {
+                "model": name,
+                "schedule": schedule,
+                "virtual_stages": v,
+                "constant_step_ms": plan.step_ms,
+                "constant_bubble": plan.bubble,
+            }
             for method, steps in packs.items():
                 step_ms, ideal_ms, busy, tokens = [], [], [], 0.0
                 for ranks in steps:
                     runs, flat = [], []
                     for mbs in ranks:
                         runs.append(simulate_packs(plan, profile, mbs, cost_model=model, reference=ref))
-                        mean_pack = (np.concatenate([x for x, _ in mbs]) / len(mbs),
-                                     np.concatenate([t for _, t in mbs]) / len(mbs))
-                        flat.append(simulate_packs(plan, profile, [mean_pack] * len(mbs), cost_model=model,
-                                                   reference=ref))
+                        mean_pack = (
+                            np.concatenate([x for x, _ in mbs]) / len(mbs),
+                            np.concatenate([t for _, t in mbs]) / len(mbs),
+                        )
+                        flat.append(
+                            simulate_packs(plan, profile, [mean_pack] * len(mbs), cost_model=model, reference=ref)
+                        )
                         tokens += float(sum(t.sum() for _, t in mbs))
                     slowest = max(range(WORLD_SIZE), key=lambda r: runs[r].step_ms)
                     step_ms.append(runs[slowest].step_ms)
@@ -171,9 +181,12 @@ def data_table() -> list[dict[str, Any]]:
                     busy.append(sum(runs[slowest].busy_ms) / DATA_STAGES)
                 s, f, b = np.array(step_ms), np.array(ideal_ms), np.array(busy)
                 idle = (s - b).sum()
-                row[method] = {"step_ms": float(s.mean()), "bubble": float(idle / s.sum()),
-                               "data_share": float(((s - f).sum()) / idle) if idle > 0 else 0.0,
-                               "tokens_per_s": tokens / (s.sum() / 1e3)}
+                row[method] = {
+                    "step_ms": float(s.mean()),
+                    "bubble": float(idle / s.sum()),
+                    "data_share": float(((s - f).sum()) / idle) if idle > 0 else 0.0,
+                    "tokens_per_s": tokens / (s.sum() / 1e3),
+                }
             rows.append(row)
     return rows
 
@@ -184,15 +197,19 @@ def _short(name: str) -> str:
 
 def print_balance(rows: list[dict[str, Any]], markdown: bool) -> None:
     if markdown:
-        print("| model, stages | ViT on stage 0 | uniform | exact "
-              "| uniform recompute -> per-rank plan (exact) | total |")
-        print("| ------------- | -------------: | ------: | ----: "
-              "| -----------------------------------------: | ----: |")
+        print(
+            "| model, stages | ViT on stage 0 | uniform | exact | uniform recompute -> per-rank plan (exact) | total |"
+        )
+        print(
+            "| ------------- | -------------: | ------: | ----: | -----------------------------------------: | ----: |"
+        )
         for r in rows:
             vf = "does not fit" if np.isnan(r["vit-first"]) else f"{r['vit-first'] / 1e3:.1f}"
-            print(f"| {_short(r['model'])}, {r['stages']} | {vf} | {r['uniform'] / 1e3:.1f} | {r['exact'] / 1e3:.1f} | "
-                  f"{r['exact'] / 1e3:.1f} -> {r['exact+mem'] / 1e3:.1f} ({r['memory_balance']:.2f}x) | "
-                  f"{r['total']:.2f}x |")
+            print(
+                f"| {_short(r['model'])}, {r['stages']} | {vf} | {r['uniform'] / 1e3:.1f} | {r['exact'] / 1e3:.1f} | "
+                f"{r['exact'] / 1e3:.1f} -> {r['exact+mem'] / 1e3:.1f} ({r['memory_balance']:.2f}x) | "
+                f"{r['total']:.2f}x |"
+            )
         return
     print(f"predicted 1F1B step (s), {MICRO_BATCHES} micro-batches, 80 GiB per rank; nan: does not fit")
     head = "".join(f"{label:>12}" for label, *_ in VARIANTS)
@@ -200,10 +217,14 @@ def print_balance(rows: list[dict[str, Any]], markdown: bool) -> None:
     for r in rows:
         steps = "".join(f"{r[label] / 1e3:>12.2f}" for label, *_ in VARIANTS)
         search = max(r[label + "_s"] for label, *_ in VARIANTS)
-        print(f"{r['model']:<17}{r['stages']:>3}{steps}  {r['model_balance']:>9.2f}x "
-              f"({r['model_balance_vit_first']:.2f}x){r['memory_balance']:>15.2f}x{r['total']:>6.2f}x{search:>9.2f}")
-    print(f"paper (InternVL-Chat 6B+20B, Megatron): model balance {PAPER_MODEL_BALANCE:.2f}x, memory balance "
-          f"{PAPER_MEMORY_BALANCE:.2f}x more, {PAPER_MODEL_BALANCE * PAPER_MEMORY_BALANCE:.2f}x together")
+        print(
+            f"{r['model']:<17}{r['stages']:>3}{steps}  {r['model_balance']:>9.2f}x "
+            f"({r['model_balance_vit_first']:.2f}x){r['memory_balance']:>15.2f}x{r['total']:>6.2f}x{search:>9.2f}"
+        )
+    print(
+        f"paper (InternVL-Chat 6B+20B, Megatron): model balance {PAPER_MODEL_BALANCE:.2f}x, memory balance "
+        f"{PAPER_MEMORY_BALANCE:.2f}x more, {PAPER_MODEL_BALANCE * PAPER_MEMORY_BALANCE:.2f}x together"
+    )
 
 
 def print_schedules(rows: list[dict[str, Any]], markdown: bool) -> None:
@@ -224,37 +245,54 @@ def print_schedules(rows: list[dict[str, Any]], markdown: bool) -> None:
             step, bubble, gap, seconds = cell
             proven = "" if gap <= 1e-9 else f", gap <= {gap:.1%}"
             cells.append(f"{step / 1e3:.1f} ({bubble:.1%}{proven})" + ("" if markdown else f" {seconds:.1f}s"))
-        print((f"| {_short(r['model'])}, {r['stages']} | " + " | ".join(cells) + " |") if markdown else
-              f"{r['model']:<17}{r['stages']:>3}  " + "  ".join(f"{c:>26}" for c in cells))
+        print(
+            (f"| {_short(r['model'])}, {r['stages']} | " + " | ".join(cells) + " |")
+            if markdown
+            else f"{r['model']:<17}{r['stages']:>3}  " + "  ".join(f"{c:>26}" for c in cells)
+        )
 
 
 def print_data(rows: list[dict[str, Any]], markdown: bool) -> None:
     methods = ("balanced", "random", "isf")
     if markdown:
-        print("| model, schedule | mean packs: step, bubble | " + " | ".join(
-            f"{m}: step, bubble (data)" for m in methods) + " | balanced tokens/s vs random, isf |")
+        print(
+            "| model, schedule | mean packs: step, bubble | "
+            + " | ".join(f"{m}: step, bubble (data)" for m in methods)
+            + " | balanced tokens/s vs random, isf |"
+        )
         print("| --------------- | -----------------------: | " + " | ".join("---:" for _ in methods) + " | ---: |")
     else:
-        print(f"one searched split, {DATA_STAGES} ranks, {DATA_STEPS} optimizer steps x {WORLD_SIZE} data-parallel "
-              "ranks; step s, bubble (share of it from the data)")
+        print(
+            f"one searched split, {DATA_STAGES} ranks, {DATA_STEPS} optimizer steps x {WORLD_SIZE} data-parallel "
+            "ranks; step s, bubble (share of it from the data)"
+        )
     for r in rows:
-        label = f"{_short(r['model'])}, {r['schedule']}" + (f" ({r['virtual_stages']})" if r["virtual_stages"] > 1
-                                                             else "")
+        label = f"{_short(r['model'])}, {r['schedule']}" + (
+            f" ({r['virtual_stages']})" if r["virtual_stages"] > 1 else ""
+        )
         cells = [f"{r['constant_step_ms'] / 1e3:.2f} s, {r['constant_bubble']:.1%}"]
         for m in methods:
             x = r[m]
             cells.append(f"{x['step_ms'] / 1e3:.2f} s, {x['bubble']:.1%} ({x['data_share']:.0%})")
-        speed = (f"{r['balanced']['tokens_per_s'] / r['random']['tokens_per_s']:.2f}x, "
-                 f"{r['balanced']['tokens_per_s'] / r['isf']['tokens_per_s']:.2f}x")
-        print((f"| {label} | " + " | ".join(cells) + f" | {speed} |") if markdown else
-              f"{label:<28}" + "  ".join(f"{c:>24}" for c in cells) + f"  {speed}")
+        speed = (
+            f"{r['balanced']['tokens_per_s'] / r['random']['tokens_per_s']:.2f}x, "
+            f"{r['balanced']['tokens_per_s'] / r['isf']['tokens_per_s']:.2f}x"
+        )
+        print(
+            (f"| {label} | " + " | ".join(cells) + f" | {speed} |")
+            if markdown
+            else f"{label:<28}" + "  ".join(f"{c:>24}" for c in cells) + f"  {speed}"
+        )
 
 
 def main(argv: list[str]) -> None:
     markdown = "--markdown" in argv
     parts = [a for a in argv if not a.startswith("--")] or ["balance", "schedules", "data"]
-    tables = {"balance": (balance_table, print_balance), "schedules": (schedule_table, print_schedules),
-              "data": (data_table, print_data)}
+    tables = {
+        "balance": (balance_table, print_balance),
+        "schedules": (schedule_table, print_schedules),
+        "data": (data_table, print_data),
+    }
     for part in parts:
         if part not in tables:
             raise SystemExit(f"unknown part {part!r}: balance, schedules or data")
@@ -278,10 +316,14 @@ def profile_6b() -> Any:
 @pytest.mark.parametrize("method", ["exact", "paper", "uniform"])
 def test_search_time(benchmark, profile_6b, method):
     benchmark.group = "pipeline partition search, 6B+20B, 8 stages, 80 GiB, recompute plan"
-    plan = benchmark(lambda: partition(profile_6b, 8, micro_batches=MICRO_BATCHES, memory_bytes=MEMORY_BYTES,
-                                       method=method, recompute="plan"))
-    benchmark.extra_info.update(step_ms=plan.step_ms, bottleneck_ms=plan.bottleneck_ms, fits=plan.fits,
-                                optimality_gap=plan.optimality_gap)
+    plan = benchmark(
+        lambda: partition(
+            profile_6b, 8, micro_batches=MICRO_BATCHES, memory_bytes=MEMORY_BYTES, method=method, recompute="plan"
+        )
+    )
+    benchmark.extra_info.update(
+        step_ms=plan.step_ms, bottleneck_ms=plan.bottleneck_ms, fits=plan.fits, optimality_gap=plan.optimality_gap
+    )
 
 
 if __name__ == "__main__":

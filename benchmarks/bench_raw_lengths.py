@@ -13,6 +13,7 @@ Providers (every one gives the same ``vit``/``llm`` per sample; checked):
     python benchmarks/bench_raw_lengths.py                            # one run, table and ratios
     python -m pytest benchmarks/bench_raw_lengths.py --benchmark-only # pytest-benchmark groups
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,10 @@ from omnibal_kernels.raw_lengths.tiny import tiny_model_folder
 NUM_SAMPLES = 4000
 NUM_IMAGES = 400
 SEED = 0
-WORDS = ("What is shown in the picture ? Describe the image in detail please . A small cat sits on a red mat next "
-         "to a wooden chair in the garden . The chart shows sales growing from 2019 to 2023").split()
+WORDS = (
+    "What is shown in the picture ? Describe the image in detail please . A small cat sits on a red mat next "
+    "to a wooden chair in the garden . The chart shows sales growing from 2019 to 2023"
+).split()
 
 
 def make_data(folder: Path, num_samples: int = NUM_SAMPLES, seed: int = SEED) -> Path:
@@ -49,7 +52,8 @@ def make_data(folder: Path, num_samples: int = NUM_SAMPLES, seed: int = SEED) ->
     sides = np.exp(rng.uniform(np.log(64), np.log(3000), (NUM_IMAGES, 2))).astype(int)
     for i, (w, h) in enumerate(sides):
         Image.new("RGB", (int(w), int(h)), tuple(int(c) for c in rng.integers(0, 255, 3))).save(
-            images / f"{i}.jpg", quality=80)
+            images / f"{i}.jpg", quality=80
+        )
     with open(folder / "data.jsonl", "w") as f:
         for _ in range(num_samples):
             k = int(rng.integers(0, 4))
@@ -57,8 +61,10 @@ def make_data(folder: Path, num_samples: int = NUM_SAMPLES, seed: int = SEED) ->
             for t in range(int(rng.integers(1, 4))):
                 q = " ".join(rng.choice(WORDS, int(rng.integers(5, 60))))
                 a = " ".join(rng.choice(WORDS, int(rng.integers(5, 200))))
-                turns += [{"from": "human", "value": ("<image>\n" * k if t == 0 else "") + q},
-                          {"from": "gpt", "value": a}]
+                turns += [
+                    {"from": "human", "value": ("<image>\n" * k if t == 0 else "") + q},
+                    {"from": "gpt", "value": a},
+                ]
             imgs = [f"{int(j)}.jpg" for j in rng.integers(0, NUM_IMAGES, k)]
             f.write(json.dumps({"image": imgs, "conversations": turns}) + "\n")
     tiny_model_folder(folder / "model", "qwen2vl", max_pixels=28 * 28 * 1280)
@@ -86,8 +92,13 @@ def plain_loop(folder: Path, decode: bool = False) -> tuple[np.ndarray, np.ndarr
                     w, h = im.convert("RGB").size if decode else im.size
                 rh, rw = smart_resize(h, w, factor=28, min_pixels=lo, max_pixels=hi)
                 patches.append((rh // 14) * (rw // 14))
-            messages = [{"role": roles[t["from"]], "content": t["value"].replace(
-                "<image>", "<|vision_start|><|image_pad|><|vision_end|>")} for t in rec["conversations"]]
+            messages = [
+                {
+                    "role": roles[t["from"]],
+                    "content": t["value"].replace("<image>", "<|vision_start|><|image_pad|><|vision_end|>"),
+                }
+                for t in rec["conversations"]
+            ]
             text = tok.apply_chat_template(messages, tokenize=False)
             pieces = text.split("<|image_pad|>")
             text = pieces[0] + "".join("<|image_pad|>" * (p // 4) + s for p, s in zip(patches, pieces[1:]))
@@ -97,8 +108,14 @@ def plain_loop(folder: Path, decode: bool = False) -> tuple[np.ndarray, np.ndarr
 
 
 def ours(folder: Path, workers: int) -> tuple[np.ndarray, np.ndarray]:
-    r = lengths_from_raw(folder / "data.jsonl", folder / "model", "qwen2vl", image_root=folder / "images",
-                         num_workers=workers, progress=False)
+    r = lengths_from_raw(
+        folder / "data.jsonl",
+        folder / "model",
+        "qwen2vl",
+        image_root=folder / "images",
+        num_workers=workers,
+        progress=False,
+    )
     return r.vit, r.llm
 
 
@@ -127,8 +144,10 @@ def main() -> None:
                 expected = (vit, llm)
             elif not (np.array_equal(vit, expected[0]) and np.array_equal(llm, expected[1])):
                 raise AssertionError(f"{name} disagrees with ours on the loads")
-    print(f"{NUM_SAMPLES} samples, {NUM_IMAGES} JPEG files, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-          f"transformers {transformers.__version__}")
+    print(
+        f"{NUM_SAMPLES} samples, {NUM_IMAGES} JPEG files, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+        f"transformers {transformers.__version__}"
+    )
     base = results["plain_loop"]
     print(f"{'provider':<20} {'seconds':>8} {'samples/s':>10} {'vs plain_loop':>14}")
     for name, sec in results.items():
@@ -143,6 +162,7 @@ except ImportError:  # pragma: no cover - the script runs without pytest
     pytest = None
 
 if pytest is not None:
+
     @pytest.fixture(scope="module")
     def raw_data(tmp_path_factory: Any) -> Path:
         return make_data(tmp_path_factory.mktemp("raw"), num_samples=1000)

@@ -8,6 +8,7 @@ balanced packs (``pack_batch`` + ``varlen_attention``), the same samples, beside
 the same run: the whole run is timed once and its report (busy seconds per epoch and per rank, measured and
 predicted, tokens/s, all-reduce share, speed-up measured and predicted, the fit) goes to ``extra_info``.
 """
+
 from __future__ import annotations
 
 import sys

@@ -11,6 +11,7 @@ the ranks of a step train one after another on the same device, so no all-reduce
 report under ``training`` (speed-up measured and predicted, each rank's busy time measured and predicted, the
 fit and its held-out error) and no kernel rows. Without CUDA the script writes ``{"skipped": ...}`` and exits 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=1))
         print("bench_train_gpu: skipped (no CUDA device)")
         return 0
-    result["environment"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                                 cuda=torch.version.cuda, python=platform.python_version())
+    result["environment"] = dict(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+    )
     start = time.perf_counter()
     try:
         training = measure_on_device(SIZES, SEED, torch.device("cuda"), progress=False)
@@ -59,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_train_gpu: {result['errors'][0]}", file=sys.stderr)
         return 1
     t = result["training"]
-    print(f"bench_train_gpu: {t['speedup']:.2f}x measured, {t['speedup_predicted']:.2f}x predicted, "
-          f"busy error at most {t['busy_error_max']:.1%} -> {args.json}")
+    print(
+        f"bench_train_gpu: {t['speedup']:.2f}x measured, {t['speedup_predicted']:.2f}x predicted, "
+        f"busy error at most {t['busy_error_max']:.1%} -> {args.json}"
+    )
     return 0
 
 

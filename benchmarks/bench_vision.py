@@ -3,6 +3,7 @@
 Run: ``python -m pytest benchmarks/bench_vision.py --benchmark-only``. Image sizes are drawn once from a fixed
 seed (log-uniform sides, like web images); patch counts for bucketing are the Qwen2-VL patches of those sizes.
 """
+
 from __future__ import annotations
 
 import numpy as np

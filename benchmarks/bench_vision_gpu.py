@@ -19,6 +19,7 @@ Image sizes are synthetic (log-uniform sides from 64 to 4000 pixels, fixed seed)
 holds tile counts, not image sizes. Every op is checked against its reference before it is timed. Without
 CUDA the script writes ``{"skipped": ...}`` and exits 0.
 """
+
 from __future__ import annotations
 
 import sys
@@ -103,12 +104,25 @@ def bench_pack_patches(b: Bench) -> None:
         if not torch.equal(out.patches, _reference_patches(views)):
             raise AssertionError(f"pack_patches differs from the reshape/permute reference on {case}")
         bytes_moved = read_bytes + out.patches.numel() * out.patches.element_size()
-        info = dict(dtype="bfloat16", images=len(views), patches=int(out.patches.shape[0]),
-                    target_vs_copy=PACK_PATCHES_TARGET, sizes="log-uniform 64-4000 px, smart_resize")
+        info = dict(
+            dtype="bfloat16",
+            images=len(views),
+            patches=int(out.patches.shape[0]),
+            target_vs_copy=PACK_PATCHES_TARGET,
+            sizes="log-uniform 64-4000 px, smart_resize",
+        )
         del out
         base_ms = b.time_ms(lambda: _reference_patches(views))
-        b.add("pack_patches", case, "omnibal (Triton)", b.time_ms(lambda: pack_patches_triton(images, hw)),
-              bytes_moved, base_ms, "reshape/permute + cat", **info)
+        b.add(
+            "pack_patches",
+            case,
+            "omnibal (Triton)",
+            b.time_ms(lambda: pack_patches_triton(images, hw)),
+            bytes_moved,
+            base_ms,
+            "reshape/permute + cat",
+            **info,
+        )
         b.add("pack_patches", case, "reshape/permute + cat (torch)", base_ms, bytes_moved, None, None, **info)
 
 
@@ -143,8 +157,16 @@ def bench_bucket_sort(b: Bench) -> None:
         bytes_moved = n * (8 + 8 + 4)  # counts read; perm (int64) and bucket_ids (int32) written
         info = dict(items=n, buckets=int(bnd.numel()) + 1)
         base_ms = b.time_ms(lambda: _torch_bucket_sort(counts, bnd))
-        b.add("bucket_sort", case, "omnibal (Triton)", b.time_ms(lambda: bucket_sort(counts, bnd)), bytes_moved,
-              base_ms, "torch stable sort", **info)
+        b.add(
+            "bucket_sort",
+            case,
+            "omnibal (Triton)",
+            b.time_ms(lambda: bucket_sort(counts, bnd)),
+            bytes_moved,
+            base_ms,
+            "torch stable sort",
+            **info,
+        )
         b.add("bucket_sort", case, "torch stable sort", base_ms, bytes_moved, None, None, **info)
     # the public function: validation and boundary choice included (it syncs to check the counts)
     ms = b.time_ms(lambda: bucket_by_patches(counts, num_buckets=16))

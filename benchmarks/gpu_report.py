@@ -6,6 +6,7 @@ Reads ``OUTDIR/steps.tsv`` (one line per step: name, status, seconds, detail), `
 when the tests ran, and ``OUTDIR/<script>.json`` of every benchmark script. Exits 1 when a step failed.
 Imports no torch, so it is quick and also works where torch is broken.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,10 @@ def _fmt(value: Any, width: int) -> str:
 
 def _training_line(name: str, t: dict[str, Any]) -> str:
     """The measured training steps in one line: speed-up measured and predicted, the worst rank's busy error."""
-    return (f"  {name}: balanced over random padded {t['speedup']:.2f}x measured, {t['speedup_predicted']:.2f}x "
-            f"predicted by the calibrated model; busy time per rank predicted within {t['busy_error_max']:.1%}")
+    return (
+        f"  {name}: balanced over random padded {t['speedup']:.2f}x measured, {t['speedup_predicted']:.2f}x "
+        f"predicted by the calibrated model; busy time per rank predicted within {t['busy_error_max']:.1%}"
+    )
 
 
 def _table(report: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@
 The table in the README is then the suite's own output, never typed by hand. Headings of the report move
 one level down to sit under the README's "Latest results".
 """
+
 from __future__ import annotations
 
 import sys

@@ -20,6 +20,7 @@ Times are CPU times of each process's one torch thread (the profile, each stage 
 per step), so other work on the machine does not enter them; the step's wall time is printed too, and on a
 busy machine it is as noisy as the machine. The saved bytes are exact.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,16 +75,17 @@ def make_batches(micro_batches: int, steps: int, seed: int = 0) -> dict[str, tor
     n = steps * micro_batches
     if plan.num_packs < n:
         raise ValueError(f"only {plan.num_packs} packs for {n} micro-batches")
-    rows = [dense_micro_batch([make_sample(lengths, int(i), seed) for i in plan.pack(p)], TOKENS, TILES)
-            for p in range(n)]
+    rows = [
+        dense_micro_batch([make_sample(lengths, int(i), seed) for i in plan.pack(p)], TOKENS, TILES) for p in range(n)
+    ]
     return {key: torch.cat([r[key] for r in rows]) for key in ("input_ids", "labels", "pixel_values")}
 
 
 def _rows(batches: dict[str, torch.Tensor], first: int, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """input_ids, pixel_values, labels of micro-batches first .. first + count - 1."""
-    ids = batches["input_ids"][first:first + count]
-    pix = batches["pixel_values"][first * TILES:(first + count) * TILES]
-    return ids, pix, batches["labels"][first:first + count]
+    ids = batches["input_ids"][first : first + count]
+    pix = batches["pixel_values"][first * TILES : (first + count) * TILES]
+    return ids, pix, batches["labels"][first : first + count]
 
 
 def build(sizes: dict[str, int]) -> TinyVLM:
@@ -91,8 +93,9 @@ def build(sizes: dict[str, int]) -> TinyVLM:
     return TinyVLM(**sizes)
 
 
-def reference_losses(batches: dict[str, torch.Tensor], micro_batches: int, steps: int,
-                     sizes: dict[str, int]) -> list[float]:
+def reference_losses(
+    batches: dict[str, torch.Tensor], micro_batches: int, steps: int, sizes: dict[str, int]
+) -> list[float]:
     """The unsplit model, trained the same way: mean of the micro-batch losses, SGD."""
     model = build(sizes)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -120,8 +123,12 @@ def _stage_examples(chain: Any, plan: PipelinePlan, batches: dict[str, torch.Ten
         inputs = x if isinstance(x, tuple) else (x,)
         y = module(*inputs)
         outputs = y if isinstance(y, tuple) else (y,)
-        out.append((tuple(t.detach().requires_grad_(t.requires_grad) for t in inputs),
-                    tuple(t.detach().requires_grad_(t.requires_grad) for t in outputs)))
+        out.append(
+            (
+                tuple(t.detach().requires_grad_(t.requires_grad) for t in inputs),
+                tuple(t.detach().requires_grad_(t.requires_grad) for t in outputs),
+            )
+        )
         x = y
     return out
 
@@ -140,15 +147,22 @@ def _stage_alone(chain: Any, plan: PipelinePlan, stage: int, examples: list, rep
         t0 = time.process_time()
         out = module(*args)
         outs = out if isinstance(out, tuple) else (out,)
-        torch.autograd.backward([o for o in outs if o.requires_grad],
-                                [torch.ones_like(o) for o in outs if o.requires_grad])
+        torch.autograd.backward(
+            [o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad]
+        )
         times.append((time.process_time() - t0) * 1e3)
     _, kept = measure_saved_bytes(lambda: module(*fresh()))
     return statistics.median(times[1:]), kept
 
 
-def _run_plan(rank: int, plan: PipelinePlan, batches: dict[str, torch.Tensor], micro_batches: int, steps: int,
-              sizes: dict[str, int]) -> dict[str, Any]:
+def _run_plan(
+    rank: int,
+    plan: PipelinePlan,
+    batches: dict[str, torch.Tensor],
+    micro_batches: int,
+    steps: int,
+    sizes: dict[str, int],
+) -> dict[str, Any]:
     import torch.distributed.pipelining as pipelining
 
     model = build(sizes)
@@ -157,11 +171,14 @@ def _run_plan(rank: int, plan: PipelinePlan, batches: dict[str, torch.Tensor], m
     own = plan.rank_stages(rank)
     apply_recompute(chain, [name for j in own for name in plan.recompute_names(j)])
     modules = stage_modules(chain, plan)
-    stages = [pipelining.PipelineStage(modules[j], j, plan.num_stages, torch.device("cpu"),
-                                       input_args=examples[j][0], output_args=examples[j][1]) for j in own]
+    stages = [
+        pipelining.PipelineStage(
+            modules[j], j, plan.num_stages, torch.device("cpu"), input_args=examples[j][0], output_args=examples[j][1]
+        )
+        for j in own
+    ]
     kind = getattr(pipelining, TORCH_SCHEDULES[plan.schedule])
-    sched = kind(stages if plan.virtual_stages > 1 else stages[0], n_microbatches=micro_batches,
-                 loss_fn=causal_lm_loss)
+    sched = kind(stages if plan.virtual_stages > 1 else stages[0], n_microbatches=micro_batches, loss_fn=causal_lm_loss)
     opt = torch.optim.SGD([p for j in own for p in modules[j].parameters()], lr=LR)
     losses, step_ms, busy_ms = [], [], []
     for step in range(steps):
@@ -188,8 +205,16 @@ def _run_plan(rank: int, plan: PipelinePlan, batches: dict[str, torch.Tensor], m
     return {"losses": losses, "step_ms": step_ms, "busy_ms": busy_ms, "alone": alone}
 
 
-def _worker(rank: int, port: int, plans: dict[str, PipelinePlan], batches: dict[str, torch.Tensor],
-            micro_batches: int, steps: int, sizes: dict[str, int], out_dir: str) -> None:
+def _worker(
+    rank: int,
+    port: int,
+    plans: dict[str, PipelinePlan],
+    batches: dict[str, torch.Tensor],
+    micro_batches: int,
+    steps: int,
+    sizes: dict[str, int],
+    out_dir: str,
+) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -209,14 +234,22 @@ def _least_free_peak(profile: Any, micro_batches: int, schedule: str, chunks: in
     for cuts in itertools.combinations(range(1, L), S - 1):
         starts = (0, *cuts)
         stages = list(zip(starts, [c - 1 for c in cuts] + [L - 1]))
-        plan = evaluate_partition(profile, stages, micro_batches=micro_batches, schedule=schedule,
-                                  virtual_stages=chunks, recompute="none")
+        plan = evaluate_partition(
+            profile, stages, micro_batches=micro_batches, schedule=schedule, virtual_stages=chunks, recompute="none"
+        )
         best = min(best, max(plan.memory_bytes))
     return best
 
 
-def run(steps: int = 3, micro_batches: int = 4, schedule: str = "interleaved", virtual_stages: int = 2,
-        memory_fraction: float = 0.9, repeats: int = 3, sizes: dict[str, int] = SIZES) -> dict[str, Any]:
+def run(
+    steps: int = 3,
+    micro_batches: int = 4,
+    schedule: str = "interleaved",
+    virtual_stages: int = 2,
+    memory_fraction: float = 0.9,
+    repeats: int = 3,
+    sizes: dict[str, int] = SIZES,
+) -> dict[str, Any]:
     """Profiles, plans, runs both partitions on 2 processes and returns everything measured."""
     torch.set_num_threads(1)
     batches = make_batches(micro_batches, steps)
@@ -227,13 +260,19 @@ def run(steps: int = 3, micro_batches: int = 4, schedule: str = "interleaved", v
     # A budget below the least peak any split reaches without recomputation: memory must be balanced by
     # recomputing, not by moving layers alone.
     budget = memory_fraction * _least_free_peak(profile, micro_batches, schedule, virtual_stages)
-    common = dict(micro_batches=micro_batches, schedule=schedule, virtual_stages=virtual_stages,
-                  memory_bytes=budget)
-    plans = {"searched": partition(profile, RANKS, **common),
-             "uniform": partition(profile, RANKS, method="uniform", recompute="uniform", **common)}
+    common = dict(micro_batches=micro_batches, schedule=schedule, virtual_stages=virtual_stages, memory_bytes=budget)
+    plans = {
+        "searched": partition(profile, RANKS, **common),
+        "uniform": partition(profile, RANKS, method="uniform", recompute="uniform", **common),
+    }
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(free_port(), plans, batches, micro_batches, steps, sizes, out_dir),
-                                 nprocs=RANKS, join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            _worker,
+            args=(free_port(), plans, batches, micro_batches, steps, sizes, out_dir),
+            nprocs=RANKS,
+            join=False,
+            start_method="spawn",
+        )
         deadline = time.monotonic() + 300
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:
@@ -241,8 +280,13 @@ def run(steps: int = 3, micro_batches: int = 4, schedule: str = "interleaved", v
                     p.kill()
                 raise RuntimeError("pipeline workers did not finish within 300 s")
         ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(RANKS)]
-    report: dict[str, Any] = {"budget_bytes": budget, "layers": profile.names, "schedule": schedule,
-                              "reference_losses": reference_losses(batches, micro_batches, steps, sizes), "plans": {}}
+    report: dict[str, Any] = {
+        "budget_bytes": budget,
+        "layers": profile.names,
+        "schedule": schedule,
+        "reference_losses": reference_losses(batches, micro_batches, steps, sizes),
+        "plans": {},
+    }
     for label, plan in plans.items():
         entry = plan.to_dict()
         entry["recompute_names"] = [plan.recompute_names(j) for j in range(plan.num_stages)]
@@ -264,38 +308,60 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--schedule", choices=tuple(TORCH_SCHEDULES), default="interleaved")
-    parser.add_argument("--virtual-stages", type=int, default=None, help="chunks per rank (default: 2, 1 for "
-                        "1f1b and gpipe)")
-    parser.add_argument("--memory-fraction", type=float, default=0.9,
-                        help="memory budget per rank, as a fraction of the least peak any split reaches without "
-                        "recomputation (default 0.9)")
+    parser.add_argument(
+        "--virtual-stages", type=int, default=None, help="chunks per rank (default: 2, 1 for 1f1b and gpipe)"
+    )
+    parser.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=0.9,
+        help="memory budget per rank, as a fraction of the least peak any split reaches without "
+        "recomputation (default 0.9)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per layer when profiling")
     parser.add_argument("--small", action="store_true", help="a narrower model (quick check)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     chunks = args.virtual_stages or (1 if args.schedule in ("1f1b", "gpipe") else 2)
-    report = run(args.steps, args.micro_batches, args.schedule, chunks, args.memory_fraction, args.repeats,
-                 SMALL if args.small else SIZES)
+    report = run(
+        args.steps,
+        args.micro_batches,
+        args.schedule,
+        chunks,
+        args.memory_fraction,
+        args.repeats,
+        SMALL if args.small else SIZES,
+    )
     if args.json:
         print(json.dumps(report))
         return 0
     names = report["layers"]
-    print(f"tiny VLM, {len(names)} layers, {RANKS} processes (gloo) x {chunks} stages, {args.schedule}, "
-          f"{args.micro_batches} micro-batches, budget {report['budget_bytes'] / 2**20:.1f} MiB per rank")
+    print(
+        f"tiny VLM, {len(names)} layers, {RANKS} processes (gloo) x {chunks} stages, {args.schedule}, "
+        f"{args.micro_batches} micro-batches, budget {report['budget_bytes'] / 2**20:.1f} MiB per rank"
+    )
     print(f"unsplit model losses: {', '.join(f'{x:.5f}' for x in report['reference_losses'])}")
     for label, p in report["plans"].items():
         timed = p["measured_step_ms"][1:] or p["measured_step_ms"]  # the first step sets up the pipeline
-        print(f"\n{label}: losses {', '.join(f'{x:.5f}' for x in p['losses'])}; predicted step "
-              f"{p['step_ms']:.1f} ms, measured {statistics.median(timed):.1f} ms (median after the first)")
+        print(
+            f"\n{label}: losses {', '.join(f'{x:.5f}' for x in p['losses'])}; predicted step "
+            f"{p['step_ms']:.1f} ms, measured {statistics.median(timed):.1f} ms (median after the first)"
+        )
         print("  stage rank  layers                recomputed  micro-batch CPU ms    saved MiB")
         print("                                                  pred / alone        pred / meas")
         for s, (a, b) in enumerate(p["stages"]):
-            print(f"  {s:>5} {p['stage_ranks'][s]:>4}  {names[a] + ' .. ' + names[b]:<21} "
-                  f"{len(p['recompute_names'][s]):>10}  {p['predicted_compute_ms'][s]:>7.1f} / "
-                  f"{p['measured_compute_ms'][s]:<7.1f}  {p['activation_bytes'][s] / 2**20:>6.2f} / "
-                  f"{p['measured_saved_bytes'][s] / 2**20:.2f}")
-        print("  busy per step (CPU ms), per rank: predicted " + " / ".join(f"{x:.0f}" for x in p["predicted_busy_ms"])
-              + ", measured " + " / ".join(f"{x:.0f}" for x in p["measured_busy_ms"]))
+            print(
+                f"  {s:>5} {p['stage_ranks'][s]:>4}  {names[a] + ' .. ' + names[b]:<21} "
+                f"{len(p['recompute_names'][s]):>10}  {p['predicted_compute_ms'][s]:>7.1f} / "
+                f"{p['measured_compute_ms'][s]:<7.1f}  {p['activation_bytes'][s] / 2**20:>6.2f} / "
+                f"{p['measured_saved_bytes'][s] / 2**20:.2f}"
+            )
+        print(
+            "  busy per step (CPU ms), per rank: predicted "
+            + " / ".join(f"{x:.0f}" for x in p["predicted_busy_ms"])
+            + ", measured "
+            + " / ".join(f"{x:.0f}" for x in p["measured_busy_ms"])
+        )
     return 0
 
 

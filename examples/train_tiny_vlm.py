@@ -24,6 +24,7 @@ Every rank builds the same plan on its own; rank 0 prints each optimizer step's 
 ranks, summed for the printout), the planned per-rank loads, the measured tokens/s and the epoch's balance
 report.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,8 @@ import math
 import os
 import time
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -78,10 +80,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     lengths = scaled_lengths(args.num_samples, args.seed)  # tiles, tokens and label tokens per sample
     dataset = SyntheticVLMData(lengths, args.seed)
-    sampler = BalancedBatchSampler(lengths, target_batch_size=args.target_batch_size, seed=args.seed,
-                                   micro_steps_per_step=args.micro_steps, dataset=dataset)
-    loader = torch.utils.data.DataLoader(sampler.wrap(dataset), batch_sampler=sampler, collate_fn=PackCollator(),
-                                         num_workers=args.workers, pin_memory=True)
+    sampler = BalancedBatchSampler(
+        lengths,
+        target_batch_size=args.target_batch_size,
+        seed=args.seed,
+        micro_steps_per_step=args.micro_steps,
+        dataset=dataset,
+    )
+    loader = torch.utils.data.DataLoader(
+        sampler.wrap(dataset),
+        batch_sampler=sampler,
+        collate_fn=PackCollator(),
+        num_workers=args.workers,
+        pin_memory=True,
+    )
     model = TinyVLM(hidden=64, vit_hidden=32)
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
@@ -90,8 +102,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     m = args.micro_steps
     if rank == 0:
         qv, qt = sampler.capacities[0]
-        print(f"ranks {world_size}, {len(lengths)} samples, capacities {qv} tiles / {qt} tokens, "
-              f"{len(sampler) // m} optimizer steps of {m} micro-steps in the epoch")
+        print(
+            f"ranks {world_size}, {len(lengths)} samples, capacities {qv} tiles / {qt} tokens, "
+            f"{len(sampler) // m} optimizer steps of {m} micro-steps in the epoch"
+        )
 
     tokens_done, losses, start = 0, [], time.perf_counter()
     step, step_share = 0, 0.0
@@ -117,8 +131,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         step_share = 0.0
         if rank == 0:
             rows = slice(step * m, step * m + m)
-            print(f"step {step}: loss {losses[-1]:.3f}  tiles per rank "
-                  f"{planned_vit[rows].sum(axis=0).tolist()}  tokens per rank {planned_llm[rows].sum(axis=0).tolist()}")
+            print(
+                f"step {step}: loss {losses[-1]:.3f}  tiles per rank "
+                f"{planned_vit[rows].sum(axis=0).tolist()}  tokens per rank {planned_llm[rows].sum(axis=0).tolist()}"
+            )
         step += 1
         if step >= args.steps:
             break
@@ -128,10 +144,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         dist.all_reduce(total_tokens)
     report = sampler.balance_report()
     if rank == 0:
-        print(f"{step} steps, {int(total_tokens)} tokens in {seconds:.2f} s: "
-              f"{int(total_tokens) / seconds:.0f} tokens/s over {world_size} rank(s)")
-        print("balance:", {k: (round(v, 5) if isinstance(v, float) else v)
-                           for k, v in report.to_dict().items() if k != "groups"})
+        print(
+            f"{step} steps, {int(total_tokens)} tokens in {seconds:.2f} s: "
+            f"{int(total_tokens) / seconds:.0f} tokens/s over {world_size} rank(s)"
+        )
+        print(
+            "balance:",
+            {k: (round(v, 5) if isinstance(v, float) else v) for k, v in report.to_dict().items() if k != "groups"},
+        )
     if distributed:
         dist.destroy_process_group()
     assert all(math.isfinite(x) for x in losses)

@@ -11,6 +11,7 @@ files from raw data (raw_lengths), the benchmarks suite (bench) and the command 
 The public API is re-exported here lazily, grouped by that flow: importing the package loads neither torch,
 triton, numba nor the compiled extension; each name is imported from its module on first use.
 """
+
 from __future__ import annotations
 
 from ._lazy import lazy_exports

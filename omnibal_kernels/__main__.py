@@ -1,4 +1,5 @@
 """``python -m omnibal_kernels`` runs the command line."""
+
 import sys
 
 from .cli import main

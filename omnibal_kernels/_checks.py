@@ -4,6 +4,7 @@ A wrong type raises ``TypeError``, a wrong value ``ValueError`` (or an exported 
 ``OversizeError``); every message names the argument, file or sample and says what was expected. Checks take
 ``(name, value)`` in that order. Nothing here imports torch, triton or numba at import time.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
@@ -176,8 +177,9 @@ def as_int_array(x: Any, name: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def check_image_sizes(widths: np.ndarray, heights: np.ndarray, *, max_ratio: Optional[float] = None,
-                      owner: Optional[np.ndarray] = None) -> None:
+def check_image_sizes(
+    widths: np.ndarray, heights: np.ndarray, *, max_ratio: Optional[float] = None, owner: Optional[np.ndarray] = None
+) -> None:
     """Every image side in ``[1, MAX_IMAGE_SIDE]`` and, with ``max_ratio``, long side / short side at most that.
 
     Errors name ``image i``, or ``sample owner[i]`` when ``owner`` maps images to the samples that hold them.
@@ -191,19 +193,22 @@ def check_image_sizes(widths: np.ndarray, heights: np.ndarray, *, max_ratio: Opt
     bad = (widths <= 0) | (heights <= 0) | (widths > MAX_IMAGE_SIDE) | (heights > MAX_IMAGE_SIDE)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{where(i)}: image size {int(widths[i])}x{int(heights[i])} (width x height) has a side "
-                         f"outside [1, {MAX_IMAGE_SIDE}]")
+        raise ValueError(
+            f"{where(i)}: image size {int(widths[i])}x{int(heights[i])} (width x height) has a side "
+            f"outside [1, {MAX_IMAGE_SIDE}]"
+        )
     if max_ratio is not None and widths.size:
         ratio = np.maximum(widths, heights) / np.minimum(widths, heights)
         bad = ratio > max_ratio
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{where(i)}: image {int(widths[i])}x{int(heights[i])} has absolute aspect ratio "
-                             f"{ratio[i]:.1f}, above the limit of {max_ratio:g}")
+            raise ValueError(
+                f"{where(i)}: image {int(widths[i])}x{int(heights[i])} has absolute aspect ratio "
+                f"{ratio[i]:.1f}, above the limit of {max_ratio:g}"
+            )
 
 
-def default_world(world_size: Optional[int] = None, rank: Optional[int] = None, *,
-                  owner: str = "") -> tuple[int, int]:
+def default_world(world_size: Optional[int] = None, rank: Optional[int] = None, *, owner: str = "") -> tuple[int, int]:
     """``(world_size, rank)``: the given values, else torch.distributed's when initialized, else ``(1, 0)``.
 
     ``owner`` names the caller in errors. No silent fallback: ``world_size`` and ``rank`` are given together or
@@ -223,8 +228,10 @@ def default_world(world_size: Optional[int] = None, rank: Optional[int] = None, 
     prefix = f"{owner}: " if owner else ""
     if (world_size is None) != (rank is None):
         given, missing = ("world_size", "rank") if rank is None else ("rank", "world_size")
-        raise ValueError(f"{prefix}{given} was given without {missing}; give both (every process its own rank) "
-                         "or neither (then torch.distributed's are used)")
+        raise ValueError(
+            f"{prefix}{given} was given without {missing}; give both (every process its own rank) "
+            "or neither (then torch.distributed's are used)"
+        )
     if world_size is None:
         if dist.is_available() and dist.is_initialized():
             world_size, rank = dist.get_world_size(), dist.get_rank()
@@ -234,7 +241,8 @@ def default_world(world_size: Optional[int] = None, rank: Optional[int] = None, 
                 raise ValueError(
                     f"{prefix}WORLD_SIZE={env} in the environment but no torch.distributed process group is "
                     "initialized: call torch.distributed.init_process_group(...) first (or pass world_size and "
-                    "rank); without it every process would be rank 0 of 1 and train the same batches")
+                    "rank); without it every process would be rank 0 of 1 and train the same batches"
+                )
             world_size, rank = 1, 0
     world_size = check_positive_int("world_size", world_size)
     rank = check_int("rank", rank)

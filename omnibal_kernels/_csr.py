@@ -4,6 +4,7 @@ One layout for every per-sample list the package carries (a sample's ViT sequenc
 samples. ``offsets`` is int64 of length ``rows + 1``, starting at 0, non-decreasing, ending at ``len(values)``.
 Nothing here knows what the rows mean: callers name them in their errors.
 """
+
 from __future__ import annotations
 
 from typing import Any

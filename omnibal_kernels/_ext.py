@@ -1,4 +1,5 @@
 """Loads the compiled extension ``omnibal_kernels._C`` once, with a clear message when it is missing."""
+
 from __future__ import annotations
 
 from types import ModuleType

@@ -6,6 +6,7 @@ Windows within one file system), and the folder is fsynced so the rename survive
 removes the temporary file and leaves ``path`` as it was. A process killed mid-write (SIGKILL, power loss)
 leaves ``path`` as it was too, plus at most a hidden ``.<name>.<random>.tmp`` beside it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,9 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Iterator, Optional, Union
+from typing import IO, Any, Optional, Union
 
 __all__ = ["atomic_write", "write_json"]
 

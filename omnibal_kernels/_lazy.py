@@ -1,12 +1,14 @@
 """Lazy re-exports for package ``__init__`` files: a name is imported from its module on first use."""
+
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable
 
 
-def lazy_exports(package: str, exports: dict[str, str],
-                 namespace: dict[str, Any]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, exports: dict[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: ``exports`` maps a public name to its module (relative to the
     package); the first lookup imports that module and caches the name in ``namespace`` (the package's globals)."""
 

@@ -1,4 +1,5 @@
 """Progress bars on stderr for long work: tqdm when it is installed and stderr is a terminal, else silent."""
+
 from __future__ import annotations
 
 import sys

@@ -5,6 +5,7 @@ from the start passes as it is, any other is copied into a new segment first (wh
 avoids by allocating in shared memory too). Every storage costs a shared-memory segment and a file
 descriptor, so the parts of one batch share one storage where they can. torch is imported on first use.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -27,6 +27,7 @@ row that sees no key at all returns zeros.
 Nothing heavy is imported at module import: ``flash_attn`` and ``torch.nn.attention.varlen`` are imported
 on first use.
 """
+
 from __future__ import annotations
 
 import functools
@@ -260,20 +261,18 @@ def varlen_attention(
     else:
         cu_k_host = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device, read_values)
         if cu_seqlens_k.numel() != cu_seqlens.numel():
-            raise ValueError(
-                f"cu_seqlens_k has {cu_seqlens_k.numel()} entries but cu_seqlens has {cu_seqlens.numel()}"
-            )
+            raise ValueError(f"cu_seqlens_k has {cu_seqlens_k.numel()} entries but cu_seqlens has {cu_seqlens.numel()}")
         if max_seqlen_k is None:
             raise ValueError("cu_seqlens_k given without max_seqlen_k")
         _check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k_host if validate else None, "cu_seqlens_k")
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
 
     if chosen == "flash_attn":
-        return _flash_attn(q, k, v, cu_seqlens, cu_seqlens_k, int(max_seqlen), int(max_seqlen_k),
-                           causal, scale, dropout_p)
+        return _flash_attn(
+            q, k, v, cu_seqlens, cu_seqlens_k, int(max_seqlen), int(max_seqlen_k), causal, scale, dropout_p
+        )
     if chosen == "torch_varlen":
-        return _torch_varlen(q, k, v, cu_seqlens, cu_seqlens_k, int(max_seqlen), int(max_seqlen_k),
-                             causal, scale)
+        return _torch_varlen(q, k, v, cu_seqlens, cu_seqlens_k, int(max_seqlen), int(max_seqlen_k), causal, scale)
     assert cu_q_host is not None and cu_k_host is not None
     return _sdpa_varlen(q, k, v, cu_q_host, cu_k_host, causal, scale, dropout_p)
 
@@ -283,25 +282,44 @@ def varlen_attention(
 
 
 def _flash_attn(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
-    causal: bool, scale: float, dropout_p: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    causal: bool,
+    scale: float,
+    dropout_p: float,
 ) -> torch.Tensor:
     fn = _flash_attn_varlen_func()
     assert fn is not None
     # flash-attn handles grouped-query heads itself
     return fn(
-        q, k, v,
-        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-        max_seqlen_q=max_q, max_seqlen_k=max_k,
-        dropout_p=dropout_p, softmax_scale=scale, causal=causal,
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max_q,
+        max_seqlen_k=max_k,
+        dropout_p=dropout_p,
+        softmax_scale=scale,
+        causal=causal,
     )
 
 
 def _torch_varlen(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
-    causal: bool, scale: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    causal: bool,
+    scale: float,
 ) -> torch.Tensor:
     found = _torch_varlen_attn()
     assert found is not None
@@ -368,9 +386,14 @@ def _bottom_right_mask(lq: int, lk: int, device: torch.device) -> tuple[torch.Te
 
 
 def _sdpa_varlen(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    cu_q: torch.Tensor, cu_k: torch.Tensor,
-    causal: bool, scale: float, dropout_p: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    causal: bool,
+    scale: float,
+    dropout_p: float,
 ) -> torch.Tensor:
     """One SDPA call per group of equal-length segments, nothing padded: the attention work of each segment is
     its own (queries x keys), whatever the other segments' lengths."""
@@ -389,8 +412,11 @@ def _sdpa_varlen(
     # autograd sees one split per input (its backward is one cat), not a slice per segment (whose backwards
     # each write a gradient the size of the whole input); a single group of every segment needs no split
     whole = len(groups) == 1 and groups[0].shape[0] == lens_q.shape[0]
-    parts = (None, None, None) if whole else tuple(
-        x.split(lens.tolist()) for x, lens in ((q, lens_q), (k, lens_k), (v, lens_k)))
+    parts = (
+        (None, None, None)
+        if whole
+        else tuple(x.split(lens.tolist()) for x, lens in ((q, lens_q), (k, lens_k), (v, lens_k)))
+    )
     pieces: list[tuple[int, torch.Tensor]] = []  # (first query row, that segment's output rows)
     for s in np.flatnonzero((lens_q > 0) & (lens_k == 0)):  # queries without any key: zeros, attached to q
         pieces.append((int(cu_q_np[s]), parts[0][int(s)] * 0.0))
@@ -398,8 +424,13 @@ def _sdpa_varlen(
         lq, lk = int(lens_q[group[0]]), int(lens_k[group[0]])
         mask, row_ok = _bottom_right_mask(lq, lk, q.device) if causal and lq != lk else (None, None)
         out = F.scaled_dot_product_attention(
-            _group_input(q, parts[0], group), _group_input(k, parts[1], group), _group_input(v, parts[2], group),
-            attn_mask=mask, dropout_p=dropout_p, is_causal=causal and lq == lk, scale=scale,
+            _group_input(q, parts[0], group),
+            _group_input(k, parts[1], group),
+            _group_input(v, parts[2], group),
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            is_causal=causal and lq == lk,
+            scale=scale,
         )
         if row_ok is not None:
             out = out * row_ok.to(out.dtype)

@@ -7,13 +7,15 @@
 Errors in the input (the package's ``ValueError``/``TypeError``, a missing file) print one line on stderr and
 exit with status 2.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 __all__ = ["add_calibrate_parser", "add_lengths_parser", "build_parser", "main"]
 
@@ -59,26 +61,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("paths", nargs="*", metavar="PATH", help="length files (default: the bundled data)")
     plan.add_argument("--world-size", type=int, default=8, help="data-parallel ranks (default 8)")
-    plan.add_argument("--target-batch-size", type=float, default=4.0,
-                      help="mean samples per pack for the capacity search (default 4)")
+    plan.add_argument(
+        "--target-batch-size", type=float, default=4.0, help="mean samples per pack for the capacity search (default 4)"
+    )
     plan.add_argument("--vit-capacity", type=int, default=None, help="ViT tiles/patches per pack")
     plan.add_argument("--llm-capacity", type=int, default=None, help="LLM tokens per pack")
-    plan.add_argument("--method", choices=METHODS, default=None,
-                      help="planning method (default: all three side by side without PATH or --json, "
-                      "else balanced)")
-    plan.add_argument("--oversize", choices=OVERSIZE_POLICIES, default="error",
-                      help="samples over a capacity: error (default), own pack, or drop")
+    plan.add_argument(
+        "--method",
+        choices=METHODS,
+        default=None,
+        help="planning method (default: all three side by side without PATH or --json, else balanced)",
+    )
+    plan.add_argument(
+        "--oversize",
+        choices=OVERSIZE_POLICIES,
+        default="error",
+        help="samples over a capacity: error (default), own pack, or drop",
+    )
     plan.add_argument("--drop-last", action="store_true", help="drop a ragged last step instead of reusing packs")
     plan.add_argument("--seed", type=int, default=0)
     plan.add_argument("--epoch", type=int, default=0)
-    plan.add_argument("--cost-model", default="internvl_7b", metavar="NAME|FILE.json|CONFIG_DIR",
-                      help="the cost model to plan with and report in: a name (internvl_7b, the default; "
-                      "qwen2_vl_7b, qwen2_5_vl_7b, llama_7b, tokens_only), a JSON file of its terms (as calibrate "
-                      "writes) or a transformers config folder")
+    plan.add_argument(
+        "--cost-model",
+        default="internvl_7b",
+        metavar="NAME|FILE.json|CONFIG_DIR",
+        help="the cost model to plan with and report in: a name (internvl_7b, the default; "
+        "qwen2_vl_7b, qwen2_5_vl_7b, llama_7b, tokens_only), a JSON file of its terms (as calibrate "
+        "writes) or a transformers config folder",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object (one method)")
     plan.add_argument("--out", default=None, help="write the plan to this .npz file (one method)")
-    plan.add_argument("--plot", default=None, metavar="DIR",
-                      help="draw each rank's load per step, random vs balanced, into DIR (needs matplotlib)")
+    plan.add_argument(
+        "--plot",
+        default=None,
+        metavar="DIR",
+        help="draw each rank's load per step, random vs balanced, into DIR (needs matplotlib)",
+    )
     plan.set_defaults(func=_run_plan)
     add_lengths_parser(sub)
     add_calibrate_parser(sub)
@@ -106,16 +124,28 @@ def _run_plan(args: argparse.Namespace) -> int:
         methods = ["balanced"]
     else:
         methods = ["random", "isf", "balanced"]
-    options = PlanOptions(method=methods[0], target_batch_size=args.target_batch_size, vit_capacity=args.vit_capacity,
-                          llm_capacity=args.llm_capacity, oversize=args.oversize, drop_last=args.drop_last,
-                          seed=args.seed, cost_model=cost_model)
+    options = PlanOptions(
+        method=methods[0],
+        target_batch_size=args.target_batch_size,
+        vit_capacity=args.vit_capacity,
+        llm_capacity=args.llm_capacity,
+        oversize=args.oversize,
+        drop_last=args.drop_last,
+        seed=args.seed,
+        cost_model=cost_model,
+    )
 
     rows, plans = [], {}
     for method in methods:
         plan = plan_packs(lengths, options=options, method=method, world_size=args.world_size, epoch=args.epoch)
         report = balance_report(plan, lengths, cost_model).to_dict()
-        report.update(method=method, vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity,
-                      world_size=plan.world_size, cost_model=cost_model.to_dict())
+        report.update(
+            method=method,
+            vit_capacity=plan.vit_capacity,
+            llm_capacity=plan.llm_capacity,
+            world_size=plan.world_size,
+            cost_model=cost_model.to_dict(),
+        )
         rows.append(report)
         plans[method] = plan
         if args.out:
@@ -125,17 +155,22 @@ def _run_plan(args: argparse.Namespace) -> int:
         from .bench.plots import plot_plans
 
         check_plot_dependency()
-        drawn = {m: plans.get(m) or plan_packs(lengths, options=options, method=m, world_size=args.world_size,
-                                               epoch=args.epoch) for m in ("random", "balanced")}
+        drawn = {
+            m: plans.get(m)
+            or plan_packs(lengths, options=options, method=m, world_size=args.world_size, epoch=args.epoch)
+            for m in ("random", "balanced")
+        }
         print(f"picture written to {plot_plans(drawn, lengths, args.plot)}", file=sys.stderr)
 
     if args.json:
         print(json.dumps(rows[0]))
         return 0
     summary = lengths.summary()
-    print(f"{source}: {summary['samples']:,} samples, ViT load mean {summary['vit_mean']:.2f} "
-          f"(max {summary['vit_max']}), LLM tokens mean {summary['llm_mean']:.0f} (max {summary['llm_max']}); "
-          f"world size {args.world_size}, target {args.target_batch_size:g} samples per pack")
+    print(
+        f"{source}: {summary['samples']:,} samples, ViT load mean {summary['vit_mean']:.2f} "
+        f"(max {summary['vit_max']}), LLM tokens mean {summary['llm_mean']:.0f} (max {summary['llm_max']}); "
+        f"world size {args.world_size}, target {args.target_batch_size:g} samples per pack"
+    )
     width = max(len(label) for _, label, _ in _REPORT_ROWS)
     print(f"{'':<{width}}  " + "  ".join(f"{r['method']:>10}" for r in rows))
     for key, label, fmt in _REPORT_ROWS:
@@ -202,8 +237,9 @@ def _read_lengths_records(path: Path) -> list[Mapping[str, Any]]:
     return records
 
 
-def _record_fields(records: Sequence[Mapping[str, Any]], sizes_key: str, text_key: str,
-                   frames_key: str | None) -> tuple[list[Any], list[Any], list[int] | None]:
+def _record_fields(
+    records: Sequence[Mapping[str, Any]], sizes_key: str, text_key: str, frames_key: str | None
+) -> tuple[list[Any], list[Any], list[int] | None]:
     sizes: list[Any] = []
     text: list[Any] = []  # counts as given (a float is refused where the loads are checked)
     frames: list[int] = [] if frames_key else None  # type: ignore[assignment]
@@ -232,14 +268,17 @@ def add_lengths_parser(subparsers: Any) -> None:
         "lengths",
         help="build a length file (vit/llm loads) from image sizes and text lengths",
         description="Read records (JSON list or JSON lines) with image sizes and text token counts and write the "
-                    "per-sample vit/llm loads and ViT sequence lengths (one per InternVL tile, one per Qwen2-VL "
-                    "image or video frame group) as an OmniBal .json, a .jsonl or an .npz length file.",
+        "per-sample vit/llm loads and ViT sequence lengths (one per InternVL tile, one per Qwen2-VL "
+        "image or video frame group) as an OmniBal .json, a .jsonl or an .npz length file.",
     )
     p.add_argument("input", type=Path, nargs="?", help="records: JSON list or JSON lines (raw data with --tokenizer)")
     p.add_argument("-o", "--output", type=Path, required=True, help="length file to write (.json, .jsonl or .npz)")
     p.add_argument("--model", choices=MODELS, default="internvl")
-    p.add_argument("--sizes-key", default="image_sizes",
-                   help="field with [width, height] or a list of them (else 'width'/'height' fields)")
+    p.add_argument(
+        "--sizes-key",
+        default="image_sizes",
+        help="field with [width, height] or a list of them (else 'width'/'height' fields)",
+    )
     p.add_argument("--text-key", default="text_tokens", help="field with the text token count or token list")
     p.add_argument("--frames-key", default=None, help="qwen2vl: field with frames per record (one video each)")
     p.add_argument("--num-image-token", type=int, default=256, help="internvl: LLM tokens per tile")
@@ -252,8 +291,14 @@ def add_lengths_parser(subparsers: Any) -> None:
     p.add_argument("--temporal-patch-size", type=int, default=2, help="qwen2vl: frames per temporal patch")
     p.add_argument("--min-pixels", type=int, default=56 * 56, help="qwen2vl: smart_resize min_pixels")
     p.add_argument("--max-pixels", type=int, default=28 * 28 * 1280, help="qwen2vl: smart_resize max_pixels")
-    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
-                   help="no progress bar (default: one when stderr is a terminal)")
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no progress bar (default: one when stderr is a terminal)",
+    )
     p.set_defaults(func=_run_lengths)
     add_raw_arguments(p)
 
@@ -273,19 +318,30 @@ def _run_lengths(args: argparse.Namespace) -> int:
     records = _read_lengths_records(Path(args.input))
     try:  # errors in the records name the input file
         sizes, text, frames = _record_fields(records, args.sizes_key, args.text_key, args.frames_key)
-        common = dict(model=args.model, num_image_token=args.num_image_token, min_num=args.min_num,
-                      max_num=args.max_num, image_size=args.image_size, use_thumbnail=args.use_thumbnail,
-                      patch_size=args.patch_size, merge_size=args.merge_size,
-                      temporal_patch_size=args.temporal_patch_size, min_pixels=args.min_pixels,
-                      max_pixels=args.max_pixels, progress=args.progress)
+        common = dict(
+            model=args.model,
+            num_image_token=args.num_image_token,
+            min_num=args.min_num,
+            max_num=args.max_num,
+            image_size=args.image_size,
+            use_thumbnail=args.use_thumbnail,
+            patch_size=args.patch_size,
+            merge_size=args.merge_size,
+            temporal_patch_size=args.temporal_patch_size,
+            min_pixels=args.min_pixels,
+            max_pixels=args.max_pixels,
+            progress=args.progress,
+        )
         if frames is not None:
             flat, owner = flatten_image_sizes(sizes, False)
             counts = np.bincount(owner, minlength=len(sizes)) if owner.size else np.zeros(len(sizes), np.int64)
             if (counts > 1).any():
-                raise ValueError(f"record {int(np.flatnonzero(counts > 1)[0])}: --frames-key needs one video per "
-                                 "record")
-            loads = compute_loads(flat, text, image_to_sample=owner,
-                                  num_frames=np.asarray(frames, dtype=np.int64)[owner], **common)
+                raise ValueError(
+                    f"record {int(np.flatnonzero(counts > 1)[0])}: --frames-key needs one video per record"
+                )
+            loads = compute_loads(
+                flat, text, image_to_sample=owner, num_frames=np.asarray(frames, dtype=np.int64)[owner], **common
+            )
         else:
             loads = compute_loads(sizes, text, **common)
     except (TypeError, ValueError) as exc:
@@ -307,32 +363,55 @@ def add_calibrate_parser(subparsers: Any) -> None:
         "calibrate",
         help="time a model on packed batches and write the cost model fitted to the times (JSON)",
         description="Time forward + backward of MODEL on varied packs of real loads and fit the six cost terms "
-                    "(seconds) by non-negative least squares on half of the packs; report the error on the other "
-                    "half beside that of the FLOP estimate of the same config, and write the terms as JSON (the "
-                    "file a cost model is read from). MODEL: a named tiny model "
-                    f"({', '.join(TINY_MODELS)}) or a folder holding a transformers config.json (random weights).",
+        "(seconds) by non-negative least squares on half of the packs; report the error on the other "
+        "half beside that of the FLOP estimate of the same config, and write the terms as JSON (the "
+        "file a cost model is read from). MODEL: a named tiny model "
+        f"({', '.join(TINY_MODELS)}) or a folder holding a transformers config.json (random weights).",
     )
     p.add_argument("model", metavar="MODEL", help="named tiny model, or a folder holding config.json")
     p.add_argument("-o", "--output", type=Path, required=True, help="cost model JSON to write")
-    p.add_argument("--lengths", nargs="+", default=None, metavar="PATH",
-                   help="length files to draw the packs from (default: loads drawn from the bundled data)")
+    p.add_argument(
+        "--lengths",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="length files to draw the packs from (default: loads drawn from the bundled data)",
+    )
     p.add_argument("--packs", type=int, default=80, help="packs to time (default 80: 40 fitted, 40 predicted)")
     p.add_argument("--samples", type=int, default=2000, help="samples drawn for the packs (without --lengths)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of every pack; the median is kept")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first")
-    p.add_argument("--clock", choices=CLOCKS, default="auto",
-                   help="cuda events (GPU), wall, or thread CPU time (CPU, robust to other processes); auto: "
-                        "cuda on a GPU, wall on the CPU")
+    p.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default="auto",
+        help="cuda events (GPU), wall, or thread CPU time (CPU, robust to other processes); auto: "
+        "cuda on a GPU, wall on the CPU",
+    )
     p.add_argument("--device", default=None, help="device of the model (default: cuda when available, else cpu)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="model dtype (default: bfloat16 on CUDA, float32 on the CPU)")
-    p.add_argument("--image-scale", type=float, default=None,
-                   help="Qwen-VL images at this share of their resolution (default: 1, or the tiny model's own)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="model dtype (default: bfloat16 on CUDA, float32 on the CPU)",
+    )
+    p.add_argument(
+        "--image-scale",
+        type=float,
+        default=None,
+        help="Qwen-VL images at this share of their resolution (default: 1, or the tiny model's own)",
+    )
     p.add_argument("--holdout", type=float, default=0.5, help="share of packs predicted, not fitted (default 0.5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the fit and the timing as one JSON object")
-    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
-                   help="no progress bar (default: one when stderr is a terminal)")
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no progress bar (default: one when stderr is a terminal)",
+    )
     p.set_defaults(func=_run_calibrate)
 
 
@@ -344,21 +423,36 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise NotADirectoryError(f"cannot write {args.output}: its folder {str(folder)!r} does not exist")
     lengths = load_lengths(*args.lengths) if args.lengths else None
-    result = calibrate(args.model, lengths=lengths, num_packs=args.packs, num_samples=args.samples,
-                       repeats=args.repeats, warmup=args.warmup, clock=args.clock, holdout=args.holdout,
-                       seed=args.seed, device=args.device, dtype=args.dtype, image_scale=args.image_scale,
-                       progress=args.progress)
+    result = calibrate(
+        args.model,
+        lengths=lengths,
+        num_packs=args.packs,
+        num_samples=args.samples,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        clock=args.clock,
+        holdout=args.holdout,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        image_scale=args.image_scale,
+        progress=args.progress,
+    )
     result.fit.model.to_json(args.output)
     summary = result.summary()
     if args.json:
         print(json.dumps(summary))
         return 0
     timing, held, ref = summary["timing"], summary["heldout_error"], summary.get("reference_heldout_error")
-    print(f"timed {timing['batches']} packs on {timing['device']} ({timing['clock']} clock, median of "
-          f"{timing['repeats']}; runs of a pack spread {timing['spread_median']:.1%} median)")
+    print(
+        f"timed {timing['batches']} packs on {timing['device']} ({timing['clock']} clock, median of "
+        f"{timing['repeats']}; runs of a pack spread {timing['spread_median']:.1%} median)"
+    )
     if held is not None:
-        line = (f"fitted on {summary['fit_packs']}, predicting {summary['heldout_packs']}: median error "
-                f"{held['median']:.1%}")
+        line = (
+            f"fitted on {summary['fit_packs']}, predicting {summary['heldout_packs']}: median error "
+            f"{held['median']:.1%}"
+        )
         if ref is not None:
             line += f" (FLOP estimate scaled to seconds: {ref['median']:.1%})"
         print(line)

@@ -51,6 +51,7 @@ would otherwise skip into a different plan).
 
 Nothing here imports ``transformers``; the module is importable without it.
 """
+
 from __future__ import annotations
 
 import json
@@ -117,7 +118,7 @@ class _FixedLengthEpochs(torch.utils.data.Sampler[list[int]]):
             self.sampler.set_epoch(plan_epoch)  # what the sampler reports on (balance_report, state_dict)
             batches = self.sampler.rank_batches(epoch=plan_epoch)
             take = min(stop, plan_start + len(batches)) - position
-            yield from batches[position - plan_start:position - plan_start + take]
+            yield from batches[position - plan_start : position - plan_start + take]
             position += take
             plan_start += len(batches)
             plan_epoch += 1
@@ -143,12 +144,17 @@ def _trainer_world(args: Any) -> tuple[int, int]:
             f"BalancedTrainerMixin: WORLD_SIZE={env} in the environment but no torch.distributed process group is "
             f"initialized (the Trainer's arguments say world size {args.world_size}): call "
             "torch.distributed.init_process_group(...) before building the Trainer (torchrun and accelerate "
-            "launch set up what it needs); else every process trains the batches of rank 0")
+            "launch set up what it needs); else every process trains the batches of rank 0"
+        )
     return int(args.world_size), int(args.process_index)
 
 
 def balanced_train_dataloader(
-    trainer: Any, lengths: Any, *, collate_fn: Optional[Callable[..., Any]] = None, check_loads: bool = True,
+    trainer: Any,
+    lengths: Any,
+    *,
+    collate_fn: Optional[Callable[..., Any]] = None,
+    check_loads: bool = True,
     **sampler_options: Any,
 ) -> torch.utils.data.DataLoader:
     """The training DataLoader of ``trainer`` (a ``transformers.Trainer``) over a :class:`BalancedBatchSampler`.
@@ -197,9 +203,14 @@ def balanced_train_dataloader(
         extra["persistent_workers"] = args.dataloader_persistent_workers
         if args.dataloader_prefetch_factor is not None:
             extra["prefetch_factor"] = args.dataloader_prefetch_factor
-    return _EpochDataLoader(sampler.wrap(dataset, check_loads=check_loads), batch_sampler=_FixedLengthEpochs(sampler),
-                            collate_fn=collate_fn or trainer.data_collator, num_workers=workers,
-                            pin_memory=args.dataloader_pin_memory, **extra)
+    return _EpochDataLoader(
+        sampler.wrap(dataset, check_loads=check_loads),
+        batch_sampler=_FixedLengthEpochs(sampler),
+        collate_fn=collate_fn or trainer.data_collator,
+        num_workers=workers,
+        pin_memory=args.dataloader_pin_memory,
+        **extra,
+    )
 
 
 def _check_sampler_state(path: Path, identity: dict[str, Any]) -> None:
@@ -256,8 +267,14 @@ class BalancedTrainerMixin:
     against its length entry, default True).
     """
 
-    def __init__(self, *args: Any, train_lengths: Any, sampler_options: Optional[dict[str, Any]] = None,
-                 check_loads: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        train_lengths: Any,
+        sampler_options: Optional[dict[str, Any]] = None,
+        check_loads: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.train_lengths = train_lengths
         self.sampler_options = dict(sampler_options or {})
@@ -279,8 +296,7 @@ class BalancedTrainerMixin:
         finally:
             self._resume_checkpoint = None
 
-    def get_batch_samples(self, epoch_iterator: Iterator[Any], num_batches: int,
-                          device: Any) -> tuple[list[Any], Any]:
+    def get_batch_samples(self, epoch_iterator: Iterator[Any], num_batches: int, device: Any) -> tuple[list[Any], Any]:
         """``Trainer.get_batch_samples``: the optimizer step's batches and their ``num_items_in_batch``, taken
         from the plan when the lengths carry label counts (no gather across ranks), else the Trainer's count."""
         batches: list[Any] = []
@@ -301,12 +317,17 @@ class BalancedTrainerMixin:
         args = self.args  # type: ignore[attr-defined]
         shared = [getattr(self, name, lambda: 1)() for name in ("get_tp_size", "get_cp_size", "get_sp_size")]
         uses_count = self.model_accepts_loss_kwargs or self.compute_loss_func is not None  # type: ignore[attr-defined]
-        return (uses_count and getattr(args, "n_gpu", 1) <= 1 and all(size == 1 for size in shared)
-                and (args.average_tokens_across_devices or args.world_size == 1))
+        return (
+            uses_count
+            and getattr(args, "n_gpu", 1) <= 1
+            and all(size == 1 for size in shared)
+            and (args.average_tokens_across_devices or args.world_size == 1)
+        )
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        loader = balanced_train_dataloader(self, self.train_lengths, check_loads=self.check_loads,
-                                           **self.sampler_options)
+        loader = balanced_train_dataloader(
+            self, self.train_lengths, check_loads=self.check_loads, **self.sampler_options
+        )
         self._sampler_identity = cast(_FixedLengthEpochs, loader.batch_sampler).identity()
         if self._resume_checkpoint is not None:
             _check_sampler_state(self._resume_checkpoint / SAMPLER_STATE_FILE, self._sampler_identity)

@@ -28,6 +28,7 @@ they are the step's) and each labelled sample once (on CP rank 0). The ``world_s
 every rank the gradient average spans, data- and context-parallel (Megatron and torchtitan reduce gradients
 over both).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -49,8 +50,9 @@ _MODES = ("token", "sample")
 def _counts_of(batch: Any) -> LossCounts:
     counts = getattr(batch, "loss_counts", None)
     if not isinstance(counts, LossCounts):
-        raise TypeError(f"expected a PackedBatch of PackCollator or pack_batch (with loss_counts), got "
-                        f"{type(batch).__name__}")
+        raise TypeError(
+            f"expected a PackedBatch of PackCollator or pack_batch (with loss_counts), got {type(batch).__name__}"
+        )
     return counts
 
 
@@ -95,8 +97,9 @@ def _local_counts(batch: PackedBatch, ignore_index: int) -> tuple[int, int]:
     return int(targets.sum()), int((per_sample > 0).sum())
 
 
-def step_loss(logits: torch.Tensor, batch: PackedBatch, *, mode: LossMode = "token",
-              ignore_index: int = -100) -> torch.Tensor:
+def step_loss(
+    logits: torch.Tensor, batch: PackedBatch, *, mode: LossMode = "token", ignore_index: int = -100
+) -> torch.Tensor:
     """The micro-step's share of the optimizer step's mean causal LM loss: sum its values over the step's
     micro-steps and ranks and you get the mean (backpropagate ``loss * world_size`` under DDP).
 
@@ -127,14 +130,17 @@ def step_loss(logits: torch.Tensor, batch: PackedBatch, *, mode: LossMode = "tok
     labels = batch["shift_labels" if shard is not None else "labels"].reshape(-1)
     flat = logits.reshape(-1, logits.shape[-1]) if logits.dim() == 3 else logits
     if logits.dim() not in (2, 3) or flat.shape[0] != labels.shape[0]:
-        raise ValueError(f"logits {tuple(logits.shape)} do not match the batch's {labels.shape[0]} tokens "
-                         "(expected (1, T, vocab) or (T, vocab))")
+        raise ValueError(
+            f"logits {tuple(logits.shape)} do not match the batch's {labels.shape[0]} tokens "
+            "(expected (1, T, vocab) or (T, vocab))"
+        )
     total = counts.num_items_in_batch if mode == "token" else counts.num_samples_in_batch
     if total is None:
         raise ValueError(
             f"the batch's optimizer step has no count for mode={mode!r}: give the lengths label counts "
             "(Lengths.label) and use DataLoader(sampler.wrap(dataset), batch_sampler=sampler, ...), or iterate "
-            "omnibal_kernels.step_batches(loader), which counts each step with one all-reduce")
+            "omnibal_kernels.step_batches(loader), which counts each step with one all-reduce"
+        )
     dtype = torch.promote_types(flat.dtype, torch.float32)
     labels = labels.to(flat.device)
     # a CP shard's targets are already paired with their tokens; a whole pack pairs token i with label i + 1
@@ -145,8 +151,10 @@ def step_loss(logits: torch.Tensor, batch: PackedBatch, *, mode: LossMode = "tok
     num_slots = len(counts.sample_lens) + 1
     if shard is not None:
         if counts.sample_targets is None:
-            raise ValueError("a context-parallel shard needs its samples' targets over the whole pack "
-                             "(LossCounts.sample_targets, which PackCollator(context_parallel_size=...) sets)")
+            raise ValueError(
+                "a context-parallel shard needs its samples' targets over the whole pack "
+                "(LossCounts.sample_targets, which PackCollator(context_parallel_size=...) sets)"
+            )
         segments = _shard_segments(counts.sample_lens, shard.indices.to(flat.device))
         per_sample = torch.tensor([*(counts.sample_targets or ()), 0], dtype=torch.int64, device=flat.device)
     else:
@@ -189,8 +197,9 @@ def _reduce_device() -> torch.device:
     return torch.device("cpu")
 
 
-def step_batches(loader: Iterable[PackedBatch], *, micro_steps_per_step: Optional[int] = None,
-                 ignore_index: int = -100) -> Iterator[list[PackedBatch]]:
+def step_batches(
+    loader: Iterable[PackedBatch], *, micro_steps_per_step: Optional[int] = None, ignore_index: int = -100
+) -> Iterator[list[PackedBatch]]:
     """A loader's batches, one list per optimizer step, each batch with its step's counts.
 
     ``for batches in step_batches(loader): for batch in batches: (model(**batch).loss * world_size).backward()``
@@ -225,8 +234,7 @@ def step_batches(loader: Iterable[PackedBatch], *, micro_steps_per_step: Optiona
         if all(b.loss_counts.num_items_in_batch is not None for b in step):
             yield step
             continue
-        local = torch.tensor([sum(c) for c in zip(*(_local_counts(b, ignore_index) for b in step))],
-                             dtype=torch.int64)
+        local = torch.tensor([sum(c) for c in zip(*(_local_counts(b, ignore_index) for b in step))], dtype=torch.int64)
         if world_size > 1:
             import torch.distributed as dist
 
@@ -234,5 +242,6 @@ def step_batches(loader: Iterable[PackedBatch], *, micro_steps_per_step: Optiona
             dist.all_reduce(reduced)
             local = reduced.cpu()
         items, samples = local.tolist()
-        yield [b.with_counts(b.loss_counts._replace(num_items_in_batch=items, num_samples_in_batch=samples))
-               for b in step]
+        yield [
+            b.with_counts(b.loss_counts._replace(num_items_in_batch=items, num_samples_in_batch=samples)) for b in step
+        ]

@@ -22,13 +22,15 @@ installed transformers does:
 
 transformers is imported only inside functions: the package imports without it.
 """
+
 from __future__ import annotations
 
 import inspect
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
 __all__ = ["ModelInputs", "model_inputs", "forward_keys"]
 
@@ -92,9 +94,11 @@ class ModelInputs:
         if bad.numel():
             i = int(bad[0])
             tiles = int(want[i]) // cast(int, self.tokens_per_tile)  # select checks tiles only when it is set
-            raise ValueError(f"sample {i}: {int(found[i])} image placeholder tokens (id {self.tile_token_id}) but "
-                             f"{tiles} tiles in pixel_values, which take {int(want[i])} ({self.tokens_per_tile} "
-                             f"per tile)")
+            raise ValueError(
+                f"sample {i}: {int(found[i])} image placeholder tokens (id {self.tile_token_id}) but "
+                f"{tiles} tiles in pixel_values, which take {int(want[i])} ({self.tokens_per_tile} "
+                f"per tile)"
+            )
 
 
 def _unpacked_keys(annotation: Any, function: Any) -> set[str]:
@@ -135,8 +139,10 @@ def _model_class(config: Any) -> type[Any]:
         name = getattr(modeling_auto, mapping, {}).get(config.model_type)
         if name is not None and hasattr(transformers, name):
             return getattr(transformers, name)
-    raise ValueError(f"model_or_config: transformers has no causal LM or image-text-to-text model for "
-                     f"model_type {config.model_type!r}; pass the model itself")
+    raise ValueError(
+        f"model_or_config: transformers has no causal LM or image-text-to-text model for "
+        f"model_type {config.model_type!r}; pass the model itself"
+    )
 
 
 def _reads_text_row(model_type: str) -> bool:
@@ -176,8 +182,10 @@ def _check_not_mrope_text(config: Any) -> None:
     for name in ("rope_parameters", "rope_scaling"):
         params = getattr(config, name, None)
         if isinstance(params, Mapping) and "mrope_section" in params:
-            raise ValueError(f"model_or_config: {config.model_type!r} uses mRoPE positions; pass the whole "
-                             "vision-language model or its config (the placeholder ids live there)")
+            raise ValueError(
+                f"model_or_config: {config.model_type!r} uses mRoPE positions; pass the whole "
+                "vision-language model or its config (the placeholder ids live there)"
+            )
 
 
 def model_inputs(model_or_config: Any) -> ModelInputs:
@@ -208,23 +216,28 @@ def model_inputs(model_or_config: Any) -> ModelInputs:
         _check_not_mrope_text(config)
         forward = _model_class(config).forward
     else:
-        raise TypeError(f"model_or_config must be a transformers model or its config, got "
-                        f"{type(model_or_config).__name__}")
+        raise TypeError(
+            f"model_or_config must be a transformers model or its config, got {type(model_or_config).__name__}"
+        )
     model_type = config.model_type
     keys = set(forward_keys(forward))
     options: dict[str, Any] = {}
     tile_token_id = tokens_per_tile = None
     vision = getattr(config, "vision_config", None)
     if "position_ids" not in keys:
-        raise ValueError(f"model_or_config: {type(model).__name__}.forward takes no position_ids, which carry "
-                         "the sample boundaries of a packed row; pass the transformers model itself")
+        raise ValueError(
+            f"model_or_config: {type(model).__name__}.forward takes no position_ids, which carry "
+            "the sample boundaries of a packed row; pass the transformers model itself"
+        )
     if model_type in MROPE_MODEL_TYPES:
         if vision is None:
             raise ValueError(f"{model_type}: the config has no vision_config")
         if not _reads_text_row(model_type):
-            raise ValueError(f"{model_type}: the installed transformers text model reads no text-position row "
-                             "from position_ids, so it cannot train packed samples without attention between "
-                             "them; upgrade transformers")
+            raise ValueError(
+                f"{model_type}: the installed transformers text model reads no text-position row "
+                "from position_ids, so it cannot train packed samples without attention between "
+                "them; upgrade transformers"
+            )
         options = {
             "image_token_id": int(config.image_token_id),
             "video_token_id": int(config.video_token_id),
@@ -244,11 +257,19 @@ def model_inputs(model_or_config: Any) -> ModelInputs:
         tile_token_id = int(config.image_token_id)
         tokens_per_tile = int(round(patches * config.downsample_ratio**2))
     elif vision is not None:
-        raise ValueError(f"model_or_config: model_type {model_type!r} is not supported for packing; supported "
-                         f"vision-language models: {', '.join(MROPE_MODEL_TYPES + TILE_MODEL_TYPES)}")
+        raise ValueError(
+            f"model_or_config: model_type {model_type!r} is not supported for packing; supported "
+            f"vision-language models: {', '.join(MROPE_MODEL_TYPES + TILE_MODEL_TYPES)}"
+        )
     else:
         _check_not_mrope_text(config)
     constants = {"use_cache": False} if "use_cache" in keys else {}
     keys.discard("use_cache")
-    return ModelInputs(model_type=model_type, options=options, keys=frozenset(keys), constants=constants,
-                       tile_token_id=tile_token_id, tokens_per_tile=tokens_per_tile)
+    return ModelInputs(
+        model_type=model_type,
+        options=options,
+        keys=frozenset(keys),
+        constants=constants,
+        tile_token_id=tile_token_id,
+        tokens_per_tile=tokens_per_tile,
+    )

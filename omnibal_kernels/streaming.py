@@ -25,6 +25,7 @@ process is a ``ValueError`` (a source that runs dry would otherwise give an empt
 :func:`streaming_report` replays the packer on known loads and returns its balance report next to the
 offline plan's of the same data.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -50,13 +51,22 @@ def _stream_options(options: Optional[PlanOptions], **keywords: Any) -> PlanOpti
     """The options of a stream: capacities are needed (a stream cannot be searched before it is read)."""
     options = plan_options(options, **keywords)
     if not options.has_capacities:
-        raise ValueError("a stream needs vit_capacity and llm_capacity: capacities cannot be searched before the "
-                         "stream is read (search_capacity on a sample of its lengths gives them)")
+        raise ValueError(
+            "a stream needs vit_capacity and llm_capacity: capacities cannot be searched before the "
+            "stream is read (search_capacity on a sample of its lengths gives them)"
+        )
     return options
 
 
-def _plan_stream(items: Iterable[tuple[Any, int, int]], options: PlanOptions, world_size: int, buffer_size: int,
-                 epoch: int, worker: int, num_workers: int) -> Iterator[tuple[Plan, list[Any]]]:
+def _plan_stream(
+    items: Iterable[tuple[Any, int, int]],
+    options: PlanOptions,
+    world_size: int,
+    buffer_size: int,
+    epoch: int,
+    worker: int,
+    num_workers: int,
+) -> Iterator[tuple[Plan, list[Any]]]:
     """``(plan, payloads)`` for each buffer that worker ``worker`` owns: ``plan``'s sample ids index ``payloads``.
 
     ``items``: ``(payload, vit, llm)`` in stream order. Plans hold whole steps only; what a plan drops with
@@ -74,9 +84,14 @@ def _plan_stream(items: Iterable[tuple[Any, int, int]], options: PlanOptions, wo
         if options.oversize == "drop" and np.all((lengths.vit > vit_capacity) | (lengths.llm > llm_capacity)):
             return None, []  # nothing but oversize samples: all dropped (carried samples are never oversize)
         try:
-            plan = plan_packs(lengths, options=options, world_size=world_size,
-                              drop_last=options.drop_last if final else True, seed=epoch_seed(options.seed, index),
-                              epoch=epoch)
+            plan = plan_packs(
+                lengths,
+                options=options,
+                world_size=world_size,
+                drop_last=options.drop_last if final else True,
+                seed=epoch_seed(options.seed, index),
+                epoch=epoch,
+            )
         except TooFewPacksError:
             # fewer packs than ranks: wait for more samples, or (at the end, with drop_last) drop them
             return None, ([] if final else batch)
@@ -157,13 +172,21 @@ class BalancedPacker(torch.utils.data.IterableDataset):
             raise TypeError(
                 f"source must be re-iterable (a list, a map-style dataset, a webdataset pipeline, ...), got the "
                 f"one-shot iterator {type(source).__name__}: it would be empty from the second pass on (the next "
-                "epoch, another DataLoader worker); pass an object whose __iter__ starts the stream anew")
+                "epoch, another DataLoader worker); pass an object whose __iter__ starts the stream anew"
+            )
         self.source = source
         self.lengths_fn = lengths_fn
         self.world_size, self.rank = default_world(world_size, rank, owner="BalancedPacker")
-        self.options = _stream_options(options, vit_capacity=vit_capacity, llm_capacity=llm_capacity,
-                                       method=method, seed=seed, drop_last=drop_last, oversize=oversize,
-                                       cost_model=cost_model)
+        self.options = _stream_options(
+            options,
+            vit_capacity=vit_capacity,
+            llm_capacity=llm_capacity,
+            method=method,
+            seed=seed,
+            drop_last=drop_last,
+            oversize=oversize,
+            cost_model=cost_model,
+        )
         self.buffer_size = check_positive_int("buffer_size", buffer_size)
         # The epoch lives in shared memory: DataLoader workers hold copies of the packer (persistent ones for
         # the whole run), and set_epoch in the main process must reach them.
@@ -204,7 +227,8 @@ class BalancedPacker(torch.utils.data.IterableDataset):
             raise ValueError(
                 f"source gave {count} samples on this pass but {self._pass_samples} on the first one: "
                 "BalancedPacker needs a source that gives the same samples in the same order every time it is "
-                "iterated (is its __iter__ handing out an exhausted iterator?)")
+                "iterated (is its __iter__ handing out an exhausted iterator?)"
+            )
 
     def iter_shard(self, worker: int = 0, num_workers: int = 1) -> Iterator[list[Any]]:
         """The packs of DataLoader worker ``worker`` of ``num_workers`` on this rank (``__iter__`` picks them);
@@ -216,8 +240,9 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         return self._packs(self.epoch, worker, num_workers)
 
     def _packs(self, epoch: int, worker: int, num_workers: int) -> Iterator[list[Any]]:
-        for plan, payloads in _plan_stream(self._items(), self.options, self.world_size, self.buffer_size, epoch,
-                                           worker, num_workers):
+        for plan, payloads in _plan_stream(
+            self._items(), self.options, self.world_size, self.buffer_size, epoch, worker, num_workers
+        ):
             for pack in plan.step_packs[:, self.rank]:
                 yield [payloads[i] for i in plan.pack(int(pack)).tolist()]
 
@@ -294,8 +319,16 @@ def streaming_report(
     Raises:
         The streaming packer's errors (e.g. ``OversizeError`` with ``oversize="error"``, bad options).
     """
-    options = _stream_options(options, vit_capacity=vit_capacity, llm_capacity=llm_capacity, method=method,
-                              seed=seed, drop_last=drop_last, oversize=oversize, cost_model=cost_model)
+    options = _stream_options(
+        options,
+        vit_capacity=vit_capacity,
+        llm_capacity=llm_capacity,
+        method=method,
+        seed=seed,
+        drop_last=drop_last,
+        oversize=oversize,
+        cost_model=cost_model,
+    )
     buffer_size = check_positive_int("buffer_size", buffer_size)
     world_size = check_world_size(world_size)
     num_workers = check_positive_int("num_workers", num_workers)
@@ -303,12 +336,16 @@ def streaming_report(
     lengths = as_lengths(lengths)
     n = len(lengths)
     items = list(zip(range(n), lengths.vit.tolist(), lengths.llm.tolist()))
-    plans = [pp for w in range(num_workers)
-             for pp in _plan_stream(items, options, world_size, buffer_size, epoch, w, num_workers)]
+    plans = [
+        pp
+        for w in range(num_workers)
+        for pp in _plan_stream(items, options, world_size, buffer_size, epoch, w, num_workers)
+    ]
     streaming = balance_report(_merge(plans, options, world_size, n), lengths, options.cost_model)
     try:
         offline: Optional[BalanceReport] = balance_report(
-            plan_packs(lengths, options=options, world_size=world_size, epoch=epoch), lengths, options.cost_model)
+            plan_packs(lengths, options=options, world_size=world_size, epoch=epoch), lengths, options.cost_model
+        )
     except TooFewPacksError:  # drop_last and fewer packs than ranks: the stream dropped (and reported) them
         offline = None
     except ValueError:

@@ -17,12 +17,14 @@ ViT loads are tiles for the InternVL-style classes and patches for the Qwen2-VL-
 text tokens plus the image tokens (256 per InternVL tile, one per 2x2 merged Qwen2-VL patches).
 
 Every sample carries its ViT sequence lengths (``Lengths.vit_seqlens``; :func:`synthetic_samples` also returns
-them apart), the sequences its vision tower attends within, in ViT load units (they sum to the sample's ViT load), in CSR form: ``vit_seqlens[
-vit_seqlens_offsets[i]:vit_seqlens_offsets[i + 1]]`` are sample ``i``'s. InternVL attends within each tile
+them apart), the sequences its vision tower attends within, in ViT load units (they sum to the sample's ViT
+load), in CSR form: ``vit_seqlens[vit_seqlens_offsets[i]:vit_seqlens_offsets[i + 1]]`` are sample ``i``'s.
+InternVL attends within each tile
 (sequences of 1 tile); Qwen2-VL within each image and within each frame group of a video (``grid_t``
 sequences of ``grid_h * grid_w`` patches, its ``cu_seqlens``); text-only samples have none. They are
 derived from what is drawn for the loads, so the loads of a seed do not depend on them.
 """
+
 from __future__ import annotations
 
 from typing import Callable, NamedTuple, Optional
@@ -34,7 +36,7 @@ from .lengths import Lengths, default_lengths
 __all__ = ["DISTRIBUTIONS", "SyntheticSamples", "synthetic_lengths", "synthetic_samples"]
 
 _TOKENS_PER_TILE = 256  # InternVL: 448 px tiles, 1024 patches pixel-shuffled to 256 tokens
-_MERGE = 4              # Qwen2-VL: 2x2 patches merge into one LLM token
+_MERGE = 4  # Qwen2-VL: 2x2 patches merge into one LLM token
 
 
 class SyntheticSamples(NamedTuple):
@@ -144,8 +146,9 @@ def _video_mix(rng: np.random.Generator, n: int) -> SyntheticSamples:
 def _half_text_half_image(rng: np.random.Generator, n: int) -> SyntheticSamples:
     is_text = rng.random(n) < 0.5
     tiles = np.where(is_text, 0, _internvl_tiles(rng, n))
-    text = np.where(is_text, _lognormal_tokens(rng, n, 1_200, 0.9, 32, 16_384),
-                    _lognormal_tokens(rng, n, 80, 0.9, 4, 2_048))
+    text = np.where(
+        is_text, _lognormal_tokens(rng, n, 1_200, 0.9, 32, 16_384), _lognormal_tokens(rng, n, 80, 0.9, 4, 2_048)
+    )
     return _tile_samples(tiles, tiles * _TOKENS_PER_TILE + text)
 
 
@@ -190,8 +193,13 @@ def synthetic_samples(kind: str, n: Optional[int] = 100_000, seed: int = 0) -> S
         raise ValueError(f"n must be a positive integer, got {n!r}")
     rng = np.random.default_rng([seed, sorted(DISTRIBUTIONS).index(kind)])
     drawn = DISTRIBUTIONS[kind](rng, n)  # type: ignore[arg-type]  # n is None only for bundled, which takes it
-    lengths = Lengths(drawn.lengths.vit, drawn.lengths.llm, sources=(f"synthetic:{kind}",),
-                      vit_seqlens=drawn.vit_seqlens, vit_seqlens_offsets=drawn.vit_seqlens_offsets)
+    lengths = Lengths(
+        drawn.lengths.vit,
+        drawn.lengths.llm,
+        sources=(f"synthetic:{kind}",),
+        vit_seqlens=drawn.vit_seqlens,
+        vit_seqlens_offsets=drawn.vit_seqlens_offsets,
+    )
     return drawn._replace(lengths=lengths)
 
 

@@ -1,4 +1,5 @@
 """Shared test setup: the ``gpu`` marker skips without CUDA; nothing here touches CUDA at import."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """An independent pipeline simulator for the tests: the orders of torch.distributed.pipelining (its own code for
 the interleaved and zero-bubble schedules, written out here for GPipe and 1F1B) run through a plain
 longest-path relaxation over the operations, with sends occupying the sender."""
+
 from __future__ import annotations
 
 import types
@@ -28,11 +29,20 @@ def torch_order(schedule: str, ranks: int, micro_batches: int, virtual_stages: i
         return out
     from torch.distributed.pipelining import schedules
 
-    cls = {"interleaved": schedules.ScheduleInterleaved1F1B, "interleaved-zb": schedules.ScheduleInterleavedZeroBubble,
-           "zbv": schedules.ScheduleZBVZeroBubble}[schedule]
+    cls = {
+        "interleaved": schedules.ScheduleInterleaved1F1B,
+        "interleaved-zb": schedules.ScheduleInterleavedZeroBubble,
+        "zbv": schedules.ScheduleZBVZeroBubble,
+    }[schedule]
     rounds = max(1, m // P)
-    fake = types.SimpleNamespace(pp_group_size=P, n_local_stages=v, _n_microbatches=m, num_stages=P * v,
-                                 number_of_rounds=rounds, microbatches_per_round=m // rounds)
+    fake = types.SimpleNamespace(
+        pp_group_size=P,
+        n_local_stages=v,
+        _n_microbatches=m,
+        num_stages=P * v,
+        number_of_rounds=rounds,
+        microbatches_per_round=m // rounds,
+    )
     kinds = {"F": "F", "B": "B", "I": "B", "W": "W"}
     out = []
     for r in range(P):
@@ -59,9 +69,11 @@ def reference_step(orders, f, b, w, comm, rank_of) -> tuple[float, list[int]]:
         for r, ops in enumerate(orders):
             while pos[r] < len(ops):
                 kind, j, i = ops[pos[r]]
-                need = {"F": ("F", j - 1, i) if j > 0 else None,
-                        "B": ("B", j + 1, i) if j < S - 1 else ("F", j, i),
-                        "W": ("B", j, i)}[kind]
+                need = {
+                    "F": ("F", j - 1, i) if j > 0 else None,
+                    "B": ("B", j + 1, i) if j < S - 1 else ("F", j, i),
+                    "W": ("B", j, i),
+                }[kind]
                 if need is not None and need not in end:
                     break
                 start = max(free[r], end[need] if need else 0.0)

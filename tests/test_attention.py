@@ -1,4 +1,5 @@
 """varlen_attention against a per-sequence explicit-softmax reference: values, gradients, errors, backends."""
+
 from __future__ import annotations
 
 import inspect
@@ -24,8 +25,16 @@ def _cu(lengths: list[int], device: str | torch.device = "cpu") -> torch.Tensor:
     return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
 
 
-def _qkv(total: int, heads: int, kv_heads: int, head_dim: int, dtype=torch.float32, device="cpu",
-         total_k: int | None = None, seed: int = 0):
+def _qkv(
+    total: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype=torch.float32,
+    device="cpu",
+    total_k: int | None = None,
+    seed: int = 0,
+):
     gen = torch.Generator().manual_seed(seed)
     total_k = total if total_k is None else total_k
     q = torch.randn(total, heads, head_dim, generator=gen, dtype=torch.float32)
@@ -69,8 +78,9 @@ def test_random_lengths_match_reference() -> None:
         q, k, v = _qkv(sum(lengths), 4, 2, 8, seed=trial)
         causal = bool(trial % 2)
         out = varlen_attention(q, k, v, cu, max(lengths), causal=causal)
-        torch.testing.assert_close(out, varlen_attention_reference(q, k, v, cu, causal=causal),
-                                   atol=ATOL_F32, rtol=RTOL_F32)
+        torch.testing.assert_close(
+            out, varlen_attention_reference(q, k, v, cu, causal=causal), atol=ATOL_F32, rtol=RTOL_F32
+        )
 
 
 def test_sequences_do_not_see_each_other() -> None:
@@ -92,8 +102,9 @@ def test_softmax_scale() -> None:
     cu = _cu(lengths)
     q, k, v = _qkv(39, 2, 1, 8)
     out = varlen_attention(q, k, v, cu, 30, softmax_scale=0.05)
-    torch.testing.assert_close(out, varlen_attention_reference(q, k, v, cu, softmax_scale=0.05),
-                               atol=ATOL_F32, rtol=RTOL_F32)
+    torch.testing.assert_close(
+        out, varlen_attention_reference(q, k, v, cu, softmax_scale=0.05), atol=ATOL_F32, rtol=RTOL_F32
+    )
     assert not torch.allclose(out, varlen_attention(q, k, v, cu, 30), atol=1e-3)
 
 
@@ -122,13 +133,17 @@ def test_bfloat16_error_within_twice_torch_error() -> None:
     ref = varlen_attention_reference(q, k, v, cu).double()
     qb, kb, vb = (x.bfloat16() for x in (q, k, v))
     ours = varlen_attention(qb, kb, vb, cu, 97).double()
-    torch_same_dtype = torch.cat([
-        F.scaled_dot_product_attention(
-            qb[s:e].transpose(0, 1), kb[s:e].repeat_interleave(2, 1).transpose(0, 1),
-            vb[s:e].repeat_interleave(2, 1).transpose(0, 1), is_causal=True,
-        ).transpose(0, 1)
-        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())
-    ]).double()
+    torch_same_dtype = torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                qb[s:e].transpose(0, 1),
+                kb[s:e].repeat_interleave(2, 1).transpose(0, 1),
+                vb[s:e].repeat_interleave(2, 1).transpose(0, 1),
+                is_causal=True,
+            ).transpose(0, 1)
+            for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())
+        ]
+    ).double()
     ours_err = (ours - ref).abs().max().item()
     torch_err = (torch_same_dtype - ref).abs().max().item()
     assert 0 < torch_err and ours_err <= 2 * torch_err + 1e-6
@@ -152,8 +167,10 @@ def test_gradients_match_reference(causal: bool) -> None:
     base = _qkv(sum(lengths), 4, 2, 16)
     grad_out = torch.randn(sum(lengths), 4, 16, generator=torch.Generator().manual_seed(3))
     grads = []
-    for fn in (lambda a, b, c: varlen_attention(a, b, c, cu, 97, causal=causal),
-               lambda a, b, c: varlen_attention_reference(a, b, c, cu, causal=causal)):
+    for fn in (
+        lambda a, b, c: varlen_attention(a, b, c, cu, 97, causal=causal),
+        lambda a, b, c: varlen_attention_reference(a, b, c, cu, causal=causal),
+    ):
         inputs = [x.clone().requires_grad_() for x in base]
         fn(*inputs).backward(grad_out)
         grads.append([x.grad for x in inputs])
@@ -181,9 +198,12 @@ def test_sdpa_values_and_gradients_match_the_per_sequence_reference(
     grad_out = torch.randn(sum(lengths_q), heads[0], 8, generator=torch.Generator().manual_seed(seed + 1))
     keys = {} if same_keys else dict(cu_seqlens_k=cu_k, max_seqlen_k=max(lengths_k))
     results = []
-    for fn in (lambda a, b, c: varlen_attention(a, b, c, cu_q, max(lengths_q), causal=causal, backend="sdpa", **keys),
-               lambda a, b, c: varlen_attention_reference(a, b, c, cu_q, causal=causal,
-                                                          cu_seqlens_k=None if same_keys else cu_k)):
+    for fn in (
+        lambda a, b, c: varlen_attention(a, b, c, cu_q, max(lengths_q), causal=causal, backend="sdpa", **keys),
+        lambda a, b, c: varlen_attention_reference(
+            a, b, c, cu_q, causal=causal, cu_seqlens_k=None if same_keys else cu_k
+        ),
+    ):
         inputs = [x.clone().requires_grad_() for x in base]
         out = fn(*inputs)
         out.backward(grad_out)
@@ -244,8 +264,9 @@ def test_sdpa_backend_pads_nothing(monkeypatch: pytest.MonkeyPatch, causal: bool
     lengths = [200, 16, 3, 16, 101, 16, 0, 7]
     q, k, v = _qkv(sum(lengths), 4, 2, 8)
     out = varlen_attention(q, k, v, _cu(lengths), 200, causal=causal, backend="sdpa")
-    torch.testing.assert_close(out, varlen_attention_reference(q, k, v, _cu(lengths), causal=causal),
-                               atol=ATOL_F32, rtol=RTOL_F32)
+    torch.testing.assert_close(
+        out, varlen_attention_reference(q, k, v, _cu(lengths), causal=causal), atol=ATOL_F32, rtol=RTOL_F32
+    )
     assert sum(n * lq for n, lq, _ in calls) == sum(lengths)
     assert sum(n * lq * lk for n, lq, lk in calls) == sum(x * x for x in lengths)
     assert sorted(calls) == [(1, 3, 3), (1, 7, 7), (1, 101, 101), (1, 200, 200), (3, 16, 16)]
@@ -269,10 +290,16 @@ def _valid_args():
         (dict(cu_seqlens=torch.tensor([[0, 3, 8]], dtype=torch.int32)), ValueError, r"cu_seqlens must have shape"),
         (dict(cu_seqlens=torch.tensor([8], dtype=torch.int32)), ValueError, r"cu_seqlens must have shape"),
         (dict(cu_seqlens=torch.tensor([1, 3, 8], dtype=torch.int32)), ValueError, "cu_seqlens must start at 0"),
-        (dict(cu_seqlens=torch.tensor([0, 6, 3, 8], dtype=torch.int32)), ValueError,
-         r"non-decreasing, but cu_seqlens\[2\] = 3 < cu_seqlens\[1\] = 6"),
-        (dict(cu_seqlens=torch.tensor([0, 3, 7], dtype=torch.int32)), ValueError,
-         r"cu_seqlens\[-1\] = 7 must equal the number of tokens 8"),
+        (
+            dict(cu_seqlens=torch.tensor([0, 6, 3, 8], dtype=torch.int32)),
+            ValueError,
+            r"non-decreasing, but cu_seqlens\[2\] = 3 < cu_seqlens\[1\] = 6",
+        ),
+        (
+            dict(cu_seqlens=torch.tensor([0, 3, 7], dtype=torch.int32)),
+            ValueError,
+            r"cu_seqlens\[-1\] = 7 must equal the number of tokens 8",
+        ),
         (dict(max_seqlen=4), ValueError, r"max_seqlen = 4 is smaller than the longest segment"),
         (dict(max_seqlen=5.0), TypeError, "max_seqlen must be a Python int"),
         (dict(max_seqlen=-1), ValueError, "max_seqlen must be >= 0"),
@@ -288,14 +315,26 @@ def _valid_args():
         (dict(backend="torch_varlen"), RuntimeError, "backend 'torch_varlen' cannot be used"),
         (dict(dropout_p=1.0), ValueError, "dropout_p"),
         (dict(softmax_scale=-1.0), ValueError, "softmax_scale"),
-        (dict(cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32), max_seqlen_k=8), ValueError,
-         "cu_seqlens_k has 2 entries but cu_seqlens has 3"),
-        (dict(cu_seqlens_k=torch.tensor([0, 4, 8], dtype=torch.int32)), ValueError,
-         "cu_seqlens_k given without max_seqlen_k"),
-        (dict(cu_seqlens_k=torch.tensor([0, 4, 9], dtype=torch.int32), max_seqlen_k=5), ValueError,
-         r"cu_seqlens_k\[-1\] = 9 must equal the number of tokens 8"),
-        (dict(cu_seqlens_k=torch.tensor([0, 2, 8], dtype=torch.int32), max_seqlen_k=5), ValueError,
-         r"max_seqlen_k = 5 is smaller than the longest segment in cu_seqlens_k \(6\)"),
+        (
+            dict(cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32), max_seqlen_k=8),
+            ValueError,
+            "cu_seqlens_k has 2 entries but cu_seqlens has 3",
+        ),
+        (
+            dict(cu_seqlens_k=torch.tensor([0, 4, 8], dtype=torch.int32)),
+            ValueError,
+            "cu_seqlens_k given without max_seqlen_k",
+        ),
+        (
+            dict(cu_seqlens_k=torch.tensor([0, 4, 9], dtype=torch.int32), max_seqlen_k=5),
+            ValueError,
+            r"cu_seqlens_k\[-1\] = 9 must equal the number of tokens 8",
+        ),
+        (
+            dict(cu_seqlens_k=torch.tensor([0, 2, 8], dtype=torch.int32), max_seqlen_k=5),
+            ValueError,
+            r"max_seqlen_k = 5 is smaller than the longest segment in cu_seqlens_k \(6\)",
+        ),
         (dict(max_seqlen_k=7), ValueError, "max_seqlen_k given without cu_seqlens_k"),
     ],
 )
@@ -308,7 +347,7 @@ def test_bad_input_names_the_argument(change: dict, error: type, match: str) -> 
 
 def test_cuda_backend_rejects_cpu_tensors_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
     # even with the module importable, a CPU tensor is refused by name, not sent to a CUDA kernel
-    monkeypatch.setattr(attention, "_flash_attn_varlen_func", lambda: (lambda *a, **kw: None))
+    monkeypatch.setattr(attention, "_flash_attn_varlen_func", lambda: lambda *a, **kw: None)
     with pytest.raises(RuntimeError, match="only on CUDA tensors, got q on cpu"):
         varlen_attention(**_valid_args(), backend="flash_attn")
 
@@ -323,13 +362,29 @@ def _fake_varlen_old(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_cau
     return varlen_attention_reference(query, key, value, cu_seq_q, causal=is_causal, cu_seqlens_k=cu_seq_k)
 
 
-def _fake_varlen_new(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                     window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+def _fake_varlen_new(
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    *,
+    return_aux=None,
+    scale=None,
+    window_size=(-1, -1),
+    enable_gqa=False,
+    seqused_k=None,
+    block_table=None,
+    num_splits=None,
+):
     """torch >= 2.12 shape: window_size instead of is_causal, scale, enable_gqa."""
     assert tuple(window_size) in ((-1, -1), (-1, 0))
     assert enable_gqa or key.shape[1] == query.shape[1]
-    return varlen_attention_reference(query, key, value, cu_seq_q, causal=tuple(window_size) == (-1, 0),
-                                      softmax_scale=scale, cu_seqlens_k=cu_seq_k)
+    return varlen_attention_reference(
+        query, key, value, cu_seq_q, causal=tuple(window_size) == (-1, 0), softmax_scale=scale, cu_seqlens_k=cu_seq_k
+    )
 
 
 @pytest.mark.parametrize("fake", [_fake_varlen_old, _fake_varlen_new], ids=["old_signature", "new_signature"])
@@ -368,13 +423,17 @@ def _cuda_case(backend: str, dtype: torch.dtype, causal: bool, heads: int, kv_he
     out = varlen_attention(q, k, v, cu, 1025, causal=causal, backend=backend)
     assert out.dtype == dtype and out.shape == q.shape
     group = heads // kv_heads
-    same_dtype = torch.cat([
-        F.scaled_dot_product_attention(
-            q[s:e].detach().transpose(0, 1), k[s:e].detach().repeat_interleave(group, 1).transpose(0, 1),
-            v[s:e].detach().repeat_interleave(group, 1).transpose(0, 1), is_causal=causal,
-        ).transpose(0, 1)
-        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())
-    ]).double()
+    same_dtype = torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                q[s:e].detach().transpose(0, 1),
+                k[s:e].detach().repeat_interleave(group, 1).transpose(0, 1),
+                v[s:e].detach().repeat_interleave(group, 1).transpose(0, 1),
+                is_causal=causal,
+            ).transpose(0, 1)
+            for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())
+        ]
+    ).double()
     ours_err = (out.detach().double() - ref).abs().max().item()
     torch_err = (same_dtype - ref).abs().max().item()
     assert ours_err <= 2 * torch_err + 1e-5, (ours_err, torch_err)

@@ -1,5 +1,6 @@
 """Planning: exact agreement with slow references, invariants (hypothesis), the reference code's defects
 tested away, oversize policies, ragged tails, determinism and epochs."""
+
 from __future__ import annotations
 
 import random
@@ -104,14 +105,28 @@ def test_plan_invariants(n, world_size, method, drop_last, seed, data_seed):
     vit_cap = int(lengths.vit.max()) + 4
     llm_cap = int(lengths.llm.max()) + 1000
     try:
-        plan = plan_packs(lengths, world_size=world_size, method=method, vit_capacity=vit_cap, llm_capacity=llm_cap,
-                          drop_last=drop_last, seed=seed)
+        plan = plan_packs(
+            lengths,
+            world_size=world_size,
+            method=method,
+            vit_capacity=vit_cap,
+            llm_capacity=llm_cap,
+            drop_last=drop_last,
+            seed=seed,
+        )
     except ValueError as exc:  # only allowed when drop_last leaves no step at all
         assert drop_last and "no step is left" in str(exc)
         return
     _check_plan(plan, lengths)
-    again = plan_packs(lengths, world_size=world_size, method=method, vit_capacity=vit_cap, llm_capacity=llm_cap,
-                       drop_last=drop_last, seed=seed)
+    again = plan_packs(
+        lengths,
+        world_size=world_size,
+        method=method,
+        vit_capacity=vit_cap,
+        llm_capacity=llm_cap,
+        drop_last=drop_last,
+        seed=seed,
+    )
     assert again.fingerprint() == plan.fingerprint()
 
 
@@ -133,8 +148,9 @@ def test_oversize_samples_are_never_silently_lost(n, method, policy, seed, data_
     llm = lengths.llm.copy()
     llm[over] = 5000
     lengths = Lengths(lengths.vit, llm)
-    plan = plan_packs(lengths, world_size=3, method=method, vit_capacity=8, llm_capacity=2000, oversize=policy,
-                      seed=seed)
+    plan = plan_packs(
+        lengths, world_size=3, method=method, vit_capacity=8, llm_capacity=2000, oversize=policy, seed=seed
+    )
     assert sorted(plan.oversize_samples.tolist()) == np.flatnonzero(over).tolist()
     _check_plan(plan, lengths)
     report = balance_report(plan, lengths)
@@ -213,8 +229,10 @@ def test_plan_is_bit_identical_to_the_recorded_one():
     # Guards the cross-platform promise: the RNG and the algorithms are integer-exact, so this plan is the
     # same on every platform. Changing the engine's randomness on purpose means updating this hash.
     lengths = Lengths(np.arange(200) % 6, 100 + (np.arange(200) * 37) % 1900)
-    fingerprints = [plan_packs(lengths, world_size=4, method=m, vit_capacity=12, llm_capacity=5000, seed=3).fingerprint()
-                    for m in METHODS]
+    fingerprints = [
+        plan_packs(lengths, world_size=4, method=m, vit_capacity=12, llm_capacity=5000, seed=3).fingerprint()
+        for m in METHODS
+    ]
     assert fingerprints == RECORDED_FINGERPRINTS
 
 
@@ -230,8 +248,13 @@ def test_ragged_tail_reused_or_dropped_and_reported():
     assert drop.num_steps == 2 and drop.dropped_samples.size == 2
     assert balance_report(drop, lengths).dropped == 2
     with pytest.raises(TooFewPacksError, match="no step is left"):
-        plan_packs(Lengths(np.ones(3, np.int64), np.full(3, 100)), world_size=4, vit_capacity=1, llm_capacity=100,
-                   drop_last=True)
+        plan_packs(
+            Lengths(np.ones(3, np.int64), np.full(3, 100)),
+            world_size=4,
+            vit_capacity=1,
+            llm_capacity=100,
+            drop_last=True,
+        )
 
 
 def test_fewer_samples_than_ranks_fills_by_reuse():

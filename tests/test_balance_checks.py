@@ -1,4 +1,5 @@
 """Argument checks and error types of the planning functions (the planning results are in test_balance.py)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,17 +1,17 @@
 """Balance on every distribution class and at larger world sizes; capacities that fit the data; leftover packs
 of one chunk merged with the others'."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_balance import _check_plan
 
 from omnibal_kernels import Lengths, OversizeError, balance_report, plan_packs, search_capacity
 from omnibal_kernels.balance import CostModel, load_trend, pack_lower_bounds, repeated_pack_share
 from omnibal_kernels.synthetic import DISTRIBUTIONS, synthetic_lengths
-
-from test_balance import _check_plan
 
 
 @pytest.fixture(scope="module", params=sorted(DISTRIBUTIONS))
@@ -55,8 +55,7 @@ def test_user_capacities_are_honoured_and_the_oversize_policy_applies():
 
 
 @settings(max_examples=30, deadline=None)
-@given(n=st.integers(1, 300), target=st.floats(0.5, 30), data_seed=st.integers(0, 2**32),
-       text_share=st.floats(0, 1))
+@given(n=st.integers(1, 300), target=st.floats(0.5, 30), data_seed=st.integers(0, 2**32), text_share=st.floats(0, 1))
 def test_fitted_capacities_hold_every_sample(n, target, data_seed, text_share):
     rng = np.random.default_rng(data_seed)
     vit = np.where(rng.random(n) < text_share, 0, rng.integers(1, 3000, n))
@@ -68,8 +67,12 @@ def test_fitted_capacities_hold_every_sample(n, target, data_seed, text_share):
 
 # --- the assignment: every step's cost balanced, at every world size -----------------------------------------
 
-CASES = [("text_long_tail", 8, 20_000), ("single_image_short_text", 64, 40_000), ("patch_multires", 64, 40_000),
-         ("video_mix", 64, 40_000)]
+CASES = [
+    ("text_long_tail", 8, 20_000),
+    ("single_image_short_text", 64, 40_000),
+    ("patch_multires", 64, 40_000),
+    ("video_mix", 64, 40_000),
+]
 
 
 @pytest.mark.parametrize("kind, world_size, n", CASES)
@@ -125,8 +128,14 @@ def test_swaps_keep_every_sample_once_and_capacities(n, world_size, drop_last, o
     if oversize:  # a few samples over the LLM capacity, as singles (_check_plan takes dropped oversize
         llm_cap = int(np.quantile(llm, 0.97))  # samples for oversize="drop": no drop_last with them)
         drop_last = False
-    kwargs = dict(world_size=world_size, vit_capacity=vit_cap, llm_capacity=llm_cap, drop_last=drop_last,
-                  oversize="single", seed=seed)
+    kwargs = dict(
+        world_size=world_size,
+        vit_capacity=vit_cap,
+        llm_capacity=llm_cap,
+        drop_last=drop_last,
+        oversize="single",
+        seed=seed,
+    )
     try:
         plan = plan_packs(lengths, **kwargs)
     except ValueError as exc:
@@ -143,8 +152,9 @@ def test_capacity_far_above_a_chunk_gives_full_packs():
     # Packs are formed in chunks of 16k samples; with a capacity far above a chunk's load, every chunk used
     # to leave one pack of its own (10M one-token samples at 2**30 gave 611 packs).
     n = 200_000
-    plan = plan_packs(Lengths(np.zeros(n, np.int64), np.ones(n, np.int64)), world_size=1, vit_capacity=0,
-                      llm_capacity=2**30)
+    plan = plan_packs(
+        Lengths(np.zeros(n, np.int64), np.ones(n, np.int64)), world_size=1, vit_capacity=0, llm_capacity=2**30
+    )
     assert plan.num_packs == 1 and plan.pack_sizes()[0] == n
     # two capacities: a merged pack must hold both loads
     lengths = Lengths(np.ones(n, np.int64), np.full(n, 3, np.int64))
@@ -159,8 +169,9 @@ def test_groups_get_the_same_balance(kind):
     from omnibal_kernels import BalancedBatchSampler
 
     lengths = synthetic_lengths(kind, 20_000, seed=5)
-    sampler = BalancedBatchSampler(lengths, world_size=8, rank=0, groups=(lengths.vit > 0).astype(np.int64),
-                                   oversize="single")
+    sampler = BalancedBatchSampler(
+        lengths, world_size=8, rank=0, groups=(lengths.vit > 0).astype(np.int64), oversize="single"
+    )
     report = sampler.balance_report()
     assert report.step_efficiency >= 0.995
     assert report.micro_vit_dist <= 0.005

@@ -1,4 +1,5 @@
 """The targets on the real InternVL-Chat SFT loads (70,706 samples, 8 ranks, 4 samples per pack)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,8 +40,10 @@ def test_balanced_meets_the_targets_and_beats_isf(lengths, capacities):
     assert report.step_efficiency >= 0.999
     assert max(report.vit_fill, report.llm_fill) >= 0.98
     assert report.dropped == 0 and report.duplicated < 8 * 6  # only the ragged tail
-    isf = balance_report(plan_packs(lengths, world_size=8, method="isf", vit_capacity=plan.vit_capacity,
-                                    llm_capacity=plan.llm_capacity), lengths)
+    isf = balance_report(
+        plan_packs(lengths, world_size=8, method="isf", vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity),
+        lengths,
+    )
     assert report.llm_dist < isf.llm_dist / 10 and report.step_efficiency > isf.step_efficiency
     assert report.num_packs <= isf.num_packs * 1.002  # balance costs no packs
 

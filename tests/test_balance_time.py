@@ -1,6 +1,7 @@
 """The balanced method balances what a step waits for, its costliest pack: the packs' count made whole, the
 exchanges of the step refinement (never worse than the packs sorted by cost), their invariants, and the
 epoch cost over the ideal on the synthetic classes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,8 +47,9 @@ _costs = st.tuples(*(st.sampled_from([0.0, 1e-3, 0.5, 2.0]) for _ in range(6)))
     seed=st.integers(0, 2**64 - 1),
     data_seed=st.integers(0, 2**32 - 1),
 )
-def test_exchanges_keep_invariants_and_never_raise_the_epoch_cost(n, world_size, terms, drop_last,
-                                                                   pack_room, seed, data_seed):
+def test_exchanges_keep_invariants_and_never_raise_the_epoch_cost(
+    n, world_size, terms, drop_last, pack_room, seed, data_seed
+):
     rng = np.random.default_rng(data_seed)
     vit = np.where(rng.random(n) < 0.3, 0, rng.integers(1, 2000, n))
     llm = vit // 4 + rng.integers(1, 3000, n)
@@ -92,8 +94,9 @@ def test_costliest_packs_split_into_whole_steps(n, world_size, drop_last, seed, 
     rng = np.random.default_rng(data_seed)
     lengths = Lengths(rng.integers(0, 5, n), rng.integers(1, 500, n))
     try:
-        plan = plan_packs(lengths, world_size=world_size, vit_capacity=12, llm_capacity=1500, drop_last=drop_last,
-                          seed=seed)
+        plan = plan_packs(
+            lengths, world_size=world_size, vit_capacity=12, llm_capacity=1500, drop_last=drop_last, seed=seed
+        )
     except ValueError as exc:  # fewer packs than ranks and nothing to split them into a whole step
         assert drop_last and "no step is left" in str(exc)
         return
@@ -114,12 +117,15 @@ def test_split_packs_fill_a_step_that_best_fit_leaves_ragged():
     assert sorted(free.pack_sizes().tolist()) == [5, 5, 10, 10]  # all costs 0: split by count, nothing to move
 
 
-@pytest.mark.parametrize("kind, cost, world_size, n, bound", [
-    ("patch_multires", qwen2vl_7b_cost(), 64, 70_000, 1.005),
-    ("many_images_long_text", CostModel.internvl_7b(), 64, 70_000, 1.005),
-    ("video_mix", qwen2vl_7b_cost(), 8, 70_000, 1.005),
-    ("patch_multires", qwen2vl_7b_cost(), 512, 160_000, 1.02),
-])
+@pytest.mark.parametrize(
+    "kind, cost, world_size, n, bound",
+    [
+        ("patch_multires", qwen2vl_7b_cost(), 64, 70_000, 1.005),
+        ("many_images_long_text", CostModel.internvl_7b(), 64, 70_000, 1.005),
+        ("video_mix", qwen2vl_7b_cost(), 8, 70_000, 1.005),
+        ("patch_multires", qwen2vl_7b_cost(), 512, 160_000, 1.02),
+    ],
+)
 def test_epoch_cost_near_the_ideal(kind, cost, world_size, n, bound):
     lengths = _with_seqlens(kind, n, seed=1)
     plan = plan_packs(lengths, world_size=world_size, cost_model=cost)
@@ -134,8 +140,9 @@ def test_epoch_cost_near_the_ideal(kind, cost, world_size, n, bound):
 def _stage_costs(plan, lengths: Lengths, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """``(num_steps, world_size)`` ViT and LLM cost of every slot's pack (per_sample and per_pack: LLM)."""
     vit = CostModel(vit_linear=cost.vit_linear, vit_quadratic=cost.vit_quadratic)
-    llm = CostModel(llm_linear=cost.llm_linear, llm_quadratic=cost.llm_quadratic, per_sample=cost.per_sample,
-                    per_pack=cost.per_pack)
+    llm = CostModel(
+        llm_linear=cost.llm_linear, llm_quadratic=cost.llm_quadratic, per_sample=cost.per_sample, per_pack=cost.per_pack
+    )
     return vit.pack_costs(lengths, plan)[plan.step_packs], llm.pack_costs(lengths, plan)[plan.step_packs]
 
 
@@ -161,8 +168,14 @@ def test_stage_exchanges_keep_invariants_and_never_raise_a_step(n, world_size, t
     vit = np.where(rng.random(n) < 0.3, 0, rng.integers(1, 2000, n))
     lengths = Lengths(vit, vit // 4 + rng.integers(1, 3000, n))
     cost = CostModel(*terms)
-    kwargs = dict(world_size=world_size, cost_model=cost, objective="stages", seed=seed,
-                  vit_capacity=int(max(vit.max(), 1) * pack_room), llm_capacity=int(lengths.llm.max() * pack_room))
+    kwargs = dict(
+        world_size=world_size,
+        cost_model=cost,
+        objective="stages",
+        seed=seed,
+        vit_capacity=int(max(vit.max(), 1) * pack_room),
+        llm_capacity=int(lengths.llm.max() * pack_room),
+    )
     plan = plan_packs(lengths, **kwargs)
     assert plan.fingerprint() == plan_packs(lengths, **kwargs).fingerprint()
     with pytest.MonkeyPatch.context() as mp:
@@ -186,8 +199,9 @@ def test_stages_balance_each_stage():
     cost, world_size = qwen2vl_7b_cost(), 64
     per_stage = {}
     for objective in ("time", "stages"):
-        vit, llm = _stage_costs(plan_packs(lengths, world_size=world_size, cost_model=cost, objective=objective),
-                                lengths, cost)
+        vit, llm = _stage_costs(
+            plan_packs(lengths, world_size=world_size, cost_model=cost, objective=objective), lengths, cost
+        )
         per_stage[objective] = [x.max(axis=1).sum() / (x.sum() / world_size) for x in (vit, llm)]
     assert max(per_stage["stages"]) <= 1.025
     assert all(s < t for s, t in zip(per_stage["stages"], per_stage["time"]))

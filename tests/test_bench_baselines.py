@@ -1,4 +1,5 @@
 """The suite's baselines and step-time simulation against slow references and hand-computed cases."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,12 +22,12 @@ from omnibal_kernels.bench.baselines import (
     verl_workload,
 )
 from omnibal_kernels.bench.ddp import padded_batch
-from omnibal_kernels.testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
 from omnibal_kernels.bench.quality import coverage
 from omnibal_kernels.bench.simulate import epoch_time, ideal_time, padding_fraction, rank_costs
 from omnibal_kernels.lengths import Lengths
 from omnibal_kernels.packing import pack_batch
 from omnibal_kernels.testing import causal_lm_loss
+from omnibal_kernels.testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
 
 
 def _lengths(draw_vit: list[int], draw_llm: list[int]) -> Lengths:
@@ -34,8 +35,9 @@ def _lengths(draw_vit: list[int], draw_llm: list[int]) -> Lengths:
 
 
 loads = st.integers(1, 60).flatmap(
-    lambda n: st.tuples(st.lists(st.integers(0, 9), min_size=n, max_size=n),
-                        st.lists(st.integers(1, 500), min_size=n, max_size=n))
+    lambda n: st.tuples(
+        st.lists(st.integers(0, 9), min_size=n, max_size=n), st.lists(st.integers(1, 500), min_size=n, max_size=n)
+    )
 )
 
 
@@ -90,7 +92,7 @@ def _ldm_reference(costs: list[float], k: int, equal_size: bool) -> list[int]:
     spread (then largest set, then lowest id) absorbs the next one, its largest set with the other's smallest."""
     order = sorted(range(len(costs)), key=lambda i: (costs[i], i))
     if equal_size:
-        states = [[[i] for i in reversed(order[r * k:(r + 1) * k])] for r in range(len(costs) // k)]
+        states = [[[i] for i in reversed(order[r * k : (r + 1) * k])] for r in range(len(costs) // k)]
     else:
         states = [[[i]] + [[] for _ in range(k - 1)] for i in order]
 
@@ -135,8 +137,9 @@ def test_karmarkar_karp_plan_covers_and_caps(data, world_size: int, batch: int, 
     lengths = _lengths(*data)
     capacity = int(lengths.llm.max()) + 50
     costs = verl_workload(lengths.llm)
-    result = karmarkar_karp_plan(lengths, world_size=world_size, batch_size=batch, llm_capacity=capacity,
-                                 vit_capacity=5, seed=seed)
+    result = karmarkar_karp_plan(
+        lengths, world_size=world_size, batch_size=batch, llm_capacity=capacity, vit_capacity=5, seed=seed
+    )
     plan, steps = result.plan, result.micro_offsets
     group = world_size * batch
     padded = random_padded_plan(lengths, world_size=world_size, batch_size=batch, seed=seed)
@@ -144,8 +147,8 @@ def test_karmarkar_karp_plan_covers_and_caps(data, world_size: int, batch: int, 
     assert (plan.pack_sizes() > 0).all() and plan.step_packs.shape == (int(steps[-1]), world_size)
     order = padded.pack_samples
     for g in range(len(steps) - 1):
-        batch_ids = order[g * group:(g + 1) * group]
-        rows = plan.step_packs[steps[g]:steps[g + 1]]
+        batch_ids = order[g * group : (g + 1) * group]
+        rows = plan.step_packs[steps[g] : steps[g + 1]]
         ranks = [np.concatenate([plan.pack(p) for p in rows[:, r]]) for r in range(world_size)]
         assert sorted(np.concatenate(ranks).tolist()) == sorted(batch_ids.tolist())
         assert all(len(r) == batch for r in ranks)  # equal-size parts
@@ -155,8 +158,9 @@ def test_karmarkar_karp_plan_covers_and_caps(data, world_size: int, batch: int, 
     totals = accumulated_step_costs(result, np.array([costs[plan.pack(p)].sum() for p in range(plan.num_packs)]))
     assert totals.shape == (len(steps) - 1, world_size)
     assert totals.sum() == pytest.approx(costs[plan.slot_samples()].sum())
-    again = karmarkar_karp_plan(lengths, world_size=world_size, batch_size=batch, llm_capacity=capacity,
-                                vit_capacity=5, seed=seed)
+    again = karmarkar_karp_plan(
+        lengths, world_size=world_size, batch_size=batch, llm_capacity=capacity, vit_capacity=5, seed=seed
+    )
     assert np.array_equal(again.plan.pack_samples, plan.pack_samples)
 
 
@@ -164,16 +168,18 @@ def test_karmarkar_karp_plan_balances_cost_and_counts_capacity_misses() -> None:
     # one global batch of 2 ranks x 2 samples: costs 8, 7, 6, 5 -> {8, 5} and {7, 6}, whatever the permutation
     costs = np.array([8.0, 7.0, 6.0, 5.0])
     lengths = _lengths([9, 0, 0, 9], [10, 10, 10, 10])
-    result = karmarkar_karp_plan(lengths, world_size=2, batch_size=2, llm_capacity=40, vit_capacity=10,
-                                 costs=costs, seed=3)
+    result = karmarkar_karp_plan(
+        lengths, world_size=2, batch_size=2, llm_capacity=40, vit_capacity=10, costs=costs, seed=3
+    )
     plan = result.plan
     assert sorted(sorted(costs[plan.pack(p)].tolist()) for p in range(plan.num_packs)) == [[5.0, 8.0], [6.0, 7.0]]
     assert result.micro_offsets.tolist() == [0, 1]
     assert over_vit_capacity(plan, lengths) == 0.5  # {8, 5} holds 18 ViT units, over 10
     # 50 tokens on the rank of {8, 5}, over a cap of 40: every rank runs 2 micro-steps, heaviest first
     lengths = _lengths([9, 0, 0, 9], [10, 10, 10, 40])
-    result = karmarkar_karp_plan(lengths, world_size=2, batch_size=2, llm_capacity=40, vit_capacity=10,
-                                 costs=costs, seed=3)
+    result = karmarkar_karp_plan(
+        lengths, world_size=2, batch_size=2, llm_capacity=40, vit_capacity=10, costs=costs, seed=3
+    )
     plan = result.plan
     assert result.micro_offsets.tolist() == [0, 2]
     steps = [sorted(costs[plan.pack(p)].sum() for p in row) for row in plan.step_packs]
@@ -195,7 +201,7 @@ def _llava_reference(llm: np.ndarray, order: np.ndarray, world_size: int, batch:
     steps = []
     mega = world_size * batch
     for start in range(0, len(order), mega):
-        group = sorted(order[start:start + mega].tolist(), key=lambda i: -llm[i])  # stable on ties
+        group = sorted(order[start : start + mega].tolist(), key=lambda i: -llm[i])  # stable on ties
         chunks: list[list[int]] = [[] for _ in range(world_size)]
         totals = [0] * world_size
         for i in group:
@@ -217,7 +223,7 @@ def test_length_grouped_matches_reference(data, world_size: int, batch: int, see
     got = [[plan.pack(p).tolist() for p in step] for step in plan.step_packs]
     # the megabatch holding the longest sample goes first, the others keep their order
     first = max(range(len(expected)), key=lambda s: (max(lengths.llm[i] for c in expected[s] for i in c), -s))
-    assert got == [expected[first]] + expected[:first] + expected[first + 1:]
+    assert got == [expected[first]] + expected[:first] + expected[first + 1 :]
     n = len(lengths)
     dropped, duplicated = coverage(plan, n)
     assert dropped == 0 and duplicated == (-n) % (world_size * batch)
@@ -261,8 +267,9 @@ def test_no_method_beats_the_limit(data, world_size: int, method: str) -> None:
     lengths = _lengths(*data)
     cost = CostModel.internvl_7b()
     if method in ("balanced", "random"):
-        plan = plan_packs(lengths, world_size=world_size, method=method, vit_capacity=9, llm_capacity=500,
-                          cost_model=cost)
+        plan = plan_packs(
+            lengths, world_size=world_size, method=method, vit_capacity=9, llm_capacity=500, cost_model=cost
+        )
     elif method == "random_padded":
         plan = random_padded_plan(lengths, world_size=world_size, batch_size=2)
     else:

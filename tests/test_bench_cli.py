@@ -1,4 +1,5 @@
 """``omnibal-kernels bench --quick`` runs end to end (so the suite cannot rot) and ``plan --plot`` draws."""
+
 from __future__ import annotations
 
 import json
@@ -18,15 +19,30 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "omnibal_kernels", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "omnibal_kernels", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
 def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
     # the subprocess timeout is the time bound: a slower run raises TimeoutExpired and fails the test
-    proc = _cli("bench", "--quick", "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md"),
-                "--plot", str(tmp_path / "png"), timeout=180)
+    proc = _cli(
+        "bench",
+        "--quick",
+        "--json",
+        str(tmp_path / "r.json"),
+        "--markdown",
+        str(tmp_path / "r.md"),
+        "--plot",
+        str(tmp_path / "png"),
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
 
@@ -41,7 +57,8 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
         assert isinstance(ddp[key], float) and ddp[key] >= 0, key
     assert ddp["random_s"] > 0 and ddp["balanced_s"] > 0
     assert ddp["speedup"] == pytest.approx(
-        (ddp["balanced_tokens"] / ddp["balanced_s"]) / (ddp["random_tokens"] / ddp["random_s"]))
+        (ddp["balanced_tokens"] / ddp["balanced_s"]) / (ddp["random_tokens"] / ddp["random_s"])
+    )
     # the calibrated model's prediction of the same run, rank by rank (how close is the report's, not a test's)
     for mode in ("random", "balanced"):
         assert len(ddp[f"{mode}_busy_s"]) == len(ddp[f"{mode}_busy_predicted_s"]) == ddp["world_size"] == 2
@@ -49,14 +66,23 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
     assert ddp["speedup_predicted"] > 0 and ddp["busy_error_max"] >= 0 and isinstance(ddp["misses"], list)
     assert ddp["calibration"]["packs"] > 0 and ddp["calibration"]["heldout_error"]["median"] >= 0
     assert report["planning"] and all({"method", "n", "seconds", "argsort_ratio"} <= set(r) for r in report["planning"])
-    assert report["collate"] and all({"provider", "batch_size", "input", "seconds"} <= set(r) for r in report["collate"])
+    assert report["collate"] and all(
+        {"provider", "batch_size", "input", "seconds"} <= set(r) for r in report["collate"]
+    )
     assert {r["input"] for r in report["collate"]} == {"text", "tiles", "patches", "lists"}
     assert {r["where"] for r in report["collate"]} == {"process", "worker"}
     rows = [r for r in report["balance"] if r["method"] != "limit"]
     assert all(r["dropped"] == 0 for r in rows)  # every input sample is scheduled by every method
     assert report["gpu"] == {"skipped": "no CUDA device"} or report["gpu"]["rows"]
-    assert {r["strategy"] for r in report["cp"]} == {"contiguous", "zigzag_megatron", "zigzag", "per_document",
-                                                     "hybrid", "auto", "auto_tokens_1.1"}
+    assert {r["strategy"] for r in report["cp"]} == {
+        "contiguous",
+        "zigzag_megatron",
+        "zigzag",
+        "per_document",
+        "hybrid",
+        "auto",
+        "auto_tokens_1.1",
+    }
 
     # the Markdown file and stdout are the report's rendering
     text = (tmp_path / "r.md").read_text()

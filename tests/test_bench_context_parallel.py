@@ -1,4 +1,5 @@
 """The suite's ``cp`` part: rows for every strategy, targets checked, misses reported, packs full."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,9 @@ def test_packs_are_full_and_rows_cover_every_strategy():
 def test_misses_are_reported():
     """Negative control: rows over the targets are listed as misses."""
     packs = [np.array([60_000, 3_000, 2_000])]
-    times = {name: [context_parallel_rank_times(packs[0], 2, s, pad_sequences=p)] for name, (s, p, _) in
-             STRATEGIES.items()}
+    times = {
+        name: [context_parallel_rank_times(packs[0], 2, s, pad_sequences=p)] for name, (s, p, _) in STRATEGIES.items()
+    }
     rows = [dict(strategy=name, worst_imbalance=1.0, kv_vs_zigzag=0.1) for name in STRATEGIES]
     assert _misses("long_and_short_128k", 2, times, rows) == {}
     next(r for r in rows if r["strategy"] == "auto").update(worst_imbalance=1.05, kv_vs_zigzag=0.5)

@@ -1,5 +1,6 @@
 """The measured-training report (bench/training.py): its fields and arithmetic on records made from a known cost,
 the turns of the schedule, and the one-device path that the GPU check runs, end to end on the CPU."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,9 @@ def _workload() -> Workload:
 
 def _seconds(vit: np.ndarray, llm: np.ndarray) -> float:
     """One pack's time under TRUTH, written out here rather than through CostModel."""
-    return float(TRUTH["pack"] + np.sum(TRUTH["vit"] * vit + TRUTH["llm"] * llm + TRUTH["llm2"] * llm**2
-                                        + TRUTH["sample"]))
+    return float(
+        TRUTH["pack"] + np.sum(TRUTH["vit"] * vit + TRUTH["llm"] * llm + TRUTH["llm2"] * llm**2 + TRUTH["sample"])
+    )
 
 
 def _packs(work: Workload, mode: str) -> list[np.ndarray]:
@@ -58,12 +60,17 @@ def _records(work: Workload, scale_balanced: float = 1.0, noise: float = 0.0) ->
             out[mode][rnd, ..., 0] = times * (1 + noise * (-1) ** rnd)
             out[mode][rnd, ..., 3] = times.max(axis=1, keepdims=True) * 1.5  # the step waits for the slower rank
     steps = work.steps("calibration")
-    which = np.array([[[work.calibration_pack(rnd, c, r) for r in range(ranks)] for c in range(steps)]
-                      for rnd in range(SIZES.rounds)])
+    which = np.array(
+        [
+            [[work.calibration_pack(rnd, c, r) for r in range(ranks)] for c in range(steps)]
+            for rnd in range(SIZES.rounds)
+        ]
+    )
     cal = work.calibration_lengths
     out["calibration"] = np.zeros((SIZES.rounds, steps, ranks, len(FIELDS)))
-    out["calibration"][..., 0] = np.vectorize(lambda p: _seconds(cal.vit[work.calibration[p]],
-                                                                 cal.llm[work.calibration[p]]))(which)
+    out["calibration"][..., 0] = np.vectorize(
+        lambda p: _seconds(cal.vit[work.calibration[p]], cal.llm[work.calibration[p]])
+    )(which)
     out["calibration_pack"] = which
     return out
 
@@ -79,15 +86,17 @@ def test_summary_of_a_known_cost_predicts_it_and_reports_every_field() -> None:
         assert len(out[f"{mode}_busy_predicted_s"]) == SIZES.world_size
         assert out[f"{mode}_wall_s"] == pytest.approx(1.5 * busy.max(axis=1).sum())
         assert out[f"{mode}_steps"] == work.plans[mode].num_steps
-    assert out["speedup"] == pytest.approx((out["balanced_tokens"] / out["balanced_s"])
-                                           / (out["random_tokens"] / out["random_s"]))
+    assert out["speedup"] == pytest.approx(
+        (out["balanced_tokens"] / out["balanced_s"]) / (out["random_tokens"] / out["random_s"])
+    )
     # the calibration packs are other samples than the run's: the fit recovers the truth and predicts the run
     assert out["busy_error_max"] < 1e-3 and abs(out["speedup_error"]) < 1e-3
     assert out["calibration"]["heldout_error"]["median"] < 1e-3
     assert out["speedup"] > 1.0 and 0 < out["padding_random"] < 1
     assert out["targets"] == {"speedup": SPEEDUP_TARGET, "agreement": AGREEMENT_TARGET}
-    assert out["misses"] == ([] if out["speedup"] >= SPEEDUP_TARGET else
-                             [f"measured speed-up {out['speedup']:.3f}x < {SPEEDUP_TARGET}x"])
+    assert out["misses"] == (
+        [] if out["speedup"] >= SPEEDUP_TARGET else [f"measured speed-up {out['speedup']:.3f}x < {SPEEDUP_TARGET}x"]
+    )
 
 
 def test_summary_reports_a_prediction_that_misses() -> None:
@@ -118,7 +127,8 @@ def test_schedule_takes_turns_and_runs_every_calibration_pack_on_every_rank() ->
         assert records[mode].shape == (SIZES.rounds, work.plans[mode].num_steps, 2, len(FIELDS))
         assert not np.isnan(records[mode]).any()
         assert sorted(p for m, r, p in timed if m == mode and r == 0) == sorted(
-            list(range(work.plans[mode].num_steps)) * SIZES.rounds)
+            list(range(work.plans[mode].num_steps)) * SIZES.rounds
+        )
     # the modes alternate step by step: no two steps of one measured mode run back to back
     modes = [m for m, r, _ in timed if r == 0]
     assert all(a != b for a, b in zip(modes, modes[1:]))

@@ -1,4 +1,5 @@
 """bucket_by_patches: numba twin and Triton op (TRITON_INTERPRET on CPU) against the numpy reference."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,7 @@ def test_numba_matches_reference(n: int) -> None:
     _check(out, counts, np.unique(counts)[1:])
     # distinct mode: every bucket holds one count value, so a dense batch needs no padding
     for b in range(len(out.offsets) - 1):
-        members = counts[out.perm[out.offsets[b]:out.offsets[b + 1]]]
+        members = counts[out.perm[out.offsets[b] : out.offsets[b + 1]]]
         assert len(set(members.tolist())) == (1 if n else 0)
     q = bucket_by_patches(counts, num_buckets=4)
     assert len(q.offsets) == 5
@@ -53,7 +54,7 @@ def test_properties(counts: list[int], edges: list[int]) -> None:
     out = bucket_by_patches(counts_a, bnd)
     assert sorted(out.perm.tolist()) == list(range(len(counts)))  # every image exactly once
     for b in range(len(bnd) + 1):
-        idx = out.perm[out.offsets[b]:out.offsets[b + 1]]
+        idx = out.perm[out.offsets[b] : out.offsets[b + 1]]
         assert (np.diff(idx) > 0).all()  # stable
         lo = bnd[b - 1] if b else -1
         hi = bnd[b] if b < len(bnd) else np.iinfo(np.int64).max

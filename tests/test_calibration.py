@@ -8,6 +8,7 @@ measuring thread does not count the time other processes hold the CPU. What the 
 while ours runs (tens of percent over a second on a busy machine) is divided out by the reference batch timed
 around every run (``measure_pack_times(reference="auto")``).
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -35,7 +36,6 @@ from omnibal_kernels.calibration import (  # noqa: E402
 from omnibal_kernels.calibration import attention as segment  # noqa: E402
 from omnibal_kernels.packing import PackCollator  # noqa: E402
 
-
 # ------------------------------------------------------------------------------------------------ attention
 
 
@@ -58,9 +58,12 @@ def test_segment_attention_trains_like_sdpa_on_packed_rows(name, monkeypatch):
     seqs = seqs.get(name, [[], [], []])
     vit = [sum(s) for s in seqs]
     tokens_per_unit = {"qwen2_vl": 0.25, "qwen2_5_vl": 0.25, "internvl": 4}.get(name, 0)
-    lengths = Lengths(vit, [int(v * tokens_per_unit) + 9 + 3 * i for i, v in enumerate(vit)],
-                      vit_seqlens=[x for s in seqs for x in s],
-                      vit_seqlens_offsets=np.cumsum([0] + [len(s) for s in seqs]))
+    lengths = Lengths(
+        vit,
+        [int(v * tokens_per_unit) + 9 + 3 * i for i, v in enumerate(vit)],
+        vit_seqlens=[x for s in seqs for x in s],
+        vit_seqlens_offsets=np.cumsum([0] + [len(s) for s in seqs]),
+    )
     batch = PackCollator.for_model(reference)(maker.samples(lengths, [0, 1, 2], seed=3))
     want, want_grads = _loss_and_grads(reference, batch)
     got, got_grads = _loss_and_grads(ours, batch)
@@ -137,7 +140,8 @@ def test_workload_is_varied_and_seeded(name):
         assert set(np.unique(images[lengths.vit > 0])) >= ({1, 2, 3} if "qwen" in name else {1, 5})
         pixels = pack_batches(build_model(config), lengths, packs[:4])
         assert [b["pixel_values"].shape[0] if "pixel_values" in b else 0 for b in pixels] == [
-            int(lengths.vit[p].sum()) for p in packs[:4]]
+            int(lengths.vit[p].sum()) for p in packs[:4]
+        ]
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -216,9 +220,11 @@ def test_fitted_model_predicts_held_out_packs_within_5_percent(name, capsys):
     fit = result.fit
     assert fit.fit_packs.size == 40 and fit.heldout_packs.size == 40
     with capsys.disabled():
-        print(f"\n{name}: held-out median error {fit.heldout_error.median:.3f} (p90 {fit.heldout_error.p90:.3f}); "
-              f"FLOP estimate scaled {fit.reference_heldout_error.median:.3f}; runs spread "
-              f"{np.median(result.times.spread):.3f}; {fit.model}")
+        print(
+            f"\n{name}: held-out median error {fit.heldout_error.median:.3f} (p90 {fit.heldout_error.p90:.3f}); "
+            f"FLOP estimate scaled {fit.reference_heldout_error.median:.3f}; runs spread "
+            f"{np.median(result.times.spread):.3f}; {fit.model}"
+        )
     assert fit.heldout_error.median < 0.05
     assert isinstance(fit.model, CostModel) and fit.model.per_pack > 0
 
@@ -230,8 +236,26 @@ def test_cli_calibrate_writes_the_cost_json(tmp_path, capsys):
     from omnibal_kernels.cli import main
 
     out = tmp_path / "cost.json"
-    rc = main(["calibrate", "tiny-llama", "-o", str(out), "--packs", "8", "--samples", "300", "--repeats", "1",
-               "--warmup", "1", "--clock", "thread", "--json", "--no-progress"])
+    rc = main(
+        [
+            "calibrate",
+            "tiny-llama",
+            "-o",
+            str(out),
+            "--packs",
+            "8",
+            "--samples",
+            "300",
+            "--repeats",
+            "1",
+            "--warmup",
+            "1",
+            "--clock",
+            "thread",
+            "--json",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     model = CostModel.from_json(out)
     summary = __import__("json").loads(capsys.readouterr().out)
@@ -241,13 +265,15 @@ def test_cli_calibrate_writes_the_cost_json(tmp_path, capsys):
     assert model.llm_linear + model.llm_quadratic > 0
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["calibrate", "no-such-model", "-o", "{dir}/c.json"], "neither a named model"),
-    (["calibrate", "tiny-llama", "-o", "{dir}/missing/c.json"], "its folder"),
-    (["calibrate", "tiny-llama", "-o", "{dir}/c.json", "--lengths", "{dir}/tiles.npz", "--packs", "4"],
-     "ViT load"),
-    (["calibrate", "{dir}", "-o", "{dir}/c.json"], "neither a named model"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["calibrate", "no-such-model", "-o", "{dir}/c.json"], "neither a named model"),
+        (["calibrate", "tiny-llama", "-o", "{dir}/missing/c.json"], "its folder"),
+        (["calibrate", "tiny-llama", "-o", "{dir}/c.json", "--lengths", "{dir}/tiles.npz", "--packs", "4"], "ViT load"),
+        (["calibrate", "{dir}", "-o", "{dir}/c.json"], "neither a named model"),
+    ],
+)
 def test_cli_calibrate_errors_are_one_line(tmp_path, capsys, argv, message):
     from omnibal_kernels import write_lengths
     from omnibal_kernels.cli import main

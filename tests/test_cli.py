@@ -1,4 +1,5 @@
 """The command line, in process and as ``python -m omnibal_kernels``."""
+
 from __future__ import annotations
 
 import json
@@ -10,10 +11,32 @@ import numpy as np
 from omnibal_kernels.balance import Plan
 from omnibal_kernels.cli import main
 
-REPORT_KEYS = {"num_samples", "num_packs", "num_steps", "ave_bs", "vit_fill", "llm_fill", "vit_dist", "llm_dist",
-               "step_efficiency", "dropped", "duplicated", "seconds", "oversize", "duplicated_fraction", "method", "vit_capacity",
-               "llm_capacity", "world_size", "epoch_cost", "epoch_ideal", "epoch_bound", "epoch_over_ideal",
-               "epoch_over_bound", "cost_model"}
+REPORT_KEYS = {
+    "num_samples",
+    "num_packs",
+    "num_steps",
+    "ave_bs",
+    "vit_fill",
+    "llm_fill",
+    "vit_dist",
+    "llm_dist",
+    "step_efficiency",
+    "dropped",
+    "duplicated",
+    "seconds",
+    "oversize",
+    "duplicated_fraction",
+    "method",
+    "vit_capacity",
+    "llm_capacity",
+    "world_size",
+    "epoch_cost",
+    "epoch_ideal",
+    "epoch_bound",
+    "epoch_over_ideal",
+    "epoch_over_bound",
+    "cost_model",
+}
 
 
 def test_default_run_prints_three_methods_side_by_side(capsys):
@@ -53,6 +76,7 @@ def test_choices_follow_the_library():
 
 
 def test_module_entry_point():
-    result = subprocess.run([sys.executable, "-m", "omnibal_kernels", "plan", "--json"], capture_output=True,
-                            text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "omnibal_kernels", "plan", "--json"], capture_output=True, text=True, check=True
+    )
     assert json.loads(result.stdout)["method"] == "balanced"

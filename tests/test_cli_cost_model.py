@@ -1,5 +1,6 @@
 """``omnibal-kernels plan --cost-model NAME|FILE.json|CONFIG_DIR`` and the epoch fields of ``--json``; the named
 cost models against transformers' own configs of the same shapes."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,9 @@ def test_json_reports_the_epoch_against_its_ideal_and_bound(capsys, length_file)
 
 
 def test_each_form_of_the_cost_model_flag(capsys, tmp_path, length_file) -> None:
-    by_name = {name: _plan_json(capsys, str(length_file), "--cost-model", name) for name in ("internvl_7b",
-                                                                                             "tokens_only")}
+    by_name = {
+        name: _plan_json(capsys, str(length_file), "--cost-model", name) for name in ("internvl_7b", "tokens_only")
+    }
     assert by_name["tokens_only"]["cost_model"] == CostModel.tokens_only().to_dict()
     default = _plan_json(capsys, str(length_file))
 
@@ -58,26 +60,40 @@ def test_each_form_of_the_cost_model_flag(capsys, tmp_path, length_file) -> None
     transformers = pytest.importorskip("transformers")
     config = transformers.Qwen2VLConfig(
         vision_config=dict(embed_dim=64, depth=2, mlp_ratio=2, num_heads=2, hidden_size=32),
-        text_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         intermediate_size=64, vocab_size=100))
+        text_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=64,
+            vocab_size=100,
+        ),
+    )
     config.save_pretrained(tmp_path / "qwen")
     out = _plan_json(capsys, str(length_file), "--cost-model", str(tmp_path / "qwen"))
     assert out["cost_model"] == CostModel.from_config(config).to_dict()
 
 
-@pytest.mark.parametrize("value, says", [
-    ("no_such_model", "neither a named cost model"),
-    ("{missing}.json", "neither a named cost model"),
-    ("{bad}", "llm_linear must be finite and non-negative"),
-    ("{notjson}", "not JSON"),
-    ("{folder}", "not a transformers config"),
-])
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("no_such_model", "neither a named cost model"),
+        ("{missing}.json", "neither a named cost model"),
+        ("{bad}", "llm_linear must be finite and non-negative"),
+        ("{notjson}", "not JSON"),
+        ("{folder}", "not a transformers config"),
+    ],
+)
 def test_bad_cost_models_are_one_line_errors_naming_the_flag(capsys, tmp_path, length_file, value, says) -> None:
     (tmp_path / "bad.json").write_text('{"llm_linear": -1}')
     (tmp_path / "notjson.json").write_text("llm_linear = 1")
     (tmp_path / "folder").mkdir()
-    value = value.format(missing=tmp_path / "missing", bad=tmp_path / "bad.json", notjson=tmp_path / "notjson.json",
-                         folder=tmp_path / "folder")
+    value = value.format(
+        missing=tmp_path / "missing",
+        bad=tmp_path / "bad.json",
+        notjson=tmp_path / "notjson.json",
+        folder=tmp_path / "folder",
+    )
     assert main(["plan", str(length_file), "--cost-model", value]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("omnibal-kernels: error: --cost-model: ") and says in err
@@ -86,16 +102,39 @@ def test_bad_cost_models_are_one_line_errors_naming_the_flag(capsys, tmp_path, l
 
 def test_named_models_match_transformers_configs_of_their_shapes() -> None:
     transformers = pytest.importorskip("transformers")
-    qwen2_7b = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                    intermediate_size=18944, vocab_size=152064)
+    qwen2_7b = dict(
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+    )
     configs = {
-        "qwen2_vl_7b": transformers.Qwen2VLConfig(vision_config=dict(
-            embed_dim=1280, depth=32, mlp_ratio=4, num_heads=16, hidden_size=3584), text_config=qwen2_7b),
-        "qwen2_5_vl_7b": transformers.Qwen2_5_VLConfig(vision_config=dict(
-            hidden_size=1280, depth=32, intermediate_size=3420, num_heads=16, out_hidden_size=3584, window_size=112,
-            fullatt_block_indexes=[7, 15, 23, 31]), text_config=qwen2_7b),
-        "llama_7b": transformers.LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                                             num_key_value_heads=32, intermediate_size=11008, vocab_size=32000),
+        "qwen2_vl_7b": transformers.Qwen2VLConfig(
+            vision_config=dict(embed_dim=1280, depth=32, mlp_ratio=4, num_heads=16, hidden_size=3584),
+            text_config=qwen2_7b,
+        ),
+        "qwen2_5_vl_7b": transformers.Qwen2_5_VLConfig(
+            vision_config=dict(
+                hidden_size=1280,
+                depth=32,
+                intermediate_size=3420,
+                num_heads=16,
+                out_hidden_size=3584,
+                window_size=112,
+                fullatt_block_indexes=[7, 15, 23, 31],
+            ),
+            text_config=qwen2_7b,
+        ),
+        "llama_7b": transformers.LlamaConfig(
+            hidden_size=4096,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            intermediate_size=11008,
+            vocab_size=32000,
+        ),
     }
     for name, config in configs.items():
         assert named_cost_model(name) == CostModel.from_config(config), name
@@ -116,11 +155,14 @@ def test_sampler_and_streaming_report_under_the_given_cost_model() -> None:
     report = sampler.balance_report()
     costs = model.sample_costs(lengths)
     # every micro-step's pack: its samples' costs (with their ViT sequences) plus per_pack
-    assert report.epoch_ideal * 8 == pytest.approx(sum(costs[np.asarray(b, np.int64)].sum() + model.per_pack
-                                                       for r in range(8) for b in sampler.rank_batches(r)), rel=1e-9)
+    assert report.epoch_ideal * 8 == pytest.approx(
+        sum(costs[np.asarray(b, np.int64)].sum() + model.per_pack for r in range(8) for b in sampler.rank_batches(r)),
+        rel=1e-9,
+    )
     assert report.epoch_cost >= report.epoch_ideal
-    stream = streaming_report(lengths, vit_capacity=30_000, llm_capacity=12_000, buffer_size=512, world_size=8,
-                              cost_model=model)
+    stream = streaming_report(
+        lengths, vit_capacity=30_000, llm_capacity=12_000, buffer_size=512, world_size=8, cost_model=model
+    )
     plan_cost = stream.streaming.epoch_cost
     assert stream.streaming.epoch_bound <= plan_cost
     assert stream.offline is not None and stream.offline.epoch_bound == pytest.approx(stream.streaming.epoch_bound)
@@ -128,8 +170,9 @@ def test_sampler_and_streaming_report_under_the_given_cost_model() -> None:
 
 def test_report_uses_the_vit_sequences_and_per_pack() -> None:
     # one sample of two images: charged per image, not as one sequence; every pack pays per_pack
-    lengths = Lengths(np.array([10, 4]), np.array([5, 5]), vit_seqlens=np.array([6, 4, 4]),
-                      vit_seqlens_offsets=np.array([0, 2, 3]))
+    lengths = Lengths(
+        np.array([10, 4]), np.array([5, 5]), vit_seqlens=np.array([6, 4, 4]), vit_seqlens_offsets=np.array([0, 2, 3])
+    )
     model = CostModel(vit_quadratic=1.0, per_pack=100.0)
     plan = plan_packs(lengths, world_size=1, vit_capacity=10, llm_capacity=5, cost_model=model)
     report = balance_report(plan, lengths, model)

@@ -5,6 +5,7 @@ conventions they document (a plain reference of what ``zigzag_ring_flash_attn_va
 local inputs). The transformers test runs a tiny random Llama on two gloo ranks through
 ``context_parallel_attention`` and compares loss, logits and gradients with the samples run one at a time.
 """
+
 from __future__ import annotations
 
 import math
@@ -102,8 +103,11 @@ def test_ring_flash_attn_inputs_follow_its_convention(cp):
     batch = _batch([37, 64, 3, 100])
     total = batch["input_ids"].shape[1]
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(total, 4, 8, generator=g), torch.randn(total, 2, 8, generator=g), torch.randn(
-        total, 2, 8, generator=g)
+    q, k, v = (
+        torch.randn(total, 4, 8, generator=g),
+        torch.randn(total, 2, 8, generator=g),
+        torch.randn(total, 2, 8, generator=g),
+    )
     shards = shard_for_context_parallel(batch, cp, "zigzag", pad_sequences=True)
     inputs = [ring_flash_attn_inputs(shards, r) for r in range(cp)]
     local_cu = inputs[0]["cu_seqlens"].tolist()
@@ -129,9 +133,16 @@ def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         initializer_range=0.5)  # sharp attention, so that wrong positions show
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.5,
+    )  # sharp attention, so that wrong positions show
     return LlamaForCausalLM(config).float()
 
 
@@ -174,8 +185,9 @@ def _llama_worker(rank: int, init: str, out_dir: str) -> None:
 
 def test_transformers_llama_on_two_ranks_equals_unsharded():
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_llama_worker, args=("file://" + os.path.join(out_dir, "init"), out_dir), nprocs=2,
-                           start_method="spawn")
+        mp.start_processes(
+            _llama_worker, args=("file://" + os.path.join(out_dir, "init"), out_dir), nprocs=2, start_method="spawn"
+        )
         ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
     # reference: every sample alone, default attention, transformers' own shift and loss
     model = _llama()
@@ -184,7 +196,7 @@ def test_transformers_llama_on_two_ranks_equals_unsharded():
     items = sum(len(range(cu[i] + 1, cu[i + 1])) for i in range(len(SAMPLES)))
     loss, logits = 0.0, []
     for i in range(len(SAMPLES)):
-        ids = batch["input_ids"][:, cu[i]:cu[i + 1]]
+        ids = batch["input_ids"][:, cu[i] : cu[i + 1]]
         out = model(input_ids=ids, labels=ids, num_items_in_batch=items)
         loss = loss + out.loss
         logits.append(out.logits[0])

@@ -4,6 +4,7 @@ The union of the ranks' shards is the batch (every token once, with its ids, lab
 vision fields reach every rank unchanged, and the loss of the shards adds up to the loss of the batch in both
 of step_loss's modes and in step_batches' counts: the counts are the pack's, never a shard's.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,14 @@ import omnibal_kernels as ok
 from omnibal_kernels.loss import _local_counts, step_loss
 from omnibal_kernels.testing.hf_models import config, internvl_sample, lengths_of, training_samples
 
-STRATEGIES = [("zigzag", False), ("zigzag", True), ("per_document", False), ("hybrid", False),
-              ("contiguous", False), ("auto", False)]
+STRATEGIES = [
+    ("zigzag", False),
+    ("zigzag", True),
+    ("per_document", False),
+    ("hybrid", False),
+    ("contiguous", False),
+    ("auto", False),
+]
 VOCAB = 50
 
 
@@ -33,8 +40,17 @@ def _samples(lengths: list[int], seed: int = 0) -> list[dict]:
 
 
 def _shards(samples: list[dict], cp: int, strategy: str = "auto", pad: bool = False, **keywords) -> list:
-    return [ok.PackCollator(context_parallel_size=cp, context_parallel_rank=r, strategy=strategy,
-                            pad_sequences=pad, warmup=False, **keywords)(samples) for r in range(cp)]
+    return [
+        ok.PackCollator(
+            context_parallel_size=cp,
+            context_parallel_rank=r,
+            strategy=strategy,
+            pad_sequences=pad,
+            warmup=False,
+            **keywords,
+        )(samples)
+        for r in range(cp)
+    ]
 
 
 def _with_step(batch, items: int = 1000, labelled: int = 9):
@@ -43,8 +59,12 @@ def _with_step(batch, items: int = 1000, labelled: int = 9):
 
 
 @settings(max_examples=50, deadline=None)
-@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=8), cp=st.integers(2, 6),
-       which=st.sampled_from(STRATEGIES), multiple=st.sampled_from([None, 64]))
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=8),
+    cp=st.integers(2, 6),
+    which=st.sampled_from(STRATEGIES),
+    multiple=st.sampled_from([None, 64]),
+)
 def test_the_union_of_the_shards_is_the_batch(lengths, cp, which, multiple):
     strategy, pad = which
     samples = _samples(lengths, seed=len(lengths))
@@ -76,8 +96,9 @@ def test_the_union_of_the_shards_is_the_batch(lengths, cp, which, multiple):
         # local boundaries: one segment per held chunk, covering the rank's tokens
         local = s["cu_seqlens"]
         assert local.dtype == torch.int32 and int(local[0]) == 0 and int(local[-1]) == n
-        assert torch.equal(torch.repeat_interleave(torch.arange(local.numel() - 1), local.diff().long()),
-                           s["seq_idx"][0].long())
+        assert torch.equal(
+            torch.repeat_interleave(torch.arange(local.numel() - 1), local.diff().long()), s["seq_idx"][0].long()
+        )
         # the pack's counts, not the shard's
         assert s.loss_counts.sample_lens == full.loss_counts.sample_lens
         assert sum(s.loss_counts.sample_targets) == targets
@@ -85,8 +106,11 @@ def test_the_union_of_the_shards_is_the_batch(lengths, cp, which, multiple):
 
 
 @settings(max_examples=30, deadline=None)
-@given(lengths=st.lists(st.integers(1, 200), min_size=1, max_size=8), cp=st.integers(2, 5),
-       which=st.sampled_from(STRATEGIES))
+@given(
+    lengths=st.lists(st.integers(1, 200), min_size=1, max_size=8),
+    cp=st.integers(2, 5),
+    which=st.sampled_from(STRATEGIES),
+)
 def test_the_shards_losses_add_up_to_the_batchs(lengths, cp, which):
     strategy, pad = which
     samples = _samples(lengths, seed=7)
@@ -115,8 +139,9 @@ def test_a_shifted_loss_on_a_shard_would_differ():
     full = _with_step(ok.PackCollator(warmup=False)(samples))
     shards = [_with_step(s) for s in _shards(samples, 2, "zigzag")]
     logits = torch.randn(1, full["input_ids"].shape[1], VOCAB, dtype=torch.float64)
-    local = [ok.PackedBatch({k: v for k, v in s.items() if k != "context_parallel_shard"}, s.loss_counts)
-             for s in shards]
+    local = [
+        ok.PackedBatch({k: v for k, v in s.items() if k != "context_parallel_shard"}, s.loss_counts) for s in shards
+    ]
     wrong = sum(step_loss(logits[:, s["context_parallel_shard"].indices], b) for s, b in zip(shards, local))
     assert abs(float(wrong - step_loss(logits, full))) > 1e-3
 
@@ -141,11 +166,18 @@ def test_shards_move_with_their_batch():
 
 def test_for_model_shards_keep_what_the_model_and_the_attention_take():
     samples = training_samples("llama", 4, seed=0)
-    collator = ok.PackCollator.for_model(config("llama"), context_parallel_size=2, context_parallel_rank=1,
-                                         warmup=False)
+    collator = ok.PackCollator.for_model(
+        config("llama"), context_parallel_size=2, context_parallel_rank=1, warmup=False
+    )
     batch = collator(samples)
-    assert {"input_ids", "labels", "shift_labels", "position_ids", "context_parallel_shard",
-            "num_items_in_batch"} <= set(batch)
+    assert {
+        "input_ids",
+        "labels",
+        "shift_labels",
+        "position_ids",
+        "context_parallel_shard",
+        "num_items_in_batch",
+    } <= set(batch)
     assert batch["use_cache"] is False
     assert not {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q"} & set(batch)
     assert "context_parallel_size=2" in repr(collator)
@@ -159,17 +191,27 @@ def test_sampler_and_collator_give_a_cp_group_one_pack_and_each_rank_its_shard()
     world, cp = 4, 2
     batches = []
     for rank in range(world):
-        sampler = ok.BalancedBatchSampler(lengths, world_size=world, rank=rank, context_parallel_size=cp,
-                                          target_batch_size=4, micro_steps_per_step=2, drop_last=True)
+        sampler = ok.BalancedBatchSampler(
+            lengths,
+            world_size=world,
+            rank=rank,
+            context_parallel_size=cp,
+            target_batch_size=4,
+            micro_steps_per_step=2,
+            drop_last=True,
+        )
         assert (sampler.world_size, sampler.rank, sampler.context_parallel_rank) == (2, rank // cp, rank % cp)
         collator = ok.PackCollator(context_parallel_size=cp, context_parallel_rank=rank % cp, warmup=False)
-        loader = torch.utils.data.DataLoader(sampler.wrap(samples), batch_sampler=sampler, collate_fn=collator,
-                                             num_workers=1 if rank == 3 else 0)
+        loader = torch.utils.data.DataLoader(
+            sampler.wrap(samples), batch_sampler=sampler, collate_fn=collator, num_workers=1 if rank == 3 else 0
+        )
         batches.append(list(loader))
-    plain = ok.BalancedBatchSampler(lengths, world_size=2, rank=0, target_batch_size=4, micro_steps_per_step=2,
-                                    drop_last=True)
-    whole = list(torch.utils.data.DataLoader(plain.wrap(samples), batch_sampler=plain,
-                                             collate_fn=ok.PackCollator(warmup=False)))
+    plain = ok.BalancedBatchSampler(
+        lengths, world_size=2, rank=0, target_batch_size=4, micro_steps_per_step=2, drop_last=True
+    )
+    whole = list(
+        torch.utils.data.DataLoader(plain.wrap(samples), batch_sampler=plain, collate_fn=ok.PackCollator(warmup=False))
+    )
     assert len(batches[0]) == len(whole)
     for a, b, w in zip(batches[0], batches[1], whole):
         # the two CP ranks of data-parallel rank 0: shards of the pack the plain sampler gives it
@@ -265,8 +307,16 @@ def test_the_readme_loop_trains_the_gradient_of_the_packs():
     def run(code: str, world_size: int) -> torch.Tensor:
         model = _TokenModel()
         for rank in range(world_size):
-            scope = {"ok": ok, "DataLoader": torch.utils.data.DataLoader, "lengths": lengths, "dataset": samples,
-                     "world_size": world_size, "rank": rank, "model": model, "cp_group": None}
+            scope = {
+                "ok": ok,
+                "DataLoader": torch.utils.data.DataLoader,
+                "lengths": lengths,
+                "dataset": samples,
+                "world_size": world_size,
+                "rank": rank,
+                "model": model,
+                "cp_group": None,
+            }
             exec(code, scope)
             assert scope["report"].times.shape[1:] == (world_size // scope["cp"], scope["cp"])
         return torch.cat([p.grad.reshape(-1) for p in model.parameters()]) / world_size

@@ -6,6 +6,7 @@ real all-to-all, back-propagates a fixed output gradient, and saves its outputs 
 puts them back in packed order and compares them with ``varlen_attention`` on the whole batch. With 4 and 8
 processes, CP groups of two ranks inside the world run the same cases through ``group=``.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,14 @@ import torch.multiprocessing as mp
 
 LENGTHS = [700, 3, 1, 150, 45, 1200, 17, 2, 380]
 HEADS, KV_HEADS, DIM = 4, 2, 8
-CASES = [("zigzag", False), ("zigzag", True), ("per_document", False), ("hybrid", False), ("contiguous", False),
-         ("auto", False)]
+CASES = [
+    ("zigzag", False),
+    ("zigzag", True),
+    ("per_document", False),
+    ("hybrid", False),
+    ("contiguous", False),
+    ("auto", False),
+]
 
 
 def _inputs():
@@ -95,8 +102,9 @@ def _run(world: int, backend: str = "gloo") -> None:
                 for i, name in enumerate(("out", "dq", "dk", "dv")):
                     got = shards.restore([ranks[r][cp_size][case][i] for r in group])
                     where = f"ranks {group}, {case} {name}"
-                    torch.testing.assert_close(got, expected[i], rtol=1e-5, atol=1e-5,
-                                               msg=lambda m, where=where: f"{where}: {m}")
+                    torch.testing.assert_close(
+                        got, expected[i], rtol=1e-5, atol=1e-5, msg=lambda m, where=where: f"{where}: {m}"
+                    )
 
 
 @pytest.mark.parametrize("world", [2, 4])

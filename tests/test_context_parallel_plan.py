@@ -3,6 +3,7 @@
 The report prices each slot's pack as the collator shards it: its times are those of the shards
 ``PackCollator(context_parallel_size=C)`` builds for the same samples, slot by slot.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,15 +35,18 @@ def test_a_cp_plan_is_the_plan_of_its_groups(tmp_path):
 def test_the_report_prices_each_pack_as_the_collator_shards_it(strategy):
     lengths = _lengths(120, seed=1)
     cp = 3
-    plan = ok.plan_packs(lengths, world_size=2, llm_capacity=LLM_CAPACITY, vit_capacity=0, context_parallel_size=cp,
-                         seed=5)
+    plan = ok.plan_packs(
+        lengths, world_size=2, llm_capacity=LLM_CAPACITY, vit_capacity=0, context_parallel_size=cp, seed=5
+    )
     report = ok.context_parallel_report(plan, lengths, strategy)
     assert report.times.shape == (plan.num_steps, 2, cp) and report.context_parallel_size == cp
     g = torch.Generator().manual_seed(0)
     for step in (0, plan.num_steps // 2, plan.num_steps - 1):
         for rank in range(2):
-            samples = [{"input_ids": torch.randint(1, 100, (int(lengths[i]),), generator=g)}
-                       for i in plan.pack(int(plan.step_packs[step, rank]))]
+            samples = [
+                {"input_ids": torch.randint(1, 100, (int(lengths[i]),), generator=g)}
+                for i in plan.pack(int(plan.step_packs[step, rank]))
+            ]
             shards = shard_for_context_parallel(ok.pack_batch(samples), cp, strategy)
             np.testing.assert_array_equal(report.times[step, rank], shards.times.times)
             np.testing.assert_array_equal(report.tokens[step, rank], shards.times.tokens)
@@ -66,8 +70,16 @@ def test_contiguous_sharding_is_reported_imbalanced():
 
 def test_the_samplers_report_covers_its_micro_steps():
     lengths = _lengths(240, seed=3)
-    sampler = ok.BalancedBatchSampler(lengths, world_size=8, rank=5, context_parallel_size=2, micro_steps_per_step=2,
-                                      llm_capacity=LLM_CAPACITY, vit_capacity=0, drop_last=True)
+    sampler = ok.BalancedBatchSampler(
+        lengths,
+        world_size=8,
+        rank=5,
+        context_parallel_size=2,
+        micro_steps_per_step=2,
+        llm_capacity=LLM_CAPACITY,
+        vit_capacity=0,
+        drop_last=True,
+    )
     report = sampler.context_parallel_report("hybrid")
     assert report.times.shape == (len(sampler), 4, 2)
     # rank 5 is CP rank 1 of data-parallel rank 2: its column of the report, micro-step by micro-step

@@ -4,6 +4,7 @@ The exchange is emulated here (every rank's sends handed to the receivers by ind
 send/receive lists and key indices are checked against unsharded ``varlen_attention`` on many random batches;
 ``test_context_parallel_dist.py`` runs the real all-to-all over gloo processes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,11 +22,18 @@ from omnibal_kernels.context_parallel import (
 from omnibal_kernels.context_parallel.layout import tiled_pairs
 from omnibal_kernels.packing import pack_batch
 
-STRATEGIES = [("zigzag", False), ("zigzag", True), ("per_document", False), ("hybrid", False),
-              ("contiguous", False), ("auto", False)]
+STRATEGIES = [
+    ("zigzag", False),
+    ("zigzag", True),
+    ("per_document", False),
+    ("hybrid", False),
+    ("contiguous", False),
+    ("auto", False),
+]
 
 lengths_st = st.lists(st.one_of(st.integers(0, 40), st.integers(1, 400)), min_size=1, max_size=10).filter(
-    lambda xs: sum(xs) > 0)
+    lambda xs: sum(xs) > 0
+)
 
 
 def _batch(lengths: list[int], seed: int = 0, allow_empty: bool = True):
@@ -44,9 +52,17 @@ def emulate(shards, q, k, v):
         got = torch.cat([sent[src][r] for src in range(len(shards))])
         assert got.shape[0] == sum(s.recv_counts)
         keys = torch.cat([kv[r], got]).index_select(0, s.key_index)
-        outs.append(varlen_attention(q.index_select(0, s.indices.clamp(min=0)), keys[:, :heads], keys[:, heads:],
-                                     s.cu_seqlens_q, s.max_seqlen_q, cu_seqlens_k=s.cu_seqlens_k,
-                                     max_seqlen_k=s.max_seqlen_k))
+        outs.append(
+            varlen_attention(
+                q.index_select(0, s.indices.clamp(min=0)),
+                keys[:, :heads],
+                keys[:, heads:],
+                s.cu_seqlens_q,
+                s.max_seqlen_q,
+                cu_seqlens_k=s.cu_seqlens_k,
+                max_seqlen_k=s.max_seqlen_k,
+            )
+        )
     return outs
 
 
@@ -92,8 +108,7 @@ def test_every_token_once_labels_positions_restore(lengths, cp_size, which):
 
 
 @settings(max_examples=40, deadline=None)
-@given(lengths=lengths_st, cp_size=st.integers(1, 8), which=st.sampled_from(STRATEGIES),
-       gqa=st.sampled_from([1, 2]))
+@given(lengths=lengths_st, cp_size=st.integers(1, 8), which=st.sampled_from(STRATEGIES), gqa=st.sampled_from([1, 2]))
 def test_emulated_exchange_gives_unsharded_attention(lengths, cp_size, which, gqa):
     strategy, pad = which
     batch = _batch(lengths)
@@ -185,7 +200,7 @@ def test_tiled_pairs_against_brute_force(lq, lk, tile):
     blocks = 0
     for a in range(0, lq, tile):
         for b in range(0, lk, tile):
-            blocks += bool(visible[a:a + tile, b:b + tile].any())
+            blocks += bool(visible[a : a + tile, b : b + tile].any())
     assert tiled_pairs(lq, lk, tile) == blocks * tile * tile
     if tile == 1:
         assert tiled_pairs(lq, lk, 1) == visible.sum()
@@ -230,7 +245,8 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="per_sample"):
         shard_for_context_parallel({**batch, "per_sample": [1, 2]}, 2)
     assert shard_for_context_parallel({**batch, "per_sample": [1, 2]}, 2, replicate=["per_sample"])[1].batch[
-        "per_sample"] == [1, 2]
+        "per_sample"
+    ] == [1, 2]
     with pytest.raises(ValueError, match="cu_seqlens"):
         shard_for_context_parallel({**batch, "cu_seqlens": torch.tensor([0, 5, 29], dtype=torch.int32)}, 2)
     with pytest.raises(TypeError, match="cost"):
@@ -262,8 +278,11 @@ def test_for_model_batches_are_sharded():
 
 
 @settings(max_examples=300, deadline=None)
-@given(lengths=st.lists(st.one_of(st.integers(0, 300), st.integers(1, 5000)), min_size=1, max_size=12),
-       cp_size=st.integers(1, 8), which=st.sampled_from(STRATEGIES))
+@given(
+    lengths=st.lists(st.one_of(st.integers(0, 300), st.integers(1, 5000)), min_size=1, max_size=12),
+    cp_size=st.integers(1, 8),
+    which=st.sampled_from(STRATEGIES),
+)
 @example(lengths=[266], cp_size=6, which=("hybrid", False))  # a sequence of two kernel tiles over six ranks
 def test_layout_chunks_cover_every_sequence_once(lengths, cp_size, which):
     """Layouts alone (cheap, so many more examples): chunks inside their sequence, disjoint, covering it."""
@@ -281,8 +300,11 @@ def test_layout_chunks_cover_every_sequence_once(lengths, cp_size, which):
 
 
 @settings(max_examples=40, deadline=None)
-@given(lengths=st.lists(st.integers(1, 20_000), min_size=1, max_size=20), cp_size=st.integers(2, 8),
-       slack=st.sampled_from([1.0, 1.1, 1.5]))
+@given(
+    lengths=st.lists(st.integers(1, 20_000), min_size=1, max_size=20),
+    cp_size=st.integers(2, 8),
+    slack=st.sampled_from([1.0, 1.1, 1.5]),
+)
 def test_max_rank_tokens_is_held(lengths, cp_size, slack):
     total = sum(lengths)
     cap = max(1, int(np.ceil(slack * total / cp_size)))

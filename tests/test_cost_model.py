@@ -4,6 +4,7 @@ The FLOP counts of ``from_config`` are checked twice for the tiny configs of ``t
 worked out by hand below, and against ``torch.utils.flop_counter`` counting the real model's forward (eager
 attention, which computes every query-key pair: twice the causal half the LLM term counts).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ TILE_LENGTHS = Lengths([3, 0, 1], [900, 40, 300], vit_seqlens=[1, 1, 1, 1], vit_
 
 
 def _model() -> CostModel:
-    return CostModel(vit_linear=2.0, vit_quadratic=0.5, llm_linear=0.1, llm_quadratic=1e-3, per_sample=7.0,
-                     per_pack=11.0)
+    return CostModel(
+        vit_linear=2.0, vit_quadratic=0.5, llm_linear=0.1, llm_quadratic=1e-3, per_sample=7.0, per_pack=11.0
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the terms
@@ -70,8 +72,16 @@ def test_named_models_keep_their_numbers():
     assert CostModel.internvl_7b().terms() == [2154.84192, 0.0, 42.0, 0.000786432]
     assert CostModel.internvl_7b().per_sample == 0.0 and CostModel.internvl_7b().per_pack == 0.0
     assert CostModel.tokens_only().terms() == [0.0, 0.0, 1.0, 0.0]
-    qwen = CostModel.from_shapes(vit_params=0.675e9, vit_layers=32, vit_hidden=1280, vit_tokens_per_unit=1,
-                                 vit_units_attend_jointly=True, llm_params=7.0e9, llm_layers=32, llm_hidden=4096)
+    qwen = CostModel.from_shapes(
+        vit_params=0.675e9,
+        vit_layers=32,
+        vit_hidden=1280,
+        vit_tokens_per_unit=1,
+        vit_units_attend_jointly=True,
+        llm_params=7.0e9,
+        llm_layers=32,
+        llm_hidden=4096,
+    )
     assert qwen.terms() == [4.05, 0.00049152, 42.0, 0.000786432]
 
 
@@ -81,9 +91,11 @@ def test_named_models_keep_their_numbers():
 def test_sample_cost_formula_with_vit_sequences():
     lengths = Lengths([5, 0, 4], [100, 30, 50], vit_seqlens=[2, 3, 4], vit_seqlens_offsets=[0, 2, 2, 3])
     m = _model()
-    want = [2 * 5 + 0.5 * (4 + 9) + 0.1 * 100 + 1e-3 * 100**2 + 7,
-            0.1 * 30 + 1e-3 * 30**2 + 7,
-            2 * 4 + 0.5 * 16 + 0.1 * 50 + 1e-3 * 50**2 + 7]
+    want = [
+        2 * 5 + 0.5 * (4 + 9) + 0.1 * 100 + 1e-3 * 100**2 + 7,
+        0.1 * 30 + 1e-3 * 30**2 + 7,
+        2 * 4 + 0.5 * 16 + 0.1 * 50 + 1e-3 * 50**2 + 7,
+    ]
     np.testing.assert_allclose(m.sample_costs(lengths), want, rtol=1e-12)
 
 
@@ -128,12 +140,18 @@ def test_pack_costs_from_lists_csr_and_plans():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(1, 50), max_size=4), st.integers(1, 500)), min_size=1, max_size=12),
-       st.integers(0, 2**32 - 1))
+@given(
+    st.lists(st.tuples(st.lists(st.integers(1, 50), max_size=4), st.integers(1, 500)), min_size=1, max_size=12),
+    st.integers(0, 2**32 - 1),
+)
 def test_pack_costs_are_sums_of_sample_costs(samples, seed):
     seqs = [s for s, _ in samples]
-    lengths = Lengths([sum(s) for s in seqs], [t for _, t in samples], vit_seqlens=[x for s in seqs for x in s],
-                      vit_seqlens_offsets=np.cumsum([0] + [len(s) for s in seqs]))
+    lengths = Lengths(
+        [sum(s) for s in seqs],
+        [t for _, t in samples],
+        vit_seqlens=[x for s in seqs for x in s],
+        vit_seqlens_offsets=np.cumsum([0] + [len(s) for s in seqs]),
+    )
     rng = np.random.default_rng(seed)
     packs = [rng.integers(0, len(samples), rng.integers(0, 5)) for _ in range(rng.integers(1, 6))]
     m = _model()
@@ -161,8 +179,9 @@ def test_fit_recovers_the_terms_of_exact_times():
     rng = np.random.default_rng(1)
     lengths = _varied_lengths(rng, 400)
     packs = _random_packs(lengths, rng, 80)
-    true = CostModel(vit_linear=3e-6, vit_quadratic=2e-9, llm_linear=5e-6, llm_quadratic=4e-9, per_sample=2e-4,
-                     per_pack=3e-3)
+    true = CostModel(
+        vit_linear=3e-6, vit_quadratic=2e-9, llm_linear=5e-6, llm_quadratic=4e-9, per_sample=2e-4, per_pack=3e-3
+    )
     fit = CostModel.fit(lengths, packs, true.pack_costs(lengths, packs))
     np.testing.assert_allclose(fit.model.coefficients(), true.coefficients(), rtol=1e-6)
     assert fit.heldout_error.max < 1e-8 and fit.fit_packs.size == 40 and fit.heldout_packs.size == 40
@@ -209,8 +228,12 @@ def test_fit_zeroes_terms_the_data_cannot_tell_apart():
     rng = np.random.default_rng(4)
     n = 200
     tiles = rng.integers(1, 13, n)
-    lengths = Lengths(tiles, tiles * 256 + rng.integers(10, 500, n), vit_seqlens=np.ones(int(tiles.sum()), np.int64),
-                      vit_seqlens_offsets=np.concatenate([[0], np.cumsum(tiles)]))
+    lengths = Lengths(
+        tiles,
+        tiles * 256 + rng.integers(10, 500, n),
+        vit_seqlens=np.ones(int(tiles.sum()), np.int64),
+        vit_seqlens_offsets=np.concatenate([[0], np.cumsum(tiles)]),
+    )
     packs = _random_packs(lengths, rng, 50)
     true = CostModel(vit_linear=1e-3, llm_linear=1e-5, per_pack=1e-3)
     fit = CostModel.fit(lengths, packs, true.pack_costs(lengths, packs), holdout=0)
@@ -240,8 +263,8 @@ def test_fit_checks_its_inputs():
 
 
 transformers = pytest.importorskip("transformers")
-from test_for_model import CONFIGS, _model as _tiny_model  # noqa: E402
-
+from test_for_model import CONFIGS  # noqa: E402
+from test_for_model import _model as _tiny_model  # noqa: E402
 
 # Forward FLOPs per unit of each term, worked out by hand for the tiny configs (hidden 32, 1 text layer,
 # 2 heads of 16, 1 kv head, intermediate 64, vocabulary 128):
@@ -292,8 +315,10 @@ def _forward_flops(model, batch) -> int:
     return counter.get_total_flops()
 
 
-@pytest.mark.parametrize("name,grids", [("llama", []), ("qwen2_vl", [(1, 4, 8), (2, 4, 4)]),
-                                        ("qwen2_5_vl", [(1, 8, 8), (2, 4, 8)]), ("internvl", 3)])
+@pytest.mark.parametrize(
+    "name,grids",
+    [("llama", []), ("qwen2_vl", [(1, 4, 8), (2, 4, 4)]), ("qwen2_5_vl", [(1, 8, 8), (2, 4, 8)]), ("internvl", 3)],
+)
 def test_from_config_matches_the_flop_counter(name, grids):
     """Full windows (grids of 4 x 4 patch multiples) for Qwen2.5-VL, where the window count is exact."""
     from test_for_model import _internvl_sample, _qwen_sample

@@ -1,4 +1,5 @@
 """A real multi-process run: 4 ranks (torch.multiprocessing spawn, gloo on CPU) each build the sampler."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """The epoch lower bound (balance.bound): never above an exhaustive optimum of tiny instances nor above a plan
 of any method, at least the ideal, exact where every pack holds one sample; and the report's epoch fields."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,7 @@ def _set_partitions(items: list[int]):
         return
     for part in _set_partitions(items[1:]):
         for i in range(len(part)):
-            yield part[:i] + [[items[0]] + part[i]] + part[i + 1:]
+            yield part[:i] + [[items[0]] + part[i]] + part[i + 1 :]
         yield [[items[0]]] + part
 
 
@@ -36,14 +37,18 @@ def _best_epochs(c, vit, llm, world_size, vit_capacity, llm_capacity, per_pack) 
     return best
 
 
-tiny = st.integers(1, 7).flatmap(lambda n: st.tuples(
-    st.lists(st.integers(0, 5), min_size=n, max_size=n),      # vit
-    st.lists(st.integers(1, 19), min_size=n, max_size=n),     # llm
-    st.lists(st.floats(0.0, 30.0), min_size=n, max_size=n),   # cost beyond the loads' terms
-    st.integers(1, 4),                                        # world size
-    st.integers(0, 5), st.integers(0, 24),                    # room above the largest sample
-    st.sampled_from([0.0, 0.0, 1.5]),                         # per pack
-    st.sampled_from([0.0, 0.05])))                            # quadratic token term
+tiny = st.integers(1, 7).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.integers(0, 5), min_size=n, max_size=n),  # vit
+        st.lists(st.integers(1, 19), min_size=n, max_size=n),  # llm
+        st.lists(st.floats(0.0, 30.0), min_size=n, max_size=n),  # cost beyond the loads' terms
+        st.integers(1, 4),  # world size
+        st.integers(0, 5),
+        st.integers(0, 24),  # room above the largest sample
+        st.sampled_from([0.0, 0.0, 1.5]),  # per pack
+        st.sampled_from([0.0, 0.05]),
+    )
+)  # quadratic token term
 
 
 @settings(max_examples=300, deadline=None)
@@ -61,11 +66,25 @@ def test_epoch_bound_never_exceeds_the_optimum(case) -> None:
     # plans of a given number of steps hold at most steps * world_size packs; a step beyond the runs repeats
     # the cheapest pack
     for steps in range(1, len(c) + 1):
-        reachable = [e + (steps - -(-p // world_size)) * (per_pack + c.min())
-                     for p, e in best.items() if p <= steps * world_size and -(-p // world_size) <= steps]
+        reachable = [
+            e + (steps - -(-p // world_size)) * (per_pack + c.min())
+            for p, e in best.items()
+            if p <= steps * world_size and -(-p // world_size) <= steps
+        ]
         if reachable:
-            assert costs_epoch_bound(c, vit, llm, world_size=world_size, vit_capacity=qv, llm_capacity=qt,
-                                     per_pack=per_pack, num_steps=steps) <= min(reachable) * (1 + 1e-9) + 1e-9
+            assert (
+                costs_epoch_bound(
+                    c,
+                    vit,
+                    llm,
+                    world_size=world_size,
+                    vit_capacity=qv,
+                    llm_capacity=qt,
+                    per_pack=per_pack,
+                    num_steps=steps,
+                )
+                <= min(reachable) * (1 + 1e-9) + 1e-9
+            )
 
 
 @settings(max_examples=200, deadline=None)
@@ -89,25 +108,30 @@ def test_epoch_bound_when_one_sample_binds() -> None:
     assert costs_epoch_bound(c, vit, llm, vit_capacity=0, llm_capacity=40, world_size=4) == pytest.approx(10.0)
     assert costs_epoch_bound(c, vit, llm, vit_capacity=0, llm_capacity=10, world_size=1) == pytest.approx(13.0)
     # per_pack: every pack pays it, the best plan is the step 10 + 2
-    assert costs_epoch_bound(c, vit, llm, vit_capacity=0, llm_capacity=10, world_size=4, per_pack=2.0) == \
-        pytest.approx(12.0)
+    assert costs_epoch_bound(c, vit, llm, vit_capacity=0, llm_capacity=10, world_size=4, per_pack=2.0) == pytest.approx(
+        12.0
+    )
 
 
 def test_epoch_bound_is_the_ideal_where_nothing_binds() -> None:
     # 64 equal samples, 4 per pack, 2 ranks: 8 steps of 4 each, the ideal
     c = np.ones(64)
-    assert costs_epoch_bound(c, np.zeros(64, int), np.full(64, 1), vit_capacity=0, llm_capacity=4,
-                             world_size=2) == pytest.approx(32.0)
+    assert costs_epoch_bound(
+        c, np.zeros(64, int), np.full(64, 1), vit_capacity=0, llm_capacity=4, world_size=2
+    ) == pytest.approx(32.0)
 
 
-_instances = st.integers(1, 150).flatmap(lambda n: st.tuples(
-    st.lists(st.integers(0, 12), min_size=n, max_size=n),     # vit
-    st.lists(st.integers(1, 4000), min_size=n, max_size=n),   # llm
-    st.integers(1, 16),                                       # world size
-    st.sampled_from(["balanced", "isf", "random"]),
-    st.tuples(*(st.sampled_from([0.0, 0.5, 1.0]) for _ in range(6))),  # which cost terms
-    st.booleans(),                                            # capacities below the largest sample
-    st.integers(0, 3)))                                       # seed
+_instances = st.integers(1, 150).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.integers(0, 12), min_size=n, max_size=n),  # vit
+        st.lists(st.integers(1, 4000), min_size=n, max_size=n),  # llm
+        st.integers(1, 16),  # world size
+        st.sampled_from(["balanced", "isf", "random"]),
+        st.tuples(*(st.sampled_from([0.0, 0.5, 1.0]) for _ in range(6))),  # which cost terms
+        st.booleans(),  # capacities below the largest sample
+        st.integers(0, 3),
+    )
+)  # seed
 
 
 @settings(max_examples=120, deadline=None)
@@ -115,22 +139,45 @@ _instances = st.integers(1, 150).flatmap(lambda n: st.tuples(
 def test_epoch_bound_never_exceeds_a_plan(case) -> None:
     vit, llm, world_size, method, weights, tight, seed = case
     lengths = Lengths(np.array(vit, np.int64), np.array(llm, np.int64))
-    model = CostModel(vit_linear=3.0 * weights[0], vit_quadratic=0.2 * weights[1], llm_linear=1.0 * weights[2],
-                      llm_quadratic=1e-3 * weights[3], per_sample=5.0 * weights[4], per_pack=50.0 * weights[5])
+    model = CostModel(
+        vit_linear=3.0 * weights[0],
+        vit_quadratic=0.2 * weights[1],
+        llm_linear=1.0 * weights[2],
+        llm_quadratic=1e-3 * weights[3],
+        per_sample=5.0 * weights[4],
+        per_pack=50.0 * weights[5],
+    )
     qv = max(int(lengths.vit.max()) // (2 if tight else 1), 1) if lengths.vit.any() else 0
     qt = max(int(lengths.llm.max()) // (2 if tight else 1), 1)
-    plan = plan_packs(lengths, world_size=world_size, method=method, vit_capacity=qv if qv else 0,
-                      llm_capacity=qt, oversize="single", seed=seed, cost_model=model)
+    plan = plan_packs(
+        lengths,
+        world_size=world_size,
+        method=method,
+        vit_capacity=qv if qv else 0,
+        llm_capacity=qt,
+        oversize="single",
+        seed=seed,
+        cost_model=model,
+    )
     achieved = epoch_cost(plan, lengths, model)
     for steps in (None, plan.num_steps):
-        bound = epoch_bound(lengths, model, vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity,
-                            world_size=world_size, num_steps=steps)
+        bound = epoch_bound(
+            lengths,
+            model,
+            vit_capacity=plan.vit_capacity,
+            llm_capacity=plan.llm_capacity,
+            world_size=world_size,
+            num_steps=steps,
+        )
         assert bound <= achieved * (1 + 1e-9) + 1e-9
     report = balance_report(plan, lengths, model)
     assert report.epoch_cost == pytest.approx(achieved)
     assert report.epoch_ideal * (1 - 1e-12) <= report.epoch_bound <= report.epoch_cost * (1 + 1e-9) + 1e-9
-    assert report.epoch_over_bound == pytest.approx(report.epoch_cost / report.epoch_bound) if report.epoch_bound \
+    assert (
+        report.epoch_over_bound == pytest.approx(report.epoch_cost / report.epoch_bound)
+        if report.epoch_bound
         else report.epoch_over_bound == 1.0
+    )
 
 
 def test_epoch_bound_binds_on_long_text_at_many_ranks() -> None:
@@ -160,5 +207,7 @@ def test_epoch_bound_checks_its_arguments() -> None:
         costs_epoch_bound(c, vit, llm, vit_capacity=0, llm_capacity=1, world_size=1, num_steps=1)
     with pytest.raises(TypeError, match="cost_model"):
         epoch_bound(Lengths(vit, llm), "internvl_7b", vit_capacity=0, llm_capacity=2, world_size=1)
-    assert costs_epoch_bound(np.zeros(0), np.zeros(0, int), np.zeros(0, int), vit_capacity=0, llm_capacity=2,
-                             world_size=4) == 0.0
+    assert (
+        costs_epoch_bound(np.zeros(0), np.zeros(0, int), np.zeros(0, int), vit_capacity=0, llm_capacity=2, world_size=4)
+        == 0.0
+    )

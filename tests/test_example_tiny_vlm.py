@@ -1,4 +1,5 @@
 """The end-to-end example runs: plain python and torchrun with 2 gloo ranks, a few optimizer steps each."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ def _run(cmd: list[str]) -> str:
 
 
 def _check(out: str, world_size: int, steps: int) -> None:
-    lines = re.findall(r"^step (\d+): loss ([\d.]+)  tiles per rank \[([\d, ]+)\]  tokens per rank \[([\d, ]+)\]$",
-                       out, flags=re.M)
+    lines = re.findall(
+        r"^step (\d+): loss ([\d.]+)  tiles per rank \[([\d, ]+)\]  tokens per rank \[([\d, ]+)\]$", out, flags=re.M
+    )
     assert [int(s) for s, *_ in lines] == list(range(steps)), out
     for _, loss, tiles, tokens in lines:
         tiles = [int(x) for x in tiles.split(",")]
@@ -41,6 +43,17 @@ def test_example_plain_python():
 
 @pytest.mark.slow
 def test_example_torchrun_two_ranks():
-    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                str(EXAMPLE), "--steps", "3"])
+    out = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(EXAMPLE),
+            "--steps",
+            "3",
+        ]
+    )
     _check(out, world_size=2, steps=3)

@@ -3,6 +3,7 @@
 Planning goes through ``plan_packs``, which validates first; these call ``_C`` directly, as a user of the
 extension could, so every check here is the binding's own.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,9 @@ def _packs(result) -> list[list[int]]:
 
 def _balanced(vit, llm, items=None, singles=None, vit_capacity=12, llm_capacity=4096, world_size=4):
     costs = np.abs(np.asarray(llm, dtype=np.float64))  # loads are checked past the costs
-    return C.plan_balanced(vit, llm, items, singles, vit_capacity, llm_capacity, costs, 0.0, 4, world_size, False, 3,
-                           1024)
+    return C.plan_balanced(
+        vit, llm, items, singles, vit_capacity, llm_capacity, costs, 0.0, 4, world_size, False, 3, 1024
+    )
 
 
 # Array arguments of the bindings: (binding, argument) -> call with that argument replaced.
@@ -77,8 +79,11 @@ def test_float_scalars_are_refused():
 
 
 @settings(max_examples=40, deadline=None)
-@given(dtype=st.sampled_from([np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32, np.uint64]),
-       seed=st.integers(0, 2**32 - 1), n=st.integers(1, 120))
+@given(
+    dtype=st.sampled_from([np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32, np.uint64]),
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 120),
+)
 def test_integer_arrays_of_any_width_give_the_int64_result(dtype, seed, n):
     rng = np.random.default_rng(seed)
     vit, llm = rng.integers(0, 7, n), rng.integers(1, 120, n)
@@ -90,7 +95,8 @@ def test_integer_arrays_of_any_width_give_the_int64_result(dtype, seed, n):
     np.testing.assert_array_equal(got.assignment.step_packs, expected.assignment.step_packs)
     np.testing.assert_array_equal(C.shuffle(narrow["items"], seed), C.shuffle(items, seed))
     assert _packs(C.isf(narrow["vit"], narrow["llm"], None, 8, 200, 8, 180, 3, seed)) == _packs(
-        C.isf(vit, llm, None, 8, 200, 8, 180, 3, seed))
+        C.isf(vit, llm, None, 8, 200, 8, 180, 3, seed)
+    )
 
 
 def test_uint64_values_above_int64_are_refused():
@@ -152,7 +158,9 @@ def test_loads_must_be_one_dimensional_and_of_one_length():
         C.random_next_fit(vit, llm, np.zeros((2, 2), np.int64), 12, 4096, 0)
 
 
-@pytest.mark.parametrize("vit_capacity,llm_capacity,name", [(-1, 4096, "vit_capacity"), (12, 2**48 + 1, "llm_capacity")])
+@pytest.mark.parametrize(
+    "vit_capacity,llm_capacity,name", [(-1, 4096, "vit_capacity"), (12, 2**48 + 1, "llm_capacity")]
+)
 def test_capacities_out_of_range_are_refused(vit_capacity, llm_capacity, name):
     vit, llm = _loads()
     with pytest.raises(ValueError, match=rf"^{name} must be in \[0, 2\*\*48\]"):
@@ -204,9 +212,15 @@ def test_results_are_named_read_only_and_not_positional():
     for result, field in ((packs, "offsets"), (assignment, "step_packs"), (plan, "packs")):
         with pytest.raises(AttributeError):
             setattr(result, field, None)
-    for result in (packs, assignment, plan, C.random_next_fit(vit, llm, None, 12, 4096, 0),
-                   C.assign_random(9, 2, True, 0), C.load_stats(vit, llm, 256),
-                   C.parse_length_records(b"[]", "vit_num", "token_num")):
+    for result in (
+        packs,
+        assignment,
+        plan,
+        C.random_next_fit(vit, llm, None, 12, 4096, 0),
+        C.assign_random(9, 2, True, 0),
+        C.load_stats(vit, llm, 256),
+        C.parse_length_records(b"[]", "vit_num", "token_num"),
+    ):
         with pytest.raises(TypeError):
             _a, _b = result  # no tuple unpacking: fields are read by name
 

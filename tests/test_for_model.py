@@ -7,6 +7,7 @@ gradients equal the per-sample ones, each sample run alone with the model comput
 (the text-position row, ``use_cache=False``) and check that the same comparison then fails: the test sees
 attention leak across samples.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,19 @@ transformers = pytest.importorskip("transformers")
 from omnibal_kernels.model_inputs import forward_keys, model_inputs  # noqa: E402
 from omnibal_kernels.packing import PackCollator  # noqa: E402
 from omnibal_kernels.testing.hf_models import (  # noqa: E402
-    CONFIGS, IMG, IMG_CONTEXT, MERGE, TEMPORAL, TILE_TOKENS, VID, alone, internvl_sample, mrope_text_config,
-    qwen_sample, text_ids, tiny_model,
+    CONFIGS,
+    IMG,
+    IMG_CONTEXT,
+    MERGE,
+    TEMPORAL,
+    TILE_TOKENS,
+    VID,
+    alone,
+    internvl_sample,
+    mrope_text_config,
+    qwen_sample,
+    text_ids,
+    tiny_model,
 )
 from omnibal_kernels.vision.mrope import installed_mrope_convention, video_time_positions  # noqa: E402
 
@@ -40,14 +52,14 @@ def _model(name: str, attn: str) -> Any:
 
 # ------------------------------------------------------------------------------------------------ samples
 
+
 def _samples(name: str) -> list[dict[str, Any]]:
     rng = np.random.default_rng(7)
     torch.manual_seed(7)
     if name in ("llama", "qwen2"):
         return [{"input_ids": torch.tensor(_text(rng, n))} for n in (9, 1, 14, 5)]
     if name == "internvl":  # video frames are tiles too, in pixel_values
-        return [_internvl_sample(rng, 2), _internvl_sample(rng, 0), _internvl_sample(rng, 1),
-                _internvl_sample(rng, 3)]
+        return [_internvl_sample(rng, 2), _internvl_sample(rng, 0), _internvl_sample(rng, 1), _internvl_sample(rng, 3)]
     seconds = [0.08] if name == "qwen2_5_vl" else None  # 25 fps
     return [
         _qwen_sample(rng, [(1, 4, 4)]),
@@ -58,6 +70,7 @@ def _samples(name: str) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------------ comparison
+
 
 def _targets(labels: torch.Tensor) -> int:
     return int((labels.reshape(-1)[1:] != -100).sum())
@@ -78,7 +91,7 @@ def _loss_and_grads(model: Any, batches: list[dict[str, Any]]) -> tuple[float, d
     return total, grads
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(name: str, attn: str) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of ``_samples(name)`` one at a time (the model and samples are seeded: computed once)."""
     return _loss_and_grads(_model(name, attn), [_alone(s) for s in _samples(name)])
@@ -117,8 +130,9 @@ def test_batches_from_dataloader_workers() -> None:
     samples = _samples("qwen2_5_vl")
     collator = PackCollator.for_model(model)
     context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    loader = torch.utils.data.DataLoader(samples, batch_size=len(samples), collate_fn=collator, num_workers=1,
-                                         multiprocessing_context=context)
+    loader = torch.utils.data.DataLoader(
+        samples, batch_size=len(samples), collate_fn=collator, num_workers=1, multiprocessing_context=context
+    )
     got, want = next(iter(loader)), collator(samples)
     assert got.keys() == want.keys()
     for key, value in want.items():
@@ -134,6 +148,7 @@ def test_padding_segment_changes_nothing() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ negative controls
+
 
 @pytest.mark.parametrize("name", ["llama", "internvl"])
 def test_leak_with_a_cache_is_detected(name: str) -> None:
@@ -158,6 +173,7 @@ def test_leak_with_three_mrope_rows_is_detected(name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ positions
+
 
 def _rope_index(model: Any, sample: dict[str, Any]) -> torch.Tensor:
     inputs = _alone(sample)
@@ -234,10 +250,16 @@ def test_video_time_positions_in_float32() -> None:
 
 # ------------------------------------------------------------------------------------------------ what is read
 
+
 def test_reads_ids_layout_and_keys() -> None:
     spec = model_inputs(_qwen2_5_vl())
-    assert spec.options == {"image_token_id": IMG, "video_token_id": VID, "spatial_merge_size": MERGE,
-                            "mrope_text_row": True, "tokens_per_second": 2}
+    assert spec.options == {
+        "image_token_id": IMG,
+        "video_token_id": VID,
+        "spatial_merge_size": MERGE,
+        "mrope_text_row": True,
+        "tokens_per_second": 2,
+    }
     assert {"pixel_values", "image_grid_thw", "pixel_values_videos", "second_per_grid_ts", "position_ids"} <= spec.keys
     # the vision tower would take these as its own boundaries or pass them next to its own
     assert not {"cu_seqlens", "max_seqlen", "cu_seq_lens_q", "max_length_q", "seq_idx"} & spec.keys
@@ -254,8 +276,7 @@ def test_reads_ids_layout_and_keys() -> None:
     assert forward_keys(type(model).forward) >= {"input_ids", "labels", "cu_seq_lens_q"}
 
 
-def _forward_with_string_annotations(input_ids, labels=None, *, use_cache=None,
-                                     **kwargs: Unpack[TransformersKwargs]):  # noqa: F821 (never evaluated)
+def _forward_with_string_annotations(input_ids, labels=None, *, use_cache=None, **kwargs: Unpack[TransformersKwargs]):  # noqa: F821 (never evaluated)
     """A forward whose annotations are strings, as in modules with ``from __future__ import annotations``."""
 
 

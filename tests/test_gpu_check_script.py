@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.sh runs without CUDA (skipping the GPU parts and saying so), and its report step
 turns benchmark rows and failed steps into gpu_report.json and a table."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,8 +33,13 @@ def test_gpu_check_without_cuda(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "out" / "gpu_report.json").read_text())
     assert report["status"] == "ok"
     steps = {s["name"]: s["status"] for s in report["steps"]}
-    assert steps == {"build": "skipped", "gpu_tests": "skipped", "bench_ops_gpu": "skipped",
-                     "bench_vision_gpu": "skipped", "bench_train_gpu": "skipped"}
+    assert steps == {
+        "build": "skipped",
+        "gpu_tests": "skipped",
+        "bench_ops_gpu": "skipped",
+        "bench_vision_gpu": "skipped",
+        "bench_train_gpu": "skipped",
+    }
     for name in ("bench_ops_gpu", "bench_vision_gpu", "bench_train_gpu"):
         assert report["benchmarks"][name]["skipped"] == "no CUDA device", name
     # the table is the last thing printed
@@ -42,15 +48,31 @@ def test_gpu_check_without_cuda(tmp_path: Path) -> None:
 
 def test_report_lists_rows_and_fails_on_a_failed_step(tmp_path: Path) -> None:
     (tmp_path / "steps.tsv").write_text("build\tfailed\t3\tsee build.log\nbench_x\tok\t9\tbench_x.json\n")
-    row = dict(op="pack", case="c1", provider="omnibal", ms=0.5, bytes=10**9, gbps=2000.0, copy_ms=0.45,
-               vs_copy=0.9, baseline="unpad_input", vs_baseline=2.5)
+    row = dict(
+        op="pack",
+        case="c1",
+        provider="omnibal",
+        ms=0.5,
+        bytes=10**9,
+        gbps=2000.0,
+        copy_ms=0.45,
+        vs_copy=0.9,
+        baseline="unpad_input",
+        vs_baseline=2.5,
+    )
     bench = dict(skipped=None, rows=[row], errors=[], environment=dict(device="H200"))
     (tmp_path / "bench_x.json").write_text(json.dumps(bench))
     training = dict(speedup=1.31, speedup_predicted=1.38, busy_error_max=0.042)
     (tmp_path / "bench_t.json").write_text(json.dumps(dict(skipped=None, rows=[], errors=[], training=training)))
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_report.py"), str(tmp_path), "benchmarks/bench_x.py",
-         "benchmarks/bench_t.py", "benchmarks/bench_missing.py"],
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_report.py"),
+            str(tmp_path),
+            "benchmarks/bench_x.py",
+            "benchmarks/bench_t.py",
+            "benchmarks/bench_missing.py",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

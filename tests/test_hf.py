@@ -1,4 +1,5 @@
 """The Hugging Face Trainer recipe: balanced packs per micro-step, re-planned every epoch (needs transformers)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,19 +26,33 @@ def test_trainer_recipe(tmp_path):
     vit = rng.integers(0, 4, 120)
     data = [{"input_ids": torch.randint(0, 64, (int(n),)), "sample_id": i} for i, n in enumerate(llm)]
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), num_train_epochs=2, gradient_accumulation_steps=2, learning_rate=1e-3,
-        report_to=[], save_strategy="no", logging_steps=1, use_cpu=True, remove_unused_columns=False,
-        dataloader_num_workers=0, seed=5,
+        output_dir=str(tmp_path),
+        num_train_epochs=2,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        seed=5,
     )
     model = RecordingLM()
     options = {"vit_capacity": 8, "llm_capacity": 160}
     # the ViT loads are made up (the samples carry no pixels), so the samples are not checked against them
-    trainer = BalancedTrainer(model=model, args=args, train_dataset=data, data_collator=PackCollator(),
-                              train_lengths=Lengths(vit, llm), sampler_options=options, check_loads=False)
+    trainer = BalancedTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        data_collator=PackCollator(),
+        train_lengths=Lengths(vit, llm),
+        sampler_options=options,
+        check_loads=False,
+    )
     trainer.train()
 
-    reference = BalancedBatchSampler(Lengths(vit, llm), world_size=1, rank=0, micro_steps_per_step=2, seed=5,
-                                     **options)
+    reference = BalancedBatchSampler(Lengths(vit, llm), world_size=1, rank=0, micro_steps_per_step=2, seed=5, **options)
     plans = [reference.rank_batches(epoch=e) for e in range(3)]
     assert [len(p) for p in plans] == [28, 26, 28]
     # the Trainer's epochs have the length of plan epoch 0 and run over the plans back to back: epoch 1 ends

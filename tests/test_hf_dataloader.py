@@ -1,4 +1,5 @@
 """balanced_train_dataloader on a stand-in Trainer (runs without transformers; the real Trainer is in test_hf.py)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -13,9 +14,17 @@ from omnibal_kernels.sampler import BalancedBatchSampler
 
 
 def _trainer(n: int, **args):
-    defaults = dict(world_size=2, process_index=1, gradient_accumulation_steps=2, seed=3, dataloader_drop_last=False,
-                    dataloader_num_workers=0, dataloader_pin_memory=False, dataloader_persistent_workers=False,
-                    dataloader_prefetch_factor=None)
+    defaults = dict(
+        world_size=2,
+        process_index=1,
+        gradient_accumulation_steps=2,
+        seed=3,
+        dataloader_drop_last=False,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        dataloader_persistent_workers=False,
+        dataloader_prefetch_factor=None,
+    )
     defaults.update(args)
     return SimpleNamespace(args=SimpleNamespace(**defaults), train_dataset=list(range(n)), data_collator=list)
 
@@ -28,13 +37,27 @@ def _lengths(n: int) -> Lengths:
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_options_come_from_the_training_arguments(drop_last):
     lengths = _lengths(101)
-    loader = balanced_train_dataloader(_trainer(101, dataloader_drop_last=drop_last), lengths, vit_capacity=8,
-                                       llm_capacity=160)
+    loader = balanced_train_dataloader(
+        _trainer(101, dataloader_drop_last=drop_last), lengths, vit_capacity=8, llm_capacity=160
+    )
     sampler = loader.batch_sampler.sampler
     assert (sampler.world_size, sampler.rank, sampler.micro_steps_per_step, sampler.seed, sampler.drop_last) == (
-        2, 1, 2, 3, drop_last)
-    reference = BalancedBatchSampler(lengths, world_size=2, rank=1, micro_steps_per_step=2, seed=3,
-                                     drop_last=drop_last, vit_capacity=8, llm_capacity=160)
+        2,
+        1,
+        2,
+        3,
+        drop_last,
+    )
+    reference = BalancedBatchSampler(
+        lengths,
+        world_size=2,
+        rank=1,
+        micro_steps_per_step=2,
+        seed=3,
+        drop_last=drop_last,
+        vit_capacity=8,
+        llm_capacity=160,
+    )
     assert list(loader) == reference.rank_batches(epoch=0)
     loader.set_epoch(1)
     assert list(loader) == reference.rank_batches(epoch=1)
@@ -81,7 +104,7 @@ def test_epochs_keep_the_length_of_plan_epoch_zero():
         loader.set_epoch(epoch)
         assert len(loader) == 28
         batches = list(loader)
-        assert batches == stream[epoch * 28:(epoch + 1) * 28]
+        assert batches == stream[epoch * 28 : (epoch + 1) * 28]
         seen.append(batches)
     assert seen[0] == seen[3]
     # the sampler is at the plan epoch of the last batch: epoch 2 ends 2 micro-steps into plan epoch 3
@@ -89,16 +112,21 @@ def test_epochs_keep_the_length_of_plan_epoch_zero():
 
 
 def test_checkpoint_sampler_state_is_checked(tmp_path):
-    identity = balanced_train_dataloader(_trainer(50), _lengths(50), vit_capacity=8,
-                                         llm_capacity=160).batch_sampler.identity()
-    other = balanced_train_dataloader(_trainer(50, seed=4), _lengths(50), vit_capacity=8,
-                                      llm_capacity=160).batch_sampler.identity()
+    identity = balanced_train_dataloader(
+        _trainer(50), _lengths(50), vit_capacity=8, llm_capacity=160
+    ).batch_sampler.identity()
+    other = balanced_train_dataloader(
+        _trainer(50, seed=4), _lengths(50), vit_capacity=8, llm_capacity=160
+    ).batch_sampler.identity()
     path = tmp_path / SAMPLER_STATE_FILE
     _check_sampler_state(path, identity)  # a checkpoint without one: nothing to check
     write_json(path, identity)
     _check_sampler_state(path, identity)
-    with pytest.raises(ValueError, match=f"{SAMPLER_STATE_FILE}: the checkpoint was written by a run with other "
-                                         r"lengths or sampler options \(config_fingerprint"):
+    with pytest.raises(
+        ValueError,
+        match=f"{SAMPLER_STATE_FILE}: the checkpoint was written by a run with other "
+        r"lengths or sampler options \(config_fingerprint",
+    ):
         _check_sampler_state(path, other)
     path.write_text("{not json")
     with pytest.raises(ValueError, match=f"{SAMPLER_STATE_FILE}: unreadable sampler state"):

@@ -6,6 +6,7 @@ the resume must be exactly those the uninterrupted run saw after that step, and 
 The planned epochs here hold different numbers of packs (26 or 28 micro-steps), the case the Trainer's
 fixed-length epoch arithmetic gets wrong unless the recipe accounts for it.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -65,26 +66,44 @@ def _data() -> tuple[list[dict[str, Any]], Lengths]:
     return data, Lengths(vit, llm)
 
 
-def _train(output_dir: Path, seed: int, *, save_at: tuple[int, ...] = (),
-           resume_from: Path | bool | None = None) -> tuple[RecordingLM, Any]:
+def _train(
+    output_dir: Path, seed: int, *, save_at: tuple[int, ...] = (), resume_from: Path | bool | None = None
+) -> tuple[RecordingLM, Any]:
     data, lengths = _data()
     args = transformers.TrainingArguments(
-        output_dir=str(output_dir), num_train_epochs=EPOCHS, gradient_accumulation_steps=ACCUMULATION,
-        learning_rate=1e-2, report_to=[], logging_strategy="no", use_cpu=True, remove_unused_columns=False,
-        dataloader_num_workers=0, seed=seed, save_strategy="no", disable_tqdm=True,
+        output_dir=str(output_dir),
+        num_train_epochs=EPOCHS,
+        gradient_accumulation_steps=ACCUMULATION,
+        learning_rate=1e-2,
+        report_to=[],
+        logging_strategy="no",
+        use_cpu=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        seed=seed,
+        save_strategy="no",
+        disable_tqdm=True,
     )
     model = RecordingLM(seed=0)
     # the ViT loads are made up (the samples carry no pixels), so the samples are not checked against them
-    trainer = BalancedTrainer(model=model, args=args, train_dataset=data, data_collator=PackCollator(),
-                              train_lengths=lengths, sampler_options=OPTIONS, callbacks=[SaveAt(save_at)],
-                              check_loads=False)
+    trainer = BalancedTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        data_collator=PackCollator(),
+        train_lengths=lengths,
+        sampler_options=OPTIONS,
+        callbacks=[SaveAt(save_at)],
+        check_loads=False,
+    )
     trainer.train(resume_from_checkpoint=str(resume_from) if isinstance(resume_from, Path) else resume_from)
     return model, trainer
 
 
 def _plans(seed: int) -> list[list[list[int]]]:
-    sampler = BalancedBatchSampler(_data()[1], world_size=1, rank=0, micro_steps_per_step=ACCUMULATION,
-                                   seed=seed, **OPTIONS)
+    sampler = BalancedBatchSampler(
+        _data()[1], world_size=1, rank=0, micro_steps_per_step=ACCUMULATION, seed=seed, **OPTIONS
+    )
     return [sampler.rank_batches(epoch=e) for e in range(EPOCHS + 1)]
 
 
@@ -112,16 +131,17 @@ def test_uninterrupted_run_takes_the_plans_back_to_back(full_runs: dict[int, Any
     model, trainer, _ = full_runs[seed]
     length = len(plans[0])  # every Trainer epoch has the length of plan epoch 0
     stream = [batch for plan in plans for batch in plan]
-    assert model.seen == stream[:EPOCHS * length]
+    assert model.seen == stream[: EPOCHS * length]
     assert trainer.state.global_step == EPOCHS * length // ACCUMULATION
     # every whole plan epoch seen gives each sample once, plus only the reuses its plan reports
-    sampler = BalancedBatchSampler(_data()[1], world_size=1, rank=0, micro_steps_per_step=ACCUMULATION,
-                                   seed=seed, **OPTIONS)
+    sampler = BalancedBatchSampler(
+        _data()[1], world_size=1, rank=0, micro_steps_per_step=ACCUMULATION, seed=seed, **OPTIONS
+    )
     start, whole = 0, 0
     for epoch, plan in enumerate(plans[:EPOCHS]):
         if start + len(plan) > len(model.seen):
             break
-        counts = Counter(i for batch in model.seen[start:start + len(plan)] for i in batch)
+        counts = Counter(i for batch in model.seen[start : start + len(plan)] for i in batch)
         expected = Counter(range(NUM_SAMPLES)) + Counter(sampler.balance_report(epoch).duplicated_samples.tolist())
         assert counts == expected, epoch
         start += len(plan)
@@ -130,14 +150,15 @@ def test_uninterrupted_run_takes_the_plans_back_to_back(full_runs: dict[int, Any
 
 
 @pytest.mark.parametrize("seed, step", [(seed, step) for seed, steps in RESUME_AT.items() for step in steps])
-def test_resume_gives_the_uninterrupted_batches(tmp_path: Path, full_runs: dict[int, Any], seed: int,
-                                               step: int) -> None:
+def test_resume_gives_the_uninterrupted_batches(
+    tmp_path: Path, full_runs: dict[int, Any], seed: int, step: int
+) -> None:
     full, full_trainer, output_dir = full_runs[seed]
     checkpoint = output_dir / f"checkpoint-{step}"
     assert (checkpoint / SAMPLER_STATE_FILE).is_file()
     resumed, trainer = _train(tmp_path, seed, resume_from=checkpoint)  # a new model and Trainer
 
-    assert resumed.seen == full.seen[step * ACCUMULATION:]  # nothing replayed, nothing skipped
+    assert resumed.seen == full.seen[step * ACCUMULATION :]  # nothing replayed, nothing skipped
     assert trainer.state.global_step == full_trainer.state.global_step
     full_params = full.state_dict()
     for name, value in resumed.state_dict().items():
@@ -149,6 +170,9 @@ def test_resume_with_another_plan_is_an_error(full_runs: dict[int, Any], resume_
     # the checkpoints of seed 5 resumed with seed 3: the Trainer would skip into a different plan
     _, _, output_dir = full_runs[5]
     checkpoint = output_dir / "checkpoint-9" if resume_from == "path" else True
-    with pytest.raises(ValueError, match=f"checkpoint-{9 if resume_from == 'path' else 30}/{SAMPLER_STATE_FILE}: "
-                                         "the checkpoint was written by a run with other lengths or sampler options"):
+    with pytest.raises(
+        ValueError,
+        match=f"checkpoint-{9 if resume_from == 'path' else 30}/{SAMPLER_STATE_FILE}: "
+        "the checkpoint was written by a run with other lengths or sampler options",
+    ):
         _train(output_dir, 3, resume_from=checkpoint)

@@ -4,6 +4,7 @@ Every ``import`` statement of every module is read (function bodies too), so a l
 counts like one at the top. A module may import a module of a lower layer, or one of its own subpackage
 (``balance.*``, ``vision.*``, ...) as long as no cycle forms. The layers, from the bottom:
 """
+
 from __future__ import annotations
 
 import ast
@@ -75,13 +76,14 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
                 anchor = base[: len(base) - (node.level - 1)] if node.level > 1 else base
                 target = ".".join([*anchor, *(node.module.split(".") if node.module else [])])
             elif node.module and node.module.startswith("omnibal_kernels"):
-                target = node.module[len("omnibal_kernels"):].lstrip(".")
+                target = node.module[len("omnibal_kernels") :].lstrip(".")
             else:
                 continue
             names = [f"{target}.{a.name}" if target else a.name for a in node.names] + [target]
         elif isinstance(node, ast.Import):
-            names = [a.name[len("omnibal_kernels"):].lstrip(".") for a in node.names
-                     if a.name.startswith("omnibal_kernels")]
+            names = [
+                a.name[len("omnibal_kernels") :].lstrip(".") for a in node.names if a.name.startswith("omnibal_kernels")
+            ]
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
             continue  # the lazy re-exports of __init__ files: checked through _EXPORTS below
         for name in names:
@@ -111,8 +113,9 @@ def test_no_import_runs_back_up() -> None:
     for module, targets in _graph().items():
         for target in targets:
             same_package = _unit(module) == _unit(target) and "." in module
-            if _layer(target) > _layer(module) or (_layer(target) == _layer(module) and not same_package
-                                                   and _unit(target) != _unit(module)):
+            if _layer(target) > _layer(module) or (
+                _layer(target) == _layer(module) and not same_package and _unit(target) != _unit(module)
+            ):
                 bad.append(f"{module} -> {target}")
     assert not bad, "imports that run back up (or sideways) the flow:\n" + "\n".join(sorted(bad))
 
@@ -128,7 +131,7 @@ def test_no_import_cycles() -> None:
         stack.append(m)
         for t in sorted(graph.get(m, ())):
             if state.get(t) == 1:
-                cycle = stack[stack.index(t):] + [t]
+                cycle = stack[stack.index(t) :] + [t]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if t not in state:
                 visit(t)

@@ -1,5 +1,6 @@
 """The JSON length-record scanner: ViT sequence lengths and label counts beside the loads, strict UTF-8 with
 errors at the right line and column, and what ``load_lengths`` does with the optional fields."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnibal_kernels import Lengths, load_lengths
+from omnibal_kernels import load_lengths
 from omnibal_kernels._ext import load as load_extension
 from omnibal_kernels.cli import main
 from omnibal_kernels.lengths.read import _read_records
@@ -58,8 +59,10 @@ def test_optional_fields_are_none_without_their_keys_and_start_late_with_their_f
 
 
 def test_a_repeated_key_counts_with_its_last_value_as_in_json():
-    text = b'[{"token_num": 9, "vit_seqlens": [1, 2, 3], "vit_num": 5, "vit_seqlens": [5], "label_num": 9, ' \
-           b'"label_num": 2}, {"token_num": 1, "vit_seqlens": [7], "vit_seqlens": []}]'
+    text = (
+        b'[{"token_num": 9, "vit_seqlens": [1, 2, 3], "vit_num": 5, "vit_seqlens": [5], "label_num": 9, '
+        b'"label_num": 2}, {"token_num": 1, "vit_seqlens": [7], "vit_seqlens": []}]'
+    )
     r = _parse(text)
     assert r.error == ""
     assert r.vit_seqlens.tolist() == [5] and r.vit_seqlens_offsets.tolist() == [0, 1, 1]
@@ -75,8 +78,10 @@ def test_custom_keys_are_read_escaped_or_not():
 
 def test_errors_point_at_the_value_at_fault_in_characters():
     # The sum is checked once the object is read; the error points where the list starts.
-    text = '[{"token_num": 9},\n {"n\u00f6te": "\u00e9\u20ac\U0001F600", "vit_num": 8, "vit_seqlens": [4, 5], ' \
-           '"token_num": 9}]'
+    text = (
+        '[{"token_num": 9},\n {"n\u00f6te": "\u00e9\u20ac\U0001f600", "vit_num": 8, "vit_seqlens": [4, 5], '
+        '"token_num": 9}]'
+    )
     r = _parse(text.encode())
     assert r.error_sample == 1 and r.error.startswith("'vit_seqlens' sum to 9, but 'vit_num' is 8")
     second_line = text.split("\n")[1]
@@ -90,13 +95,15 @@ def test_errors_point_at_the_value_at_fault_in_characters():
     assert r.error.startswith("'label_num' is 12, more than 'token_num' - 1 (9 - 1)") and _where(r.error) == (1, 32)
 
 
-@pytest.mark.parametrize("character", ["\u00e9", "\u20ac", "\U0001F600"])
+@pytest.mark.parametrize("character", ["\u00e9", "\u20ac", "\U0001f600"])
 def test_quoted_values_never_cut_a_character(tmp_path, character):
     """The issue's case: a long non-ASCII string in a count field is a ValueError that quotes whole characters."""
     for n in range(15, 26):
         path = tmp_path / "text_count.json"
-        path.write_text(json.dumps([{"token_num": 4}, {"vit_num": character * n, "token_num": 5}], ensure_ascii=False),
-                        encoding="utf-8")
+        path.write_text(
+            json.dumps([{"token_num": 4}, {"vit_num": character * n, "token_num": 5}], ensure_ascii=False),
+            encoding="utf-8",
+        )
         with pytest.raises(ValueError) as info:
             load_lengths(path)
         message = str(info.value)
@@ -137,8 +144,13 @@ def test_read_records_returns_the_checked_fields_by_name(tmp_path):
 
 
 def test_a_sample_with_images_needs_vit_seqlens_where_others_have_them(tmp_path):
-    records = [{"token_num": 1}, {"token_num": 1, "vit_seqlens": [1, 2]}, {"token_num": 1, "vit_num": 0},
-               {"token_num": 1, "vit_num": 7}, {"token_num": 1, "vit_num": 3, "vit_seqlens": [3]}]
+    records = [
+        {"token_num": 1},
+        {"token_num": 1, "vit_seqlens": [1, 2]},
+        {"token_num": 1, "vit_num": 0},
+        {"token_num": 1, "vit_num": 7},
+        {"token_num": 1, "vit_num": 3, "vit_seqlens": [3]},
+    ]
     path = _write(tmp_path, records, "mixed.json")
     with pytest.raises(ValueError, match=r"mixed\.json: sample 3: no vit_seqlens but a ViT load of 7, while other"):
         load_lengths(path)
@@ -157,8 +169,11 @@ def test_load_lengths_keeps_the_optional_fields(tmp_path):
     path = _write(tmp_path, RECORDS)
     expected = _read_records(path, memoryview(path.read_bytes()))
     for key, names in (("vit_seqlens", ("vit_seqlens", "vit_seqlens_offsets")), ("label_num", ("label",))):
-        one = _write(tmp_path, [{k: v for k, v in r.items() if k in ("token_num", "vit_num", key)} for r in RECORDS],
-                     f"{key}.json")
+        one = _write(
+            tmp_path,
+            [{k: v for k, v in r.items() if k in ("token_num", "vit_num", key)} for r in RECORDS],
+            f"{key}.json",
+        )
         lengths = load_lengths(one)
         for name in names:
             assert getattr(lengths, name).tolist() == getattr(expected, name).tolist()

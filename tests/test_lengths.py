@@ -1,4 +1,5 @@
 """load_lengths: every supported format, validation with file and sample named, the bundled data."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,10 @@ def _write_json(path: Path, records: list) -> Path:
 
 
 def test_omnibal_json_list(tmp_path):
-    p = _write_json(tmp_path / "a.json", [{"vit_num": 5, "token_num": 1420, "image_flags": 5},
-                                          {"vit_num": 1, "token_num": 300, "image_flags": 1}])
+    p = _write_json(
+        tmp_path / "a.json",
+        [{"vit_num": 5, "token_num": 1420, "image_flags": 5}, {"vit_num": 1, "token_num": 300, "image_flags": 1}],
+    )
     lengths = load_lengths(p)
     assert len(lengths) == 2
     assert lengths.vit.tolist() == [5, 1] and lengths.llm.tolist() == [1420, 300]
@@ -39,8 +42,9 @@ def test_meta_file_relative_paths_in_order(tmp_path):
     (tmp_path / "sub").mkdir()
     _write_json(tmp_path / "sub" / "y.json", [{"vit_num": 2, "token_num": 20}, {"vit_num": 3, "token_num": 30}])
     meta = tmp_path / "meta.json"
-    meta.write_text(json.dumps({"first": {"token_lengths": "x.json", "root": "/img"},
-                                "second": {"token_lengths": "sub/y.json"}}))
+    meta.write_text(
+        json.dumps({"first": {"token_lengths": "x.json", "root": "/img"}, "second": {"token_lengths": "sub/y.json"}})
+    )
     lengths = load_lengths(meta)
     assert lengths.llm.tolist() == [10, 20, 30]
     assert lengths.source.tolist() == [0, 1, 1]
@@ -171,6 +175,8 @@ def test_label_counts_are_kept_checked_and_written(tmp_path):
     with pytest.raises(ValueError, match="stale.npz: sample 1: label is 40 but llm is 30"):
         load_lengths(tmp_path / "stale.npz")
     records = json.loads((write_lengths(tmp_path / "l.json", lengths)).read_text())
-    assert records == [{"vit_num": 0, "token_num": 10, "label_num": 9},
-                       {"vit_num": 2, "token_num": 30, "label_num": 12},
-                       {"vit_num": 1, "token_num": 5, "label_num": 0}]
+    assert records == [
+        {"vit_num": 0, "token_num": 10, "label_num": 9},
+        {"vit_num": 2, "token_num": 30, "label_num": 12},
+        {"vit_num": 1, "token_num": 5, "label_num": 0},
+    ]

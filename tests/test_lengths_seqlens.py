@@ -1,4 +1,5 @@
 """Lengths.vit_seqlens: per-sample ViT sequence lengths in CSR form, validated, kept by subsets, read and written."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,12 @@ SEQS = [[2, 3], [], [5], [1, 1, 1]]
 
 def _lengths(seqs=SEQS) -> Lengths:
     vit = [sum(s) for s in seqs]
-    return Lengths(vit, [10 * (i + 1) + v for i, v in enumerate(vit)], vit_seqlens=[x for s in seqs for x in s],
-                   vit_seqlens_offsets=np.cumsum([0] + [len(s) for s in seqs]))
+    return Lengths(
+        vit,
+        [10 * (i + 1) + v for i, v in enumerate(vit)],
+        vit_seqlens=[x for s in seqs for x in s],
+        vit_seqlens_offsets=np.cumsum([0] + [len(s) for s in seqs]),
+    )
 
 
 def _rows(lengths: Lengths) -> list[list[int]]:
@@ -37,16 +42,19 @@ def test_csr_arrays_are_int64_and_read_only():
     assert Lengths([1], [2]).vit_seqlens is None
 
 
-@pytest.mark.parametrize("seqlens,offsets,message", [
-    ([2, 3, 5, 1, 1], [0, 2, 2, 3, 5], "sample 3: vit_seqlens sum to 2, but its ViT load is 3"),
-    ([2, 3, 5, 1, 3, -1], [0, 2, 2, 3, 6], "sample 3: vit_seqlens holds a negative length"),
-    ([2, 3, 5, 1, 1, 1], [0, 2, 3, 2, 6], "sample 2: vit_seqlens_offsets decrease"),
-    ([2, 3, 5, 1, 1, 1], [1, 2, 2, 3, 6], "must start at 0"),
-    ([2, 3, 5, 1, 1, 1], [0, 2, 2, 6], "must have 5 entries"),
-    ([2, 3, 5, 1, 1, 1], [0, 2, 2, 3, 5], "must end at the number of values"),
-    ([2.0, 3, 5, 1, 1, 1], [0, 2, 2, 3, 6], "1-D integer array"),
-    ([2, 3, 5, 1, 1, 1], None, "vit_seqlens_offsets is missing"),
-])
+@pytest.mark.parametrize(
+    "seqlens,offsets,message",
+    [
+        ([2, 3, 5, 1, 1], [0, 2, 2, 3, 5], "sample 3: vit_seqlens sum to 2, but its ViT load is 3"),
+        ([2, 3, 5, 1, 3, -1], [0, 2, 2, 3, 6], "sample 3: vit_seqlens holds a negative length"),
+        ([2, 3, 5, 1, 1, 1], [0, 2, 3, 2, 6], "sample 2: vit_seqlens_offsets decrease"),
+        ([2, 3, 5, 1, 1, 1], [1, 2, 2, 3, 6], "must start at 0"),
+        ([2, 3, 5, 1, 1, 1], [0, 2, 2, 6], "must have 5 entries"),
+        ([2, 3, 5, 1, 1, 1], [0, 2, 2, 3, 5], "must end at the number of values"),
+        ([2.0, 3, 5, 1, 1, 1], [0, 2, 2, 3, 6], "1-D integer array"),
+        ([2, 3, 5, 1, 1, 1], None, "vit_seqlens_offsets is missing"),
+    ],
+)
 def test_bad_sequences_name_the_sample(seqlens, offsets, message):
     with pytest.raises(ValueError, match=message):
         Lengths([5, 0, 5, 3], [9, 9, 9, 9], vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
@@ -97,8 +105,12 @@ def test_npz_arrays(tmp_path):
 
 def test_write_takes_sequences_from_a_mapping_and_checks_them(tmp_path):
     lengths = _lengths()
-    loads = {"vit": lengths.vit, "llm": lengths.llm, "vit_seqlens": [2, 3, 5, 1, 1, 1],
-             "vit_seqlens_offsets": [0, 2, 2, 3, 6]}
+    loads = {
+        "vit": lengths.vit,
+        "llm": lengths.llm,
+        "vit_seqlens": [2, 3, 5, 1, 1, 1],
+        "vit_seqlens_offsets": [0, 2, 2, 3, 6],
+    }
     assert _rows(load_lengths(write_lengths(tmp_path / "m.npz", loads))) == SEQS
     loads["vit_seqlens"] = [2, 3, 5, 1, 1, 2]
     with pytest.raises(ValueError, match=r"writing .*m2.json: sample 3: vit_seqlens sum to 4"):
@@ -108,8 +120,9 @@ def test_write_takes_sequences_from_a_mapping_and_checks_them(tmp_path):
 
 def test_reading_bad_sequences_names_file_and_sample(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"vit_num": 2, "token_num": 9, "vit_seqlens": [1, 1]}\n{"vit_num": 3, "token_num": 9, '
-                    '"vit_seqlens": [1, 1]}\n')
+    path.write_text(
+        '{"vit_num": 2, "token_num": 9, "vit_seqlens": [1, 1]}\n{"vit_num": 3, "token_num": 9, "vit_seqlens": [1, 1]}\n'
+    )
     with pytest.raises(ValueError, match=f"{path}: sample 1: 'vit_seqlens' sum to 2, but 'vit_num' is 3"):
         load_lengths(path)
     path.write_text('[{"vit_num": 2, "token_num": 9, "vit_seqlens": [2]}, {"vit_num": 1, "token_num": 9}]')
@@ -136,8 +149,11 @@ def test_a_key_inside_a_string_is_not_a_sequence_list(tmp_path):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 2**20), max_size=5), min_size=1, max_size=30), st.integers(0, 2**32 - 1),
-       st.sampled_from([".npz", ".json", ".jsonl"]))
+@given(
+    st.lists(st.lists(st.integers(0, 2**20), max_size=5), min_size=1, max_size=30),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([".npz", ".json", ".jsonl"]),
+)
 def test_round_trip_and_subsets_for_any_sequences(tmp_path_factory, seqs, seed, suffix):
     lengths = _lengths(seqs)
     back = load_lengths(write_lengths(tmp_path_factory.mktemp("l") / f"x{suffix}", lengths))

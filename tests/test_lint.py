@@ -4,6 +4,7 @@ find nothing in the checkout.
 Each runs from the repository root, as CI runs it, when it is installed; the test is skipped, saying which is
 missing, when it is not.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,12 +33,16 @@ def _csrc() -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tool, arguments", [
-    ("ruff", ["check"]),
-    ("ruff", ["format", "--check"]),
-    ("mypy", []),
-    ("clang-format", ["--dry-run", "--Werror", *_csrc()]),
-], ids=["ruff-check", "ruff-format", "mypy", "clang-format"])
+@pytest.mark.parametrize(
+    "tool, arguments",
+    [
+        ("ruff", ["check"]),
+        ("ruff", ["format", "--check"]),
+        ("mypy", []),
+        ("clang-format", ["--dry-run", "--Werror", *_csrc()]),
+    ],
+    ids=["ruff-check", "ruff-format", "mypy", "clang-format"],
+)
 def test_tool_reports_nothing(tool: str, arguments: list[str]) -> None:
     result = subprocess.run([*_command(tool), *arguments], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, f"{tool} {' '.join(arguments)} failed:\n{result.stdout}\n{result.stderr}"

@@ -4,6 +4,7 @@ transformers one, ``step_batches`` groups and counts, and unknown counts are an 
 
 The multi-process runs (gloo, DDP, transformers models, the Trainer) are in ``test_loss_distributed.py``.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -36,17 +37,27 @@ def _true_counts(data: list[dict[str, Any]], lengths: Any, epoch: int, **options
     ranks = [_sampler(lengths, r, **options).rank_batches(epoch=epoch) for r in range(WORLD)]
     out = []
     for first in range(0, len(ranks[0]), MICRO_STEPS):
-        ids = [i for batches in ranks for batch in batches[first:first + MICRO_STEPS] for i in batch]
+        ids = [i for batches in ranks for batch in batches[first : first + MICRO_STEPS] for i in batch]
         counts = [label_tokens(data[i]) for i in ids]
         out.append((sum(counts), sum(c > 0 for c in counts)))
     return out
 
 
-def _loader(sampler: BalancedBatchSampler, data: list[dict[str, Any]], workers: int, context: str | None = None,
-            persistent: bool = False) -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(sampler.wrap(data), batch_sampler=sampler, collate_fn=PackCollator(),
-                                       num_workers=workers, persistent_workers=persistent,
-                                       multiprocessing_context=context if workers else None)
+def _loader(
+    sampler: BalancedBatchSampler,
+    data: list[dict[str, Any]],
+    workers: int,
+    context: str | None = None,
+    persistent: bool = False,
+) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(
+        sampler.wrap(data),
+        batch_sampler=sampler,
+        collate_fn=PackCollator(),
+        num_workers=workers,
+        persistent_workers=persistent,
+        multiprocessing_context=context if workers else None,
+    )
 
 
 def _check_epoch(loader: Any, truth: list[tuple[int, int]], start: int = 0) -> None:
@@ -62,8 +73,9 @@ def _check_epoch(loader: Any, truth: list[tuple[int, int]], start: int = 0) -> N
 _CONTEXTS = [c for c in ("fork", "spawn") if c in multiprocessing.get_all_start_methods()]
 
 
-@pytest.mark.parametrize("workers, context, persistent", [(0, None, False), (2, "fork", False),
-                                                          *((1, c, True) for c in _CONTEXTS)])
+@pytest.mark.parametrize(
+    "workers, context, persistent", [(0, None, False), (2, "fork", False), *((1, c, True) for c in _CONTEXTS)]
+)
 def test_every_batch_gets_its_steps_count_in_any_worker(workers, context, persistent):
     """Persistent workers hold one copy of the dataset for the whole run: the counts travel with the batches."""
     if context == "fork" and "fork" not in _CONTEXTS:
@@ -90,8 +102,9 @@ def test_a_resumed_run_gets_the_same_counts():
     resumed = _sampler(lengths)
     resumed.load_state_dict(run.state_dict())
     resumed.set_epoch(1)
-    _check_epoch(_loader(resumed, data, 2, "fork" if "fork" in _CONTEXTS else "spawn"),
-                 _true_counts(data, lengths, 1), start=3)
+    _check_epoch(
+        _loader(resumed, data, 2, "fork" if "fork" in _CONTEXTS else "spawn"), _true_counts(data, lengths, 1), start=3
+    )
 
 
 def _reference_grads(model: torch.nn.Module, samples: list[dict[str, Any]], mode: str) -> dict[str, torch.Tensor]:
@@ -99,8 +112,9 @@ def _reference_grads(model: torch.nn.Module, samples: list[dict[str, Any]], mode
     terms = []
     for s in samples:
         logits = model(s["input_ids"][None])[0]
-        terms.append((F.cross_entropy(logits[:-1], s["labels"][1:], ignore_index=-100, reduction="sum"),
-                      label_tokens(s)))
+        terms.append(
+            (F.cross_entropy(logits[:-1], s["labels"][1:], ignore_index=-100, reduction="sum"), label_tokens(s))
+        )
     if mode == "token":
         loss = sum(ce for ce, _ in terms) / sum(n for _, n in terms)
     else:
@@ -125,8 +139,12 @@ def test_step_loss_of_a_model_without_transformers_is_the_global_mean(mode, with
         sampler = _sampler(lengths, rank)
         step = next(iter(step_batches(_loader(sampler, data, 0)))) if with_label else by_hand[rank]
         for batch in step:
-            logits = model(batch["input_ids"], position_ids=batch["position_ids"], cu_seqlens=batch["cu_seqlens"],
-                           max_seqlen=batch["max_seqlen"])
+            logits = model(
+                batch["input_ids"],
+                position_ids=batch["position_ids"],
+                cu_seqlens=batch["cu_seqlens"],
+                max_seqlen=batch["max_seqlen"],
+            )
             step_loss(logits, batch, mode=mode).backward()
         slots += [i for ids in sampler.rank_batches()[:MICRO_STEPS] for i in ids]
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -147,8 +165,10 @@ def _all_reduced_first_step(lengths: Any, data: list[dict[str, Any]]) -> list[li
     assert all(b.loss_counts.num_items_in_batch is None for step in steps for b in step)
     items = sum(int((b["labels"][0, 1:] != -100).sum()) for step in steps for b in step)
     labelled = sum(1 for step in steps for b in step for i in _sample_targets(b) if i > 0)
-    return [[b.with_counts(b.loss_counts._replace(num_items_in_batch=items, num_samples_in_batch=labelled))
-             for b in step] for step in steps]
+    return [
+        [b.with_counts(b.loss_counts._replace(num_items_in_batch=items, num_samples_in_batch=labelled)) for b in step]
+        for step in steps
+    ]
 
 
 def _sample_targets(batch: Any) -> list[int]:
@@ -159,13 +179,13 @@ def _sample_targets(batch: Any) -> list[int]:
 
 def test_step_batches_counts_a_world_of_one_and_groups_plain_batches():
     data = _data(12)
-    batches = [pack_batch(data[i:i + 3]) for i in range(0, 12, 3)]
+    batches = [pack_batch(data[i : i + 3]) for i in range(0, 12, 3)]
     assert all(b.loss_counts.num_items_in_batch is None and "num_items_in_batch" not in b for b in batches)
     steps = list(step_batches(batches, micro_steps_per_step=2))
     assert [len(s) for s in steps] == [2, 2]
     for k, step in enumerate(steps):
-        items = sum(label_tokens(s) for s in data[6 * k:6 * k + 6])
-        samples = sum(label_tokens(s) > 0 for s in data[6 * k:6 * k + 6])
+        items = sum(label_tokens(s) for s in data[6 * k : 6 * k + 6])
+        samples = sum(label_tokens(s) > 0 for s in data[6 * k : 6 * k + 6])
         for batch in step:
             assert int(batch["num_items_in_batch"]) == items == batch.loss_counts.num_items_in_batch
             assert batch.loss_counts.num_samples_in_batch == samples
@@ -204,7 +224,8 @@ def test_a_wrapped_loader_without_label_counts_warns_once_unless_step_batches_co
 def test_label_counts_need_the_first_label_masked():
     data = _data(24)
     sampler = _sampler(lengths_of(data))
-    loader = torch.utils.data.DataLoader(sampler.wrap(data), batch_sampler=sampler,
-                                         collate_fn=PackCollator(mask_first_label=False))
+    loader = torch.utils.data.DataLoader(
+        sampler.wrap(data), batch_sampler=sampler, collate_fn=PackCollator(mask_first_label=False)
+    )
     with pytest.raises(ValueError, match="label counts need mask_first_label=True"):
         next(iter(loader))

@@ -15,6 +15,7 @@ come from the plan: any collective call in the data path fails the run) and with
 (``step_batches`` counts with one all-reduce per step); the token mode through the model's own loss, the
 sample mode through ``step_loss``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from omnibal_kernels.testing.processes import free_port  # noqa: E402
+from omnibal_kernels.testing.processes import free_port
 
 MICRO_STEPS = 2
 SEED = 3
@@ -51,8 +52,9 @@ def _sampler(lengths: Any, name: str, **world: int) -> Any:
     from omnibal_kernels import BalancedBatchSampler
 
     qv, qt = CAPACITIES[name]
-    return BalancedBatchSampler(lengths, micro_steps_per_step=MICRO_STEPS, vit_capacity=qv, llm_capacity=qt,
-                                seed=SEED, method="random", **world)
+    return BalancedBatchSampler(
+        lengths, micro_steps_per_step=MICRO_STEPS, vit_capacity=qv, llm_capacity=qt, seed=SEED, method="random", **world
+    )
 
 
 @contextlib.contextmanager
@@ -83,7 +85,7 @@ def _steps(loader: Any, with_label: bool) -> list[list[Any]]:
     with _no_collectives():
         batches = list(loader)
     assert all("num_items_in_batch" in b for b in batches)
-    return [batches[i:i + MICRO_STEPS] for i in range(0, len(batches), MICRO_STEPS)]
+    return [batches[i : i + MICRO_STEPS] for i in range(0, len(batches), MICRO_STEPS)]
 
 
 def _train_scenario(name: str, mode: str, with_label: bool, world: int) -> list[dict[str, torch.Tensor]]:
@@ -95,8 +97,9 @@ def _train_scenario(name: str, mode: str, with_label: bool, world: int) -> list[
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     sampler = _sampler(lengths, name)  # world size and rank from the process group
     assert (sampler.world_size, sampler.rank) == (world, dist.get_rank())
-    loader = torch.utils.data.DataLoader(sampler.wrap(data), batch_sampler=sampler,
-                                         collate_fn=PackCollator.for_model(model, warmup=False))
+    loader = torch.utils.data.DataLoader(
+        sampler.wrap(data), batch_sampler=sampler, collate_fn=PackCollator.for_model(model, warmup=False)
+    )
     steps = _steps(loader, with_label)
     grads = []
     for step in (steps[0], steps[-1]):
@@ -134,7 +137,7 @@ def _reference(name: str, mode: str, with_label: bool, world: int) -> tuple[list
     ranks = [_sampler(lengths, name, world_size=world, rank=r).rank_batches() for r in range(world)]
     grads, repeated = [], 0
     for first in (0, len(ranks[0]) - MICRO_STEPS):
-        ids = [i for batches in ranks for batch in batches[first:first + MICRO_STEPS] for i in batch]
+        ids = [i for batches in ranks for batch in batches[first : first + MICRO_STEPS] for i in batch]
         repeated = len(ids) - len(set(ids))
         model.zero_grad(set_to_none=True)
         terms = []
@@ -191,9 +194,19 @@ def _run(world: int, scenarios: list[tuple[str, str, bool]]) -> None:
 
 @pytest.mark.slow
 def test_two_gloo_ranks_train_the_global_token_and_sample_means():
-    _run(2, [("llama", "token", True), ("llama", "sample", True), ("llama", "token", False),
-             ("internvl", "token", True), ("internvl", "sample", False), ("qwen2_vl", "token", True),
-             ("qwen2_vl", "sample", True), ("qwen2_vl", "token", False)])
+    _run(
+        2,
+        [
+            ("llama", "token", True),
+            ("llama", "sample", True),
+            ("llama", "token", False),
+            ("internvl", "token", True),
+            ("internvl", "sample", False),
+            ("qwen2_vl", "token", True),
+            ("qwen2_vl", "sample", True),
+            ("qwen2_vl", "token", False),
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -221,14 +234,30 @@ def _trainer_grads(with_label: bool, world: int) -> tuple[dict[str, torch.Tensor
     data, lengths = _setup("llama", with_label, world)
     model = tiny_model("llama", dtype=torch.float64)
     args = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(), max_steps=1, gradient_accumulation_steps=MICRO_STEPS, max_grad_norm=0.0,
-        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, ddp_backend="gloo",
-        remove_unused_columns=False, dataloader_num_workers=0, seed=SEED, disable_tqdm=True)
+        output_dir=tempfile.mkdtemp(),
+        max_steps=1,
+        gradient_accumulation_steps=MICRO_STEPS,
+        max_grad_norm=0.0,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        ddp_backend="gloo",
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        seed=SEED,
+        disable_tqdm=True,
+    )
     qv, qt = CAPACITIES["llama"]
-    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=PackCollator.for_model(model),
-                      train_lengths=lengths,
-                      sampler_options={"vit_capacity": qv, "llm_capacity": qt, "method": "random"},
-                      callbacks=[Capture()])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        data_collator=PackCollator.for_model(model),
+        train_lengths=lengths,
+        sampler_options={"vit_capacity": qv, "llm_capacity": qt, "method": "random"},
+        callbacks=[Capture()],
+    )
     gathers = []
     gather = trainer.accelerator.gather
     trainer.accelerator.gather = lambda value: gathers.append(1) or gather(value)
@@ -240,8 +269,14 @@ def _trainer_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from accelerate.state import AcceleratorState
 
     # OMP_NUM_THREADS: else accelerate sets the threads per process from the cores
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     AcceleratorState._reset_state(True)  # a forked process starts with the parent's (single-process) state
     results = {with_label: _trainer_grads(with_label, world) for with_label in (True, False)}

@@ -1,4 +1,5 @@
 """pack_batch on image/video-text samples: vision fields, Qwen2-VL mRoPE positions, unpack_batch round trips."""
+
 from __future__ import annotations
 
 import pickle
@@ -36,15 +37,18 @@ def _qwen_sample(rng: np.random.Generator, videos: bool = True) -> dict[str, Any
         grids[kind].append((t, h, w))
     ids += rng.integers(0, 1000, int(rng.integers(1, 6))).tolist()
     sample: dict[str, Any] = {"input_ids": torch.tensor(ids), "labels": torch.tensor(ids) + 7}
-    for kind, pixel_key, grid_key in (("image", "pixel_values", "image_grid_thw"),
-                                      ("video", "pixel_values_videos", "video_grid_thw")):
+    for kind, pixel_key, grid_key in (
+        ("image", "pixel_values", "image_grid_thw"),
+        ("video", "pixel_values_videos", "video_grid_thw"),
+    ):
         if grids[kind]:
             g = torch.tensor(grids[kind])
             sample[grid_key] = g
             sample[pixel_key] = torch.randn(int((g[:, 0] * g[:, 1] * g[:, 2]).sum()), PATCH_DIM)
     if grids["video"]:
-        sample["second_per_grid_ts"] = torch.tensor(rng.choice([0.5, 1.0, 2.0], len(grids["video"])),
-                                                    dtype=torch.float32)
+        sample["second_per_grid_ts"] = torch.tensor(
+            rng.choice([0.5, 1.0, 2.0], len(grids["video"])), dtype=torch.float32
+        )
     return sample
 
 
@@ -64,7 +68,9 @@ def _ref_positions(sample: dict[str, Any], tokens_per_second: float | None = Non
     seconds = None
     if tokens_per_second is not None:
         seconds = sample.get("second_per_grid_ts", torch.ones(len(videos))).tolist()
-    pos = mrope_positions_reference(sample["input_ids"].tolist(), images, videos, IMG, VID, 2, seconds, tokens_per_second)
+    pos = mrope_positions_reference(
+        sample["input_ids"].tolist(), images, videos, IMG, VID, 2, seconds, tokens_per_second
+    )
     return torch.tensor(pos, dtype=torch.int64).T.reshape(3, 1, -1)
 
 
@@ -125,8 +131,9 @@ def test_vision_fields_of_a_mixed_batch() -> None:
     assert batch["vit_cu_seqlens"].dtype == torch.int32
     assert batch["vit_cu_seqlens"].tolist() == [0] + seg.cumsum(0).tolist()
     assert batch["vit_max_seqlen"] == int(seg.max())
-    _assert_equal(batch["pixel_values"], torch.cat([s["pixel_values"] for s in samples if "pixel_values" in s]),
-                  "pixel_values")
+    _assert_equal(
+        batch["pixel_values"], torch.cat([s["pixel_values"] for s in samples if "pixel_values" in s]), "pixel_values"
+    )
     if "num_videos" in batch:
         has_vid = [int(s["video_grid_thw"].shape[0]) if "video_grid_thw" in s else 0 for s in samples]
         assert batch["num_videos"].tolist() == has_vid
@@ -168,8 +175,10 @@ def test_qwen25_video_seconds() -> None:
     plain = pack_batch(samples, image_token_id=IMG, video_token_id=VID)
     for sample, got in zip(samples, unpack_batch(plain)):
         _assert_equal(got["position_ids"], _ref_positions(sample), "positions")
-    assert batch["second_per_grid_ts"].tolist()[-len(samples[2]["second_per_grid_ts"]):] == \
-        samples[2]["second_per_grid_ts"].tolist()
+    assert (
+        batch["second_per_grid_ts"].tolist()[-len(samples[2]["second_per_grid_ts"]) :]
+        == samples[2]["second_per_grid_ts"].tolist()
+    )
 
 
 def test_internvl_tiles() -> None:
@@ -236,8 +245,7 @@ def test_errors_name_the_sample() -> None:
     with pytest.raises(ValueError, match="sample 0: image_grid_thw without pixel_values"):
         pack_batch([{"input_ids": torch.tensor([1]), "image_grid_thw": torch.tensor([[1, 2, 2]])}])
     # videos
-    video = _sample([VID, 1], video_grid_thw=torch.tensor([[1, 2, 2]]),
-                    pixel_values_videos=torch.randn(4, PATCH_DIM))
+    video = _sample([VID, 1], video_grid_thw=torch.tensor([[1, 2, 2]]), pixel_values_videos=torch.randn(4, PATCH_DIM))
     with pytest.raises(ValueError, match="sample 1: has video_grid_thw but video_token_id is not set"):
         pack_batch([good, video], image_token_id=IMG)
     video["second_per_grid_ts"] = torch.tensor([1.0, 2.0])
@@ -310,7 +318,7 @@ def test_dataloader_workers() -> None:
     assert len(batches) == 3
     for i, batch in enumerate(batches):
         assert isinstance(batch, PackedBatch)
-        want = collate(data.samples[4 * i: 4 * i + 4])
+        want = collate(data.samples[4 * i : 4 * i + 4])
         assert list(batch) == list(want)
         for key, value in want.items():
             if isinstance(value, torch.Tensor):

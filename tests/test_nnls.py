@@ -1,4 +1,5 @@
 """nnls against brute force: on small problems, every subset of columns is tried as the free set."""
+
 from __future__ import annotations
 
 import itertools

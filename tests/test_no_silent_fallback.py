@@ -2,6 +2,7 @@
 world (``world_size`` without ``rank``), a batch sampler passed as ``sampler=``, the collator class passed for an
 instance; capacities raised past the target's and reused packs above 5% of an epoch warn once and are reported.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -22,18 +23,29 @@ def _lengths(n: int = 200, seed: int = 0) -> Lengths:
 
 
 def _stand_in_trainer(n: int) -> SimpleNamespace:
-    args = SimpleNamespace(world_size=1, process_index=0, gradient_accumulation_steps=1, seed=0,
-                           dataloader_drop_last=False, dataloader_num_workers=0, dataloader_pin_memory=False,
-                           dataloader_persistent_workers=False, dataloader_prefetch_factor=None)
+    args = SimpleNamespace(
+        world_size=1,
+        process_index=0,
+        gradient_accumulation_steps=1,
+        seed=0,
+        dataloader_drop_last=False,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        dataloader_persistent_workers=False,
+        dataloader_prefetch_factor=None,
+    )
     return SimpleNamespace(args=args, train_dataset=list(range(n)), data_collator=list)
 
 
 def test_world_size_in_the_environment_needs_a_process_group(monkeypatch):
     lengths = _lengths()
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match=r"BalancedBatchSampler: WORLD_SIZE=2 in the environment but no "
-                                         r"torch.distributed process group is initialized: call "
-                                         r"torch.distributed.init_process_group"):
+    with pytest.raises(
+        ValueError,
+        match=r"BalancedBatchSampler: WORLD_SIZE=2 in the environment but no "
+        r"torch.distributed process group is initialized: call "
+        r"torch.distributed.init_process_group",
+    ):
         BalancedBatchSampler(lengths)
     with pytest.raises(ValueError, match=r"BalancedPacker: WORLD_SIZE=2 .*init_process_group"):
         BalancedPacker(list(range(10)), lambda s: (0, 1), vit_capacity=1, llm_capacity=4)
@@ -62,10 +74,15 @@ def test_a_batch_sampler_passed_as_sampler_is_a_clear_error(wrapped):
     data = training_samples("llama", 40, seed=0)
     sampler = BalancedBatchSampler(lengths_of(data), world_size=1, rank=0, vit_capacity=0, llm_capacity=60)
     dataset = sampler.wrap(data) if wrapped else data
-    for loader in (torch.utils.data.DataLoader(dataset, sampler=sampler, collate_fn=PackCollator()),
-                   torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=PackCollator())):
-        with pytest.raises(TypeError, match=r"pass it as DataLoader\(dataset, batch_sampler=sampler\), not "
-                                            r"sampler=sampler"):
+    for loader in (
+        torch.utils.data.DataLoader(dataset, sampler=sampler, collate_fn=PackCollator()),
+        torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=PackCollator()),
+    ):
+        with pytest.raises(
+            TypeError,
+            match=r"pass it as DataLoader\(dataset, batch_sampler=sampler\), not "
+            r"sampler=sampler",
+        ):
             next(iter(loader))
     with pytest.raises(TypeError, match="batch_sampler=sampler"):  # the wrapped dataset itself, indexed by a batch
         sampler.wrap(data)[[0, 1]]
@@ -76,8 +93,11 @@ def test_a_batch_sampler_passed_as_sampler_is_a_clear_error(wrapped):
 def test_the_collator_class_for_an_instance_is_a_clear_error(workers):
     data = training_samples("llama", 8, seed=0)
     loader = torch.utils.data.DataLoader(data, batch_size=4, collate_fn=PackCollator, num_workers=workers)
-    with pytest.raises(TypeError, match=r"PackCollator was called with a batch of 4 samples: collate_fn must be an "
-                                        r"instance, collate_fn=PackCollator\(...\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"PackCollator was called with a batch of 4 samples: collate_fn must be an "
+        r"instance, collate_fn=PackCollator\(...\)",
+    ):
         next(iter(loader))
 
 
@@ -85,9 +105,12 @@ def test_capacities_raised_past_the_target_warn_and_are_reported():
     lengths = _lengths()
     big = Lengths(np.append(lengths.vit, 60), np.append(lengths.llm, 20_000))  # one sample of 15 mean packs
     for method in ("balanced", "isf"):
-        with pytest.warns(UserWarning, match=r"target_batch_size=4: the capacities it gives cannot hold the largest "
-                                             r"sample \(ViT load 60, 20000 tokens\), so they were raised .* packs "
-                                             r"hold about [\d.]+ samples on average \(predicted_batch_size\)"):
+        with pytest.warns(
+            UserWarning,
+            match=r"target_batch_size=4: the capacities it gives cannot hold the largest "
+            r"sample \(ViT load 60, 20000 tokens\), so they were raised .* packs "
+            r"hold about [\d.]+ samples on average \(predicted_batch_size\)",
+        ):
             caps = search_capacity(big, 4, method=method, world_size=2)
         assert caps.raised and caps.predicted_batch_size > 8
     with warnings.catch_warnings():
@@ -110,9 +133,12 @@ def test_capacities_raised_past_the_target_warn_and_are_reported():
 
 def test_reused_packs_above_five_percent_warn_once_and_are_reported():
     lengths = _lengths(200)
-    with pytest.warns(UserWarning, match=r"epoch 0: [\d.]+% of the epoch's samples are trained twice: .* world_size "
-                                         r"8 x micro_steps_per_step 1 = 8 packs.*packs hold about [\d.]+ samples.*"
-                                         r"drop_last=True"):
+    with pytest.warns(
+        UserWarning,
+        match=r"epoch 0: [\d.]+% of the epoch's samples are trained twice: .* world_size "
+        r"8 x micro_steps_per_step 1 = 8 packs.*packs hold about [\d.]+ samples.*"
+        r"drop_last=True",
+    ):
         # random packs: the balanced method splits packs into whole steps where it can, and reuses none here
         sampler = BalancedBatchSampler(lengths, world_size=8, rank=0, target_batch_size=4, method="random")
     report = sampler.balance_report()

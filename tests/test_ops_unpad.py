@@ -1,16 +1,17 @@
 """pack / unpack / pack_from_mask: Triton kernels (interpreter on CPU, CUDA under -m gpu) and CPU twins
 against the plain references in omnibal_kernels.testing."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from omnibal_kernels.cpu import unpad as cpu_pack
 from omnibal_kernels._contracts import segments as _segments
+from omnibal_kernels.cpu import unpad as cpu_pack
 from omnibal_kernels.ops import _launch
 from omnibal_kernels.ops import unpad as ops_pack
-from omnibal_kernels.testing import unpad_reference, pad_input_reference, pad_reference, unpad_input_reference
+from omnibal_kernels.testing import pad_input_reference, pad_reference, unpad_input_reference, unpad_reference
 
 interpreted = pytest.mark.skipif(
     not _launch.interpreted(), reason="Triton kernels run on CPU tensors only with TRITON_INTERPRET=1"
@@ -121,8 +122,10 @@ def test_every_form_of_lengths_gives_the_same_rows(target, poisoned) -> None:
     for form in forms:
         _same(ops_pack.unpad(padded, backend=backend, **form), expected)
         form.pop("total_tokens", None)
-        _same(ops_pack.pad(expected.to(device), padded_len=11, backend=backend, **form), padded.cpu() * (
-            torch.arange(11)[None, :, None] < torch.tensor(lens)[:, None, None]))
+        _same(
+            ops_pack.pad(expected.to(device), padded_len=11, backend=backend, **form),
+            padded.cpu() * (torch.arange(11)[None, :, None] < torch.tensor(lens)[:, None, None]),
+        )
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -281,8 +284,11 @@ def test_host_lengths_never_sync() -> None:
         packed = ops_pack.unpad(padded, lens)
         out = ops_pack.pad(packed, lens, padded_len=64)
         out.float().sum().backward()
-        packed_dev = ops_pack.unpad(padded.detach(), cu_seqlens=torch.tensor(
-            [0, 64, 65, 95], dtype=torch.int32).cuda(non_blocking=True), total_tokens=95)
+        packed_dev = ops_pack.unpad(
+            padded.detach(),
+            cu_seqlens=torch.tensor([0, 64, 65, 95], dtype=torch.int32).cuda(non_blocking=True),
+            total_tokens=95,
+        )
     finally:
         torch.cuda.set_sync_debug_mode("default")
     _same(packed, unpad_reference(padded.detach().cpu(), lens))

@@ -1,5 +1,6 @@
 """varlen_metadata: the Triton kernel (interpreter on CPU, CUDA under -m gpu) and the CPU twin against
 the loop reference in omnibal_kernels.testing; integer outputs must match exactly."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,11 @@ def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _check(got: ops_meta.VarlenMetadata, lens: list[int], labels: torch.Tensor | None, ignore_index: int) -> None:
     cu, pos, idx, lab = varlen_metadata_reference(lens, labels, ignore_index)
-    for name, actual, expected in [("cu_seqlens", got.cu_seqlens, cu), ("position_ids", got.position_ids, pos),
-                                   ("seq_idx", got.seq_idx, idx)]:
+    for name, actual, expected in [
+        ("cu_seqlens", got.cu_seqlens, cu),
+        ("position_ids", got.position_ids, pos),
+        ("seq_idx", got.seq_idx, idx),
+    ]:
         assert actual.dtype == expected.dtype, name
         assert torch.equal(actual.cpu(), expected), name
     if labels is None:
@@ -100,14 +104,28 @@ def test_bad_arguments_are_named(backend) -> None:
         (lambda: ops_meta.varlen_metadata(lens[None], backend=backend), ValueError, "seq_lens must be 1-D"),
         (lambda: ops_meta.varlen_metadata(torch.tensor([2, -1]), backend=backend), ValueError, "negative length"),
         (lambda: ops_meta.varlen_metadata(lens, total_tokens=4, backend=backend), ValueError, "add up to 5"),
-        (lambda: ops_meta.varlen_metadata(lens, labels=torch.zeros(4, dtype=torch.long), backend=backend),
-         ValueError, "labels hold 4 tokens"),
-        (lambda: ops_meta.varlen_metadata(lens, labels=torch.zeros(5), backend=backend), TypeError,
-         "labels must hold integers"),
-        (lambda: ops_meta.varlen_metadata(lens, labels=torch.zeros(1, 1, 5, dtype=torch.long), backend=backend),
-         ValueError, "labels must be (T,) or (1, T)"),
-        (lambda: ops_meta.varlen_metadata(lens, total_tokens=5, labels=torch.zeros(6, dtype=torch.long),
-                                          backend=backend), ValueError, "labels hold 6 tokens but total_tokens=5"),
+        (
+            lambda: ops_meta.varlen_metadata(lens, labels=torch.zeros(4, dtype=torch.long), backend=backend),
+            ValueError,
+            "labels hold 4 tokens",
+        ),
+        (
+            lambda: ops_meta.varlen_metadata(lens, labels=torch.zeros(5), backend=backend),
+            TypeError,
+            "labels must hold integers",
+        ),
+        (
+            lambda: ops_meta.varlen_metadata(lens, labels=torch.zeros(1, 1, 5, dtype=torch.long), backend=backend),
+            ValueError,
+            "labels must be (T,) or (1, T)",
+        ),
+        (
+            lambda: ops_meta.varlen_metadata(
+                lens, total_tokens=5, labels=torch.zeros(6, dtype=torch.long), backend=backend
+            ),
+            ValueError,
+            "labels hold 6 tokens but total_tokens=5",
+        ),
         (lambda: ops_meta.varlen_metadata(lens, ignore_index=-1.0, backend=backend), TypeError, "ignore_index"),
         (lambda: ops_meta.varlen_metadata(lens, backend="numba"), ValueError, "backend must be one of"),
     ]

@@ -1,5 +1,6 @@
 """pack_batch on integer inputs that could wrap or fail without naming the sample: uint64 values >= 2**63,
 reversed (negative-stride) numpy arrays, unsigned torch tensors beside int64 ones, negative token ids."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,11 +19,15 @@ def _both_paths(ids, labels=None):
     return [pack_sequences(ids, labels, shared=shared) for shared in (False, True)]
 
 
-@pytest.mark.parametrize("make", [
-    lambda: np.array([1, BIG], np.uint64),
-    lambda: torch.tensor([1, BIG], dtype=torch.uint64),
-    lambda: [1, BIG],
-], ids=["numpy_uint64", "torch_uint64", "list"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.array([1, BIG], np.uint64),
+        lambda: torch.tensor([1, BIG], dtype=torch.uint64),
+        lambda: [1, BIG],
+    ],
+    ids=["numpy_uint64", "torch_uint64", "list"],
+)
 @pytest.mark.parametrize("others", ["int64", "same"])
 def test_ids_above_int64_name_the_sample(make, others):
     first = torch.tensor([3, 4]) if others == "int64" else make()[:1]  # [:1] holds only the value 1

@@ -1,5 +1,6 @@
 """PackOptions built from its parts or from flat keywords, the one merge rule of ``options=`` beside keywords,
 and the one ``backend`` vocabulary of the package."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -96,8 +97,12 @@ def test_one_backend_vocabulary() -> None:
             assert check_backend("f", value, stage) == value
     other = {"ops": "numba", "packing": "triton", "attention": "cpu"}
     for stage, value in other.items():
-        with pytest.raises(ValueError, match=rf"^f: backend must be one of {backends(stage)!r}, got '{value}'$"
-                           .replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(
+            ValueError,
+            match=rf"^f: backend must be one of {backends(stage)!r}, got '{value}'$".replace("(", r"\(").replace(
+                ")", r"\)"
+            ),
+        ):
             check_backend("f", value, stage)
     with pytest.raises(ValueError, match="backend must be one of"):
         check_backend("f", ["auto"], "ops")  # unhashable values get the same error
@@ -110,8 +115,14 @@ def test_every_stage_checks_its_backend_with_the_one_message() -> None:
     calls = {
         "packing": lambda: pack_batch(_samples(), backend="cpu"),
         "ops": lambda: unpad(torch.zeros(1, 2), [1], backend="numba"),
-        "attention": lambda: varlen_attention(torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), torch.zeros(2, 1, 4),
-                                              torch.tensor([0, 2], dtype=torch.int32), 2, backend="triton"),
+        "attention": lambda: varlen_attention(
+            torch.zeros(2, 1, 4),
+            torch.zeros(2, 1, 4),
+            torch.zeros(2, 1, 4),
+            torch.tensor([0, 2], dtype=torch.int32),
+            2,
+            backend="triton",
+        ),
     }
     for stage, call in calls.items():
         with pytest.raises(ValueError, match=rf": backend must be one of \('auto', '{backends(stage)[1]}'"):

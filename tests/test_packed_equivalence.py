@@ -17,6 +17,7 @@ changes the result; the last tests show the same check failing on such batches. 
 run: packed vs unpacked differ by ~5e-7 in logits, ~3e-8 relative in the loss and ~6e-7 relative in the
 gradients; merging three sequences moves the loss by ~3e-4 relative and gradients by ~1x their size.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -82,8 +83,13 @@ def _model(seed: int = 0) -> TinyCausalLM:
 def _packed_run(model: TinyCausalLM, batch: Any) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, torch.Tensor]]:
     """Logits, token-mean loss, target count and parameter gradients of one packed forward/backward."""
     model.zero_grad(set_to_none=True)
-    logits = model(batch["input_ids"], position_ids=batch["position_ids"], cu_seqlens=batch["cu_seqlens"],
-                   max_seqlen=batch["max_seqlen"], attention_backend="sdpa")
+    logits = model(
+        batch["input_ids"],
+        position_ids=batch["position_ids"],
+        cu_seqlens=batch["cu_seqlens"],
+        max_seqlen=batch["max_seqlen"],
+        attention_backend="sdpa",
+    )
     loss = causal_lm_loss(logits, batch["labels"], reduction="mean")
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -114,8 +120,13 @@ def assert_packed_matches_unpacked(model: TinyCausalLM, samples: list[dict[str, 
     start = 0
     for i, ref in enumerate(u_logits):
         # sliced by the samples' own lengths, so a batch with wrong cu_seqlens is still compared per sample
-        torch.testing.assert_close(p_logits[0, start:start + ref.shape[0]], ref, atol=1e-5, rtol=1e-5,
-                                   msg=lambda m, i=i: f"logits of sequence {i}: {m}")
+        torch.testing.assert_close(
+            p_logits[0, start : start + ref.shape[0]],
+            ref,
+            atol=1e-5,
+            rtol=1e-5,
+            msg=lambda m, i=i: f"logits of sequence {i}: {m}",
+        )
         start += ref.shape[0]
     assert p_targets == u_targets, f"packed labels have {p_targets} targets, the samples {u_targets}"
     torch.testing.assert_close(p_loss.double() * p_targets, u_loss_sum, atol=0.0, rtol=LOSS_RTOL)
@@ -123,8 +134,9 @@ def assert_packed_matches_unpacked(model: TinyCausalLM, samples: list[dict[str, 
     for name, grad in u_grads.items():
         scale = grad.abs().max().item()
         assert scale > 0, f"{name} got no gradient: the check would be vacuous"
-        torch.testing.assert_close(p_grads[name], grad, atol=GRAD_RTOL * scale, rtol=0.0,
-                                   msg=lambda m, name=name: f"gradient of {name}: {m}")
+        torch.testing.assert_close(
+            p_grads[name], grad, atol=GRAD_RTOL * scale, rtol=0.0, msg=lambda m, name=name: f"gradient of {name}: {m}"
+        )
 
 
 def test_packed_equals_one_at_a_time(pack) -> None:

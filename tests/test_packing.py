@@ -1,4 +1,5 @@
 """pack_batch / PackedBatch / PackCollator against the plain reference in omnibal_kernels.testing."""
+
 from __future__ import annotations
 
 import pickle
@@ -67,15 +68,11 @@ def test_reference_by_hand() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize(
-    "lens", [[1], [7], [1, 1, 1], [97, 1023, 1025, 1], [113] * 16, [3, 1, 4, 1, 5, 9, 2, 6]]
-)
+@pytest.mark.parametrize("lens", [[1], [7], [1, 1, 1], [97, 1023, 1025, 1], [113] * 16, [3, 1, 4, 1, 5, 9, 2, 6]])
 def test_matches_reference(lens: list[int], backend: str, shared: bool) -> None:
     samples = _samples(lens)
     opts = PackOptions(backend=backend)
-    got = pack_sequences(
-        [s["input_ids"] for s in samples], [s["labels"] for s in samples], options=opts, shared=shared
-    )
+    got = pack_sequences([s["input_ids"] for s in samples], [s["labels"] for s in samples], options=opts, shared=shared)
     _assert_same(got, pack_batch_reference(samples))
     assert got["input_ids"].is_shared() == shared and got["seq_idx"].is_shared() == shared
     assert got["cu_seq_lens_q"] is got["cu_seqlens"] and got["cu_seq_lens_k"] is got["cu_seqlens"]
@@ -321,7 +318,7 @@ def test_int32_overflow() -> None:
     with pytest.raises(ValueError, match="int32 cu_seqlens"):
         pack_batch([{"input_ids": big}, {"input_ids": big}])
     with pytest.raises(ValueError, match="int32 cu_seqlens"):
-        pack_batch([{"input_ids": big}, {"input_ids": big[:2**30 - 1]}], pad_to_multiple_of=64)
+        pack_batch([{"input_ids": big}, {"input_ids": big[: 2**30 - 1]}], pad_to_multiple_of=64)
 
 
 def test_static_limits() -> None:
@@ -487,9 +484,7 @@ def test_dataloader_workers() -> None:
     data = _Dataset(lens)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pin_memory without an accelerator only warns
-        loader = torch.utils.data.DataLoader(
-            data, batch_size=4, num_workers=2, pin_memory=True, collate_fn=pack_batch
-        )
+        loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, pin_memory=True, collate_fn=pack_batch)
         batches = list(loader)
     assert len(batches) == 3
     for i, batch in enumerate(batches):

@@ -3,6 +3,7 @@
 Lists take their own conversion path; the batch must be exactly the one the same samples give as tensors,
 and every bad list must raise the error it raised before, naming the sample.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,8 +22,10 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 def _tensor_samples(lens: list[int], seed: int = 0) -> list[dict[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     return [
-        {"input_ids": torch.randint(0, 151_000, (n,), generator=gen),
-         "labels": torch.randint(-100, 151_000, (n,), generator=gen)}
+        {
+            "input_ids": torch.randint(0, 151_000, (n,), generator=gen),
+            "labels": torch.randint(-100, 151_000, (n,), generator=gen),
+        }
         for n in lens
     ]
 

@@ -1,4 +1,5 @@
 """patchify: Triton kernel (TRITON_INTERPRET on CPU) and numba twin against the reshape/permute reference."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,9 @@ from omnibal_kernels.testing import patchify_reference
 from omnibal_kernels.vision import qwen2vl_grid
 
 
-def _images(rng: np.random.Generator, n: int, dtype: torch.dtype, video: bool = False, factor: int = 28,
-            channels: int = 3) -> list[torch.Tensor]:
+def _images(
+    rng: np.random.Generator, n: int, dtype: torch.dtype, video: bool = False, factor: int = 28, channels: int = 3
+) -> list[torch.Tensor]:
     out = []
     for _ in range(n):
         h, w = factor * int(rng.integers(1, 4)), factor * int(rng.integers(1, 4))
@@ -82,7 +84,7 @@ def test_padded_and_strided_inputs(impl: str) -> None:
     wmax = max(x.shape[2] for x in images)
     padded = torch.full((3, 3, hmax, wmax), float("nan"))  # padding must never be read
     for i, x in enumerate(images):
-        padded[i, :, :x.shape[1], :x.shape[2]] = x
+        padded[i, :, : x.shape[1], : x.shape[2]] = x
     sizes = torch.tensor([[x.shape[1], x.shape[2]] for x in images])
     _check(fn(padded, sizes), images)
     # channels-last storage: strides, not a copy

@@ -1,10 +1,10 @@
 """Pipeline planning stays bounded: the simulator in time linear in the operations and memory independent of the
 micro-batches, the exact search with memory budgets over hundreds of layers of distinct sizes. Each case runs in
 a fresh process whose CPU time and peak resident memory are measured (``resource.getrusage``)."""
+
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import textwrap
@@ -55,10 +55,14 @@ def _peak_mib():
 def _measure(body: str) -> dict:
     """Runs ``body`` (which fills ``out``) in a fresh interpreter; adds its CPU seconds and its own peak resident
     memory in MiB, both read inside that interpreter so that no other process counts."""
-    code = ("import json, resource\nout = {}\n" + PEAK + textwrap.dedent(body)
-            + "\nu = resource.getrusage(resource.RUSAGE_SELF)\n"
-            + "out['cpu_s'] = u.ru_utime + u.ru_stime\nout['peak_mib'] = _peak_mib()\n"
-            + "print(json.dumps(out))\n")
+    code = (
+        "import json, resource\nout = {}\n"
+        + PEAK
+        + textwrap.dedent(body)
+        + "\nu = resource.getrusage(resource.RUSAGE_SELF)\n"
+        + "out['cpu_s'] = u.ru_utime + u.ru_stime\nout['peak_mib'] = _peak_mib()\n"
+        + "print(json.dumps(out))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,4 +1,5 @@
 """Per-micro-batch costs: pack loads through the cost model of each layer kind, and a plan simulated on them."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,9 +61,14 @@ def test_simulate_packs_runs_the_plan_per_micro_batch():
     # by hand: per micro-batch stage sums of the scaled layer times, recomputation included
     r = simulate_packs(plan, prof, packs)
     t = micro_batch_times(prof, packs)
-    fwd = np.stack([t.forward_ms[:, a:b + 1].sum(axis=1) for a, b in plan.stages], axis=1)
-    bwd = np.stack([t.backward_ms[:, a:b + 1].sum(axis=1) + t.forward_ms[:, list(rec)].sum(axis=1)
-                    for (a, b), rec in zip(plan.stages, plan.recompute)], axis=1)
+    fwd = np.stack([t.forward_ms[:, a : b + 1].sum(axis=1) for a, b in plan.stages], axis=1)
+    bwd = np.stack(
+        [
+            t.backward_ms[:, a : b + 1].sum(axis=1) + t.forward_ms[:, list(rec)].sum(axis=1)
+            for (a, b), rec in zip(plan.stages, plan.recompute)
+        ],
+        axis=1,
+    )
     assert r.step_ms == pytest.approx(simulate(fwd, bwd, 8, comm_ms=plan.comm_ms).step_ms, rel=1e-12)
     assert r.step_ms != pytest.approx(plan.step_ms, rel=1e-6)
 

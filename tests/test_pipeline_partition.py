@@ -1,5 +1,6 @@
 """Partition search and recompute plans against brute force: the least simulated step under every schedule (an
 independent simulator, tests/pipeline_reference.py), the least bottleneck, the recompute knapsack."""
+
 from __future__ import annotations
 
 import itertools
@@ -27,8 +28,16 @@ def _profile(rng: np.random.Generator, n: int) -> ModelProfile:
     layers = []
     for i in range(n):
         f = float(rng.uniform(0.5, 3.0))
-        layers.append(LayerProfile(f"l{i}", f, f * float(rng.uniform(1.5, 2.5)), int(rng.integers(1, 100)) * 10**6,
-                                   int(rng.integers(0, 50)) * 10**6, int(rng.integers(1, 30)) * 10**6))
+        layers.append(
+            LayerProfile(
+                f"l{i}",
+                f,
+                f * float(rng.uniform(1.5, 2.5)),
+                int(rng.integers(1, 100)) * 10**6,
+                int(rng.integers(0, 50)) * 10**6,
+                int(rng.integers(1, 30)) * 10**6,
+            )
+        )
     return ModelProfile(tuple(layers), input_bytes=int(rng.integers(1, 30)) * 10**6)
 
 
@@ -67,23 +76,37 @@ def _brute_step(prof: ModelProfile, v: int, m: int, budget, schedule: str, fixed
             for j, layer in found[1]:
                 rec[j] += fwd[layer]
         else:
-            f = [fwd[a:b + 1].sum() for a, b in stages]
-            bt = [bwd[a:b + 1].sum() for a, b in stages]
+            f = [fwd[a : b + 1].sum() for a, b in stages]
+            bt = [bwd[a : b + 1].sum() for a, b in stages]
             w = [0.5 * x if zb else 0.0 for x in bt]
-            step, _ = reference_step(orders, f, [x + y - z for x, y, z in zip(bt, rec, w)], w,
-                                     [send[b] for _, b in stages[:-1]], ranks)
+            step, _ = reference_step(
+                orders, f, [x + y - z for x, y, z in zip(bt, rec, w)], w, [send[b] for _, b in stages[:-1]], ranks
+            )
             if best[0] is None or step < best[0]:
                 best = (step, stages)
     return best
 
 
-STEP_CASES = [("1f1b", 1), ("gpipe", 1), ("interleaved", 1), ("interleaved", 2), ("interleaved-zb", 1),
-              ("interleaved-zb", 2), ("zbv", 2)]
+STEP_CASES = [
+    ("1f1b", 1),
+    ("gpipe", 1),
+    ("interleaved", 1),
+    ("interleaved", 2),
+    ("interleaved-zb", 1),
+    ("interleaved-zb", 2),
+    ("zbv", 2),
+]
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), case=st.sampled_from(STEP_CASES), P=st.integers(1, 4),
-       m=st.integers(1, 6), tight=st.sampled_from([None, 0.9, 0.6]), data=st.data())
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    case=st.sampled_from(STEP_CASES),
+    P=st.integers(1, 4),
+    m=st.integers(1, 6),
+    tight=st.sampled_from([None, 0.9, 0.6]),
+    data=st.data(),
+)
 def test_step_search_matches_brute_force(seed, case, P, m, tight, data):
     """The least simulated step, checked against every split under the independent simulator."""
     schedule, v = case
@@ -146,7 +169,7 @@ def _brute_stage(prof: ModelProfile, a: int, b: int, k: int, budget):
     for r in range(len(idx) + 1):
         for chosen in itertools.combinations(idx, r):
             kept = sum(inp[j] if j in chosen else act[j] for j in idx)
-            if budget is not None and static[a:b + 1].sum() + k * kept > budget:
+            if budget is not None and static[a : b + 1].sum() + k * kept > budget:
                 continue
             cost = sum(fwd[j] for j in chosen)
             if best is None or cost < best[0]:
@@ -169,18 +192,27 @@ def _brute_partition(prof: ModelProfile, P: int, m: int, budget, fixed=None, sch
             if found is None:
                 break
             comm = (send[b] if b < L - 1 else 0.0) + (send[a - 1] if a > 0 else 0.0)
-            times.append(prof.forward_ms[a:b + 1].sum() + prof.backward_ms[a:b + 1].sum() + found[0] + comm)
+            times.append(prof.forward_ms[a : b + 1].sum() + prof.backward_ms[a : b + 1].sum() + found[0] + comm)
         else:
             key = (max(times), sum(times))
-            if best is None or key[0] < best[0] * (1 - 1e-12) or (
-                    math.isclose(key[0], best[0], rel_tol=1e-12) and key[1] < best[1]):
+            if (
+                best is None
+                or key[0] < best[0] * (1 - 1e-12)
+                or (math.isclose(key[0], best[0], rel_tol=1e-12) and key[1] < best[1])
+            ):
                 best = key
     return best
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 8), P=st.integers(1, 4), m=st.integers(1, 6),
-       tight=st.sampled_from([None, 0.9, 0.6, 0.4]), schedule=st.sampled_from(["1f1b", "gpipe"]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(2, 8),
+    P=st.integers(1, 4),
+    m=st.integers(1, 6),
+    tight=st.sampled_from([None, 0.9, 0.6, 0.4]),
+    schedule=st.sampled_from(["1f1b", "gpipe"]),
+)
 def test_bottleneck_search_matches_brute_force(seed, n, P, m, tight, schedule):
     P = min(P, n)
     prof = _profile(np.random.default_rng(seed), n)
@@ -275,9 +307,11 @@ def test_paper_search_against_the_exact_optimum_on_random_profiles():
         bottleneck_miss.append(paper.bottleneck_ms / exact.bottleneck_ms - 1)
         step_miss.append(paper.step_ms / exact.step_ms - 1)
     bottleneck_miss, step_miss = np.array(bottleneck_miss), np.array(step_miss)
-    print(f"paper vs exact bottleneck: {np.mean(bottleneck_miss > 1e-9):.0%} miss, {np.mean(bottleneck_miss > 0.02):.0%} "
-          f"by > 2%, worst {bottleneck_miss.max():.1%}; simulated step: worst {step_miss.max():+.1%}, "
-          f"best {step_miss.min():+.1%}")
+    print(
+        f"paper vs exact bottleneck: {np.mean(bottleneck_miss > 1e-9):.0%} miss, {np.mean(bottleneck_miss > 0.02):.0%} "
+        f"by > 2%, worst {bottleneck_miss.max():.1%}; simulated step: worst {step_miss.max():+.1%}, "
+        f"best {step_miss.min():+.1%}"
+    )
     assert (bottleneck_miss >= -1e-9).all()
     assert np.mean(bottleneck_miss <= 0.02) >= 0.85
     assert np.median(step_miss) <= 0.02
@@ -298,8 +332,9 @@ def test_uniform_recompute_is_none_or_all():
     prof = _profile(np.random.default_rng(1), 8)
     free = partition(prof, 2, micro_batches=4, method="uniform", recompute="uniform")
     assert free.recompute == ((), ())
-    tight = partition(prof, 2, micro_batches=4, method="uniform", recompute="uniform",
-                      memory_bytes=max(free.peak_bytes) * 0.7)
+    tight = partition(
+        prof, 2, micro_batches=4, method="uniform", recompute="uniform", memory_bytes=max(free.peak_bytes) * 0.7
+    )
     assert tight.recompute == (tuple(range(0, 4)), tuple(range(4, 8)))
 
 
@@ -320,11 +355,13 @@ def test_bad_arguments_and_infeasible_layers_raise():
         partition(big, 2, micro_batches=2, memory_bytes=10**11)
 
 
-
-
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), case=st.sampled_from([("interleaved", 2), ("interleaved-zb", 2), ("zbv", 2)]),
-       m=st.integers(1, 6), tight=st.sampled_from([None, 0.7]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    case=st.sampled_from([("interleaved", 2), ("interleaved-zb", 2), ("zbv", 2)]),
+    m=st.integers(1, 6),
+    tight=st.sampled_from([None, 0.7]),
+)
 def test_the_bound_over_all_splits_is_below_the_optimum(seed, case, m, tight):
     """The rank-weighted bound the search reports with several stages per rank never exceeds the optimum."""
     from omnibal_kernels.pipeline.bounds import Windows
@@ -348,8 +385,13 @@ def test_the_bound_over_all_splits_is_below_the_optimum(seed, case, m, tight):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), case=st.sampled_from(STEP_CASES), P=st.integers(1, 3), m=st.integers(1, 5),
-       tight=st.sampled_from([None, 0.8]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    case=st.sampled_from(STEP_CASES),
+    P=st.integers(1, 3),
+    m=st.integers(1, 5),
+    tight=st.sampled_from([None, 0.8]),
+)
 def test_branch_and_bound_alone_finds_the_optimum(seed, case, P, m, tight):
     """Without seeds or local moves the bounds must still lead to the fastest split: a bound that is too high
     prunes it, one that is too low never stops (the node count stays within the limit)."""
@@ -370,8 +412,7 @@ def test_branch_and_bound_alone_finds_the_optimum(seed, case, P, m, tight):
         return
     costs = StageCosts(prof, P, v, m, schedule, None if budget is None else [budget] * P, "plan", LINK, 0.5)
     mats, _ = costs.recompute_matrices(np.full(len(prof), len(prof) - 1))
-    found = search_step(costs, mats, Windows.of(schedule, P, m, v), {}, _Evaluator(costs).step, [], 10**5,
-                        polish=False)
+    found = search_step(costs, mats, Windows.of(schedule, P, m, v), {}, _Evaluator(costs).step, [], 10**5, polish=False)
     assert found is not None and found.nodes < 10**5
     assert found.step_ms == pytest.approx(brute, rel=1e-9)
     assert found.lower_bound_ms == pytest.approx(brute, rel=1e-9)

@@ -1,4 +1,5 @@
 """Profiles: the JSON form, estimates from configs (consistent with CostModel), engine forms and the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,7 @@ from omnibal_kernels.pipeline import (
     profile_from_config,
 )
 
-ROW = {"name": "a", "forward_ms": 1.0, "backward_ms": 2.0, "activation_bytes": 10, "static_bytes": 5,
-       "output_bytes": 3}
+ROW = {"name": "a", "forward_ms": 1.0, "backward_ms": 2.0, "activation_bytes": 10, "static_bytes": 5, "output_bytes": 3}
 
 
 def _write(tmp_path, data, name="p.json"):
@@ -33,21 +33,25 @@ def _write(tmp_path, data, name="p.json"):
 
 
 def test_json_round_trip(tmp_path):
-    prof = ModelProfile((LayerProfile(**ROW, kind="vit"), LayerProfile(**{**ROW, "name": "b"})), input_bytes=7,
-                        meta={"source": "test"})
+    prof = ModelProfile(
+        (LayerProfile(**ROW, kind="vit"), LayerProfile(**{**ROW, "name": "b"})), input_bytes=7, meta={"source": "test"}
+    )
     path = prof.save(tmp_path / "p.json")
     again = load_profile(path)
     assert again == prof
     assert load_profile(_write(tmp_path, {"layers": [ROW]})).input_bytes == 0  # the minimal documented form
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"forward_ms": -1.0}, "forward_ms must be finite and >= 0"),
-    ({"backward_ms": float("nan")}, "backward_ms must be finite"),
-    ({"activation_bytes": -5}, "activation_bytes must be >= 0"),
-    ({"static_bytes": "big"}, "static_bytes must be an integer"),
-    ({"output_bytes": 1.5}, "output_bytes must be an integer"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"forward_ms": -1.0}, "forward_ms must be finite and >= 0"),
+        ({"backward_ms": float("nan")}, "backward_ms must be finite"),
+        ({"activation_bytes": -5}, "activation_bytes must be >= 0"),
+        ({"static_bytes": "big"}, "static_bytes must be an integer"),
+        ({"output_bytes": 1.5}, "output_bytes must be an integer"),
+    ],
+)
 def test_bad_layer_fields_name_file_and_index(tmp_path, change, message):
     path = _write(tmp_path, {"layers": [ROW, {**ROW, "name": "b", **change}]})
     with pytest.raises(ValueError, match=message) as info:
@@ -82,11 +86,25 @@ def test_config_flops_add_up_to_the_cost_model():
     kinds = [layer.kind for layer in prof.layers]
     v, t = cfg.vision, cfg.llm
     vit_blocks = CostModel.from_shapes(
-        vit_params=v.layers * v.layer_params, vit_layers=v.layers, vit_hidden=v.hidden, vit_tokens_per_unit=1025,
-        vit_units_attend_jointly=False, llm_params=0, llm_layers=0, llm_hidden=0)
+        vit_params=v.layers * v.layer_params,
+        vit_layers=v.layers,
+        vit_hidden=v.hidden,
+        vit_tokens_per_unit=1025,
+        vit_units_attend_jointly=False,
+        llm_params=0,
+        llm_layers=0,
+        llm_hidden=0,
+    )
     llm_blocks = CostModel.from_shapes(
-        vit_params=0, vit_layers=0, vit_hidden=0, vit_tokens_per_unit=1, vit_units_attend_jointly=False,
-        llm_params=t.layers * t.layer_params, llm_layers=t.layers, llm_hidden=t.hidden)
+        vit_params=0,
+        vit_layers=0,
+        vit_hidden=0,
+        vit_tokens_per_unit=1,
+        vit_units_attend_jointly=False,
+        llm_params=t.layers * t.layer_params,
+        llm_layers=t.layers,
+        llm_hidden=t.hidden,
+    )
     vit_sum = sum(g for g, n in zip(gflop, prof.names) if n.startswith("vit.") and n != "vit.embed")
     llm_sum = sum(g for g, k in zip(gflop, kinds) if k == "llm")
     assert vit_sum == pytest.approx(vit_blocks.sample_costs(vit, llm).sum(), rel=1e-9)
@@ -100,11 +118,25 @@ def test_config_flops_add_up_to_the_cost_model():
 
 
 def test_config_from_internvl_json(tmp_path):
-    cfg = {"vision_config": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-                             "intermediate_size": 4096, "image_size": 448, "patch_size": 14},
-           "llm_config": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-                          "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 92553},
-           "downsample_ratio": 0.5}
+    cfg = {
+        "vision_config": {
+            "hidden_size": 1024,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "intermediate_size": 4096,
+            "image_size": 448,
+            "patch_size": 14,
+        },
+        "llm_config": {
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 14336,
+            "vocab_size": 92553,
+        },
+        "downsample_ratio": 0.5,
+    }
     loaded = load_config(_write(tmp_path, cfg, "config.json"))
     assert loaded.vision == CONFIGS["internvl-300m-7b"].vision and loaded.llm == CONFIGS["internvl-300m-7b"].llm
     assert loaded.vit_tokens_per_tile == 1025 and loaded.llm_tokens_per_tile == 256
@@ -124,13 +156,31 @@ def test_engine_forms():
     assert meg["vision_on_first_stage_only"] and meg["vision_layers_per_stage"][0] == n_vit
     layout = meg["pipeline_model_parallel_layout"].split("|")
     assert len(layout) == 4 and layout[1].startswith("E") and layout[-1].endswith("L")
-    assert [int(p.strip("EL").split("*")[-1]) if "*" in p else p.count("t") for p in layout] == \
-        meg["decoder_layers_per_stage"]
+    assert [int(p.strip("EL").split("*")[-1]) if "*" in p else p.count("t") for p in layout] == meg[
+        "decoder_layers_per_stage"
+    ]
 
 
 def test_cli_partition_json_keys(tmp_path, capsys):
-    assert main(["partition", "--config", "internvl-6b-20b", "--stages", "8", "--memory-gb", "80",
-                 "--micro-batches", "16", "--pack-samples", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "partition",
+                "--config",
+                "internvl-6b-20b",
+                "--stages",
+                "8",
+                "--memory-gb",
+                "80",
+                "--micro-batches",
+                "16",
+                "--pack-samples",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     for key in ("stages", "recompute", "step_ms", "bubble", "peak_bytes"):
         assert key in out and key in out["uniform"]
@@ -192,8 +242,25 @@ def test_engine_forms_for_virtual_stages():
 
 
 def test_cli_partition_schedules(capsys):
-    assert main(["partition", "--config", "internvl-300m-7b", "--stages", "2", "--micro-batches", "8",
-                 "--schedule", "interleaved", "--virtual-stages", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "partition",
+                "--config",
+                "internvl-300m-7b",
+                "--stages",
+                "2",
+                "--micro-batches",
+                "8",
+                "--schedule",
+                "interleaved",
+                "--virtual-stages",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["virtual_stages"] == 2 and len(out["stages"]) == 4 and out["stage_ranks"] == [0, 1, 0, 1]
     assert "deepspeed_parts" not in out and out["megatron"]["virtual_pipeline_model_parallel_size"] == 2
@@ -201,6 +268,20 @@ def test_cli_partition_schedules(capsys):
     assert main(["partition", "--config", "internvl-300m-7b", "--stages", "2", "--schedule", "zbv"]) == 0
     text = capsys.readouterr().out
     assert "2 ranks x 2 stages" in text and "rank" in text
-    assert main(["partition", "--config", "internvl-300m-7b", "--stages", "2", "--schedule", "1f1b",
-                 "--virtual-stages", "2"]) == 2
+    assert (
+        main(
+            [
+                "partition",
+                "--config",
+                "internvl-300m-7b",
+                "--stages",
+                "2",
+                "--schedule",
+                "1f1b",
+                "--virtual-stages",
+                "2",
+            ]
+        )
+        == 2
+    )
     assert "virtual_stages" in capsys.readouterr().err

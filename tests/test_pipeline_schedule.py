@@ -1,4 +1,5 @@
 """The schedule simulator: schedules worked out by hand, torch's orders, an independent simulator, bounds."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,12 +24,32 @@ def test_two_stages_two_micro_batches_by_hand():
     # s0 B0 [5,7] B1 [7,9].  1F1B: s1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7]; s0 F0 [0,1] F1 [1,2] B0 [4,6] B1 [7,9].
     g = simulate([1, 1], [2, 2], 2, schedule="gpipe", timeline=True)
     assert g.step_ms == 9 and g.held == (2, 2)
-    assert sorted(g.ops) == sorted([(0, "F", 0, 0, 1), (0, "F", 1, 1, 2), (1, "F", 0, 1, 2), (1, "F", 1, 2, 3),
-                                    (1, "B", 0, 3, 5), (1, "B", 1, 5, 7), (0, "B", 0, 5, 7), (0, "B", 1, 7, 9)])
+    assert sorted(g.ops) == sorted(
+        [
+            (0, "F", 0, 0, 1),
+            (0, "F", 1, 1, 2),
+            (1, "F", 0, 1, 2),
+            (1, "F", 1, 2, 3),
+            (1, "B", 0, 3, 5),
+            (1, "B", 1, 5, 7),
+            (0, "B", 0, 5, 7),
+            (0, "B", 1, 7, 9),
+        ]
+    )
     o = simulate([1, 1], [2, 2], 2, schedule="1f1b", timeline=True)
     assert o.step_ms == 9 and o.held == (2, 1)
-    assert sorted(o.ops) == sorted([(1, "F", 0, 1, 2), (1, "B", 0, 2, 4), (1, "F", 1, 4, 5), (1, "B", 1, 5, 7),
-                                    (0, "F", 0, 0, 1), (0, "F", 1, 1, 2), (0, "B", 0, 4, 6), (0, "B", 1, 7, 9)])
+    assert sorted(o.ops) == sorted(
+        [
+            (1, "F", 0, 1, 2),
+            (1, "B", 0, 2, 4),
+            (1, "F", 1, 4, 5),
+            (1, "B", 1, 5, 7),
+            (0, "F", 0, 0, 1),
+            (0, "F", 1, 1, 2),
+            (0, "B", 0, 4, 6),
+            (0, "B", 1, 7, 9),
+        ]
+    )
     assert o.bubble == pytest.approx(1 - 12 / 18)
     assert simulate([1, 1], [2, 2], 2).ops == ()  # no timeline unless asked
 
@@ -52,8 +73,13 @@ def test_slow_stage_and_communication_by_hand():
     r = simulate([1, 2], [2, 4], 3, comm_ms=[0.5], timeline=True)
     assert r.step_ms == pytest.approx(23)
     assert sorted(op for op in r.ops if op[0] == 0) == [
-        (0, "B", 0, 8, 10), (0, "B", 1, 14.5, 16.5), (0, "B", 2, 21, 23),
-        (0, "F", 0, 0, 1.5), (0, "F", 1, 1.5, 3), (0, "F", 2, 10, 11.5)]
+        (0, "B", 0, 8, 10),
+        (0, "B", 1, 14.5, 16.5),
+        (0, "B", 2, 21, 23),
+        (0, "F", 0, 0, 1.5),
+        (0, "F", 1, 1.5, 3),
+        (0, "F", 2, 10, 11.5),
+    ]
     assert r.busy_ms == (3 * 3.5, 3 * 6.5)
     peak = simulate([1, 2], [2, 4], 3, comm_ms=[0.5], activation_bytes=[10, 20], static_bytes=[100, 5])
     assert peak.peak_bytes == (100 + 2 * 10, 5 + 1 * 20)
@@ -63,14 +89,36 @@ def test_interleaved_by_hand():
     # P = 2, v = 2 (rank 0: stages 0 and 2, rank 1: 1 and 3), m = 2, F = 1 and B = 2 everywhere.
     # rank 0: F0.0 [0,1] F0.1 [1,2] F2.0 [2,3] F2.1 [3,4] B2.0 [6,8] B2.1 [9,11] B0.0 [11,13] B0.1 [13,15]
     # rank 1: F1.0 [1,2] F1.1 [2,3] F3.0 [3,4] B3.0 [4,6] F3.1 [6,7] B3.1 [7,9] B1.0 [9,11] B1.1 [11,13]
-    r = simulate([1] * 4, [2] * 4, 2, schedule="interleaved", virtual_stages=2, timeline=True,
-                 activation_bytes=[1, 10, 100, 1000])
+    r = simulate(
+        [1] * 4,
+        [2] * 4,
+        2,
+        schedule="interleaved",
+        virtual_stages=2,
+        timeline=True,
+        activation_bytes=[1, 10, 100, 1000],
+    )
     assert r.step_ms == 15 and r.busy_ms == (12, 12) and r.bubble == pytest.approx(0.2)
-    assert sorted(r.ops) == sorted([
-        (0, "F", 0, 0, 1), (0, "F", 1, 1, 2), (2, "F", 0, 2, 3), (2, "F", 1, 3, 4), (2, "B", 0, 6, 8),
-        (2, "B", 1, 9, 11), (0, "B", 0, 11, 13), (0, "B", 1, 13, 15),
-        (1, "F", 0, 1, 2), (1, "F", 1, 2, 3), (3, "F", 0, 3, 4), (3, "B", 0, 4, 6), (3, "F", 1, 6, 7),
-        (3, "B", 1, 7, 9), (1, "B", 0, 9, 11), (1, "B", 1, 11, 13)])
+    assert sorted(r.ops) == sorted(
+        [
+            (0, "F", 0, 0, 1),
+            (0, "F", 1, 1, 2),
+            (2, "F", 0, 2, 3),
+            (2, "F", 1, 3, 4),
+            (2, "B", 0, 6, 8),
+            (2, "B", 1, 9, 11),
+            (0, "B", 0, 11, 13),
+            (0, "B", 1, 13, 15),
+            (1, "F", 0, 1, 2),
+            (1, "F", 1, 2, 3),
+            (3, "F", 0, 3, 4),
+            (3, "B", 0, 4, 6),
+            (3, "F", 1, 6, 7),
+            (3, "B", 1, 7, 9),
+            (1, "B", 0, 9, 11),
+            (1, "B", 1, 11, 13),
+        ]
+    )
     assert r.held == (2, 2, 2, 1)
     # rank 0 holds both micro-batches of both its stages after F2.1; rank 1 at most both of stage 1 and one of 3
     assert r.peak_bytes == (2 * 1 + 2 * 100, 2 * 10 + 1000)
@@ -83,10 +131,22 @@ def test_zero_bubble_by_hand():
     # rank 1: F0 [1,2] B0 [2,3] F1 [3,4] B1 [4,5] W0 [5,6] W1 [6,7]
     r = simulate([1, 1], [2, 2], 2, schedule="interleaved-zb", weight_ms=[1, 1], timeline=True)
     assert r.step_ms == 7 and r.bubble == pytest.approx(1 / 7)
-    assert sorted(r.ops) == sorted([
-        (0, "F", 0, 0, 1), (0, "F", 1, 1, 2), (0, "B", 0, 3, 4), (0, "W", 0, 4, 5), (0, "B", 1, 5, 6),
-        (0, "W", 1, 6, 7), (1, "F", 0, 1, 2), (1, "B", 0, 2, 3), (1, "F", 1, 3, 4), (1, "B", 1, 4, 5),
-        (1, "W", 0, 5, 6), (1, "W", 1, 6, 7)])
+    assert sorted(r.ops) == sorted(
+        [
+            (0, "F", 0, 0, 1),
+            (0, "F", 1, 1, 2),
+            (0, "B", 0, 3, 4),
+            (0, "W", 0, 4, 5),
+            (0, "B", 1, 5, 6),
+            (0, "W", 1, 6, 7),
+            (1, "F", 0, 1, 2),
+            (1, "B", 0, 2, 3),
+            (1, "F", 1, 3, 4),
+            (1, "B", 1, 4, 5),
+            (1, "W", 0, 5, 6),
+            (1, "W", 1, 6, 7),
+        ]
+    )
     assert r.held == (2, 2)  # activations live until the weight gradient
     # ZBV, P = 2 (rank 0: stages 0 and 3, rank 1: 1 and 2), m = 3, F = B = W = 1:
     # rank 0: F0.0-2 [0,3] F3.0 [3,4] B3.0 [4,5] W3.0 [5,6] F3.1 [6,7] B3.1 [7,8] W3.1 [8,9] B0.0 [9,10]
@@ -111,8 +171,13 @@ def test_orders_are_torchs(schedule):
 
 
 @settings(max_examples=150, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), schedule=st.sampled_from(SCHEDULES), P=st.integers(1, 4),
-       m=st.integers(1, 9), data=st.data())
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    schedule=st.sampled_from(SCHEDULES),
+    P=st.integers(1, 4),
+    m=st.integers(1, 9),
+    data=st.data(),
+)
 def test_against_the_independent_simulator(seed, schedule, P, m, data):
     v = data.draw(st.sampled_from(CHUNKS[schedule]))
     if not _valid_m(schedule, P, m):

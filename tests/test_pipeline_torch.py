@@ -1,4 +1,5 @@
 """Measured profiles, apply_recompute, the torch.distributed.pipelining forms, and a real 2-process pipeline."""
+
 from __future__ import annotations
 
 import importlib
@@ -37,8 +38,11 @@ def _chain():
 
 def _batch():
     lengths = scaled_lengths(3, seed=3)
-    pack = dense_micro_batch([make_sample(lengths, i, 3) for i in range(3)], tokens=int(lengths.llm.sum()) + 64,
-                             tiles=int(lengths.vit.sum()) + 4)
+    pack = dense_micro_batch(
+        [make_sample(lengths, i, 3) for i in range(3)],
+        tokens=int(lengths.llm.sum()) + 64,
+        tiles=int(lengths.vit.sum()) + 4,
+    )
     return pack["input_ids"], pack["pixel_values"]
 
 
@@ -54,8 +58,9 @@ def test_chain_is_the_model():
     model = TinyVLM(**SIZES)
     chain = model.as_chain()
     ids, pix = _batch()
-    torch.testing.assert_close(chain(ids, pix), model(ids, torch.arange(ids.shape[1])[None], pixel_values=pix),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        chain(ids, pix), model(ids, torch.arange(ids.shape[1])[None], pixel_values=pix), rtol=0, atol=0
+    )
     assert {id(p) for p in chain.parameters()} == {id(p) for p in model.parameters()}
 
 
@@ -80,8 +85,16 @@ def test_measured_profile_fields(small_profile):
     assert len({prof.layers[i].activation_bytes for i in (5, 6, 7)}) == 1
 
 
-@pytest.mark.parametrize("recompute", [[], ["vit_1"], ["vit_embed", "vit_0", "llm_2"], ["projector", "llm_0", "head"],
-                                       ["vit_0", "vit_1", "vit_2", "llm_0", "llm_1", "llm_2"]])
+@pytest.mark.parametrize(
+    "recompute",
+    [
+        [],
+        ["vit_1"],
+        ["vit_embed", "vit_0", "llm_2"],
+        ["projector", "llm_0", "head"],
+        ["vit_0", "vit_1", "vit_2", "llm_0", "llm_1", "llm_2"],
+    ],
+)
 def test_saved_bytes_under_apply_recompute_match_the_prediction(small_profile, recompute):
     """Bytes alive after the forward (tracked storage by storage) within 5% of what the profile predicts."""
     prof = small_profile
@@ -186,4 +199,6 @@ def test_cli_profile_measures_a_model_factory(tmp_path, capsys, monkeypatch):
     assert main(["profile", "--model", "test_pipeline_torch:missing"]) == 2
     assert main(["profile", "--model", "tiny-vlm", "--repeats", "1", "--json"]) == 0
     tiny = json.loads(capsys.readouterr().out)
-    assert [row["name"] for row in tiny["layers"]][:2] == ["vit_embed", "vit_0"] and tiny["layers"][-1]["kind"] == "head"
+    assert [row["name"] for row in tiny["layers"]][:2] == ["vit_embed", "vit_0"] and tiny["layers"][-1][
+        "kind"
+    ] == "head"

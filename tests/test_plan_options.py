@@ -1,5 +1,6 @@
 """PlanOptions: checked once where built, taken by every planning entry beside keywords (keywords replace
 fields), the sampler's per-group forms, and the per-epoch seed of the engine."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,46 +37,63 @@ def test_exported_at_top_level_and_frozen():
     assert hash(options) == hash(PlanOptions())
 
 
-@pytest.mark.parametrize("fields, error, message", [
-    (dict(method="greedy"), ValueError, "method must be one of"),
-    (dict(oversize="keep"), ValueError, "oversize must be one of"),
-    (dict(vit_capacity=4), ValueError, "give both vit_capacity and llm_capacity"),
-    (dict(vit_capacity=-1, llm_capacity=10), ValueError, "vit_capacity must be >= 0"),
-    (dict(vit_capacity=0, llm_capacity=0), ValueError, "llm_capacity must be >= 1"),
-    (dict(vit_capacity=1.5, llm_capacity=10), TypeError, "vit_capacity must be an int"),
-    (dict(vit_capacity=2**48 + 1, llm_capacity=10), ValueError, r"vit_capacity must be at most 2\*\*48"),
-    (dict(target_batch_size=0), ValueError, "target_batch_size must be a positive number"),
-    (dict(target_batch_size=float("nan")), ValueError, "target_batch_size must be a positive number"),
-    (dict(target_batch_size=True), TypeError, "target_batch_size must be a positive number"),
-    (dict(target_batch_size="4"), TypeError, r"target_batch_size must be a positive number \(int or float\), got str"),
-    (dict(drop_last="yes"), TypeError, "drop_last must be a bool"),
-    (dict(seed=2**64), ValueError, r"seed must be in \[-2\*\*63, 2\*\*64\)"),
-    (dict(seed="0"), TypeError, "seed must be an int"),
-    (dict(cost_model="internvl"), TypeError, "cost_model must be a CostModel"),
-    (dict(isf=50), TypeError, "isf must be an IsfOptions"),
-    (dict(isf=IsfOptions(vit_threshold=3)), ValueError, "apply to method='isf' only"),
-    (dict(method="isf", vit_capacity=4, llm_capacity=40, isf=IsfOptions(llm_threshold=41)), ValueError,
-     "must not exceed the capacities"),
-])
+@pytest.mark.parametrize(
+    "fields, error, message",
+    [
+        (dict(method="greedy"), ValueError, "method must be one of"),
+        (dict(oversize="keep"), ValueError, "oversize must be one of"),
+        (dict(vit_capacity=4), ValueError, "give both vit_capacity and llm_capacity"),
+        (dict(vit_capacity=-1, llm_capacity=10), ValueError, "vit_capacity must be >= 0"),
+        (dict(vit_capacity=0, llm_capacity=0), ValueError, "llm_capacity must be >= 1"),
+        (dict(vit_capacity=1.5, llm_capacity=10), TypeError, "vit_capacity must be an int"),
+        (dict(vit_capacity=2**48 + 1, llm_capacity=10), ValueError, r"vit_capacity must be at most 2\*\*48"),
+        (dict(target_batch_size=0), ValueError, "target_batch_size must be a positive number"),
+        (dict(target_batch_size=float("nan")), ValueError, "target_batch_size must be a positive number"),
+        (dict(target_batch_size=True), TypeError, "target_batch_size must be a positive number"),
+        (
+            dict(target_batch_size="4"),
+            TypeError,
+            r"target_batch_size must be a positive number \(int or float\), got str",
+        ),
+        (dict(drop_last="yes"), TypeError, "drop_last must be a bool"),
+        (dict(seed=2**64), ValueError, r"seed must be in \[-2\*\*63, 2\*\*64\)"),
+        (dict(seed="0"), TypeError, "seed must be an int"),
+        (dict(cost_model="internvl"), TypeError, "cost_model must be a CostModel"),
+        (dict(isf=50), TypeError, "isf must be an IsfOptions"),
+        (dict(isf=IsfOptions(vit_threshold=3)), ValueError, "apply to method='isf' only"),
+        (
+            dict(method="isf", vit_capacity=4, llm_capacity=40, isf=IsfOptions(llm_threshold=41)),
+            ValueError,
+            "must not exceed the capacities",
+        ),
+    ],
+)
 def test_bad_fields_fail_where_the_options_are_built(fields, error, message):
     with pytest.raises(error, match=message):
         PlanOptions(**fields)
 
 
-@pytest.mark.parametrize("fields, error, message", [
-    (dict(iterations=0), ValueError, "iterations must be >= 1"),
-    (dict(iterations=10**7), ValueError, "iterations must be at most"),
-    (dict(iterations=2.0), TypeError, "iterations must be an int"),
-    (dict(vit_threshold=-1), ValueError, "vit_threshold must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "fields, error, message",
+    [
+        (dict(iterations=0), ValueError, "iterations must be >= 1"),
+        (dict(iterations=10**7), ValueError, "iterations must be at most"),
+        (dict(iterations=2.0), TypeError, "iterations must be an int"),
+        (dict(vit_threshold=-1), ValueError, "vit_threshold must be >= 0"),
+    ],
+)
 def test_bad_isf_fields(fields, error, message):
     with pytest.raises(error, match=message):
         IsfOptions(**fields)
 
 
 def test_values_are_normalized_and_replace_checks_again():
-    options = PlanOptions(vit_capacity=np.int64(12), llm_capacity=np.int32(5000), target_batch_size=np.float32(3),
-                          drop_last=np.bool_(True))
+    options = PlanOptions(
+        vit_capacity=np.int64(12),
+        llm_capacity=np.int32(5000),
+        target_batch_size=np.float32(3),
+        drop_last=np.bool_(True),
+    )
     assert (type(options.vit_capacity), type(options.llm_capacity)) == (int, int)
     assert type(options.target_batch_size) is float and options.drop_last is True
     with pytest.raises(ValueError, match="method must be one of"):
@@ -105,18 +123,34 @@ def test_keywords_build_the_options_and_replace_fields_of_given_options():
 
 
 def test_plan_packs_takes_options_and_keywords_alike(real):
-    fields = dict(method="isf", vit_capacity=16, llm_capacity=5000, oversize="single", drop_last=True, seed=5,
-                  iterations=30, llm_threshold=4500)
-    options = PlanOptions(method="isf", vit_capacity=16, llm_capacity=5000, oversize="single", drop_last=True,
-                          seed=5, isf=IsfOptions(iterations=30, llm_threshold=4500))
+    fields = dict(
+        method="isf",
+        vit_capacity=16,
+        llm_capacity=5000,
+        oversize="single",
+        drop_last=True,
+        seed=5,
+        iterations=30,
+        llm_threshold=4500,
+    )
+    options = PlanOptions(
+        method="isf",
+        vit_capacity=16,
+        llm_capacity=5000,
+        oversize="single",
+        drop_last=True,
+        seed=5,
+        isf=IsfOptions(iterations=30, llm_threshold=4500),
+    )
     by_keywords = plan_packs(real, world_size=4, epoch=2, **fields)
     by_options = plan_packs(real, options=options, world_size=4, epoch=2)
     assert by_options.fingerprint() == by_keywords.fingerprint()
     assert (by_options.method, by_options.llm_threshold) == ("isf", 4500)
     # a keyword beside the options replaces that field: the same plan as options that hold it
     reseeded = plan_packs(real, options=options, seed=6, world_size=4, epoch=2)
-    assert reseeded.fingerprint() == plan_packs(real, options=options.replace(seed=6), world_size=4,
-                                                epoch=2).fingerprint()
+    assert (
+        reseeded.fingerprint() == plan_packs(real, options=options.replace(seed=6), world_size=4, epoch=2).fingerprint()
+    )
     assert reseeded.fingerprint() != by_options.fingerprint()
     searched = plan_packs(real, options=PlanOptions(target_batch_size=3), world_size=4)
     assert (searched.vit_capacity, searched.llm_capacity) == search_capacity(real, 3)[:2]
@@ -127,7 +161,8 @@ def test_search_capacity_takes_options(real):
     expected = search_capacity(real, 3, method="isf", seed=2, iterations=20, world_size=4)
     assert search_capacity(real, options=options, world_size=4) == expected
     assert search_capacity(real, 5, options=options, world_size=4) == search_capacity(
-        real, options=options.replace(target_batch_size=5), world_size=4)
+        real, options=options.replace(target_batch_size=5), world_size=4
+    )
     with pytest.raises(ValueError, match="nothing to search"):
         search_capacity(real, options=PlanOptions(vit_capacity=16, llm_capacity=5000))
 
@@ -146,8 +181,10 @@ def test_sampler_packer_and_report_take_options(real):
     by_options = list(BalancedPacker(source, lambda s: s, options=options, buffer_size=500, world_size=2, rank=0))
     by_keywords = list(BalancedPacker(source, lambda s: s, **keywords, buffer_size=500, world_size=2, rank=0))
     assert by_options == by_keywords
-    reports = [streaming_report(real, options=options, buffer_size=500, world_size=2),
-               streaming_report(real, **keywords, buffer_size=500, world_size=2)]
+    reports = [
+        streaming_report(real, options=options, buffer_size=500, world_size=2),
+        streaming_report(real, **keywords, buffer_size=500, world_size=2),
+    ]
     rows = [{k: v for k, v in r.streaming.to_dict().items() if k != "seconds"} for r in reports]
     assert rows[0] == rows[1] and rows[0]["num_samples"] > 0
     with pytest.raises(ValueError, match="a stream needs vit_capacity and llm_capacity"):
@@ -159,8 +196,7 @@ def test_sampler_packer_and_report_take_options(real):
 def test_isf_options_reach_the_sampler_and_its_state(real):
     caps = dict(method="isf", vit_capacity=16, llm_capacity=5376)
     default = BalancedBatchSampler(real, world_size=2, rank=0, **caps)
-    fewer = BalancedBatchSampler(real, options=PlanOptions(**caps, isf=IsfOptions(iterations=3)), world_size=2,
-                                 rank=0)
+    fewer = BalancedBatchSampler(real, options=PlanOptions(**caps, isf=IsfOptions(iterations=3)), world_size=2, rank=0)
     assert fewer.plans()[0].fingerprint() == plan_packs(real, world_size=2, iterations=3, **caps).fingerprint()
     assert fewer.fingerprint() != default.fingerprint()
     with pytest.raises(ValueError, match="other lengths or options"):
@@ -172,8 +208,9 @@ def test_isf_options_reach_the_sampler_and_its_state(real):
 
 def test_per_group_options_as_a_sequence_equal_per_group_keywords(real):
     groups = (real.llm > np.median(real.llm)).astype(np.int64)
-    by_keywords = BalancedBatchSampler(real, world_size=2, rank=0, groups=groups, seed=1, vit_capacity=[12, 18],
-                                       llm_capacity=[3000, 6016])
+    by_keywords = BalancedBatchSampler(
+        real, world_size=2, rank=0, groups=groups, seed=1, vit_capacity=[12, 18], llm_capacity=[3000, 6016]
+    )
     shared = PlanOptions(seed=1)
     per_group = [shared.replace(vit_capacity=12, llm_capacity=3000), shared.replace(vit_capacity=18, llm_capacity=6016)]
     by_options = BalancedBatchSampler(real, options=per_group, world_size=2, rank=0, groups=groups)
@@ -181,10 +218,13 @@ def test_per_group_options_as_a_sequence_equal_per_group_keywords(real):
     assert by_options.fingerprint() == by_keywords.fingerprint()
     assert by_options.state_dict() == by_keywords.state_dict()
     # searched per group, one target each
-    targets = BalancedBatchSampler(real, options=[shared.replace(target_batch_size=2), shared], world_size=2,
-                                   rank=0, groups=groups)
-    assert targets.capacities == [search_capacity(real[targets.groups[0]], 2)[:2],
-                                  search_capacity(real[targets.groups[1]], 4)[:2]]
+    targets = BalancedBatchSampler(
+        real, options=[shared.replace(target_batch_size=2), shared], world_size=2, rank=0, groups=groups
+    )
+    assert targets.capacities == [
+        search_capacity(real[targets.groups[0]], 2)[:2],
+        search_capacity(real[targets.groups[1]], 4)[:2],
+    ]
 
 
 def test_per_group_options_must_agree_on_the_shared_fields(real):
@@ -195,11 +235,11 @@ def test_per_group_options_must_agree_on_the_shared_fields(real):
     with pytest.raises(ValueError, match=r"group 1 differ from group 0's in seed"):
         BalancedBatchSampler(real, options=[caps, caps.replace(seed=1)], world_size=1, rank=0, groups=groups)
     with pytest.raises(ValueError, match=r"group 1 differ from group 0's in method"):
-        BalancedBatchSampler(real, options=[caps, caps.replace(method="random")], world_size=1, rank=0,
-                             groups=groups)
+        BalancedBatchSampler(real, options=[caps, caps.replace(method="random")], world_size=1, rank=0, groups=groups)
     with pytest.raises(ValueError, match=r"group 1: give both vit_capacity and llm_capacity"):
-        BalancedBatchSampler(real, world_size=1, rank=0, groups=groups, vit_capacity=[18, None],
-                             llm_capacity=[6016, 6016])
+        BalancedBatchSampler(
+            real, world_size=1, rank=0, groups=groups, vit_capacity=[18, None], llm_capacity=[6016, 6016]
+        )
     with pytest.raises(TypeError, match="options must be a PlanOptions or a sequence"):
         BalancedBatchSampler(real, options={"seed": 1}, world_size=1, rank=0)
 

@@ -8,6 +8,7 @@ processor class imports torchvision, which this CPU torch cannot load; the proce
 without a video processor (that one class check is skipped, nothing else changes), and videos are checked
 against transformers' ``smart_resize`` and the video processors' published frame and token rules instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,20 +24,40 @@ pytest.importorskip("tokenizers")
 from PIL import Image  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil  # noqa: E402
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (  # noqa: E402
-    Qwen2VLImageProcessorPil, smart_resize)
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize  # noqa: E402
 
 from omnibal_kernels.cli import main  # noqa: E402
 from omnibal_kernels.lengths import load_lengths  # noqa: E402
-from omnibal_kernels.raw_lengths import (SampleError, lengths_from_raw, load_model_spec,  # noqa: E402
-                                         merge_length_parts)
+from omnibal_kernels.raw_lengths import SampleError, lengths_from_raw, load_model_spec, merge_length_parts  # noqa: E402
 from omnibal_kernels.raw_lengths.media import MediaError, image_size, video_info  # noqa: E402
 from omnibal_kernels.raw_lengths.tiny import tiny_model_folder  # noqa: E402
 
-WORDS = ["What", "is", "shown", "in", "the", "picture", "?", "A", "cat", "sits", "on", "a", "mat", ".", "Describe",
-         "chart", "2021", "über", "日本", "\n", "  "]
-SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                            HealthCheck.too_slow])
+WORDS = [
+    "What",
+    "is",
+    "shown",
+    "in",
+    "the",
+    "picture",
+    "?",
+    "A",
+    "cat",
+    "sits",
+    "on",
+    "a",
+    "mat",
+    ".",
+    "Describe",
+    "chart",
+    "2021",
+    "über",
+    "日本",
+    "\n",
+    "  ",
+]
+SETTINGS = settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 def _without_video_processor(cls):
@@ -99,8 +120,10 @@ def _record(turns, layout, image_dir):
     if layout == "parts":
         messages = []
         for role, parts in turns:
-            content = [{"type": "text", "text": v} if k == "text" else {"type": "image", "image": _image(image_dir, *v)}
-                       for k, v in parts]
+            content = [
+                {"type": "text", "text": v} if k == "text" else {"type": "image", "image": _image(image_dir, *v)}
+                for k, v in parts
+            ]
             messages.append({"role": role, "content": content})
         return {"messages": messages}
     text = [(role, "".join(v if k == "text" else "<image>" for k, v in parts)) for role, parts in turns]
@@ -116,8 +139,16 @@ def _hf_messages(turns):
         if all(k == "text" for k, _ in parts):
             out.append({"role": role, "content": "".join(v for _, v in parts)})
         else:
-            out.append({"role": role, "content": [{"type": "text", "text": v} if k == "text" else {"type": "image"}
-                                                  for k, v in parts if k != "text" or v]})
+            out.append(
+                {
+                    "role": role,
+                    "content": [
+                        {"type": "text", "text": v} if k == "text" else {"type": "image"}
+                        for k, v in parts
+                        if k != "text" or v
+                    ],
+                }
+            )
     return out
 
 
@@ -134,8 +165,11 @@ def test_qwen2vl_loads_equal_the_processor(samples, folders, image_dir):
     folder = folders["qwen2vl"]
     tok = AutoTokenizer.from_pretrained(folder)
     processor = _without_video_processor(transformers.Qwen2VLProcessor)(
-        image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder), tokenizer=tok, video_processor=None,
-        chat_template=tok.chat_template)
+        image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder),
+        tokenizer=tok,
+        video_processor=None,
+        chat_template=tok.chat_template,
+    )
     records = [_record(turns, layout, image_dir) for turns, layout in samples]
     for model in ("qwen2vl", "qwen2.5vl"):
         got = lengths_from_raw(records, folder, model, image_root=image_dir, num_workers=0)
@@ -155,8 +189,12 @@ def test_internvl_loads_equal_the_processor(samples, folders, image_dir):
     tok = AutoTokenizer.from_pretrained(folder)
     seq = json.loads((folder / "processor_config.json").read_text())["image_seq_length"]
     processor = _without_video_processor(transformers.InternVLProcessor)(
-        image_processor=GotOcr2ImageProcessorPil.from_pretrained(folder), tokenizer=tok, video_processor=None,
-        image_seq_length=seq, chat_template=tok.chat_template)
+        image_processor=GotOcr2ImageProcessorPil.from_pretrained(folder),
+        tokenizer=tok,
+        video_processor=None,
+        image_seq_length=seq,
+        chat_template=tok.chat_template,
+    )
     records = [_record(turns, layout, image_dir) for turns, layout in samples]
     got = lengths_from_raw(records, folder, "internvl", image_root=image_dir, num_workers=0)
     assert got.index.tolist() == list(range(len(samples))) and got.issues == []
@@ -176,19 +214,22 @@ def test_internvl_chat_loads_equal_its_expansion(samples, folders, image_dir):
     folder = folders["internvl-chat"]
     tok = AutoTokenizer.from_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
-    tiler = GotOcr2ImageProcessorPil(crop_to_patches=True, min_patches=1, max_patches=config["max_dynamic_patch"],
-                                     size={"height": 448, "width": 448})
+    tiler = GotOcr2ImageProcessorPil(
+        crop_to_patches=True, min_patches=1, max_patches=config["max_dynamic_patch"], size={"height": 448, "width": 448}
+    )
     num_image_token = int((448 // 14) ** 2 * config["downsample_ratio"] ** 2)
     records = [_record(turns, layout, image_dir) for turns, layout in samples]
     got = lengths_from_raw(records, folder, "internvl", image_root=image_dir, num_workers=0)
     for s, (turns, _) in enumerate(samples):
         images = _pil_images(turns, image_dir)
         tiles = [int(n) for n in tiler(images)["num_patches"]] if images else []
-        messages = [{"role": r, "content": "".join(v if k == "text" else "<image>" for k, v in parts)}
-                    for r, parts in turns]
+        messages = [
+            {"role": r, "content": "".join(v if k == "text" else "<image>" for k, v in parts)} for r, parts in turns
+        ]
         pieces = tok.apply_chat_template(messages, tokenize=False).split("<image>")
-        text = pieces[0] + "".join(f"<img>{'<IMG_CONTEXT>' * num_image_token * n}</img>{p}"
-                                   for n, p in zip(tiles, pieces[1:]))
+        text = pieces[0] + "".join(
+            f"<img>{'<IMG_CONTEXT>' * num_image_token * n}</img>{p}" for n, p in zip(tiles, pieces[1:])
+        )
         assert (int(got.vit[s]), int(got.llm[s])) == (sum(tiles), len(tok(text)["input_ids"]))
 
 
@@ -203,8 +244,12 @@ def test_settings_are_read_as_transformers_reads_them(folders, tmp_path):
     assert (spec.video_min_pixels, spec.video_max_pixels) == (28 * 28 * 4, 28 * 28 * 16)
     ivl = load_model_spec(folders["internvl"], "internvl", AutoTokenizer.from_pretrained(folders["internvl"]))
     got = GotOcr2ImageProcessorPil.from_pretrained(folders["internvl"])
-    assert (ivl.max_num, ivl.min_num, ivl.image_size, ivl.num_image_token) == (got.max_patches, got.min_patches,
-                                                                               got.size["height"], 64)
+    assert (ivl.max_num, ivl.min_num, ivl.image_size, ivl.num_image_token) == (
+        got.max_patches,
+        got.min_patches,
+        got.size["height"],
+        64,
+    )
     chat = load_model_spec(folders["internvl-chat"], "internvl")
     assert (chat.max_num, chat.num_image_token, chat.image_marker) == (6, 64, "<image>")
     assert chat.with_overrides(max_num=2).max_num == 2
@@ -284,15 +329,25 @@ def test_qwen2vl_videos_from_pyav_metadata_and_frame_lists(folders, image_dir, t
     frames = [str(image_dir / _image(image_dir, 200, 150))] * 3
     records = [
         {"video": "clip.mp4", "conversations": [{"from": "human", "value": "<video>What is shown?"}]},
-        {"messages": [{"role": "user", "content": [{"type": "video", "video": "x.mp4", "num_frames": 16,
-                                                    "width": 640, "height": 360},
-                                                   {"type": "text", "text": "What is shown?"}]}]},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "video", "video": "x.mp4", "num_frames": 16, "width": 640, "height": 360},
+                        {"type": "text", "text": "What is shown?"},
+                    ],
+                }
+            ]
+        },
         {"videos": [frames], "messages": [{"role": "user", "content": "<video>What is shown?"}]},
     ]
     got = lengths_from_raw(records, folder, "qwen2vl", image_root=tmp_path, num_workers=0)
     lo, hi = 28 * 28 * 4, 28 * 28 * 16
-    expected = [_qwen_video_reference(tok, "What is shown?", f, w, h, lo, hi)
-                for f, w, h in ((7, 96, 64), (16, 640, 360), (3, 200, 150))]
+    expected = [
+        _qwen_video_reference(tok, "What is shown?", f, w, h, lo, hi)
+        for f, w, h in ((7, 96, 64), (16, 640, 360), (3, 200, 150))
+    ]
     assert list(zip(got.vit.tolist(), got.llm.tolist())) == expected
 
 
@@ -302,15 +357,34 @@ def test_qwen2vl_video_frame_sampling_follows_the_video_processor(folders, tmp_p
     config.update(do_sample_frames=True, fps=2.0, min_frames=4, max_frames=768)
     (folder / "video_preprocessor_config.json").write_text(json.dumps(config))
     tok = AutoTokenizer.from_pretrained(folder)
-    rec = [{"messages": [{"role": "user", "content": [{"type": "video", "video": "v.mp4", "num_frames": 250,
-                                                       "fps": 25, "width": 320, "height": 240},
-                                                      {"type": "text", "text": "hi"}]}]}]
+    rec = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "video", "video": "v.mp4", "num_frames": 250, "fps": 25, "width": 320, "height": 240},
+                        {"type": "text", "text": "hi"},
+                    ],
+                }
+            ]
+        }
+    ]
     got = lengths_from_raw(rec, folder, "qwen2vl", num_workers=0)
     # 250 frames at 25 fps sampled at 2 fps: 20 frames (floor to a multiple of temporal_patch_size)
-    assert (int(got.vit[0]), int(got.llm[0])) == _qwen_video_reference(tok, "hi", 20, 320, 240, 28 * 28 * 4,
-                                                                       28 * 28 * 16)
-    no_fps = [{"messages": [{"role": "user", "content": [{"type": "video", "video": "v.mp4", "num_frames": 250,
-                                                          "width": 320, "height": 240}]}]}]
+    assert (int(got.vit[0]), int(got.llm[0])) == _qwen_video_reference(
+        tok, "hi", 20, 320, 240, 28 * 28 * 4, 28 * 28 * 16
+    )
+    no_fps = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "video", "video": "v.mp4", "num_frames": 250, "width": 320, "height": 240}],
+                }
+            ]
+        }
+    ]
     with pytest.raises(SampleError, match="frame rate is unknown"):
         lengths_from_raw(no_fps, folder, "qwen2vl", num_workers=0)
 
@@ -318,12 +392,18 @@ def test_qwen2vl_video_frame_sampling_follows_the_video_processor(folders, tmp_p
 def test_internvl_video_frames_are_single_tiles_with_frame_labels(folders):
     folder = folders["internvl"]
     tok = AutoTokenizer.from_pretrained(folder)
-    rec = [{"video": {"path": "v.mp4", "num_frames": 3, "width": 640, "height": 480},
-            "conversations": [{"from": "human", "value": "<video>What happens?"}, {"from": "gpt", "value": "A cat."}]}]
+    rec = [
+        {
+            "video": {"path": "v.mp4", "num_frames": 3, "width": 640, "height": 480},
+            "conversations": [{"from": "human", "value": "<video>What happens?"}, {"from": "gpt", "value": "A cat."}],
+        }
+    ]
     got = lengths_from_raw(rec, folder, "internvl", num_workers=0)
     frames = "\n".join(f"Frame{i + 1}: <img>{'<IMG_CONTEXT>' * 64}</img>" for i in range(3))
-    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
-                {"role": "assistant", "content": "A cat."}]
+    messages = [
+        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
+        {"role": "assistant", "content": "A cat."},
+    ]
     text = tok.apply_chat_template(messages, tokenize=False).replace("<video>", frames)
     assert (int(got.vit[0]), int(got.llm[0])) == (3, len(tok(text)["input_ids"]))
 
@@ -352,44 +432,62 @@ def _problem_records(image_dir):
     ok = _image(image_dir, 300, 200)
     long_text = " ".join(["Describe the chart in detail"] * 60)
     return [
-        {"image": ok, "conversations": [{"from": "human", "value": "<image>\nWhat is shown?"}]},   # 0 fine
-        {"image": "nowhere.png", "conversations": [{"from": "human", "value": "<image>x"}]},         # 1 missing
-        {"image": "broken.png", "conversations": [{"from": "human", "value": "<image>x"}]},          # 2 unreadable
-        {"image": [ok, ok], "conversations": [{"from": "human", "value": "<image> only one"}]},     # 3 placeholders
-        {"conversations": [{"from": "human", "value": long_text}]},                                # 4 too long
-        {"text": "no conversation"},                                                               # 5 bad record
+        {"image": ok, "conversations": [{"from": "human", "value": "<image>\nWhat is shown?"}]},  # 0 fine
+        {"image": "nowhere.png", "conversations": [{"from": "human", "value": "<image>x"}]},  # 1 missing
+        {"image": "broken.png", "conversations": [{"from": "human", "value": "<image>x"}]},  # 2 unreadable
+        {"image": [ok, ok], "conversations": [{"from": "human", "value": "<image> only one"}]},  # 3 placeholders
+        {"conversations": [{"from": "human", "value": long_text}]},  # 4 too long
+        {"text": "no conversation"},  # 5 bad record
         {"image": _image(image_dir, 2010, 10), "conversations": [{"from": "human", "value": "<image>"}]},  # 6 ratio
-        {"conversations": [{"from": "human", "value": "Fine too."}]},                              # 7 fine
-        {"image": {"path": ok, "width": "wide", "height": 3},
-         "conversations": [{"from": "human", "value": "<image>"}]},                                 # 8 bad field
+        {"conversations": [{"from": "human", "value": "Fine too."}]},  # 7 fine
+        {
+            "image": {"path": ok, "width": "wide", "height": 3},
+            "conversations": [{"from": "human", "value": "<image>"}],
+        },  # 8 bad field
     ]
 
 
 def test_every_problem_is_counted_per_kind_and_listed_by_index(folders, image_dir):
     records = _problem_records(image_dir)
-    kinds = {1: "missing_media", 2: "unreadable_media", 3: "placeholder_mismatch", 4: "over_max_length",
-             5: "bad_record", 6: "bad_media_size", 8: "bad_record"}
-    skip = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", image_root=image_dir, max_length=200,
-                            on_error="skip", num_workers=0)
+    kinds = {
+        1: "missing_media",
+        2: "unreadable_media",
+        3: "placeholder_mismatch",
+        4: "over_max_length",
+        5: "bad_record",
+        6: "bad_media_size",
+        8: "bad_record",
+    }
+    skip = lengths_from_raw(
+        records, folders["qwen2vl"], "qwen2vl", image_root=image_dir, max_length=200, on_error="skip", num_workers=0
+    )
     assert skip.index.tolist() == [0, 7] and skip.skipped.tolist() == [1, 2, 3, 4, 5, 6, 8]
     assert {d["index"]: d["kind"] for d in skip.issues} == kinds
     assert all(not d["kept"] for d in skip.issues)
     counts = skip.counts()
     assert counts["bad_record"] == 2 and counts["template_error"] == 0
     assert all(counts[k] == 1 for k in kinds.values() if k != "bad_record")
-    report = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", image_root=image_dir, max_length=200,
-                              on_error="report", num_workers=0)
+    report = lengths_from_raw(
+        records, folders["qwen2vl"], "qwen2vl", image_root=image_dir, max_length=200, on_error="report", num_workers=0
+    )
     # loads stay defined for a placeholder mismatch and a sample over the maximum: kept and listed
     assert report.index.tolist() == [0, 3, 4, 7] and report.skipped.tolist() == [1, 2, 5, 6, 8]
     assert report.llm[2] > 200 and {d["index"] for d in report.issues if d["kept"]} == {3, 4}
     assert np.array_equal(report.vit[[0, 1]], skip.vit[[0, 0]] * np.array([1, 2]))  # samples 0 and 3
-    nothing = lengths_from_raw(records[1:3], folders["qwen2vl"], "qwen2vl", image_root=image_dir, on_error="skip",
-                               num_workers=0)
+    nothing = lengths_from_raw(
+        records[1:3], folders["qwen2vl"], "qwen2vl", image_root=image_dir, on_error="skip", num_workers=0
+    )
     assert nothing.index.size == 0 and nothing.skipped.tolist() == [0, 1]
     for bad, kind in kinds.items():
         with pytest.raises(SampleError, match=f"sample 1: {kind}"):
-            lengths_from_raw([records[0], records[bad]], folders["qwen2vl"], "qwen2vl", image_root=image_dir,
-                             max_length=200, num_workers=0)
+            lengths_from_raw(
+                [records[0], records[bad]],
+                folders["qwen2vl"],
+                "qwen2vl",
+                image_root=image_dir,
+                max_length=200,
+                num_workers=0,
+            )
 
 
 def test_bad_arguments_name_themselves(folders, tmp_path):
@@ -423,9 +521,15 @@ def _many(image_dir, n):
     for i in range(n):
         k = i % 3
         imgs = [_image(image_dir, *sizes[(i + j) % 6]) for j in range(k)]
-        out.append({"image": imgs, "conversations": [
-            {"from": "human", "value": "<image>" * k + " ".join(WORDS[: 3 + i % 11])},
-            {"from": "gpt", "value": " ".join(WORDS[i % 7:])}]})
+        out.append(
+            {
+                "image": imgs,
+                "conversations": [
+                    {"from": "human", "value": "<image>" * k + " ".join(WORDS[: 3 + i % 11])},
+                    {"from": "gpt", "value": " ".join(WORDS[i % 7 :])},
+                ],
+            }
+        )
     if n > 13:
         out[13]["image"] = ["missing.png"]
         out[13]["conversations"][0]["value"] = "<image>"
@@ -482,15 +586,31 @@ def test_a_hugging_face_dataset(folders, image_dir):
     for i in range(5):
         imgs = [str(image_dir / _image(image_dir, 100 + 50 * i, 300))] * (i % 3)
         content = [{"type": "image", "text": None}] * len(imgs) + [{"type": "text", "text": f"question {i}"}]
-        rows.append({"images": imgs, "messages": [{"role": "user", "content": content},
-                                                  {"role": "assistant", "content": [{"type": "text",
-                                                                                     "text": "answer"}]}]})
+        rows.append(
+            {
+                "images": imgs,
+                "messages": [
+                    {"role": "user", "content": content},
+                    {"role": "assistant", "content": [{"type": "text", "text": "answer"}]},
+                ],
+            }
+        )
     ds = datasets.Dataset.from_list(rows)
     ds = ds.cast_column("images", datasets.Sequence(datasets.Image(decode=False)))
     got = lengths_from_raw(ds, folders["qwen2vl"], "qwen2vl", num_workers=0)
-    plain = [{"images": r["images"], "messages": [{"role": m["role"], "content": [
-        {k: v for k, v in part.items() if v is not None} for part in m["content"]]} for m in r["messages"]]}
-        for r in rows]
+    plain = [
+        {
+            "images": r["images"],
+            "messages": [
+                {
+                    "role": m["role"],
+                    "content": [{k: v for k, v in part.items() if v is not None} for part in m["content"]],
+                }
+                for m in r["messages"]
+            ],
+        }
+        for r in rows
+    ]
     ref = lengths_from_raw(plain, folders["qwen2vl"], "qwen2vl", num_workers=0)
     assert got.issues == [] and np.array_equal(got.vit, ref.vit) and np.array_equal(got.llm, ref.llm)
     assert got.vit.tolist().count(0) == 2
@@ -502,8 +622,19 @@ def test_a_hugging_face_dataset(folders, image_dir):
 def test_cli_raw_mode_shards_and_merge(folders, image_dir, tmp_path, capsys):
     records = _many(image_dir, 12)
     data = _jsonl(tmp_path / "data.jsonl", records)
-    common = [str(data), "--tokenizer", str(folders["qwen2vl"]), "--model", "qwen2vl", "--image-root",
-              str(image_dir), "--workers", "0", "--chunk-size", "5"]
+    common = [
+        str(data),
+        "--tokenizer",
+        str(folders["qwen2vl"]),
+        "--model",
+        "qwen2vl",
+        "--image-root",
+        str(image_dir),
+        "--workers",
+        "0",
+        "--chunk-size",
+        "5",
+    ]
     out = tmp_path / "lengths.json"
     assert main(["lengths", *common, "-o", str(out)]) == 0
     assert "problem" not in capsys.readouterr().err
@@ -518,20 +649,34 @@ def test_cli_raw_mode_shards_and_merge(folders, image_dir, tmp_path, capsys):
     lengths = load_lengths(str(out))
     report = json.loads((tmp_path / "lengths.report.json").read_text())
     assert len(lengths.vit) == 11 and report["skipped"] == [5] and not (tmp_path / "lengths.json.chunks").exists()
-    api = lengths_from_raw(data, folders["qwen2vl"], "qwen2vl", image_root=image_dir, on_error="skip",
-                           num_workers=0)
+    api = lengths_from_raw(data, folders["qwen2vl"], "qwen2vl", image_root=image_dir, on_error="skip", num_workers=0)
     assert np.array_equal(lengths.vit, api.vit) and np.array_equal(lengths.llm, api.llm)
 
     for i in range(2):
-        assert main(["lengths", *common, "--on-error", "skip", "--shard", f"{i}/2",
-                     "-o", str(tmp_path / f"p{i}.npz")]) == 0
+        assert (
+            main(["lengths", *common, "--on-error", "skip", "--shard", f"{i}/2", "-o", str(tmp_path / f"p{i}.npz")])
+            == 0
+        )
     merged = tmp_path / "merged.npz"
     assert main(["lengths", "--merge", str(tmp_path / "p1.npz"), str(tmp_path / "p0.npz"), "-o", str(merged)]) == 0
     again = load_lengths(str(merged))
     assert np.array_equal(again.vit, lengths.vit) and np.array_equal(again.llm, lengths.llm)
     # today's options become overrides only when given: --max-pixels smaller than the folder's
-    assert main(["lengths", *common, "--on-error", "skip", "--max-pixels", str(28 * 28 * 4),
-                 "-o", str(tmp_path / "small.json")]) == 0
+    assert (
+        main(
+            [
+                "lengths",
+                *common,
+                "--on-error",
+                "skip",
+                "--max-pixels",
+                str(28 * 28 * 4),
+                "-o",
+                str(tmp_path / "small.json"),
+            ]
+        )
+        == 0
+    )
     small = load_lengths(str(tmp_path / "small.json"))
     assert (small.vit <= lengths.vit).all() and (small.vit < lengths.vit).any()
     assert main(["lengths", *common, "--shard", "0/2", "-o", str(tmp_path / "p.json")]) == 2
@@ -547,7 +692,8 @@ def test_special_tokens_follow_the_processors_chat_template_call(folders, tmp_pa
     tok = AutoTokenizer.from_pretrained(folder)
     bos = "<|endoftext|>"
     tok.backend_tokenizer.post_processor = TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.convert_tokens_to_ids(bos))])
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.convert_tokens_to_ids(bos))]
+    )
     tok.bos_token = bos
     rec = [{"conversations": [{"from": "human", "value": "What is shown?"}, {"from": "gpt", "value": "A cat."}]}]
     messages = [{"role": "user", "content": "What is shown?"}, {"role": "assistant", "content": "A cat."}]
@@ -555,8 +701,11 @@ def test_special_tokens_follow_the_processors_chat_template_call(folders, tmp_pa
         tok.chat_template = template
         tok.save_pretrained(folder)
         processor = _without_video_processor(transformers.Qwen2VLProcessor)(
-            image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder), tokenizer=tok, video_processor=None,
-            chat_template=template)
+            image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder),
+            tokenizer=tok,
+            video_processor=None,
+            chat_template=template,
+        )
         expected = len(processor.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"][0])
         assert int(lengths_from_raw(rec, folder, "qwen2vl", num_workers=0).llm[0]) == expected
         forced = lengths_from_raw(rec, folder, "qwen2vl", num_workers=0, add_special_tokens=False).llm[0]
@@ -570,13 +719,20 @@ def test_a_bare_pad_token_between_words_counts_as_the_processor(tmp_path, image_
     tok.chat_template = tok.chat_template.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>")
     tok.save_pretrained(folder)
     processor = _without_video_processor(transformers.Qwen2VLProcessor)(
-        image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder), tokenizer=tok, video_processor=None,
-        chat_template=tok.chat_template)
+        image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder),
+        tokenizer=tok,
+        video_processor=None,
+        chat_template=tok.chat_template,
+    )
     name = _image(image_dir, 400, 300)
     rec = [{"images": [name], "messages": [{"role": "user", "content": "Descr<image>ibe it"}]}]
     got = lengths_from_raw(rec, folder, "qwen2vl", image_root=image_dir, num_workers=0)
-    messages = [{"role": "user", "content": [{"type": "text", "text": "Descr"}, {"type": "image"},
-                                             {"type": "text", "text": "ibe it"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Descr"}, {"type": "image"}, {"type": "text", "text": "ibe it"}],
+        }
+    ]
     text = processor.apply_chat_template(messages, tokenize=False)
     assert "Descr<|image_pad|>ibe" in text
     out = processor(text=[text], images=[Image.open(image_dir / name)])
@@ -585,10 +741,15 @@ def test_a_bare_pad_token_between_words_counts_as_the_processor(tmp_path, image_
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kinds=st.lists(st.sampled_from(["ok", "ok", "text", "missing", "mismatch", "bad"]), min_size=1, max_size=30),
-       chunk_size=st.integers(1, 7), shards=st.integers(1, 4), on_error=st.sampled_from(["skip", "report"]))
-def test_every_sample_is_kept_or_listed_once_whatever_the_chunks_and_shards(kinds, chunk_size, shards, on_error,
-                                                                          folders, tmp_path):
+@given(
+    kinds=st.lists(st.sampled_from(["ok", "ok", "text", "missing", "mismatch", "bad"]), min_size=1, max_size=30),
+    chunk_size=st.integers(1, 7),
+    shards=st.integers(1, 4),
+    on_error=st.sampled_from(["skip", "report"]),
+)
+def test_every_sample_is_kept_or_listed_once_whatever_the_chunks_and_shards(
+    kinds, chunk_size, shards, on_error, folders, tmp_path
+):
     def record(i, kind):
         image = {"path": f"{i}.png", "width": 50 + 37 * i, "height": 400 - 9 * i}
         if kind == "text":
@@ -609,27 +770,36 @@ def test_every_sample_is_kept_or_listed_once_whatever_the_chunks_and_shards(kind
     assert [d["index"] for d in whole.issues] == sorted(d["index"] for d in whole.issues)
     listed = {d["index"] for d in whole.issues if not d["kept"]}
     assert listed == set(whole.skipped.tolist())
-    parts = [lengths_from_raw(records, folders["internvl"], "internvl", chunk_size=chunk_size, shard=(i, shards),
-                              **kw).save_part(tmp_path / f"{shards}-{i}.npz") for i in range(shards)]
+    parts = [
+        lengths_from_raw(
+            records, folders["internvl"], "internvl", chunk_size=chunk_size, shard=(i, shards), **kw
+        ).save_part(tmp_path / f"{shards}-{i}.npz")
+        for i in range(shards)
+    ]
     merged = merge_length_parts(parts)
     for name in ("index", "vit", "llm"):
         assert np.array_equal(getattr(merged, name), getattr(whole, name))
     assert merged.issues == whole.issues
 
 
-@pytest.mark.parametrize("config, total, fps, expected_rule", [
-    ({"do_sample_frames": True, "num_frames": 8}, 100, None, 8),
-    ({"do_sample_frames": True, "fps": 1.0}, 250, 25.0, 10),
-    ({"do_sample_frames": True, "num_frames": 6, "initial_shift": 0}, 7, None, 6),
-    ({"do_sample_frames": False, "num_frames": 8}, 100, None, 100),
-])
-def test_internvl_video_frames_follow_the_video_processors_sampling(folders, tmp_path, config, total, fps,
-                                                                    expected_rule):
+@pytest.mark.parametrize(
+    "config, total, fps, expected_rule",
+    [
+        ({"do_sample_frames": True, "num_frames": 8}, 100, None, 8),
+        ({"do_sample_frames": True, "fps": 1.0}, 250, 25.0, 10),
+        ({"do_sample_frames": True, "num_frames": 6, "initial_shift": 0}, 7, None, 6),
+        ({"do_sample_frames": False, "num_frames": 8}, 100, None, 100),
+    ],
+)
+def test_internvl_video_frames_follow_the_video_processors_sampling(
+    folders, tmp_path, config, total, fps, expected_rule
+):
     import torch
 
     folder = tiny_model_folder(tmp_path / "v", "internvl")
-    (folder / "video_preprocessor_config.json").write_text(json.dumps(
-        {"video_processor_type": "InternVLVideoProcessor", **config}))
+    (folder / "video_preprocessor_config.json").write_text(
+        json.dumps({"video_processor_type": "InternVLVideoProcessor", **config})
+    )
     # InternVLVideoProcessor.sample_frames keeps torch.arange(initial_shift, total, total / n) frames
     if config["do_sample_frames"]:
         n = config.get("num_frames") or int(total / fps * config["fps"])

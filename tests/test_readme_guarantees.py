@@ -1,4 +1,5 @@
 """The README's "Guarantees" section names tests that exist: every promise stays tied to a test that runs."""
+
 from __future__ import annotations
 
 import ast
@@ -34,6 +35,9 @@ def test_every_promise_cites_tests_that_exist():
     for path, name in _cited_tests(section):
         source = ROOT / path
         assert source.is_file(), f"{path} does not exist"
-        functions = {node.name for node in ast.walk(ast.parse(source.read_text(encoding="utf-8")))
-                     if isinstance(node, ast.FunctionDef)}
+        functions = {
+            node.name
+            for node in ast.walk(ast.parse(source.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef)
+        }
         assert name in functions, f"{path} has no {name}"

@@ -1,4 +1,5 @@
 """BalancedBatchSampler: coverage, determinism, resume, gradient accumulation balance, groups, errors."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -48,8 +49,9 @@ def _check_coverage(samplers: list[BalancedBatchSampler], n: int) -> None:
 def test_one_group_is_plan_packs_columns(real):
     s = BalancedBatchSampler(real, world_size=4, rank=2, seed=7)
     s.set_epoch(3)
-    plan = plan_packs(real, world_size=4, vit_capacity=s.capacities[0][0], llm_capacity=s.capacities[0][1],
-                      seed=7, epoch=3)
+    plan = plan_packs(
+        real, world_size=4, vit_capacity=s.capacities[0][0], llm_capacity=s.capacities[0][1], seed=7, epoch=3
+    )
     assert [list(b) for b in s] == [b.tolist() for b in plan.rank_batches(2)]
     assert len(s) == plan.num_steps
 
@@ -103,8 +105,15 @@ def test_dataloader_batch_sampler(real):
 def test_micro_steps_balance_micro_and_optimizer_steps(real, m):
     world = 4
     balanced = BalancedBatchSampler(real, world_size=world, rank=0, micro_steps_per_step=m)
-    rnd = BalancedBatchSampler(real, world_size=world, rank=0, micro_steps_per_step=m, method="random",
-                               vit_capacity=balanced.capacities[0][0], llm_capacity=balanced.capacities[0][1])
+    rnd = BalancedBatchSampler(
+        real,
+        world_size=world,
+        rank=0,
+        micro_steps_per_step=m,
+        method="random",
+        vit_capacity=balanced.capacities[0][0],
+        llm_capacity=balanced.capacities[0][1],
+    )
     b, r = balanced.balance_report(), rnd.balance_report()
     assert b.num_micro_steps == b.num_steps * m
     # per micro-step and per optimizer step, the balanced plan is at least 15x more even than random packing
@@ -115,8 +124,9 @@ def test_micro_steps_balance_micro_and_optimizer_steps(real, m):
     assert b.step_efficiency > 0.99 and b.micro_step_efficiency > 0.99
 
     # per-optimizer-step sums, recomputed from the batches themselves
-    samplers = _all_ranks(lambda rk: BalancedBatchSampler(real, world_size=world, rank=rk, micro_steps_per_step=m),
-                          world)
+    samplers = _all_ranks(
+        lambda rk: BalancedBatchSampler(real, world_size=world, rank=rk, micro_steps_per_step=m), world
+    )
     per_rank = [[int(real.llm[batch].sum()) for batch in s] for s in samplers]
     loads = np.array(per_rank).T  # (micro_steps, world)
     step_loads = loads.reshape(-1, m, world).sum(axis=1)
@@ -129,8 +139,12 @@ def test_micro_steps_balance_micro_and_optimizer_steps(real, m):
 def test_micro_steps_ragged_tail_follows_drop_last(real):
     subset = real[np.arange(203)]
     for drop_last in (False, True):
-        samplers = _all_ranks(lambda rk: BalancedBatchSampler(subset, world_size=3, rank=rk, micro_steps_per_step=4,
-                                                              drop_last=drop_last, target_batch_size=2), 3)
+        samplers = _all_ranks(
+            lambda rk, drop_last=drop_last: BalancedBatchSampler(
+                subset, world_size=3, rank=rk, micro_steps_per_step=4, drop_last=drop_last, target_batch_size=2
+            ),
+            3,
+        )
         assert len(samplers[0]) % 4 == 0
         report = samplers[0].balance_report()
         if drop_last:
@@ -146,9 +160,18 @@ def test_micro_steps_ragged_tail_follows_drop_last(real):
 def test_groups_separate_capacities_and_one_group_per_step(real):
     text = (real.llm < np.median(real.llm)).astype(np.int64)  # two groups by size
     m, world = 2, 2
-    samplers = _all_ranks(lambda rk: BalancedBatchSampler(real, world_size=world, rank=rk, micro_steps_per_step=m,
-                                                          groups=text, llm_capacity=[8192, 3072],
-                                                          vit_capacity=[24, 12]), world)
+    samplers = _all_ranks(
+        lambda rk: BalancedBatchSampler(
+            real,
+            world_size=world,
+            rank=rk,
+            micro_steps_per_step=m,
+            groups=text,
+            llm_capacity=[8192, 3072],
+            vit_capacity=[24, 12],
+        ),
+        world,
+    )
     s = samplers[0]
     assert s.capacities == [(24, 8192), (12, 3072)]
     _check_coverage(samplers, len(real))
@@ -168,9 +191,15 @@ def test_groups_separate_capacities_and_one_group_per_step(real):
     switches = sum(a != b for a, b in zip(seen_order, seen_order[1:]))
     assert switches > len(seen_order) // 4
     # index-array form gives the same schedule as the id form
-    as_lists = BalancedBatchSampler(real, world_size=world, rank=0, micro_steps_per_step=m,
-                                    groups=[np.flatnonzero(text == 0), np.flatnonzero(text == 1)],
-                                    llm_capacity=[8192, 3072], vit_capacity=[24, 12])
+    as_lists = BalancedBatchSampler(
+        real,
+        world_size=world,
+        rank=0,
+        micro_steps_per_step=m,
+        groups=[np.flatnonzero(text == 0), np.flatnonzero(text == 1)],
+        llm_capacity=[8192, 3072],
+        vit_capacity=[24, 12],
+    )
     assert as_lists.fingerprint() == s.fingerprint()
 
 
@@ -193,8 +222,9 @@ def test_groups_must_partition(real):
     with pytest.raises(ValueError, match=r"group 1 holds sample id -1, outside"):
         BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(n), [-1]])
     with pytest.raises(ValueError, match="llm_capacity has 3 entries for 2 groups"):
-        BalancedBatchSampler(real, world_size=1, rank=0, groups=np.arange(n) % 2, vit_capacity=[30, 30],
-                             llm_capacity=[9000, 9000, 9000])
+        BalancedBatchSampler(
+            real, world_size=1, rank=0, groups=np.arange(n) % 2, vit_capacity=[30, 30], llm_capacity=[9000, 9000, 9000]
+        )
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -207,7 +237,9 @@ def test_bad_arguments(real):
         BalancedBatchSampler(real, world_size=1, rank=0, dataset=list(range(10)))
     with pytest.raises(ValueError, match="num_samples is 3"):
         BalancedBatchSampler(real, world_size=1, rank=0, num_samples=3)
-    with pytest.raises(ValueError, match=r"fill at least \d+ pack\(s\), fewer than world_size 4 x micro_steps_per_step 2"):
+    with pytest.raises(
+        ValueError, match=r"fill at least \d+ pack\(s\), fewer than world_size 4 x micro_steps_per_step 2"
+    ):
         BalancedBatchSampler(real[np.arange(6)], world_size=4, rank=0, micro_steps_per_step=2, drop_last=True)
     with pytest.raises(TooFewPacksError):  # the engine's error type survives the added context
         BalancedBatchSampler(real[np.arange(6)], world_size=4, rank=0, micro_steps_per_step=2, drop_last=True)
@@ -329,8 +361,18 @@ def _setups(draw):
 
 def _make(setup, rank):
     lengths, world, m, drop_last, method, groups, seed, epoch = setup
-    s = BalancedBatchSampler(lengths, world_size=world, rank=rank, micro_steps_per_step=m, drop_last=drop_last,
-                             method=method, groups=groups, seed=seed, vit_capacity=8, llm_capacity=600)
+    s = BalancedBatchSampler(
+        lengths,
+        world_size=world,
+        rank=rank,
+        micro_steps_per_step=m,
+        drop_last=drop_last,
+        method=method,
+        groups=groups,
+        seed=seed,
+        vit_capacity=8,
+        llm_capacity=600,
+    )
     s.set_epoch(epoch)
     return s
 
@@ -430,8 +472,9 @@ def test_consumed_counts_from_the_resumed_pass_start_also_after_it_finished(real
 
 def test_groups_interleave_keeps_each_groups_step_order(real):
     groups = (real.source % 2).astype(np.int64)
-    s = BalancedBatchSampler(real, world_size=2, rank=1, groups=groups, vit_capacity=[16, 16],
-                             llm_capacity=[5376, 5376], seed=8)
+    s = BalancedBatchSampler(
+        real, world_size=2, rank=1, groups=groups, vit_capacity=[16, 16], llm_capacity=[5376, 5376], seed=8
+    )
     s.set_epoch(1)
     batches = list(s)
     owner = [int(groups[b[0]]) for b in batches]

@@ -1,4 +1,5 @@
 """BalancedBatchSampler on samples without any load: a clear error, never "at least 0 pack(s)"."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,8 +22,15 @@ def test_all_zero_loads_say_so(caps):
     # a group of zero loads beside a group with loads: the error names the group
     lengths = Lengths(np.array([1] * 6 + [0] * 4), np.array([50] * 6 + [0] * 4))
     with pytest.raises(TooFewPacksError, match="group 1: all 4 samples have ViT load 0"):
-        BalancedBatchSampler(lengths, world_size=1, micro_steps_per_step=2, rank=0, groups=[0] * 6 + [1] * 4,
-                             vit_capacity=[2, 2], llm_capacity=[100, 100])
+        BalancedBatchSampler(
+            lengths,
+            world_size=1,
+            micro_steps_per_step=2,
+            rank=0,
+            groups=[0] * 6 + [1] * 4,
+            vit_capacity=[2, 2],
+            llm_capacity=[100, 100],
+        )
 
 
 def test_zero_loads_on_one_rank_make_one_pack():
@@ -35,6 +43,7 @@ def test_zero_loads_on_one_rank_make_one_pack():
 def test_some_zero_loads_still_count_their_pack():
     # two packs of real load plus zero-load samples: enough for two ranks
     lengths = Lengths(np.array([0, 0, 3, 3]), np.array([0, 0, 90, 90]))
-    batches = [list(BalancedBatchSampler(lengths, world_size=2, rank=r, vit_capacity=4, llm_capacity=100))
-               for r in range(2)]
+    batches = [
+        list(BalancedBatchSampler(lengths, world_size=2, rank=r, vit_capacity=4, llm_capacity=100)) for r in range(2)
+    ]
     assert sorted(i for rank in batches for b in rank for i in b) == [0, 1, 2, 3]

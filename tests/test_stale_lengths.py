@@ -1,6 +1,7 @@
 """Stale lengths are refused: in the ``sampler.wrap(dataset)`` path each sample's tokens, ViT load (InternVL tiles,
 Qwen2-VL patches and video patches) and label tokens are checked against its length entry before the pack is
 built, and a difference is a ValueError naming the sample's dataset index and both values."""
+
 from __future__ import annotations
 
 import re
@@ -14,12 +15,18 @@ from omnibal_kernels import BalancedBatchSampler, Lengths, PackCollator
 from omnibal_kernels.testing.hf_models import internvl_sample, lengths_of, qwen_sample, training_samples
 
 
-def _batches(data: list[dict[str, Any]], lengths: Lengths, workers: int = 0, check_loads: bool = True,
-             **collator: Any) -> list[Any]:
-    sampler = BalancedBatchSampler(lengths, world_size=1, rank=0, vit_capacity=int(lengths.vit.max()) * 4,
-                                   llm_capacity=int(lengths.llm.max()) * 4)
-    loader = torch.utils.data.DataLoader(sampler.wrap(data, check_loads=check_loads), batch_sampler=sampler,
-                                         collate_fn=PackCollator(**collator), num_workers=workers)
+def _batches(
+    data: list[dict[str, Any]], lengths: Lengths, workers: int = 0, check_loads: bool = True, **collator: Any
+) -> list[Any]:
+    sampler = BalancedBatchSampler(
+        lengths, world_size=1, rank=0, vit_capacity=int(lengths.vit.max()) * 4, llm_capacity=int(lengths.llm.max()) * 4
+    )
+    loader = torch.utils.data.DataLoader(
+        sampler.wrap(data, check_loads=check_loads),
+        batch_sampler=sampler,
+        collate_fn=PackCollator(**collator),
+        num_workers=workers,
+    )
     return list(loader)
 
 
@@ -50,8 +57,11 @@ def test_tokens_that_differ_from_the_entry_name_the_sample(workers):
     entry = int(lengths.llm[17])
     extra = torch.arange(300)
     data[17] = {key: torch.cat([data[17][key], extra]) for key in ("input_ids", "labels")}
-    with pytest.raises(ValueError, match=rf"sample 17: len\(input_ids\) is {entry + 300} but its length entry says "
-                                         rf"llm {entry}; the lengths do not describe this dataset"):
+    with pytest.raises(
+        ValueError,
+        match=rf"sample 17: len\(input_ids\) is {entry + 300} but its length entry says "
+        rf"llm {entry}; the lengths do not describe this dataset",
+    ):
         _batches(data, lengths, workers)
 
 
@@ -63,9 +73,14 @@ def test_vit_loads_that_differ_from_the_entry_name_the_sample(make):
     for index in range(len(data)):
         actual = int(lengths.vit[index])
         stale = _stale(lengths, index, "vit", actual + 1)
-        with pytest.raises(ValueError, match=re.escape(f"sample {index}: the ViT load (first dimension of "
-                                                       f"pixel_values and pixel_values_videos) is {actual} but its "
-                                                       f"length entry says vit {actual + 1}")):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                f"sample {index}: the ViT load (first dimension of "
+                f"pixel_values and pixel_values_videos) is {actual} but its "
+                f"length entry says vit {actual + 1}"
+            ),
+        ):
             _batches(data, stale)
     if make is _patch_data:
         assert lengths.vit[1] == 4 + 8  # the image's patches and the video's
@@ -76,8 +91,11 @@ def test_label_tokens_that_differ_from_the_entry_name_the_sample():
     lengths = lengths_of(data)
     actual = int(lengths.label[5])
     stale = _stale(lengths, 5, "label", actual - 1 if actual else 1)
-    with pytest.raises(ValueError, match=rf"sample 5: the number of label tokens .* is {actual} but its length "
-                                         rf"entry says label {int(stale.label[5])}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"sample 5: the number of label tokens .* is {actual} but its length "
+        rf"entry says label {int(stale.label[5])}",
+    ):
         _batches(data, stale)
 
 

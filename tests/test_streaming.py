@@ -1,4 +1,5 @@
 """BalancedPacker: sharding over ranks and workers without duplicates, lockstep steps, report vs offline."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnibal_kernels.balance import dist_ratio, plan_packs, balance_report
+from omnibal_kernels.balance import balance_report, dist_ratio, plan_packs
 from omnibal_kernels.lengths import Lengths, default_lengths
 from omnibal_kernels.packing import pack_batch
 from omnibal_kernels.streaming import BalancedPacker, streaming_report
@@ -34,12 +35,14 @@ def test_every_sample_once_over_ranks_and_workers(drop_last, num_workers):
     world = 4
     kwargs = dict(vit_capacity=16, llm_capacity=5376, buffer_size=400, world_size=world, drop_last=drop_last, seed=3)
     # random packing of the same data, the balance baseline
-    rnd = balance_report(plan_packs(lengths, world_size=world, method="random", vit_capacity=16, llm_capacity=5376),
-                         lengths)
+    rnd = balance_report(
+        plan_packs(lengths, world_size=world, method="random", vit_capacity=16, llm_capacity=5376), lengths
+    )
     counts: Counter = Counter()
     for worker in range(num_workers):
-        per_rank = [list(BalancedPacker(source, _loads, rank=r, **kwargs).iter_shard(worker, num_workers))
-                    for r in range(world)]
+        per_rank = [
+            list(BalancedPacker(source, _loads, rank=r, **kwargs).iter_shard(worker, num_workers)) for r in range(world)
+        ]
         assert len({len(p) for p in per_rank}) == 1  # lockstep: every rank the same number of packs
         llm = np.array([[sum(s["llm"] for s in pack) for pack in packs] for packs in per_rank]).T
         vit = np.array([[sum(s["vit"] for s in pack) for pack in packs] for packs in per_rank]).T
@@ -65,8 +68,9 @@ def test_dataloader_workers_and_pack_batch():
     seen: Counter = Counter()
     per_rank_counts = []
     for rank in range(2):
-        packer = BalancedPacker(source, _loads, vit_capacity=16, llm_capacity=5376, buffer_size=50, world_size=2,
-                                rank=rank, drop_last=True)
+        packer = BalancedPacker(
+            source, _loads, vit_capacity=16, llm_capacity=5376, buffer_size=50, world_size=2, rank=rank, drop_last=True
+        )
         loader = torch.utils.data.DataLoader(packer, batch_size=None, num_workers=2, collate_fn=pack_batch)
         batches = list(loader)
         per_rank_counts.append(len(batches))
@@ -77,8 +81,9 @@ def test_dataloader_workers_and_pack_batch():
             assert batch["input_ids"][0].tolist() == [i for i in ids for _ in range(lengths.llm[i] // 64 + 1)]
     assert per_rank_counts[0] == per_rank_counts[1]
     assert max(seen.values()) == 1
-    report = streaming_report(lengths, vit_capacity=16, llm_capacity=5376, buffer_size=50, world_size=2,
-                              num_workers=2, drop_last=True).streaming
+    report = streaming_report(
+        lengths, vit_capacity=16, llm_capacity=5376, buffer_size=50, world_size=2, num_workers=2, drop_last=True
+    ).streaming
     assert len(seen) == len(lengths) - report.dropped
 
 
@@ -89,8 +94,9 @@ def test_report_on_bundled_lengths_close_to_offline():
     s, o = rep.streaming, rep.offline
     assert s.num_samples == o.num_samples == len(full)
     assert rep.num_buffers == -(-len(full) // 4096)
-    rnd = balance_report(plan_packs(shuffled, world_size=8, method="random", vit_capacity=16, llm_capacity=5376),
-                         shuffled)
+    rnd = balance_report(
+        plan_packs(shuffled, world_size=8, method="random", vit_capacity=16, llm_capacity=5376), shuffled
+    )
     assert s.vit_fill > 0.99 and s.vit_fill > o.vit_fill - 0.01
     assert s.llm_dist < 0.1 * rnd.llm_dist and s.vit_dist < 0.1 * rnd.vit_dist
     assert s.step_efficiency > 0.99
@@ -101,8 +107,15 @@ def test_report_on_bundled_lengths_close_to_offline():
 
 def test_epoch_changes_packs_and_seed_is_deterministic():
     source = _source(_lengths(400, 2))
-    make = lambda: BalancedPacker(source, _loads, vit_capacity=16, llm_capacity=5376, buffer_size=100,  # noqa: E731
-                                  world_size=2, rank=0)
+    make = lambda: BalancedPacker(  # noqa: E731
+        source,
+        _loads,
+        vit_capacity=16,
+        llm_capacity=5376,
+        buffer_size=100,
+        world_size=2,
+        rank=0,
+    )
     ids = lambda p: [[s["id"] for s in pack] for pack in p]  # noqa: E731
     a, b = make(), make()
     assert ids(a) == ids(b)
@@ -126,13 +139,15 @@ def test_bad_input():
 def test_buffer_of_only_oversize_samples_is_dropped_not_an_error():
     # buffer_size 5: the last buffer holds one sample, and it alone exceeds the ViT capacity
     source = [{"id": i, "vit": 1, "llm": 100} for i in range(10)] + [{"id": 10, "vit": 99, "llm": 10}]
-    packer = BalancedPacker(source, _loads, vit_capacity=16, llm_capacity=500, buffer_size=5, world_size=1, rank=0,
-                            oversize="drop")
+    packer = BalancedPacker(
+        source, _loads, vit_capacity=16, llm_capacity=500, buffer_size=5, world_size=1, rank=0, oversize="drop"
+    )
     seen = sorted(s["id"] for pack in packer for s in pack)
     assert seen == list(range(10))
     lengths = Lengths(np.array([s["vit"] for s in source]), np.array([s["llm"] for s in source]))
-    report = streaming_report(lengths, vit_capacity=16, llm_capacity=500, buffer_size=5, world_size=1,
-                              oversize="drop").streaming
+    report = streaming_report(
+        lengths, vit_capacity=16, llm_capacity=500, buffer_size=5, world_size=1, oversize="drop"
+    ).streaming
     assert report.dropped == 1 and report.num_samples == 10
 
 

@@ -3,6 +3,7 @@
 Oversize singles of a ragged step, the epoch behind persistent DataLoader workers, one-shot sources, and a
 report whose offline plan cannot exist.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -67,8 +68,9 @@ def test_oversize_singles_of_a_ragged_step_are_carried_not_lost(drop_last):
 def test_oversize_drop_still_reports_what_it_drops():
     lengths = _mixed_lengths(600, 1)
     kwargs = dict(**CAPS, buffer_size=64, world_size=7, oversize="drop", seed=2)
-    seen = {s["id"] for r in range(7) for pack in BalancedPacker(_source(lengths), _loads, rank=r, **kwargs)
-            for s in pack}
+    seen = {
+        s["id"] for r in range(7) for pack in BalancedPacker(_source(lengths), _loads, rank=r, **kwargs) for s in pack
+    }
     oversize = set(np.flatnonzero(lengths.llm > 4096).tolist())
     assert seen == set(range(len(lengths))) - oversize
     assert streaming_report(lengths, **kwargs).streaming.dropped == len(oversize)
@@ -77,8 +79,9 @@ def test_oversize_drop_still_reports_what_it_drops():
 def test_persistent_dataloader_workers_follow_set_epoch():
     lengths = _mixed_lengths(240, 2, oversize_share=0.0)
     packer = BalancedPacker(_source(lengths), _loads, **CAPS, buffer_size=40, world_size=2, rank=0)
-    loader = torch.utils.data.DataLoader(packer, batch_size=None, num_workers=2, persistent_workers=True,
-                                         collate_fn=_pack_ids)
+    loader = torch.utils.data.DataLoader(
+        packer, batch_size=None, num_workers=2, persistent_workers=True, collate_fn=_pack_ids
+    )
 
     def expected(epoch: int) -> list[tuple[int, ...]]:
         twin = BalancedPacker(_source(lengths), _loads, **CAPS, buffer_size=40, world_size=2, rank=0)
@@ -105,11 +108,15 @@ def test_epoch_is_kept_in_64_bits():
             packer.set_epoch(epoch)
 
 
-@pytest.mark.parametrize("make", [
-    lambda s: (x for x in s),
-    lambda s: iter(s),
-    lambda s: map(dict, s),
-], ids=["generator", "list_iterator", "map"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda s: (x for x in s),
+        lambda s: iter(s),
+        lambda s: map(dict, s),
+    ],
+    ids=["generator", "list_iterator", "map"],
+)
 def test_one_shot_iterators_are_rejected(make):
     source = _source(_mixed_lengths(30, 3, 0.0))
     with pytest.raises(TypeError, match="source must be re-iterable .* one-shot iterator"):
@@ -194,8 +201,14 @@ def test_spawned_persistent_workers_follow_set_epoch():
     # each worker instead of forking it: the shared epoch must survive that too
     lengths = _mixed_lengths(120, 8, oversize_share=0.0)
     packer = BalancedPacker(_source(lengths), _loads, **CAPS, buffer_size=30, world_size=1, rank=0)
-    loader = torch.utils.data.DataLoader(packer, batch_size=None, num_workers=2, persistent_workers=True,
-                                         collate_fn=_pack_ids, multiprocessing_context="spawn")
+    loader = torch.utils.data.DataLoader(
+        packer,
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        collate_fn=_pack_ids,
+        multiprocessing_context="spawn",
+    )
     epoch0 = sorted(map(tuple, loader))
     packer.set_epoch(1)
     epoch1 = sorted(map(tuple, loader))

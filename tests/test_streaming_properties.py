@@ -6,6 +6,7 @@ oversize singles; every rank gets the same number of packs from every worker; ep
 in-process sharding (``iter_shard``) covers the many draws; real DataLoaders with (persistent) workers cover a
 few representative cases, since their workers are slow to start.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,9 @@ def _oversize(vit: np.ndarray, llm: np.ndarray) -> set[int]:
     return set(np.flatnonzero((vit > VIT_CAPACITY) | (llm > LLM_CAPACITY)).tolist())
 
 
-def _epoch_packs(source: list[dict], options: dict, world: int, workers: int, epoch: int) -> list[list[list[list[int]]]]:
+def _epoch_packs(
+    source: list[dict], options: dict, world: int, workers: int, epoch: int
+) -> list[list[list[list[int]]]]:
     """``packs[rank][worker]``: the id lists that worker ``worker`` of rank ``rank`` yields in ``epoch``."""
     out = []
     for rank in range(world):
@@ -67,8 +70,9 @@ def _check_epoch(packs, vit: np.ndarray, llm: np.ndarray, options: dict, world: 
     assert set(counts) <= set(range(n))
     missing = set(range(n)) - set(counts)
     extra = sum(c - 1 for c in counts.values())
-    report = streaming_report(Lengths(vit, llm), world_size=world, num_workers=workers, epoch=epoch,
-                              **options).streaming
+    report = streaming_report(
+        Lengths(vit, llm), world_size=world, num_workers=workers, epoch=epoch, **options
+    ).streaming
     assert (len(missing), extra) == (report.dropped, report.duplicated)
     assert report.num_samples == len(counts)
     if options["oversize"] == "drop":
@@ -105,12 +109,20 @@ def _draw_loads(n: int, oversize_share: float, data_seed: int) -> tuple[np.ndarr
     method=st.sampled_from(["balanced", "random"]),
     seed=st.integers(0, 2**32),
 )
-def test_every_sample_once_per_epoch_unless_reported(n, oversize_share, data_seed, world, workers, buffer_size,
-                                                     oversize, drop_last, method, seed):
+def test_every_sample_once_per_epoch_unless_reported(
+    n, oversize_share, data_seed, world, workers, buffer_size, oversize, drop_last, method, seed
+):
     vit, llm = _draw_loads(n, oversize_share, data_seed)
     source = _source(vit.tolist(), llm.tolist())
-    options = dict(vit_capacity=VIT_CAPACITY, llm_capacity=LLM_CAPACITY, buffer_size=buffer_size, method=method,
-                   seed=seed, drop_last=drop_last, oversize=oversize)
+    options = dict(
+        vit_capacity=VIT_CAPACITY,
+        llm_capacity=LLM_CAPACITY,
+        buffer_size=buffer_size,
+        method=method,
+        seed=seed,
+        drop_last=drop_last,
+        oversize=oversize,
+    )
     if oversize == "error" and _oversize(vit, llm):
         with pytest.raises(OversizeError):
             _epoch_packs(source, options, world, workers, 0)
@@ -139,11 +151,21 @@ def test_real_dataloader_workers_over_epochs(persistent, oversize, drop_last):
     llm = rng.integers(1, 700, n)
     llm[rng.random(n) < 0.1] = 1200  # oversize samples
     source = _source(vit.tolist(), llm.tolist())
-    options = dict(vit_capacity=VIT_CAPACITY, llm_capacity=LLM_CAPACITY, buffer_size=20, seed=5, drop_last=drop_last,
-                   oversize=oversize)
+    options = dict(
+        vit_capacity=VIT_CAPACITY,
+        llm_capacity=LLM_CAPACITY,
+        buffer_size=20,
+        seed=5,
+        drop_last=drop_last,
+        oversize=oversize,
+    )
     packers = [BalancedPacker(source, _loads, world_size=world, rank=r, **options) for r in range(world)]
-    loaders = [torch.utils.data.DataLoader(p, batch_size=None, num_workers=workers, persistent_workers=persistent,
-                                           collate_fn=_pack_ids) for p in packers]
+    loaders = [
+        torch.utils.data.DataLoader(
+            p, batch_size=None, num_workers=workers, persistent_workers=persistent, collate_fn=_pack_ids
+        )
+        for p in packers
+    ]
     seen_epochs = []
     for epoch in (0, 1):
         for packer in packers:

@@ -1,4 +1,5 @@
 """The synthetic distribution classes: deterministic for a seed, valid loads, their documented shapes."""
+
 import numpy as np
 import pytest
 
@@ -73,7 +74,7 @@ def test_vit_seqlens_follow_the_vision_towers():
     # a sample is one image (1 sequence) or a video of 8-64 frames (4-32 frame groups of equal size)
     assert set(np.unique(groups)) <= {1} | set(range(4, 33)) and (groups >= 4).mean() > 0.2
     for i in np.flatnonzero(groups >= 4)[:50]:
-        frames = video.vit_seqlens[video.vit_seqlens_offsets[i]:video.vit_seqlens_offsets[i + 1]]
+        frames = video.vit_seqlens[video.vit_seqlens_offsets[i] : video.vit_seqlens_offsets[i + 1]]
         assert (frames == frames[0]).all()
     with pytest.raises(ValueError, match="kind must be one of"):
         synthetic_samples("no_such_kind", 10)

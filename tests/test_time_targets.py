@@ -1,5 +1,6 @@
 """The suite's time-balance targets (bench.time_targets) in quick mode: rows measured as documented, pass/miss
 with reasons, the Markdown table."""
+
 from __future__ import annotations
 
 import warnings
@@ -37,22 +38,40 @@ def test_quick_rows_cover_every_class_and_model(quick_rows) -> None:
 
 
 def _row(**changes) -> dict:
-    row = dict(world_size=8, epoch_over_ideal=1.001, bound_over_ideal=1.0, epoch_over_bound=1.001,
-               sorted_over_ideal=1.002, packs_over_volume=1.01, each_sample_once=True, repeated=0.01, steps=60)
+    row = dict(
+        world_size=8,
+        epoch_over_ideal=1.001,
+        bound_over_ideal=1.0,
+        epoch_over_bound=1.001,
+        sorted_over_ideal=1.002,
+        packs_over_volume=1.01,
+        each_sample_once=True,
+        repeated=0.01,
+        steps=60,
+    )
     return {**row, **changes}
 
 
 def test_misses_say_why_with_the_bound() -> None:
     assert time_target_misses(_row()) == []
-    assert time_target_misses(_row(world_size=512, epoch_over_ideal=1.015, epoch_over_bound=1.015,
-                                   sorted_over_ideal=1.016)) == []
+    assert (
+        time_target_misses(
+            _row(world_size=512, epoch_over_ideal=1.015, epoch_over_bound=1.015, sorted_over_ideal=1.016)
+        )
+        == []
+    )
     (miss,) = time_target_misses(_row(epoch_over_ideal=1.01, epoch_over_bound=1.01, sorted_over_ideal=1.02))
     assert miss == "epoch/ideal 1.0100 > 1.005, bound/ideal 1.0000"
     # the bound shows the ideal out of reach: within 0.2% of the bound passes, beyond it misses
-    assert time_target_misses(_row(epoch_over_ideal=1.031, bound_over_ideal=1.03, epoch_over_bound=1.031 / 1.03,
-                                   sorted_over_ideal=1.04)) == []
-    (miss,) = time_target_misses(_row(epoch_over_ideal=1.04, bound_over_ideal=1.03, epoch_over_bound=1.04 / 1.03,
-                                      sorted_over_ideal=1.05))
+    assert (
+        time_target_misses(
+            _row(epoch_over_ideal=1.031, bound_over_ideal=1.03, epoch_over_bound=1.031 / 1.03, sorted_over_ideal=1.04)
+        )
+        == []
+    )
+    (miss,) = time_target_misses(
+        _row(epoch_over_ideal=1.04, bound_over_ideal=1.03, epoch_over_bound=1.04 / 1.03, sorted_over_ideal=1.05)
+    )
     assert miss == "epoch/bound 1.0097 > 1.002 (bound/ideal 1.0300 > 1.005)"
     assert time_target_misses(_row(sorted_over_ideal=1.0005)) == ["above sorted (1.0005)"]
     assert "volume bound" in time_target_misses(_row(packs_over_volume=1.05))[0]
@@ -70,14 +89,18 @@ def test_planning_speed_and_markdown(quick_rows) -> None:
         assert r["over_argsort"] == pytest.approx(r["plan_seconds"] / r["argsort_seconds"])
         assert (r["misses"] == []) == (r["over_argsort"] <= 5.0)
     env = dict(versions={}, date="today", machine="here", cpu="cpu", device="cpu")
-    text = to_markdown({"environment": env, "targets": [], "targets_modes": [], "time_targets": quick_rows,
-                        "time_planning": speed})
+    text = to_markdown(
+        {"environment": env, "targets": [], "targets_modes": [], "time_targets": quick_rows, "time_planning": speed}
+    )
     assert "### Time-balance targets" in text
     table = [line for line in text.splitlines() if line.startswith("| text_long_tail | llama_7b")]
     assert len(table) == 1
     models = {m for _, m in CLASS_MODELS}
-    results = [line.rsplit("|", 2)[-2].strip() for line in text.splitlines()
-               if line.startswith("| ") and line.split("|")[2].strip() in models]
+    results = [
+        line.rsplit("|", 2)[-2].strip()
+        for line in text.splitlines()
+        if line.startswith("| ") and line.split("|")[2].strip() in models
+    ]
     assert len(results) == len(quick_rows) and all(r == "pass" or r.startswith("miss: ") for r in results)
     assert np.isfinite([r["epoch_over_ideal"] for r in quick_rows]).all()
 

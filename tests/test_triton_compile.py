@@ -4,6 +4,7 @@ The interpreter (TRITON_INTERPRET=1) runs kernels as Python, so a construct that
 rejects would pass every CPU test and fail on the first GPU. Triton compiles for a CUDA target without a GPU
 (its wheel ships ptxas), so this runs in CI. The compile runs in a subprocess, without the interpreter.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,7 +68,8 @@ def test_pack_and_unpack_of_bf16_states_use_128_bit_accesses():
 
 def test_the_check_catches_a_kernel_only_the_compiler_rejects(tmp_path):
     # tl.arange needs a power-of-two range on the GPU; the interpreter runs this kernel happily.
-    (tmp_path / "bad_kernel.py").write_text(textwrap.dedent('''
+    (tmp_path / "bad_kernel.py").write_text(
+        textwrap.dedent("""
         import triton, triton.language as tl
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -79,6 +81,7 @@ def test_the_check_catches_a_kernel_only_the_compiler_rejects(tmp_path):
 
         triton.compile(ASTSource(fn=kernel, signature={"x_ptr": "*i32", "BLOCK": "constexpr"},
                                  constexprs={"BLOCK": 100}), target=GPUTarget("cuda", 90, 32))
-    '''))
+    """)
+    )
     result = _run([str(tmp_path / "bad_kernel.py")], tmp_path)
     assert result.returncode != 0

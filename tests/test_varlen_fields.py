@@ -1,5 +1,6 @@
 """The one CPU varlen-metadata path (cpu.varlen_metadata.varlen_fields): its numba and torch fills agree with
 a plain loop for any segment lengths, with or without shared-memory outputs; and the shared-memory helper."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,9 @@ from omnibal_kernels._shared_memory import shared_tensors
 from omnibal_kernels.cpu.varlen_metadata import varlen_fields
 
 
-def _loop_reference(seg_lens: list[int], num_samples: int, num_slots: int, labels: list[int], mask: bool,
-                    ignore_index: int) -> tuple[list[int], list[int], list[int], list[int], list[int], int]:
+def _loop_reference(
+    seg_lens: list[int], num_samples: int, num_slots: int, labels: list[int], mask: bool, ignore_index: int
+) -> tuple[list[int], list[int], list[int], list[int], list[int], int]:
     positions, seq_idx, cu, out_labels = [], [], [0], list(labels)
     for s, n in enumerate(seg_lens):
         if mask and s < num_samples and n > 0:
@@ -34,19 +36,34 @@ def _loop_reference(seg_lens: list[int], num_samples: int, num_slots: int, label
     backend=st.sampled_from(["numba", "torch"]),
     shared=st.booleans(),
 )
-def test_fills_match_a_plain_loop(seg_lens: list[int], extra_slots: int, padding: bool, mask: bool, backend: str,
-                                  shared: bool) -> None:
+def test_fills_match_a_plain_loop(
+    seg_lens: list[int], extra_slots: int, padding: bool, mask: bool, backend: str, shared: bool
+) -> None:
     num_samples = len(seg_lens) - 1 if padding else len(seg_lens)  # a trailing padding segment is no sample
     num_slots = len(seg_lens) + extra_slots
     total = sum(seg_lens)
     labels = torch.arange(total, dtype=torch.int64) + 1000
     out = None
     if shared:
-        out = tuple(shared_tensors(((1, total), torch.int64), ((1, total), torch.int32), ((num_slots + 1,), torch.int32),
-                                   ((num_slots,), torch.int32)))
+        out = tuple(
+            shared_tensors(
+                ((1, total), torch.int64),
+                ((1, total), torch.int32),
+                ((num_slots + 1,), torch.int32),
+                ((num_slots,), torch.int32),
+            )
+        )
     want = _loop_reference(seg_lens, num_samples, num_slots, labels.tolist(), mask, -7)
-    got = varlen_fields(seg_lens, num_samples, labels, num_slots=num_slots, mask_first_label=mask, ignore_index=-7,
-                        backend=backend, out=out)
+    got = varlen_fields(
+        seg_lens,
+        num_samples,
+        labels,
+        num_slots=num_slots,
+        mask_first_label=mask,
+        ignore_index=-7,
+        backend=backend,
+        out=out,
+    )
     assert got.position_ids.shape == (1, total) and got.position_ids.dtype == torch.int64
     assert got.seq_idx.shape == (1, total) and got.seq_idx.dtype == torch.int32
     assert got.cu_seqlens.dtype == torch.int32 and got.seq_lens.dtype == torch.int32

@@ -1,4 +1,5 @@
 """Vision counts (InternVL tiles, Qwen2-VL smart_resize/patches/tokens) against the published per-image formulas."""
+
 from __future__ import annotations
 
 import os
@@ -58,8 +59,9 @@ def test_internvl_matches_published_scan(min_num: int, max_num: int, use_thumbna
     rng = np.random.default_rng(100 + 13 * min_num + max_num)
     w, h = _random_sizes(rng, 3000)
     grid = internvl_tile_grid(w, h, min_num=min_num, max_num=max_num, use_thumbnail=use_thumbnail)
-    expected = np.array([testing.internvl_tiles_reference(int(a), int(b), min_num, max_num, 448, use_thumbnail)
-                         for a, b in zip(w, h)])
+    expected = np.array(
+        [testing.internvl_tiles_reference(int(a), int(b), min_num, max_num, 448, use_thumbnail) for a, b in zip(w, h)]
+    )
     np.testing.assert_array_equal(grid.cols, expected[:, 0])
     np.testing.assert_array_equal(grid.rows, expected[:, 1])
     np.testing.assert_array_equal(grid.num_tiles, expected[:, 2])
@@ -112,14 +114,17 @@ def test_bad_arguments_raise() -> None:
         qwen2vl_smart_resize([201 * 30, 10], [30, 10])
 
 
-@pytest.mark.parametrize("min_pixels,max_pixels", [(56 * 56, 28 * 28 * 1280), (4 * 28 * 28, 16384 * 28 * 28),
-                                                   (256 * 28 * 28, 512 * 28 * 28)])
+@pytest.mark.parametrize(
+    "min_pixels,max_pixels", [(56 * 56, 28 * 28 * 1280), (4 * 28 * 28, 16384 * 28 * 28), (256 * 28 * 28, 512 * 28 * 28)]
+)
 def test_smart_resize_matches_published(min_pixels: int, max_pixels: int) -> None:
     rng = np.random.default_rng(min_pixels + max_pixels)
     w, h = _random_sizes(rng, 4000, max_ratio=200)
     assert w.size > 3000
     rh, rw = qwen2vl_smart_resize(w, h, min_pixels=min_pixels, max_pixels=max_pixels)
-    expected = np.array([testing.smart_resize_reference(int(b), int(a), 28, min_pixels, max_pixels) for a, b in zip(w, h)])
+    expected = np.array(
+        [testing.smart_resize_reference(int(b), int(a), 28, min_pixels, max_pixels) for a, b in zip(w, h)]
+    )
     np.testing.assert_array_equal(rh, expected[:, 0])
     np.testing.assert_array_equal(rw, expected[:, 1])
     # all three branches (round, scale down, scale up) occur

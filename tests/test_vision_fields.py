@@ -1,4 +1,5 @@
 """pack_vision_fields round trips and Qwen2-VL mRoPE positions against a token-by-token reference."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,12 +45,19 @@ def test_mrope_matches_reference(seed: int) -> None:
     flat_sec = [x for s in samples for x in s[3]]
     for qwen25 in (False, True):
         kwargs = dict(second_per_grid_ts=flat_sec, tokens_per_second=2) if qwen25 else {}
-        out = mrope_position_ids(ids, torch.tensor(flat_img).reshape(-1, 3), torch.tensor(flat_vid).reshape(-1, 3),
-                                 image_token_id=IMG, video_token_id=VID, **kwargs)
+        out = mrope_position_ids(
+            ids,
+            torch.tensor(flat_img).reshape(-1, 3),
+            torch.tensor(flat_vid).reshape(-1, 3),
+            image_token_id=IMG,
+            video_token_id=VID,
+            **kwargs,
+        )
         expected = []
         for s in samples:
-            expected += mrope_positions_reference(s[0], s[1], s[2], IMG, VID, 2, s[3] if qwen25 else None,
-                                            2 if qwen25 else None)
+            expected += mrope_positions_reference(
+                s[0], s[1], s[2], IMG, VID, 2, s[3] if qwen25 else None, 2 if qwen25 else None
+            )
         total = sum(len(s[0]) for s in samples)
         assert out.position_ids.shape == (3, 1, total) and out.position_ids.dtype == torch.int64
         assert out.position_ids[:, 0, :].T.tolist() == [list(p) for p in expected]
@@ -61,7 +69,7 @@ def test_mrope_matches_reference(seed: int) -> None:
         starts = np.cumsum([0] + [len(s[0]) for s in samples])[:-1]
         assert (out.position_ids[:, 0, torch.from_numpy(starts)] == 0).all()
         for b, s in enumerate(samples):
-            seg = out.position_ids[:, 0, starts[b]:starts[b] + len(s[0])]
+            seg = out.position_ids[:, 0, starts[b] : starts[b] + len(s[0])]
             assert int(out.rope_deltas[b]) == int(seg.max()) + 1 - len(s[0])
 
 
@@ -70,8 +78,17 @@ def test_mrope_per_sample_grids_and_errors() -> None:
     a = mrope_position_ids(ids, [torch.tensor([[1, 2, 4]]), torch.tensor([[1, 4, 4]])], image_token_id=IMG)
     b = mrope_position_ids(ids, torch.tensor([[1, 2, 4], [1, 4, 4]]), image_token_id=IMG)
     assert torch.equal(a.position_ids, b.position_ids)
-    assert a.position_ids[:, 0].T.tolist() == [[0, 0, 0], [1, 1, 1], [1, 1, 2], [3, 3, 3],
-                                               [0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 1], [2, 2, 2]]
+    assert a.position_ids[:, 0].T.tolist() == [
+        [0, 0, 0],
+        [1, 1, 1],
+        [1, 1, 2],
+        [3, 3, 3],
+        [0, 0, 0],
+        [0, 0, 1],
+        [0, 1, 0],
+        [0, 1, 1],
+        [2, 2, 2],
+    ]
     with pytest.raises(ValueError, match="sample 0"):
         mrope_position_ids([[IMG, IMG, IMG]], torch.tensor([[1, 2, 4]]), image_token_id=IMG)
     with pytest.raises(ValueError, match="rows"):
@@ -110,16 +127,18 @@ def test_pack_patches_round_trip_with_grids() -> None:
         if k == 0:
             samples.append({"input_ids": [1]})
             continue
-        grids = torch.tensor([[int(rng.integers(1, 3)), 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4))]
-                              for _ in range(k)])
+        grids = torch.tensor(
+            [[int(rng.integers(1, 3)), 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4))] for _ in range(k)]
+        )
         n = int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum())
         samples.append({"input_ids": [1], "pixel_values": torch.randn(n, 1176), "image_grid_thw": grids})
     f = pack_vision_fields(samples, spatial_merge_size=2)
     grids = torch.cat([s["image_grid_thw"] for s in samples if "image_grid_thw" in s])
     assert torch.equal(f["image_grid_thw"], grids)
     # Qwen2-VL's vision tower: one segment per frame group of h * w patches
-    expected_cu = torch.cat([torch.zeros(1, dtype=torch.int64),
-                             torch.repeat_interleave(grids[:, 1] * grids[:, 2], grids[:, 0]).cumsum(0)])
+    expected_cu = torch.cat(
+        [torch.zeros(1, dtype=torch.int64), torch.repeat_interleave(grids[:, 1] * grids[:, 2], grids[:, 0]).cumsum(0)]
+    )
     assert f["vit_cu_seqlens"].tolist() == expected_cu.tolist()
     assert f["vit_max_seqlen"] == int((grids[:, 1] * grids[:, 2]).max())
     assert f["num_images"].tolist() == [2, 0, 1, 3]
@@ -150,8 +169,12 @@ def test_pack_errors_name_the_sample() -> None:
     with pytest.raises(ValueError, match="sample 0"):
         pack_vision_fields([{"pixel_values": torch.randn(7, 4), "image_grid_thw": torch.tensor([[1, 2, 2]])}])
     with pytest.raises(ValueError, match="sample 1"):
-        pack_vision_fields([{"pixel_values": torch.randn(4, 4), "image_grid_thw": torch.tensor([[1, 2, 2]])},
-                            {"pixel_values": torch.randn(4, 4)}])
+        pack_vision_fields(
+            [
+                {"pixel_values": torch.randn(4, 4), "image_grid_thw": torch.tensor([[1, 2, 2]])},
+                {"pixel_values": torch.randn(4, 4)},
+            ]
+        )
     with pytest.raises(ValueError, match="sample 0"):
         pack_vision_fields([{"image_grid_thw": torch.tensor([[1, 2, 2]])}])
     with pytest.raises(ValueError, match="dtype"):

@@ -1,4 +1,5 @@
 """compute_loads / write_lengths / the ``lengths`` subcommand."""
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,9 @@ def test_flat_layout_with_videos_equals_nested() -> None:
     owner = [i for i, entry in enumerate(sizes) for _ in _pairs(entry)]
     perm = rng.permutation(len(flat))  # image rows in any order
     a = compute_loads(sizes, text, model="qwen2vl", progress=False)
-    b = compute_loads(np.array(flat)[perm], text, model="qwen2vl", image_to_sample=np.array(owner)[perm],
-                      progress=False)
+    b = compute_loads(
+        np.array(flat)[perm], text, model="qwen2vl", image_to_sample=np.array(owner)[perm], progress=False
+    )
     np.testing.assert_array_equal(a.vit, b.vit)
     np.testing.assert_array_equal(a.llm, b.llm)
     frames = rng.integers(1, 7, len(flat))
@@ -125,15 +127,18 @@ def test_cli_lengths(tmp_path, capsys) -> None:
     got = json.loads(out.read_text())
     t0 = testing.internvl_tiles_reference(800, 600, 1, 6)[2] + testing.internvl_tiles_reference(448, 448, 1, 6)[2]
     t2 = testing.internvl_tiles_reference(4000, 400, 1, 6)[2]
-    assert got == [{"vit_num": t0, "token_num": 100 + 256 * t0, "vit_seqlens": [1] * t0},
-                   {"vit_num": 0, "token_num": 3, "vit_seqlens": []},
-                   {"vit_num": t2, "token_num": 7 + 256 * t2, "vit_seqlens": [1] * t2}]
+    assert got == [
+        {"vit_num": t0, "token_num": 100 + 256 * t0, "vit_seqlens": [1] * t0},
+        {"vit_num": 0, "token_num": 3, "vit_seqlens": []},
+        {"vit_num": t2, "token_num": 7 + 256 * t2, "vit_seqlens": [1] * t2},
+    ]
     assert "wrote 3 samples" in capsys.readouterr().out
     # the subcommand wires into another parser in one line
     parser = argparse.ArgumentParser()
     add_lengths_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["lengths", str(src), "-o", str(tmp_path / "q.npz"), "--model", "qwen2vl",
-                              "--no-progress"])
+    args = parser.parse_args(
+        ["lengths", str(src), "-o", str(tmp_path / "q.npz"), "--model", "qwen2vl", "--no-progress"]
+    )
     assert args.func(args) == 0
     patches = [testing.qwen2vl_counts_reference(h, w)[1] for w, h in [(800, 600), (448, 448)]]
     with np.load(tmp_path / "q.npz") as f:
@@ -146,8 +151,22 @@ def test_cli_lengths(tmp_path, capsys) -> None:
     # one video per record with frames
     vids = tmp_path / "videos.json"
     vids.write_text(json.dumps([{"width": 640, "height": 360, "frames": 5, "text_tokens": 3}]))
-    assert main(["lengths", str(vids), "-o", str(tmp_path / "v.npz"), "--model", "qwen2vl", "--frames-key",
-                         "frames", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "lengths",
+                str(vids),
+                "-o",
+                str(tmp_path / "v.npz"),
+                "--model",
+                "qwen2vl",
+                "--frames-key",
+                "frames",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     (t, h, w), patches, _ = testing.qwen2vl_counts_reference(360, 640, 5)
     with np.load(tmp_path / "v.npz") as f:
         assert f["vit"][0] == patches and f["vit_seqlens"].tolist() == [h * w] * t  # one per frame group

@@ -6,6 +6,7 @@ Qwen2-VL / Qwen2.5-VL: transformers' own image processor makes each sample's pat
 ``cu_seqlens`` each attention block is given. The length file's sequences must be those, sample by sample.
 InternVL: transformers' tiling processor makes the tiles; each is one sequence of one ViT unit.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,12 +21,14 @@ SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 40)  # small grids: th
 
 
 def _rows(loads):
-    return [loads.vit_seqlens[a:b].tolist() for a, b in zip(loads.vit_seqlens_offsets[:-1],
-                                                            loads.vit_seqlens_offsets[1:])]
+    return [
+        loads.vit_seqlens[a:b].tolist() for a, b in zip(loads.vit_seqlens_offsets[:-1], loads.vit_seqlens_offsets[1:])
+    ]
 
 
-size_lists = st.lists(st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 3000)), max_size=4), min_size=1,
-                      max_size=12)
+size_lists = st.lists(
+    st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 3000)), max_size=4), min_size=1, max_size=12
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -35,8 +38,9 @@ def test_seqlens_equal_the_per_image_rules(sizes, seed):
     sizes = [[(w, h) for w, h in s if max(w, h) / min(w, h) <= 200] for s in sizes]
     text = rng.integers(0, 100, len(sizes))
     tiles = compute_loads(sizes, text, model="internvl", max_num=6, progress=False)
-    assert _rows(tiles) == [[1] * sum(testing.internvl_tiles_reference(w, h, 1, 6, 448, True)[2] for w, h in s)
-                            for s in sizes]
+    assert _rows(tiles) == [
+        [1] * sum(testing.internvl_tiles_reference(w, h, 1, 6, 448, True)[2] for w, h in s) for s in sizes
+    ]
     for model in ("qwen2vl", "qwen2.5vl"):
         patches = compute_loads(sizes, text, model=model, progress=False)
         expected = []
@@ -50,8 +54,14 @@ def test_seqlens_equal_the_per_image_rules(sizes, seed):
     owner = np.array([i for i, s in enumerate(sizes) for _ in s], dtype=np.int64)
     frames = rng.integers(1, 9, len(flat))
     perm = rng.permutation(len(flat))
-    videos = compute_loads(np.array(flat, dtype=np.int64).reshape(-1, 2)[perm], text, model="qwen2vl",
-                           image_to_sample=owner[perm], num_frames=frames[perm], progress=False)
+    videos = compute_loads(
+        np.array(flat, dtype=np.int64).reshape(-1, 2)[perm],
+        text,
+        model="qwen2vl",
+        image_to_sample=owner[perm],
+        num_frames=frames[perm],
+        progress=False,
+    )
     expected = [[] for _ in sizes]
     for j in perm:
         (t, hh, ww), _, _ = testing.qwen2vl_counts_reference(flat[j][1], flat[j][0], int(frames[j]))
@@ -64,9 +74,12 @@ def _vision_cu_seqlens(tower, pixel_values, grid_thw, full_attention_blocks):
     import torch
 
     seen = []
-    hooks = [tower.blocks[i].register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(kwargs["cu_seqlens"].clone()), with_kwargs=True)
-        for i in full_attention_blocks]
+    hooks = [
+        tower.blocks[i].register_forward_pre_hook(
+            lambda module, args, kwargs: seen.append(kwargs["cu_seqlens"].clone()), with_kwargs=True
+        )
+        for i in full_attention_blocks
+    ]
     try:
         with torch.no_grad():
             tower(pixel_values, grid_thw=grid_thw)
@@ -87,8 +100,11 @@ def test_qwen_seqlens_are_what_the_vision_tower_attends(model):
     from omnibal_kernels.calibration.models import TINY_MODELS
 
     config = TINY_MODELS["tiny-qwen2-vl" if model == "qwen2vl" else "tiny-qwen2.5-vl"].config()
-    visual = (transformers.Qwen2VLForConditionalGeneration if model == "qwen2vl"
-              else transformers.Qwen2_5_VLForConditionalGeneration)(config).model.visual.eval()
+    visual = (
+        transformers.Qwen2VLForConditionalGeneration
+        if model == "qwen2vl"
+        else transformers.Qwen2_5_VLForConditionalGeneration
+    )(config).model.visual.eval()
     blocks = list(range(len(visual.blocks))) if model == "qwen2vl" else config.vision_config.fullatt_block_indexes
     processor = Qwen2VLImageProcessorPil(**SMALL)
     rng = np.random.default_rng(0)
@@ -109,10 +125,18 @@ def test_qwen_seqlens_are_what_the_vision_tower_attends(model):
     # videos: t frame groups per video, from frame counts alone
     flat = np.array([[640, 360], [100, 300]], dtype=np.int64)
     frames = np.array([7, 2], dtype=np.int64)
-    videos = compute_loads(flat, np.zeros(2, dtype=np.int64), model=model, image_to_sample=[1, 0], num_frames=frames,
-                           progress=False, **SMALL)
-    grid = torch.tensor([testing.qwen2vl_counts_reference(h, w, int(f), **SMALL)[0]
-                         for (w, h), f in zip(flat[::-1], frames[::-1])])  # sample 0's video first, as packed
+    videos = compute_loads(
+        flat,
+        np.zeros(2, dtype=np.int64),
+        model=model,
+        image_to_sample=[1, 0],
+        num_frames=frames,
+        progress=False,
+        **SMALL,
+    )
+    grid = torch.tensor(
+        [testing.qwen2vl_counts_reference(h, w, int(f), **SMALL)[0] for (w, h), f in zip(flat[::-1], frames[::-1])]
+    )  # sample 0's video first, as packed
     patches = torch.zeros(int(grid.prod(dim=1).sum()), 3 * 2 * 14 * 14)
     attended = _vision_cu_seqlens(visual, patches, grid, blocks)
     np.testing.assert_array_equal(np.diff(attended.numpy()), videos.vit_seqlens)
@@ -125,8 +149,9 @@ def test_internvl_seqlens_are_one_per_tile_of_the_processor():
     from PIL import Image
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    tiler = GotOcr2ImageProcessorPil(crop_to_patches=True, min_patches=1, max_patches=6,
-                                     size={"height": 448, "width": 448})
+    tiler = GotOcr2ImageProcessorPil(
+        crop_to_patches=True, min_patches=1, max_patches=6, size={"height": 448, "width": 448}
+    )
     sizes = [[(800, 600), (448, 448)], [], [(4000, 400)], [(30, 900)]]
     samples = []
     for s in sizes:
@@ -143,7 +168,13 @@ def test_internvl_seqlens_are_one_per_tile_of_the_processor():
 
 def test_bad_frame_counts_name_the_sample():
     with pytest.raises(ValueError, match=r"sample 2: num_frames\[1\] = 0"):
-        compute_loads(np.array([[64, 64], [64, 64]]), [1, 2, 3], model="qwen2vl", image_to_sample=[0, 2],
-                      num_frames=[3, 0], progress=False)
+        compute_loads(
+            np.array([[64, 64], [64, 64]]),
+            [1, 2, 3],
+            model="qwen2vl",
+            image_to_sample=[0, 2],
+            num_frames=[3, 0],
+            progress=False,
+        )
     with pytest.raises(ValueError, match="sample 1: llm is too large"):
         compute_loads([None, [(448, 448)] * 9], [1, 2], model="internvl", num_image_token=2**28, progress=False)

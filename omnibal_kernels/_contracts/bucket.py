@@ -6,6 +6,7 @@ Both implementations take int64 ``counts`` ``(N,)`` and non-decreasing int64 ``b
 :func:`host_bucket_args` and :func:`device_bucket_args` turn the public arguments into these, on the host
 (numpy) or on the counts' device (torch).
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple

@@ -1,6 +1,7 @@
 """The contract of ``patchify``: argument checks, the plan both implementations follow, and the result type,
 shared by the Triton op (:mod:`omnibal_kernels.ops.patchify`) and its CPU twin
 (:mod:`omnibal_kernels.cpu.patchify`)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -93,8 +94,10 @@ def plan_patches(images: Any, sizes: Any, patch_size: int, merge_size: int, temp
             raise TypeError(f"image {i}: unsupported dtype {v.dtype}")
         t, _, h, w = v.shape
         if t < 1 or h <= 0 or w <= 0 or h % factor or w % factor:
-            raise ValueError(f"image {i}: size {h}x{w} ({t} frames) must be positive multiples of "
-                             f"patch_size * merge_size = {factor} (resize with qwen2vl_smart_resize first)")
+            raise ValueError(
+                f"image {i}: size {h}x{w} ({t} frames) must be positive multiples of "
+                f"patch_size * merge_size = {factor} (resize with qwen2vl_smart_resize first)"
+            )
         grid[i] = ((t + temporal_patch_size - 1) // temporal_patch_size, h // patch_size, w // patch_size)
     per_image = grid[:, 0] * grid[:, 1] * grid[:, 2]
     offsets = np.zeros(len(views) + 1, dtype=np.int64)

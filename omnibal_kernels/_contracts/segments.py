@@ -5,6 +5,7 @@ int32. Both may live on the host (a list, a numpy array or a CPU tensor: everyth
 syncs) or on the device (only shapes and dtypes are checked; values need a host sync, which happens at most
 once and only where the caller did not pass the host-side numbers).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -13,8 +14,16 @@ from typing import NamedTuple, Union
 import numpy as np
 import torch
 
-__all__ = ["INT32_MAX", "LengthsLike", "Segments", "batch_from", "check_host_lengths", "check_total_tokens",
-           "is_host", "resolve_segments"]
+__all__ = [
+    "INT32_MAX",
+    "LengthsLike",
+    "Segments",
+    "batch_from",
+    "check_host_lengths",
+    "check_total_tokens",
+    "is_host",
+    "resolve_segments",
+]
 
 LengthsLike = Union[Sequence[int], np.ndarray, torch.Tensor]
 
@@ -213,4 +222,3 @@ def batch_from(seq_lens: LengthsLike | None, cu_seqlens: LengthsLike | None, fn:
     if shape[0] < 1:
         raise ValueError(f"{fn}: cu_seqlens must have batch + 1 >= 1 entries, got 0")
     return shape[0] - 1
-

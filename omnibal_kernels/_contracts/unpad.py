@@ -1,5 +1,6 @@
 """The contract of ``unpad`` / ``pad`` / ``unpad_from_mask``: argument checks and the result type, shared by
 the Triton op (:mod:`omnibal_kernels.ops.unpad`) and its CPU twin (:mod:`omnibal_kernels.cpu.unpad`)."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -9,8 +10,17 @@ import torch
 
 from .segments import INT32_MAX, LengthsLike, Segments, batch_from, is_host, resolve_segments
 
-__all__ = ["MaskSegments", "PackedTokens", "check_attention_mask", "check_fill_value", "check_packed",
-           "check_padded", "mask_segments", "pad_segments", "unpad_segments"]
+__all__ = [
+    "MaskSegments",
+    "PackedTokens",
+    "check_attention_mask",
+    "check_fill_value",
+    "check_packed",
+    "check_padded",
+    "mask_segments",
+    "pad_segments",
+    "unpad_segments",
+]
 
 
 def check_padded(padded: object, fn: str) -> torch.Tensor:
@@ -143,4 +153,3 @@ def mask_segments(mask: torch.Tensor, fn: str) -> MaskSegments:
     if total > INT32_MAX:
         raise ValueError(f"{fn}: {total} tokens in total overflow int32 cu_seqlens (at most {INT32_MAX})")
     return MaskSegments(seq_lens, cu_seqlens, total, longest)
-

@@ -1,5 +1,6 @@
 """The contract of ``varlen_metadata``: argument checks and the result type, shared by the Triton op
 (:mod:`omnibal_kernels.ops.varlen_metadata`) and its CPU twin (:mod:`omnibal_kernels.cpu.varlen_metadata`)."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -74,4 +75,3 @@ def check_varlen_args(
     if total > INT32_MAX:
         raise ValueError(f"{fn}: {total} tokens in total overflow int32 cu_seqlens (at most {INT32_MAX})")
     return total
-

@@ -6,6 +6,7 @@ Sizes are ``(N,)`` integers per image: on the host (lists, numpy arrays, CPU ten
 numpy arrays (:func:`host_sizes`), on the GPU as int64 tensors with one host sync to name the first bad image
 (:func:`device_sizes`).
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -71,8 +72,10 @@ def device_sizes(widths: Any, heights: Any, max_ratio: float | None = None) -> t
         bad = ratio > max_ratio
         if bool(bad.any()):
             i = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(f"image {i}: absolute aspect ratio must be at most {max_ratio}, "
-                             f"got {float(ratio[i])} (height {int(h[i])}, width {int(w[i])})")
+            raise ValueError(
+                f"image {i}: absolute aspect ratio must be at most {max_ratio}, "
+                f"got {float(ratio[i])} (height {int(h[i])}, width {int(w[i])})"
+            )
     return w, h
 
 

@@ -20,6 +20,7 @@ Modules, in the order they build on each other (no module imports one below it i
 ``context_parallel`` (after ``report``) prices a plan's packs on context-parallel groups: every CP rank's
 predicted time per step.
 """
+
 from .bound import epoch_bound
 from .context_parallel import ContextParallelReport, context_parallel_report
 from .cost import CostModel

@@ -52,6 +52,7 @@ capacity, which keeps every step above valid for such packs. Exact where every s
 ``L = U = n``; up to ``MAX_LEVELS - 1024`` distinct costs, all of them levels). Tested against exhaustive
 optima of tiny instances and against plans of every method (``tests/test_epoch_bound.py``).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -150,8 +151,9 @@ def _levels(costs_desc: np.ndarray, per_pack: float) -> np.ndarray:
     return np.unique(np.concatenate([[-per_pack, 0.0, low, top], geometric, samples]))
 
 
-def _upper_counts(c: np.ndarray, vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_capacity: int,
-                  levels: np.ndarray) -> np.ndarray:
+def _upper_counts(
+    c: np.ndarray, vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_capacity: int, levels: np.ndarray
+) -> np.ndarray:
     """Step 4: the least of the reach counts at each of ``levels`` (loads clipped)."""
     upper = np.full(levels.shape, np.inf)
     has_vit = vit_capacity > 0 and bool(vit.any())
@@ -163,8 +165,17 @@ def _upper_counts(c: np.ndarray, vit: np.ndarray, llm: np.ndarray, vit_capacity:
     return upper
 
 
-def costs_epoch_bound(costs: np.ndarray, vit: np.ndarray, llm: np.ndarray, *, vit_capacity: int, llm_capacity: int,
-                      world_size: int, per_pack: float = 0.0, num_steps: Optional[int] = None) -> float:
+def costs_epoch_bound(
+    costs: np.ndarray,
+    vit: np.ndarray,
+    llm: np.ndarray,
+    *,
+    vit_capacity: int,
+    llm_capacity: int,
+    world_size: int,
+    per_pack: float = 0.0,
+    num_steps: Optional[int] = None,
+) -> float:
     """:func:`epoch_bound` from per-sample costs (the module docstring derives it).
 
     Args:
@@ -190,8 +201,9 @@ def costs_epoch_bound(costs: np.ndarray, vit: np.ndarray, llm: np.ndarray, *, vi
     c = np.asarray(costs, np.float64)
     vit, llm = np.asarray(vit), np.asarray(llm)
     if c.ndim != 1 or vit.shape != c.shape or llm.shape != c.shape:
-        raise ValueError(f"costs, vit and llm must be (N,) arrays of one length, got shapes {c.shape}, {vit.shape}, "
-                         f"{llm.shape}")
+        raise ValueError(
+            f"costs, vit and llm must be (N,) arrays of one length, got shapes {c.shape}, {vit.shape}, {llm.shape}"
+        )
     if not (np.isfinite(c).all() and (c >= 0).all()):
         raise ValueError("costs must be finite and non-negative")
     if (vit < 0).any() or (llm < 0).any():
@@ -211,8 +223,10 @@ def costs_epoch_bound(costs: np.ndarray, vit: np.ndarray, llm: np.ndarray, *, vi
     if num_steps is not None:
         num_steps = check_positive_int("num_steps", num_steps, minimum=1)
         if num_steps * world_size < forced[-1]:
-            raise ValueError(f"num_steps: {num_steps} steps of {world_size} packs cannot hold these samples, "
-                             f"which need at least {int(forced[-1])} packs")
+            raise ValueError(
+                f"num_steps: {num_steps} steps of {world_size} packs cannot hold these samples, "
+                f"which need at least {int(forced[-1])} packs"
+            )
         most_packs = min(most_packs, float(num_steps * world_size))
     ideal = (float(c.sum()) + per_pack * float(forced[-1])) / world_size
     levels = _levels(cs, per_pack)
@@ -229,8 +243,15 @@ def costs_epoch_bound(costs: np.ndarray, vit: np.ndarray, llm: np.ndarray, *, vi
     return float(max(ideal + (gamma * width).sum(), (steps * width).sum()))
 
 
-def epoch_bound(lengths: Union[Lengths, tuple, np.ndarray], cost_model: Optional[CostModel] = None, *,
-                vit_capacity: int, llm_capacity: int, world_size: int, num_steps: Optional[int] = None) -> float:
+def epoch_bound(
+    lengths: Union[Lengths, tuple, np.ndarray],
+    cost_model: Optional[CostModel] = None,
+    *,
+    vit_capacity: int,
+    llm_capacity: int,
+    world_size: int,
+    num_steps: Optional[int] = None,
+) -> float:
     """A lower bound on the epoch cost of every plan of ``lengths`` under the capacities at ``world_size``.
 
     The epoch cost of a plan is the sum over its steps of the slowest rank's pack cost, a pack costing its
@@ -261,6 +282,13 @@ def epoch_bound(lengths: Union[Lengths, tuple, np.ndarray], cost_model: Optional
     model = CostModel.internvl_7b() if cost_model is None else cost_model
     if not isinstance(model, CostModel):
         raise TypeError(f"cost_model must be a CostModel, got {type(model).__name__}")
-    return costs_epoch_bound(model.sample_costs(lengths), lengths.vit, lengths.llm, vit_capacity=vit_capacity,
-                             llm_capacity=llm_capacity, world_size=world_size, per_pack=model.per_pack,
-                             num_steps=num_steps)
+    return costs_epoch_bound(
+        model.sample_costs(lengths),
+        lengths.vit,
+        lengths.llm,
+        vit_capacity=vit_capacity,
+        llm_capacity=llm_capacity,
+        world_size=world_size,
+        per_pack=model.per_pack,
+        num_steps=num_steps,
+    )

@@ -7,6 +7,7 @@ samples' LLM lengths, in pack order, with :func:`~omnibal_kernels.context_parall
 collator builds for the same batch and arguments), so that imbalance inside a group is reported, not hidden
 behind balanced pack totals.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -85,10 +86,19 @@ class ContextParallelReport:
         }
 
 
-def slot_rank_times(pack_offsets: np.ndarray, pack_samples: np.ndarray, slots: np.ndarray, llm: np.ndarray,
-                    context_parallel_size: int, strategy: str = "auto", *,
-                    cost: Optional[ContextParallelCost] = None, pad_sequences: bool = False,
-                    max_rank_tokens: Optional[int] = None, progress: Optional[bool] = None) -> ContextParallelReport:
+def slot_rank_times(
+    pack_offsets: np.ndarray,
+    pack_samples: np.ndarray,
+    slots: np.ndarray,
+    llm: np.ndarray,
+    context_parallel_size: int,
+    strategy: str = "auto",
+    *,
+    cost: Optional[ContextParallelCost] = None,
+    pad_sequences: bool = False,
+    max_rank_tokens: Optional[int] = None,
+    progress: Optional[bool] = None,
+) -> ContextParallelReport:
     """The :class:`ContextParallelReport` of a table of pack ids.
 
     Args:
@@ -109,22 +119,35 @@ def slot_rank_times(pack_offsets: np.ndarray, pack_samples: np.ndarray, slots: n
     try:
         for i, p in enumerate(distinct.tolist()):
             seqlens = llm[pack_samples[pack_offsets[p] : pack_offsets[p + 1]]]
-            rt = context_parallel_rank_times(seqlens, cp, strategy, cost=cost, pad_sequences=pad_sequences,
-                                             max_rank_tokens=max_rank_tokens)
-            times[i], tokens[i], kv[i], padding[i], names[i] = rt.times, rt.tokens, rt.kv_exchanged, rt.padding, \
-                rt.strategy
+            rt = context_parallel_rank_times(
+                seqlens, cp, strategy, cost=cost, pad_sequences=pad_sequences, max_rank_tokens=max_rank_tokens
+            )
+            times[i], tokens[i], kv[i], padding[i], names[i] = (
+                rt.times,
+                rt.tokens,
+                rt.kv_exchanged,
+                rt.padding,
+                rt.strategy,
+            )
             bar.update()
     finally:
         bar.close()
     inverse = inverse.reshape(slots.shape)
-    return ContextParallelReport(strategy, cp, times[inverse], tokens[inverse], kv[inverse], padding[inverse],
-                                 names[inverse].astype(str))
+    return ContextParallelReport(
+        strategy, cp, times[inverse], tokens[inverse], kv[inverse], padding[inverse], names[inverse].astype(str)
+    )
 
 
-def context_parallel_report(plan: Plan, lengths: Union[Lengths, tuple, np.ndarray], strategy: str = "auto", *,
-                            cost: Optional[ContextParallelCost] = None, pad_sequences: bool = False,
-                            max_rank_tokens: Optional[int] = None, progress: Optional[bool] = None
-                            ) -> ContextParallelReport:
+def context_parallel_report(
+    plan: Plan,
+    lengths: Union[Lengths, tuple, np.ndarray],
+    strategy: str = "auto",
+    *,
+    cost: Optional[ContextParallelCost] = None,
+    pad_sequences: bool = False,
+    max_rank_tokens: Optional[int] = None,
+    progress: Optional[bool] = None,
+) -> ContextParallelReport:
     """Every CP rank's predicted time for every step of ``plan`` (planned with ``context_parallel_size``).
 
     Args:
@@ -149,6 +172,15 @@ def context_parallel_report(plan: Plan, lengths: Union[Lengths, tuple, np.ndarra
     lengths = as_lengths(lengths)
     if len(lengths) != plan.num_input_samples:
         raise ValueError(f"plan was made for {plan.num_input_samples} samples, lengths has {len(lengths)}")
-    return slot_rank_times(plan.pack_offsets, plan.pack_samples, plan.step_packs, lengths.llm,
-                           plan.context_parallel_size, strategy, cost=cost, pad_sequences=pad_sequences,
-                           max_rank_tokens=max_rank_tokens, progress=progress)
+    return slot_rank_times(
+        plan.pack_offsets,
+        plan.pack_samples,
+        plan.step_packs,
+        lengths.llm,
+        plan.context_parallel_size,
+        strategy,
+        cost=cost,
+        pad_sequences=pad_sequences,
+        max_rank_tokens=max_rank_tokens,
+        progress=progress,
+    )

@@ -22,14 +22,16 @@ Units: GFLOP for the named models, :meth:`from_shapes` and :meth:`from_config`; 
 Plans compare costs only, so any unit works. The planning engine reads :meth:`terms` (the four load terms);
 ``per_sample`` and ``per_pack`` enter :meth:`sample_costs` and :meth:`pack_costs`.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union, cast
+from typing import Any, NamedTuple, Optional, Union, cast
 
 import numpy as np
 
@@ -62,8 +64,11 @@ def _pack_rows(packs: PackLike, num_samples: int) -> PackRows:
         offsets, samples = packs.offsets, packs.samples
     elif hasattr(packs, "pack_offsets") and hasattr(packs, "pack_samples"):
         offsets, samples = packs.pack_offsets, packs.pack_samples
-    elif isinstance(packs, (str, bytes, Mapping)) or not isinstance(packs, Sequence) and not isinstance(
-            packs, np.ndarray):
+    elif (
+        isinstance(packs, (str, bytes, Mapping))
+        or not isinstance(packs, Sequence)
+        and not isinstance(packs, np.ndarray)
+    ):
         raise TypeError(f"packs must be a list of sample-id arrays, PackRows or a Plan, got {type(packs).__name__}")
     else:
         parts = [np.asarray(p) for p in packs]
@@ -164,7 +169,7 @@ class CostModel:
         llm_params: float,
         llm_layers: int,
         llm_hidden: int,
-    ) -> "CostModel":
+    ) -> CostModel:
         """Builds the cost terms (GFLOP) from model shapes.
 
         Args:
@@ -190,7 +195,7 @@ class CostModel:
         return cls(vit_lin * f, vit_quad * f, llm_lin * f, llm_quad * f)
 
     @classmethod
-    def internvl_7b(cls) -> "CostModel":
+    def internvl_7b(cls) -> CostModel:
         """InternViT-300M (24 layers, hidden 1024, 448px tiles) + a 7B LLM (32 layers, hidden 4096)."""
         return cls.from_shapes(
             vit_params=0.3e9,
@@ -204,12 +209,12 @@ class CostModel:
         )
 
     @classmethod
-    def tokens_only(cls) -> "CostModel":
+    def tokens_only(cls) -> CostModel:
         """Cost = LLM tokens (no ViT, no attention term)."""
         return cls(0.0, 0.0, 1.0, 0.0)
 
     @classmethod
-    def from_config(cls, config: Any) -> "CostModel":
+    def from_config(cls, config: Any) -> CostModel:
         """Training GFLOP of a transformers model, per term, from the shapes in its config.
 
         Args:
@@ -239,7 +244,7 @@ class CostModel:
         """``(6,)`` float64 of the six terms, in the order of :data:`TERMS`."""
         return np.array([getattr(self, name) for name in TERMS])
 
-    def scaled(self, factor: float) -> "CostModel":
+    def scaled(self, factor: float) -> CostModel:
         """Every term times ``factor`` (non-negative): the same model in another unit."""
         return CostModel(**{name: getattr(self, name) * _check_term("factor", factor) for name in TERMS})
 
@@ -295,20 +300,21 @@ class CostModel:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, terms: Mapping[str, Any], where: str = "cost model") -> "CostModel":
+    def from_dict(cls, terms: Mapping[str, Any], where: str = "cost model") -> CostModel:
         """A model from a mapping of the six terms (missing ones are 0; unknown keys are a ValueError)."""
         if not isinstance(terms, Mapping):
             raise ValueError(f"{where}: must be a JSON object of {', '.join(TERMS)}, got {type(terms).__name__}")
         unknown = sorted(set(terms) - set(TERMS))
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; the terms are "
-                             f"{', '.join(TERMS)}")
+            raise ValueError(
+                f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; the terms are {', '.join(TERMS)}"
+            )
         try:
             return cls(**{str(k): v for k, v in terms.items()})
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{where}: {exc}") from exc
 
-    def to_json(self, path: Optional[Union[str, "os.PathLike[str]"]] = None) -> str:
+    def to_json(self, path: Optional[Union[str, os.PathLike[str]]] = None) -> str:
         """The six terms as a JSON object; with ``path``, also written there (atomically). Returns the text."""
         text = json.dumps(self.to_dict(), indent=2) + "\n"
         if path is not None:
@@ -319,7 +325,7 @@ class CostModel:
         return text
 
     @classmethod
-    def from_json(cls, source: Union[str, "os.PathLike[str]"]) -> "CostModel":
+    def from_json(cls, source: Union[str, os.PathLike[str]]) -> CostModel:
         """A model from JSON text (a string starting with ``{``) or from a JSON file (a path).
 
         Raises:
@@ -344,8 +350,17 @@ class CostModel:
         return cls.from_dict(terms, where)
 
     @classmethod
-    def fit(cls, lengths: Lengths, packs: PackLike, seconds: Any, *, holdout: float = 0.5, seed: int = 0,
-            reference: Optional["CostModel"] = None, loss: str = "huber") -> "CostFit":
+    def fit(
+        cls,
+        lengths: Lengths,
+        packs: PackLike,
+        seconds: Any,
+        *,
+        holdout: float = 0.5,
+        seed: int = 0,
+        reference: Optional[CostModel] = None,
+        loss: str = "huber",
+    ) -> CostFit:
         """Fits the six terms to measured pack times (non-negative least squares on the relative error).
 
         Args:
@@ -381,8 +396,10 @@ class CostModel:
         held = int(round(holdout * features.shape[0]))
         fit_rows, held_rows = np.sort(order[held:]), np.sort(order[:held])
         if fit_rows.shape[0] < 2:
-            raise ValueError(f"fit needs at least 2 packs to fit on, got {fit_rows.shape[0]} "
-                             f"({features.shape[0]} packs, holdout {holdout})")
+            raise ValueError(
+                f"fit needs at least 2 packs to fit on, got {fit_rows.shape[0]} "
+                f"({features.shape[0]} packs, holdout {holdout})"
+            )
         model = cls(*fit_relative(features[fit_rows], measured[fit_rows], loss))
         scaled_reference = None
         if reference is not None:
@@ -422,8 +439,15 @@ class CostFit:
     reference_heldout_error: Optional[FitErrors] = None
 
     @classmethod
-    def of(cls, model: CostModel, features: np.ndarray, measured: np.ndarray, fit_rows: np.ndarray,
-           held_rows: np.ndarray, reference: Optional[CostModel]) -> "CostFit":
+    def of(
+        cls,
+        model: CostModel,
+        features: np.ndarray,
+        measured: np.ndarray,
+        fit_rows: np.ndarray,
+        held_rows: np.ndarray,
+        reference: Optional[CostModel],
+    ) -> CostFit:
         """The fit's errors on its packs (``features``: the packs' :func:`pack_features`)."""
 
         def errors(m: CostModel, rows: np.ndarray) -> Optional[FitErrors]:
@@ -433,19 +457,36 @@ class CostFit:
 
         predicted = features @ model.coefficients()
         fit_error = cast(FitErrors, errors(model, fit_rows))  # fit checks there are at least 2 packs to fit on
-        return cls(model, measured, predicted, fit_rows, held_rows, fit_error, errors(model, held_rows),
-                   reference, errors(reference, fit_rows) if reference else None,
-                   errors(reference, held_rows) if reference else None)
+        return cls(
+            model,
+            measured,
+            predicted,
+            fit_rows,
+            held_rows,
+            fit_error,
+            errors(model, held_rows),
+            reference,
+            errors(reference, fit_rows) if reference else None,
+            errors(reference, held_rows) if reference else None,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The model's terms, the pack counts and every error, as plain JSON-able values."""
+
         def err(e: Optional[FitErrors]) -> Optional[dict[str, float]]:
             return None if e is None else e._asdict()
 
-        out: dict[str, Any] = {"model": self.model.to_dict(), "fit_packs": int(self.fit_packs.size),
-                               "heldout_packs": int(self.heldout_packs.size), "fit_error": err(self.fit_error),
-                               "heldout_error": err(self.heldout_error)}
+        out: dict[str, Any] = {
+            "model": self.model.to_dict(),
+            "fit_packs": int(self.fit_packs.size),
+            "heldout_packs": int(self.heldout_packs.size),
+            "fit_error": err(self.fit_error),
+            "heldout_error": err(self.heldout_error),
+        }
         if self.reference is not None:
-            out.update(reference=self.reference.to_dict(), reference_fit_error=err(self.reference_fit_error),
-                       reference_heldout_error=err(self.reference_heldout_error))
+            out.update(
+                reference=self.reference.to_dict(),
+                reference_fit_error=err(self.reference_fit_error),
+                reference_heldout_error=err(self.reference_heldout_error),
+            )
         return out

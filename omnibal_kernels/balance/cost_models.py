@@ -10,6 +10,7 @@ The named models count training FLOPs (GFLOP, :meth:`CostModel.from_config`) of 
 ``tokens_only``    cost = LLM tokens (:meth:`CostModel.tokens_only`)
 =================  ===========================================================================================
 """
+
 from __future__ import annotations
 
 import os
@@ -22,30 +23,60 @@ from .cost import CostModel
 __all__ = ["NAMED_COST_MODELS", "cost_model_from_spec", "named_cost_model"]
 
 # Qwen2-7B, the text model of Qwen2-VL-7B and Qwen2.5-VL-7B (their published config.json).
-_QWEN2_7B_TEXT = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                      intermediate_size=18944, vocab_size=152064)
+_QWEN2_7B_TEXT = dict(
+    hidden_size=3584,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    intermediate_size=18944,
+    vocab_size=152064,
+)
 _QWEN_PATCHES = dict(patch_size=14, in_channels=3, temporal_patch_size=2, spatial_merge_size=2)
 
 
 def _qwen2_vl_7b() -> CostModel:
     vision = SimpleNamespace(embed_dim=1280, depth=32, mlp_ratio=4, num_heads=16, hidden_size=3584, **_QWEN_PATCHES)
-    return CostModel.from_config(SimpleNamespace(
-        model_type="qwen2_vl", vision_config=vision,
-        text_config=SimpleNamespace(model_type="qwen2_vl_text", **_QWEN2_7B_TEXT)))
+    return CostModel.from_config(
+        SimpleNamespace(
+            model_type="qwen2_vl",
+            vision_config=vision,
+            text_config=SimpleNamespace(model_type="qwen2_vl_text", **_QWEN2_7B_TEXT),
+        )
+    )
 
 
 def _qwen2_5_vl_7b() -> CostModel:
-    vision = SimpleNamespace(hidden_size=1280, depth=32, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
-                             window_size=112, fullatt_block_indexes=[7, 15, 23, 31], **_QWEN_PATCHES)
-    return CostModel.from_config(SimpleNamespace(
-        model_type="qwen2_5_vl", vision_config=vision,
-        text_config=SimpleNamespace(model_type="qwen2_5_vl_text", **_QWEN2_7B_TEXT)))
+    vision = SimpleNamespace(
+        hidden_size=1280,
+        depth=32,
+        intermediate_size=3420,
+        num_heads=16,
+        out_hidden_size=3584,
+        window_size=112,
+        fullatt_block_indexes=[7, 15, 23, 31],
+        **_QWEN_PATCHES,
+    )
+    return CostModel.from_config(
+        SimpleNamespace(
+            model_type="qwen2_5_vl",
+            vision_config=vision,
+            text_config=SimpleNamespace(model_type="qwen2_5_vl_text", **_QWEN2_7B_TEXT),
+        )
+    )
 
 
 def _llama_7b() -> CostModel:
-    return CostModel.from_config(SimpleNamespace(
-        model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-        intermediate_size=11008, vocab_size=32000))
+    return CostModel.from_config(
+        SimpleNamespace(
+            model_type="llama",
+            hidden_size=4096,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            intermediate_size=11008,
+            vocab_size=32000,
+        )
+    )
 
 
 NAMED_COST_MODELS: dict[str, Callable[[], CostModel]] = {
@@ -87,5 +118,7 @@ def cost_model_from_spec(spec: Union[str, os.PathLike[str]]) -> CostModel:
         return CostModel.from_config(path)
     if path.is_file():
         return CostModel.from_json(path)
-    raise ValueError(f"{text!r} is neither a named cost model ({', '.join(NAMED_COST_MODELS)}) nor an existing "
-                     "JSON file of cost terms or transformers config folder")
+    raise ValueError(
+        f"{text!r} is neither a named cost model ({', '.join(NAMED_COST_MODELS)}) nor an existing "
+        "JSON file of cost terms or transformers config folder"
+    )

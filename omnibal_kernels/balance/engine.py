@@ -17,6 +17,7 @@ Methods:
 Every plan is a pure function of the lengths, the options (the seed among them), the world size and the epoch:
 every rank computes the same plan without communication, on every platform.
 """
+
 from __future__ import annotations
 
 import time
@@ -44,8 +45,9 @@ BEST_FIT_ROUNDS = 16
 REFINE_WORK_PER_SAMPLE = 1024
 
 
-def build_plan(lengths: Lengths, options: PlanOptions, *, world_size: int, epoch: int,
-               start: Optional[float] = None) -> Plan:
+def build_plan(
+    lengths: Lengths, options: PlanOptions, *, world_size: int, epoch: int, start: Optional[float] = None
+) -> Plan:
     """The plan of ``lengths`` under ``options``, whose capacities are given.
 
     ``world_size`` and ``epoch`` are checked by the caller (:func:`~omnibal_kernels.balance.plan_packs`);
@@ -64,14 +66,26 @@ def build_plan(lengths: Lengths, options: PlanOptions, *, world_size: int, epoch
     singles = oversize_ids if oversize == "single" else np.zeros(0, np.int64)
     if method == "balanced":
         balanced = C.plan_balanced(
-            vit, llm, items, singles if singles.size else None, vit_capacity, llm_capacity,
-            _sample_costs(lengths, cost_model, options.objective), cost_model.per_pack, BEST_FIT_ROUNDS, world_size,
-            drop_last, plan_seed, REFINE_WORK_PER_SAMPLE)
+            vit,
+            llm,
+            items,
+            singles if singles.size else None,
+            vit_capacity,
+            llm_capacity,
+            _sample_costs(lengths, cost_model, options.objective),
+            cost_model.per_pack,
+            BEST_FIT_ROUNDS,
+            world_size,
+            drop_last,
+            plan_seed,
+            REFINE_WORK_PER_SAMPLE,
+        )
         offsets, samples, assignment = balanced.packs.offsets, balanced.packs.samples, balanced.assignment
     else:
         if method == "isf":
-            packs = C.isf(vit, llm, items, vit_capacity, llm_capacity, vit_threshold, llm_threshold, iterations,
-                          plan_seed)
+            packs = C.isf(
+                vit, llm, items, vit_capacity, llm_capacity, vit_threshold, llm_threshold, iterations, plan_seed
+            )
         else:
             packs = C.random_next_fit(vit, llm, items, vit_capacity, llm_capacity, plan_seed)
         offsets, samples = packs.offsets, packs.samples
@@ -99,8 +113,7 @@ def build_plan(lengths: Lengths, options: PlanOptions, *, world_size: int, epoch
         seed=options.seed,
         epoch=int(epoch),
         oversize_samples=oversize_ids,
-        dropped_samples=_dropped_samples(oversize_ids if oversize == "drop" else None, offsets, samples,
-                                         dropped_packs),
+        dropped_samples=_dropped_samples(oversize_ids if oversize == "drop" else None, offsets, samples, dropped_packs),
         duplicated_slots=int(duplicated),
         num_input_samples=len(lengths),
         seconds=time.perf_counter() - start,
@@ -113,13 +126,15 @@ def _sample_costs(lengths: Lengths, cost_model: CostModel, objective: str) -> np
     if objective == "time":
         return cost_model.sample_costs(lengths)
     vit = CostModel(vit_linear=cost_model.vit_linear, vit_quadratic=cost_model.vit_quadratic)
-    llm = CostModel(llm_linear=cost_model.llm_linear, llm_quadratic=cost_model.llm_quadratic,
-                    per_sample=cost_model.per_sample)
+    llm = CostModel(
+        llm_linear=cost_model.llm_linear, llm_quadratic=cost_model.llm_quadratic, per_sample=cost_model.per_sample
+    )
     return np.stack([vit.sample_costs(lengths), llm.sample_costs(lengths)], axis=1)
 
 
-def _split_oversize(lengths: Lengths, vit_capacity: int, llm_capacity: int,
-                    oversize: str) -> tuple[Optional[np.ndarray], np.ndarray]:
+def _split_oversize(
+    lengths: Lengths, vit_capacity: int, llm_capacity: int, oversize: str
+) -> tuple[Optional[np.ndarray], np.ndarray]:
     """``(items, oversize_ids)``: the ids of the samples within the capacities (``None``: every sample, which the
     engine enumerates without an index array) and of those that alone exceed one."""
     stats = lengths.stats()
@@ -135,13 +150,16 @@ def _split_oversize(lengths: Lengths, vit_capacity: int, llm_capacity: int,
         )
     items = np.flatnonzero(~over_mask).astype(np.int64)
     if items.size == 0 and oversize == "drop":
-        raise ValueError(f"all {len(lengths)} samples alone exceed the capacities (vit {vit_capacity}, "
-                         f"llm {llm_capacity}) and oversize='drop' leaves nothing to plan")
+        raise ValueError(
+            f"all {len(lengths)} samples alone exceed the capacities (vit {vit_capacity}, "
+            f"llm {llm_capacity}) and oversize='drop' leaves nothing to plan"
+        )
     return items, oversize_ids
 
 
-def _dropped_samples(oversize_dropped: Optional[np.ndarray], offsets: np.ndarray, samples: np.ndarray,
-                     dropped_packs: np.ndarray) -> np.ndarray:
+def _dropped_samples(
+    oversize_dropped: Optional[np.ndarray], offsets: np.ndarray, samples: np.ndarray, dropped_packs: np.ndarray
+) -> np.ndarray:
     """Sorted ids of the samples in no slot: the oversize samples dropped and those of the dropped packs."""
     dropped = [] if oversize_dropped is None else [oversize_dropped]
     for p in np.asarray(dropped_packs, dtype=np.int64):

@@ -20,6 +20,7 @@ embeddings, softmax, biases (each a few FLOPs per element, below 1% of a layer's
   attention within the tile (so linear in tiles: ``vit_quadratic`` is 0), then the pixel-shuffle projector
   (``downsample_ratio``) to the LLM width.
 """
+
 from __future__ import annotations
 
 import json
@@ -135,14 +136,18 @@ def config_flops(config: Any) -> ConfigFlops:
     """
     model_type = getattr(config, "model_type", None)
     if model_type not in TEXT_MODEL_TYPES + VISION_MODEL_TYPES:
-        raise ValueError(f"config: model_type {model_type!r} is not counted; supported: "
-                         f"{', '.join(TEXT_MODEL_TYPES + VISION_MODEL_TYPES)}")
+        raise ValueError(
+            f"config: model_type {model_type!r} is not counted; supported: "
+            f"{', '.join(TEXT_MODEL_TYPES + VISION_MODEL_TYPES)}"
+        )
     text = config.get_text_config() if hasattr(config, "get_text_config") else getattr(config, "text_config", config)
     if model_type in VISION_MODEL_TYPES and text is config:
         raise ValueError(f"config ({model_type}): has no text_config")
     if getattr(text, "model_type", None) not in TEXT_MODEL_TYPES:
-        raise ValueError(f"config ({model_type}): text model type {getattr(text, 'model_type', None)!r} is not "
-                         f"counted; supported: {', '.join(TEXT_MODEL_TYPES)}")
+        raise ValueError(
+            f"config ({model_type}): text model type {getattr(text, 'model_type', None)!r} is not "
+            f"counted; supported: {', '.join(TEXT_MODEL_TYPES)}"
+        )
     llm_linear, llm_quadratic = text_flops(text)
     vit_linear = vit_quadratic = 0.0
     if model_type == "qwen2_vl":
@@ -155,7 +160,7 @@ def config_flops(config: Any) -> ConfigFlops:
     return ConfigFlops(vit_linear * f, vit_quadratic * f, llm_linear * f, llm_quadratic * f)
 
 
-def read_model_config(path: Union[str, "os.PathLike[str]"]) -> Any:
+def read_model_config(path: Union[str, os.PathLike[str]]) -> Any:
     """A transformers config from a folder holding ``config.json``, or from such a JSON file (never downloaded).
 
     Raises:

@@ -10,6 +10,7 @@ most ``tol``). Small dense problems only (the six cost terms): each inner solve 
 ``fit_relative`` fits the cost terms to measured times on the relative error, by squares or by Huber's loss
 (iteratively reweighted, each round an NNLS).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -64,8 +65,7 @@ def nnls(a: np.ndarray, b: np.ndarray, *, tol: float | None = None, max_iter: in
     norms[norms == 0] = 1.0
     a = a / norms
     if tol is None:
-        tol = 10.0 * max(m, n) * np.finfo(np.float64).eps * max(np.linalg.norm(a, 1), 1.0) * max(
-            np.linalg.norm(b), 1.0)
+        tol = 10.0 * max(m, n) * np.finfo(np.float64).eps * max(np.linalg.norm(a, 1), 1.0) * max(np.linalg.norm(b), 1.0)
     max_iter = 3 * n if max_iter is None else max_iter
     x = np.zeros(n)
     passive = np.zeros(n, dtype=bool)

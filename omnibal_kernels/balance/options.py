@@ -11,6 +11,7 @@ world_size=8)`` plans with ``base`` but seed 3. The ISF keywords ``vit_threshold
 The data-parallel world size and the epoch are not options: they are where and when a plan runs, and every
 call takes them on their own.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -154,8 +155,9 @@ class PlanOptions:
         self._set_capacities()
         target = self.target_batch_size
         if not isinstance(target, numbers.Real) or isinstance(target, bool):
-            raise TypeError(f"target_batch_size must be a positive number (int or float), got "
-                            f"{type(target).__name__} ({target!r})")
+            raise TypeError(
+                f"target_batch_size must be a positive number (int or float), got {type(target).__name__} ({target!r})"
+            )
         if not (target > 0 and math.isfinite(target)):
             raise ValueError(f"target_batch_size must be a positive number, got {target!r}")
         object.__setattr__(self, "target_batch_size", float(target))
@@ -175,9 +177,11 @@ class PlanOptions:
             raise TypeError(f"isf must be an IsfOptions, got {type(self.isf).__name__}")
         if self.isf.has_thresholds and self.method != "isf":
             raise ValueError("vit_threshold/llm_threshold apply to method='isf' only")
-        object.__setattr__(self, "context_parallel_size",
-                           check_positive_int("context_parallel_size", self.context_parallel_size,
-                                              maximum=MAX_WORLD_SIZE))
+        object.__setattr__(
+            self,
+            "context_parallel_size",
+            check_positive_int("context_parallel_size", self.context_parallel_size, maximum=MAX_WORLD_SIZE),
+        )
         if self.has_capacities and self.method == "isf":
             self.isf_thresholds()  # thresholds above the capacities fail here, not at the first plan
 
@@ -218,7 +222,7 @@ class PlanOptions:
             )
         return vit, llm
 
-    def replace(self, **changes: Any) -> "PlanOptions":
+    def replace(self, **changes: Any) -> PlanOptions:
         """A copy with ``changes`` (fields of ``PlanOptions``), checked again."""
         return dataclasses.replace(self, **changes)
 

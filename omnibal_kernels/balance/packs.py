@@ -3,12 +3,14 @@
 Nothing here plans; :mod:`omnibal_kernels.balance.engine` builds plans for given capacities and
 :func:`omnibal_kernels.balance.plan.plan_packs` is the public entry.
 """
+
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Optional, Sequence, Union
+from typing import IO, Optional, Union
 
 import numpy as np
 
@@ -120,9 +122,21 @@ class Plan:
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
-        meta = {k: getattr(self, k) for k in ("method", "world_size", "vit_capacity", "llm_capacity", "seed",
-                                              "epoch", "duplicated_slots", "num_input_samples", "seconds",
-                                              "context_parallel_size")}
+        meta = {
+            k: getattr(self, k)
+            for k in (
+                "method",
+                "world_size",
+                "vit_capacity",
+                "llm_capacity",
+                "seed",
+                "epoch",
+                "duplicated_slots",
+                "num_input_samples",
+                "seconds",
+                "context_parallel_size",
+            )
+        }
         with atomic_write(path) as f:
             self._write_npz(f, meta)
         return path
@@ -135,14 +149,19 @@ class Plan:
             step_packs=self.step_packs,
             oversize_samples=self.oversize_samples,
             dropped_samples=self.dropped_samples,
-            thresholds=np.array([-1 if self.vit_threshold is None else self.vit_threshold,
-                                 -1 if self.llm_threshold is None else self.llm_threshold], np.int64),
+            thresholds=np.array(
+                [
+                    -1 if self.vit_threshold is None else self.vit_threshold,
+                    -1 if self.llm_threshold is None else self.llm_threshold,
+                ],
+                np.int64,
+            ),
             # numpy's stubs let **kwds fill allow_pickle: bool, which these names never do
             **{f"meta_{k}": np.array(v) for k, v in meta.items()},  # type: ignore[arg-type]
         )
 
     @classmethod
-    def load(cls, path: Union[str, Path]) -> "Plan":
+    def load(cls, path: Union[str, Path]) -> Plan:
         with np.load(path, allow_pickle=False) as z:
             meta = {k[5:]: z[k].item() for k in z.files if k.startswith("meta_")}
             vt, lt = (int(x) for x in z["thresholds"])

@@ -2,6 +2,7 @@
 (:mod:`~omnibal_kernels.balance.search`) and builds the plan (:mod:`~omnibal_kernels.balance.engine`, whose
 docstring describes the methods).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,10 +72,22 @@ def plan_packs(
     """
     start = time.perf_counter()
     lengths = as_lengths(lengths)
-    options = plan_options(options, method=method, target_batch_size=target_batch_size, vit_capacity=vit_capacity,
-                           llm_capacity=llm_capacity, vit_threshold=vit_threshold, llm_threshold=llm_threshold,
-                           iterations=iterations, oversize=oversize, drop_last=drop_last, seed=seed,
-                           cost_model=cost_model, context_parallel_size=context_parallel_size, objective=objective)
+    options = plan_options(
+        options,
+        method=method,
+        target_batch_size=target_batch_size,
+        vit_capacity=vit_capacity,
+        llm_capacity=llm_capacity,
+        vit_threshold=vit_threshold,
+        llm_threshold=llm_threshold,
+        iterations=iterations,
+        oversize=oversize,
+        drop_last=drop_last,
+        seed=seed,
+        cost_model=cost_model,
+        context_parallel_size=context_parallel_size,
+        objective=objective,
+    )
     world_size = check_world_size(world_size)
     epoch = check_epoch(epoch)
     if len(lengths) == 0:

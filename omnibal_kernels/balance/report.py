@@ -1,5 +1,6 @@
 """Balance metrics of a plan, as the OmniBal paper defines them, plus fill, a cost-model step efficiency and the
 epoch cost against its ideal and its lower bound (:mod:`omnibal_kernels.balance.bound`)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -122,20 +123,39 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else (1.0 if a == 0 else float("inf"))
 
 
-def _epoch_fields(plan: Plan, lengths: Lengths, cost_model: CostModel, sample_costs: np.ndarray,
-                  pack_cost: np.ndarray, scheduled: np.ndarray) -> dict[str, float]:
+def _epoch_fields(
+    plan: Plan,
+    lengths: Lengths,
+    cost_model: CostModel,
+    sample_costs: np.ndarray,
+    pack_cost: np.ndarray,
+    scheduled: np.ndarray,
+) -> dict[str, float]:
     """The report's ``epoch_*`` fields, the ideal and the bound over the samples ``plan`` schedules."""
     cost = _slowest_sum(plan, pack_cost)
     in_slot = np.zeros(plan.num_packs, bool)
     in_slot[scheduled] = True
     samples = plan.pack_samples[np.repeat(in_slot, plan.pack_sizes())]
     vit, llm, costs = lengths.vit[samples], lengths.llm[samples], sample_costs[samples]
-    ideal = (float(costs.sum()) + cost_model.per_pack * min_packs(vit, llm, plan.vit_capacity, plan.llm_capacity)) \
-        / plan.world_size
-    bound = costs_epoch_bound(costs, vit, llm, vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity,
-                              world_size=plan.world_size, per_pack=cost_model.per_pack)
-    return dict(epoch_cost=cost, epoch_ideal=ideal, epoch_bound=bound, epoch_over_ideal=_ratio(cost, ideal),
-                epoch_over_bound=_ratio(cost, bound))
+    ideal = (
+        float(costs.sum()) + cost_model.per_pack * min_packs(vit, llm, plan.vit_capacity, plan.llm_capacity)
+    ) / plan.world_size
+    bound = costs_epoch_bound(
+        costs,
+        vit,
+        llm,
+        vit_capacity=plan.vit_capacity,
+        llm_capacity=plan.llm_capacity,
+        world_size=plan.world_size,
+        per_pack=cost_model.per_pack,
+    )
+    return dict(
+        epoch_cost=cost,
+        epoch_ideal=ideal,
+        epoch_bound=bound,
+        epoch_over_ideal=_ratio(cost, ideal),
+        epoch_over_bound=_ratio(cost, bound),
+    )
 
 
 def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel] = None) -> BalanceReport:

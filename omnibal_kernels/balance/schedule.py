@@ -7,9 +7,11 @@ for ``world_size * micro_steps`` virtual ranks into micro-steps of ``world_size`
 step order. Everything here is integer-only and seeded through the engine's RNG, so every rank on every
 platform computes the same schedule.
 """
+
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,8 +45,9 @@ def concat_plans(plans: Sequence[Plan], sample_ids: Sequence[np.ndarray]) -> Sta
         steps.append(plan.step_packs + base_pack)
         base_sample += int(plan.pack_offsets[-1])
         base_pack += plan.num_packs
-    return StackedPlans(np.concatenate(offsets),
-                        np.concatenate(samples) if samples else np.zeros(0, np.int64), tuple(steps))
+    return StackedPlans(
+        np.concatenate(offsets), np.concatenate(samples) if samples else np.zeros(0, np.int64), tuple(steps)
+    )
 
 
 def micro_step_packs(step_packs: np.ndarray, world_size: int, micro_steps: int) -> np.ndarray:

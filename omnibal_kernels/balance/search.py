@@ -16,6 +16,7 @@
 
 Capacities given by the user are never searched: then the ``oversize`` policy of ``plan_packs`` applies.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,16 @@ from .._progress import progress_bar
 from ..lengths import Lengths
 from .cost import CostModel
 from .engine import build_plan
-from .options import (UNSET, IsfOptions, Method, OversizePolicy, PlanOptions, check_world_size,
-                      default_isf_thresholds, plan_options)
+from .options import (
+    UNSET,
+    IsfOptions,
+    Method,
+    OversizePolicy,
+    PlanOptions,
+    check_world_size,
+    default_isf_thresholds,
+    plan_options,
+)
 from .packs import as_lengths
 from .report import balance_report
 
@@ -104,11 +113,14 @@ def search_capacity(
         UserWarning: when the capacities had to be raised past the target's so that the largest sample fits
             (``raised``), naming that sample's loads and the predicted mean samples per pack.
     """
-    options = plan_options(options, target_batch_size=target_batch_size, method=method, oversize=oversize,
-                           seed=seed, iterations=iterations)
+    options = plan_options(
+        options, target_batch_size=target_batch_size, method=method, oversize=oversize, seed=seed, iterations=iterations
+    )
     if options.has_capacities:
-        raise ValueError("options give vit_capacity and llm_capacity: there is nothing to search "
-                         "(search with options whose capacities are None)")
+        raise ValueError(
+            "options give vit_capacity and llm_capacity: there is nothing to search "
+            "(search with options whose capacities are None)"
+        )
     world_size = check_world_size(world_size)
     lengths = as_lengths(lengths)
     n = len(lengths)
@@ -116,8 +128,11 @@ def search_capacity(
         raise ValueError("lengths is empty")
     # A pack cannot hold more samples than there are: aim at most at one pack of everything.
     target = min(options.target_batch_size, float(n))
-    caps = _fitted_capacities(lengths, target) if options.method != "isf" else _isf_capacities(
-        lengths, target, options, world_size, progress)
+    caps = (
+        _fitted_capacities(lengths, target)
+        if options.method != "isf"
+        else _isf_capacities(lengths, target, options, world_size, progress)
+    )
     if caps.raised:
         stats = lengths.stats()
         warnings.warn(
@@ -125,12 +140,16 @@ def search_capacity(
             f"sample (ViT load {stats.vit_max}, {stats.llm_max} tokens), so they were raised to ViT "
             f"{caps.vit_capacity} / LLM {caps.llm_capacity}: packs hold about {caps.predicted_batch_size:.3g} "
             f"samples on average (predicted_batch_size), not {options.target_batch_size:g}; give the capacities "
-            "with oversize='single' to keep smaller packs", UserWarning, stacklevel=2)
+            "with oversize='single' to keep smaller packs",
+            UserWarning,
+            stacklevel=2,
+        )
     return caps
 
 
-def _isf_capacities(lengths: Lengths, target: float, options: PlanOptions, world_size: int,
-                    progress: Optional[bool]) -> Capacities:
+def _isf_capacities(
+    lengths: Lengths, target: float, options: PlanOptions, world_size: int, progress: Optional[bool]
+) -> Capacities:
     """The authors' grid candidate for ``target`` (module docstring), raised to hold the largest sample unless
     ``oversize`` allows oversize samples."""
     n = len(lengths)
@@ -176,14 +195,16 @@ def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
     if vit_total == 0:  # text only: one capacity
         wanted = max(math.ceil(target * llm_total / n), 1)
         llm_cap = max(wanted, int(stats.llm_max))
-        return Capacities(0, llm_cap, *default_isf_thresholds(0, llm_cap), n / max(llm_total / llm_cap, 1.0),
-                          llm_cap > wanted)
+        return Capacities(
+            0, llm_cap, *default_isf_thresholds(0, llm_cap), n / max(llm_total / llm_cap, 1.0), llm_cap > wanted
+        )
     tokens_per_unit = llm_total / vit_total
     stride = max(n // _SPREAD_SAMPLES, 1)
     vit = lengths.vit[::stride].astype(np.float64)
     excess = lengths.llm[::stride] - vit * tokens_per_unit  # tokens beyond the ratio, per sample
     excess_std = float(np.sqrt(np.mean(excess * excess)))
     vit_mean = vit_total / n
+
     # Capacities for `scale` mean samples per pack: the ViT capacity holds scale mean ViT loads, the LLM
     # capacity their tokens at the ratio plus the headroom of a pack of `scale` samples.
     def caps(scale: float) -> tuple[float, float]:
@@ -211,21 +232,30 @@ _ISF_COST = CostModel.internvl_7b()
 _MAX_ISF_CANDIDATES = 32
 
 
-def _best_isf_candidate(lengths: Lengths, k_first: int, caps: Callable[[int], tuple[int, int]],
-                        predicted: Callable[[int], float], target: float, options: PlanOptions, world_size: int,
-                        progress: Optional[bool]) -> int:
+def _best_isf_candidate(
+    lengths: Lengths,
+    k_first: int,
+    caps: Callable[[int], tuple[int, int]],
+    predicted: Callable[[int], float],
+    target: float,
+    options: PlanOptions,
+    world_size: int,
+    progress: Optional[bool],
+) -> int:
     """The authors' choice among candidates: lowest vit_dist + llm_dist with ave_bs in [target, target + 1]."""
     # each candidate is planned as the authors do: default thresholds, no dropped step, epoch 0
-    candidate = options.replace(isf=IsfOptions(iterations=options.isf.iterations), drop_last=False,
-                                cost_model=_ISF_COST)
+    candidate = options.replace(
+        isf=IsfOptions(iterations=options.isf.iterations), drop_last=False, cost_model=_ISF_COST
+    )
     best_k, best_score = k_first, math.inf
     k = k_first
     bar = progress_bar(total=None, desc="capacity search (isf)", enabled=progress)
     try:
         while True:
             qv, qt = caps(k)
-            plan = build_plan(lengths, candidate.replace(vit_capacity=qv, llm_capacity=qt), world_size=world_size,
-                              epoch=0)
+            plan = build_plan(
+                lengths, candidate.replace(vit_capacity=qv, llm_capacity=qt), world_size=world_size, epoch=0
+            )
             rep = balance_report(plan, lengths)
             bar.update(1)
             if rep.ave_bs > target + 1 or predicted(k) > target + 1 or k - k_first >= _MAX_ISF_CANDIDATES:

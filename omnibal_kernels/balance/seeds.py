@@ -3,6 +3,7 @@
 The mixing runs in the engine (``_C.splitmix64``), the same code that expands every seed inside it, so there is
 one implementation of the generator on every platform.
 """
+
 from __future__ import annotations
 
 from .. import _ext

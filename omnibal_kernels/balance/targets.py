@@ -1,5 +1,6 @@
 """Plan measures beyond the balance report: how far the packs are from the fewest possible, whether the load
 drifts over the epoch, and how many packs come back in the next epoch."""
+
 from __future__ import annotations
 
 import math

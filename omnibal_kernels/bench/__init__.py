@@ -17,6 +17,7 @@ Providers, registered by name in :mod:`.runner` and run in this order:
 The baselines the planner is measured against live in :mod:`.baselines`; they are yardsticks, not library
 features.
 """
+
 from .runner import PROVIDER_NAMES, Config, environment, register, run_suite
 
 __all__ = ["PROVIDER_NAMES", "Config", "environment", "register", "run_suite"]

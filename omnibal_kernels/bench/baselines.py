@@ -27,20 +27,30 @@ same ``balance_report`` and the same step-time simulation apply to every method.
   batch (heaviest first); a rank's time in a global batch is the sum of its micro-batches
   (:func:`accumulated_step_costs`).
 """
+
 from __future__ import annotations
 
 import time
+from typing import NamedTuple, Optional
 
 import numba
 import numpy as np
 
-from typing import NamedTuple, Optional
-
 from ..balance import Plan
 from ..lengths import Lengths
 
-__all__ = ["random_padded_plan", "length_grouped_plan", "ffd_tokens_plan", "karmarkar_karp_plan", "KarmarkarKarpPlan",
-           "accumulated_step_costs", "verl_workload", "over_vit_capacity", "over_llm_capacity", "warmup"]
+__all__ = [
+    "random_padded_plan",
+    "length_grouped_plan",
+    "ffd_tokens_plan",
+    "karmarkar_karp_plan",
+    "KarmarkarKarpPlan",
+    "accumulated_step_costs",
+    "verl_workload",
+    "over_vit_capacity",
+    "over_llm_capacity",
+    "warmup",
+]
 
 
 def _check(lengths: Lengths, world_size: int, batch_size: int) -> None:
@@ -62,8 +72,17 @@ def _padded_permutation(n: int, multiple: int, seed: int) -> np.ndarray:
     return perm
 
 
-def _uniform_plan(method: str, order: np.ndarray, repeated: np.ndarray, n: int, world_size: int,
-                  batch_size: int, capacities: tuple[int, int], seed: int, start: float) -> Plan:
+def _uniform_plan(
+    method: str,
+    order: np.ndarray,
+    repeated: np.ndarray,
+    n: int,
+    world_size: int,
+    batch_size: int,
+    capacities: tuple[int, int],
+    seed: int,
+    start: float,
+) -> Plan:
     """Packs of ``batch_size`` consecutive entries of ``order``; step ``s`` holds packs ``s*W .. s*W+W-1``.
     ``repeated`` marks the entries that repeat a sample (the padding of the permutation)."""
     num_packs = order.size // batch_size
@@ -83,8 +102,9 @@ def _uniform_plan(method: str, order: np.ndarray, repeated: np.ndarray, n: int, 
     )
 
 
-def random_padded_plan(lengths: Lengths, *, world_size: int, batch_size: int,
-                       capacities: tuple[int, int] = (0, 0), seed: int = 0) -> Plan:
+def random_padded_plan(
+    lengths: Lengths, *, world_size: int, batch_size: int, capacities: tuple[int, int] = (0, 0), seed: int = 0
+) -> Plan:
     """Random micro-batches of ``batch_size`` samples (see the module docstring).
 
     Args:
@@ -102,8 +122,9 @@ def random_padded_plan(lengths: Lengths, *, world_size: int, batch_size: int,
     return _uniform_plan("random_padded", order, repeated, n, world_size, batch_size, capacities, seed, start)
 
 
-def length_grouped_plan(lengths: Lengths, *, world_size: int, batch_size: int,
-                        capacities: tuple[int, int] = (0, 0), seed: int = 0) -> Plan:
+def length_grouped_plan(
+    lengths: Lengths, *, world_size: int, batch_size: int, capacities: tuple[int, int] = (0, 0), seed: int = 0
+) -> Plan:
     """LLaVA-style length-grouped micro-batches of ``batch_size`` samples (see the module docstring).
 
     Args: as :func:`random_padded_plan`.
@@ -138,8 +159,17 @@ def length_grouped_plan(lengths: Lengths, *, world_size: int, batch_size: int,
     # the megabatch with the longest sample goes first (its position 0 is its longest)
     first = int(np.argmax(tokens[:, 0]))
     step_order = np.concatenate([[first], np.delete(np.arange(num_mega), first)])
-    return _uniform_plan("length_grouped", chunks[step_order].reshape(-1), chunk_repeated[step_order].reshape(-1),
-                         n, world_size, batch_size, capacities, seed, start)
+    return _uniform_plan(
+        "length_grouped",
+        chunks[step_order].reshape(-1),
+        chunk_repeated[step_order].reshape(-1),
+        n,
+        world_size,
+        batch_size,
+        capacities,
+        seed,
+        start,
+    )
 
 
 @numba.njit(cache=True)
@@ -176,8 +206,9 @@ def warmup() -> None:
     _kk_global_batches(np.ones(4), np.ones(4, np.int64), 2, 2, 1)
 
 
-def ffd_tokens_plan(lengths: Lengths, *, world_size: int, llm_capacity: int, vit_capacity: int = 0,
-                    seed: int = 0) -> Plan:
+def ffd_tokens_plan(
+    lengths: Lengths, *, world_size: int, llm_capacity: int, vit_capacity: int = 0, seed: int = 0
+) -> Plan:
     """First-fit decreasing on tokens only (see the module docstring).
 
     Args:
@@ -197,8 +228,10 @@ def ffd_tokens_plan(lengths: Lengths, *, world_size: int, llm_capacity: int, vit
     n = len(lengths)
     over = np.flatnonzero(lengths.llm > llm_capacity)
     if over.size:
-        raise ValueError(f"sample {int(over[0])} has {int(lengths.llm[over[0]])} tokens, over llm_capacity "
-                         f"{llm_capacity} ({over.size} such samples)")
+        raise ValueError(
+            f"sample {int(over[0])} has {int(lengths.llm[over[0]])} tokens, over llm_capacity "
+            f"{llm_capacity} ({over.size} such samples)"
+        )
     order = np.argsort(-lengths.llm, kind="stable").astype(np.int64)
     bins = _first_fit(np.ascontiguousarray(lengths.llm[order]), int(llm_capacity))
     by_bin = np.argsort(bins, kind="stable")
@@ -235,8 +268,9 @@ def _kk_before(spread: np.ndarray, top: np.ndarray, a: int, b: int) -> bool:  # 
 
 
 @numba.njit(cache=True)
-def _kk_sift_down(heap: np.ndarray, size: int, pos: int, spread: np.ndarray,
-                  top: np.ndarray) -> None:  # pragma: no cover - compiled
+def _kk_sift_down(
+    heap: np.ndarray, size: int, pos: int, spread: np.ndarray, top: np.ndarray
+) -> None:  # pragma: no cover - compiled
     while True:
         first = pos
         for child in (2 * pos + 1, 2 * pos + 2):
@@ -314,8 +348,9 @@ def _kk_parts(costs: np.ndarray, k: int, equal_size: bool, out: np.ndarray) -> N
 
 
 @numba.njit(cache=True)
-def _kk_global_batches(costs: np.ndarray, llm: np.ndarray, world_size: int, batch_size: int,
-                       llm_capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+def _kk_global_batches(
+    costs: np.ndarray, llm: np.ndarray, world_size: int, batch_size: int, llm_capacity: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Rank and micro-batch of every sample (global batch after global batch), and each batch's micro-batches."""
     group = world_size * batch_size
     batches = costs.shape[0] // group
@@ -326,7 +361,7 @@ def _kk_global_batches(costs: np.ndarray, llm: np.ndarray, world_size: int, batc
     sub = np.empty(batch_size, np.int64)
     for g in range(batches):
         lo = g * group
-        _kk_parts(costs[lo:lo + group], world_size, True, part)
+        _kk_parts(costs[lo : lo + group], world_size, True, part)
         tokens = np.zeros(world_size, np.int64)
         for i in range(group):
             rank[lo + i] = part[i]
@@ -364,9 +399,16 @@ class KarmarkarKarpPlan(NamedTuple):
     micro_offsets: np.ndarray
 
 
-def karmarkar_karp_plan(lengths: Lengths, *, world_size: int, batch_size: int, llm_capacity: int,
-                        vit_capacity: int = 0, costs: Optional[np.ndarray] = None,
-                        seed: int = 0) -> KarmarkarKarpPlan:
+def karmarkar_karp_plan(
+    lengths: Lengths,
+    *,
+    world_size: int,
+    batch_size: int,
+    llm_capacity: int,
+    vit_capacity: int = 0,
+    costs: Optional[np.ndarray] = None,
+    seed: int = 0,
+) -> KarmarkarKarpPlan:
     """veRL's and slime's cost balancing: Karmarkar-Karp per global batch, then micro-batches under a token
     cap (see the module docstring).
 
@@ -390,16 +432,22 @@ def karmarkar_karp_plan(lengths: Lengths, *, world_size: int, batch_size: int, l
     n = len(lengths)
     over = np.flatnonzero(lengths.llm > llm_capacity)
     if over.size:  # veRL requires the cap to hold the longest sequence
-        raise ValueError(f"sample {int(over[0])} has {int(lengths.llm[over[0]])} tokens, over llm_capacity "
-                         f"{llm_capacity} ({over.size} such samples)")
+        raise ValueError(
+            f"sample {int(over[0])} has {int(lengths.llm[over[0]])} tokens, over llm_capacity "
+            f"{llm_capacity} ({over.size} such samples)"
+        )
     costs = verl_workload(lengths.llm) if costs is None else np.asarray(costs, dtype=np.float64)
     if costs.shape != (n,) or not np.isfinite(costs).all() or (costs < 0).any():
         raise ValueError(f"costs must be ({n},) finite and non-negative, got shape {costs.shape}")
     group = world_size * batch_size
     order = _padded_permutation(n, group, seed)
-    rank, micro, micro_count = _kk_global_batches(np.ascontiguousarray(costs[order]),
-                                                  np.ascontiguousarray(lengths.llm[order]), world_size,
-                                                  batch_size, int(llm_capacity))
+    rank, micro, micro_count = _kk_global_batches(
+        np.ascontiguousarray(costs[order]),
+        np.ascontiguousarray(lengths.llm[order]),
+        world_size,
+        batch_size,
+        int(llm_capacity),
+    )
     steps = np.zeros(micro_count.size + 1, np.int64)
     np.cumsum(micro_count, out=steps[1:])
     batch = np.arange(order.size) // group

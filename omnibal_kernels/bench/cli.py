@@ -1,4 +1,5 @@
 """``omnibal-kernels bench``: runs the suite, prints the Markdown report, writes JSON, Markdown and PNGs."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,14 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the report as JSON")
     bench.add_argument("--markdown", default=None, metavar="PATH", help="write the Markdown report")
     bench.add_argument("--plot", default=None, metavar="DIR", help="write PNG pictures (needs matplotlib)")
-    bench.add_argument("--only", nargs="+", choices=PROVIDER_NAMES, default=None, metavar="NAME",
-                       help=f"run only these parts ({', '.join(PROVIDER_NAMES)})")
+    bench.add_argument(
+        "--only",
+        nargs="+",
+        choices=PROVIDER_NAMES,
+        default=None,
+        metavar="NAME",
+        help=f"run only these parts ({', '.join(PROVIDER_NAMES)})",
+    )
     bench.add_argument("--seed", type=int, default=0)
     bench.set_defaults(func=run_bench)
 

@@ -27,6 +27,7 @@ delivered by a real ``DataLoader`` with one worker (collate in the worker, the b
 memory), after the worker has started; the floor there concatenates into shared memory, as
 ``default_collate`` does in a worker.
 """
+
 from __future__ import annotations
 
 import time
@@ -85,9 +86,19 @@ def planned_step(samples: Samples) -> PlannedStep:
     """The step a sampler would give ``samples`` (one micro-step of one rank): their true loads and label counts."""
     loads = [sample_loads(s) for s in samples]
     label = tuple(int((torch.as_tensor(s.get("labels", s["input_ids"]))[1:] != -100).sum()) for s in samples)
-    return PlannedStep(epoch=0, step=0, micro_step=0, micro_steps_per_step=1, world_size=1, rank=0,
-                       vit=tuple(v for _, v in loads), llm=tuple(int(t or 0) for t, _ in loads), label=label,
-                       num_items_in_batch=sum(label), num_samples_in_batch=sum(n > 0 for n in label))
+    return PlannedStep(
+        epoch=0,
+        step=0,
+        micro_step=0,
+        micro_steps_per_step=1,
+        world_size=1,
+        rank=0,
+        vit=tuple(v for _, v in loads),
+        llm=tuple(int(t or 0) for t, _ in loads),
+        label=label,
+        num_items_in_batch=sum(label),
+        num_samples_in_batch=sum(n > 0 for n in label),
+    )
 
 
 def planned_samples(samples: Samples) -> PlannedSamples:
@@ -125,8 +136,10 @@ def floor_collate(samples: Samples) -> tuple[torch.Tensor, ...]:
 
 def floor_collate_lists(samples: Samples) -> tuple[torch.Tensor, ...]:
     """The floor for Python lists: each list converted with numpy, the ids and the labels concatenated."""
-    return tuple(torch.from_numpy(np.concatenate([np.array(s[key], dtype=np.int64) for s in samples]))
-                 for key in ("input_ids", "labels"))
+    return tuple(
+        torch.from_numpy(np.concatenate([np.array(s[key], dtype=np.int64) for s in samples]))
+        for key in ("input_ids", "labels")
+    )
 
 
 def _shared_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -164,8 +177,9 @@ def worker_providers() -> dict[str, Callable[[Samples], Any]]:
     return {OURS: pack_batch, PYTHON: python_collate, FLOOR: floor_collate_shared}
 
 
-def measure(funcs: dict[str, Callable[[Samples], Any]], samples: Samples, rounds: int = 7,
-            budget_s: float = 0.02) -> dict[str, float]:
+def measure(
+    funcs: dict[str, Callable[[Samples], Any]], samples: Samples, rounds: int = 7, budget_s: float = 0.02
+) -> dict[str, float]:
     """Best seconds per call of each function; rounds interleaved so all see the same machine."""
     calls = {}
     for name, fn in funcs.items():
@@ -205,8 +219,9 @@ def measure_worker(fn: Callable[[Samples], Any], samples: Samples, batches: int,
     dataset: Any = _Fixed(samples)
     if planned:
         index, dataset = PlannedBatch(index, planned_step(samples)), PlannedDataset(dataset)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=[index] * (batches + 1), collate_fn=fn,
-                                         num_workers=1, prefetch_factor=2)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=[index] * (batches + 1), collate_fn=fn, num_workers=1, prefetch_factor=2
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         it = iter(loader)
@@ -249,25 +264,38 @@ def _run(config: Config, sizes: dict[str, Any]) -> list[dict[str, Any]]:
             rows += _rows(times, kind, batch_size, "process", samples)
         for batch_size in sizes["worker_batch_sizes"] if kind != "lists" else ():
             samples = make_samples(kind, batch_size, config.seed)
-            times = {name: measure_worker(fn, samples, sizes["worker_batches"])
-                     for name, fn in worker_providers().items()}
+            times = {
+                name: measure_worker(fn, samples, sizes["worker_batches"]) for name, fn in worker_providers().items()
+            }
             times[CHECKED] = measure_worker(pack_batch, samples, sizes["worker_batches"], planned=True)
             rows += _rows(times, kind, batch_size, "worker", samples)
-        last = [r for r in rows if r["input"] == kind and r["where"] == "process"][-len(funcs) - 1:]
+        last = [r for r in rows if r["input"] == kind and r["where"] == "process"][-len(funcs) - 1 :]
         ours = next(r for r in last if r["provider"] == OURS)
-        config.say(f"  {kind}, batch {ours['batch_size']}: pack_batch {ours['seconds'] * 1e3:.2f} ms, "
-                   f"{ours['vs_python']:.1f}x faster than per-sample Python, {ours['vs_floor']:.2f}x the floor"
-                   + (f", {ours['vs_hf']:.1f}x faster than DataCollatorWithFlattening" if "vs_hf" in ours else "")
-                   + f"; loads checked {ours['checked_vs_ours']:.2f}x its time")
+        config.say(
+            f"  {kind}, batch {ours['batch_size']}: pack_batch {ours['seconds'] * 1e3:.2f} ms, "
+            f"{ours['vs_python']:.1f}x faster than per-sample Python, {ours['vs_floor']:.2f}x the floor"
+            + (f", {ours['vs_hf']:.1f}x faster than DataCollatorWithFlattening" if "vs_hf" in ours else "")
+            + f"; loads checked {ours['checked_vs_ours']:.2f}x its time"
+        )
     return rows
 
 
 def _rows(times: dict[str, float], kind: str, batch_size: int, where: str, samples: Samples) -> list[dict[str, Any]]:
     tokens = sum(len(s["input_ids"]) for s in samples)
     rows: list[dict[str, Any]]
-    rows = [{"provider": name, "batch_size": batch_size, "input": kind, "where": where, "seconds": t,
-             "tokens": tokens, "vs_floor": t / times[FLOOR], "vs_python": times[PYTHON] / t}
-            for name, t in times.items()]
+    rows = [
+        {
+            "provider": name,
+            "batch_size": batch_size,
+            "input": kind,
+            "where": where,
+            "seconds": t,
+            "tokens": tokens,
+            "vs_floor": t / times[FLOOR],
+            "vs_python": times[PYTHON] / t,
+        }
+        for name, t in times.items()
+    ]
     for row in rows:
         if row["provider"] == OURS:
             row["checked_vs_ours"] = times[CHECKED] / row["seconds"]

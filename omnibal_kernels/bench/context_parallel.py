@@ -33,6 +33,7 @@ the mean, worst pack (activation memory grows with it). Targets: hybrid and auto
 mixes with short sequences auto exchanges at most a quarter of ``zigzag_megatron``'s K/V; auto is never
 predicted slower than the best fixed strategy on any pack. Misses are listed, never dropped.
 """
+
 from __future__ import annotations
 
 import time
@@ -107,8 +108,9 @@ def mix_packs(mix: str, packs: int, seed: int = 0) -> list[np.ndarray]:
     probe = draw(rng, 4096)
     n = int(np.ceil(packs * capacity / probe.mean() * 1.3)) + 64
     llm = np.minimum(draw(rng, n), capacity)
-    plan = plan_packs(Lengths(np.zeros(n, np.int64), llm), world_size=1, vit_capacity=1, llm_capacity=capacity,
-                      seed=seed)
+    plan = plan_packs(
+        Lengths(np.zeros(n, np.int64), llm), world_size=1, vit_capacity=1, llm_capacity=capacity, seed=seed
+    )
     return [llm[plan.pack(p)] for p in range(min(packs, plan.num_packs))]
 
 
@@ -120,8 +122,9 @@ def cp_rows(mix: str, packs: list[np.ndarray], cp_size: int) -> list[dict[str, A
         for name, (strategy, pad, slack) in STRATEGIES.items():
             cap = None if slack is None else int(np.ceil(slack * int(lengths.sum()) / cp_size))
             start = time.perf_counter()
-            times[name].append(context_parallel_rank_times(lengths, cp_size, strategy, pad_sequences=pad,
-                                                           max_rank_tokens=cap))
+            times[name].append(
+                context_parallel_rank_times(lengths, cp_size, strategy, pad_sequences=pad, max_rank_tokens=cap)
+            )
             seconds[name] += time.perf_counter() - start
     tokens = float(sum(int(x.sum()) for x in packs))
 
@@ -131,14 +134,21 @@ def cp_rows(mix: str, packs: list[np.ndarray], cp_size: int) -> list[dict[str, A
     rows = []
     for name in STRATEGIES:
         imbalance = [t.imbalance for t in times[name]]
-        row: dict[str, Any] = dict(mix=mix, cp_size=cp_size, strategy=name, packs=len(packs), imbalance=float(np.mean(imbalance)),
-                   worst_imbalance=float(max(imbalance)),
-                   token_imbalance=float(max(t.tokens.max() / t.tokens.mean() for t in times[name])),
-                   kv_per_pack=total(name, "kv_exchanged") / len(packs),
-                   kv_vs_zigzag=total(name, "kv_exchanged") / max(total("zigzag_megatron", "kv_exchanged"), 1.0),
-                   padding=total(name, "padding") / tokens,
-                   step_vs_contiguous=total(name, "step_time") / total("contiguous", "step_time"),
-                   chosen=sorted({t.strategy for t in times[name]}), ms=seconds[name] / len(packs) * 1e3)
+        row: dict[str, Any] = dict(
+            mix=mix,
+            cp_size=cp_size,
+            strategy=name,
+            packs=len(packs),
+            imbalance=float(np.mean(imbalance)),
+            worst_imbalance=float(max(imbalance)),
+            token_imbalance=float(max(t.tokens.max() / t.tokens.mean() for t in times[name])),
+            kv_per_pack=total(name, "kv_exchanged") / len(packs),
+            kv_vs_zigzag=total(name, "kv_exchanged") / max(total("zigzag_megatron", "kv_exchanged"), 1.0),
+            padding=total(name, "padding") / tokens,
+            step_vs_contiguous=total(name, "step_time") / total("contiguous", "step_time"),
+            chosen=sorted({t.strategy for t in times[name]}),
+            ms=seconds[name] / len(packs) * 1e3,
+        )
         if name == "zigzag_megatron":
             row["ring_kv"] = (cp_size - 1) * (tokens + total(name, "padding")) / len(packs)
         rows.append(row)

@@ -22,6 +22,7 @@ The report gives the speed-up on the robust clock (the headline ``speedup``), on
 calibrated model predicts it, each rank's measured and predicted busy time, and the machine's load average
 before and after (other processes' work inflates the wall clock, not the busy time).
 """
+
 from __future__ import annotations
 
 import copy
@@ -54,7 +55,7 @@ FULL = Sizes(samples=1024, batch=12, hidden=256, layers=2, rounds=2, calibration
 QUICK = Sizes(samples=384, batch=12, hidden=256, layers=2, rounds=1, calibration_packs=32, calibration_steps=2)
 
 
-def _timed_allreduce(state: dict[str, float], bucket):  # noqa: ANN001, ANN202
+def _timed_allreduce(state: dict[str, float], bucket):
     """DDP communication hook: a blocking all-reduce (mean), its wall and thread time added to ``state``.
 
     ``bucket`` is a ``dist.GradBucket`` and the result a ``Future[Tensor]``; they carry no annotations
@@ -133,17 +134,32 @@ def run(config: Config) -> dict[str, Any]:
     method = "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else "spawn"
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "ddp.json")
-        torch.multiprocessing.start_processes(_worker, args=(free_port(), sizes, config.seed, out_path),
-                                              nprocs=sizes.world_size, join=True, start_method=method)
+        torch.multiprocessing.start_processes(
+            _worker,
+            args=(free_port(), sizes, config.seed, out_path),
+            nprocs=sizes.world_size,
+            join=True,
+            start_method=method,
+        )
         with open(out_path) as f:
             result = json.load(f)
-    result.update(world_size=sizes.world_size, threads_per_rank=1, batch_size=sizes.batch, hidden=sizes.hidden,
-                  layers=sizes.layers, rounds=sizes.rounds, cpu_count=os.cpu_count(),
-                  clock="thread CPU time, all-reduce excluded", fields=list(FIELDS),
-                  caveat="CPU processes at one thread each; a GPU's shapes and overheads differ "
-                         "(benchmarks/gpu_check.sh runs the same measurement on one)")
-    config.say(f"  busy per epoch (thread CPU time, slowest rank per step): random padded {result['random_s']:.2f} s, "
-               f"balanced {result['balanced_s']:.2f} s: {result['speedup']:.2f}x tokens/s (calibrated model: "
-               f"{result['speedup_predicted']:.2f}x; wall clock {result['speedup_wall']:.2f}x at load "
-               f"{result['load_average'][0]:.1f})")
+    result.update(
+        world_size=sizes.world_size,
+        threads_per_rank=1,
+        batch_size=sizes.batch,
+        hidden=sizes.hidden,
+        layers=sizes.layers,
+        rounds=sizes.rounds,
+        cpu_count=os.cpu_count(),
+        clock="thread CPU time, all-reduce excluded",
+        fields=list(FIELDS),
+        caveat="CPU processes at one thread each; a GPU's shapes and overheads differ "
+        "(benchmarks/gpu_check.sh runs the same measurement on one)",
+    )
+    config.say(
+        f"  busy per epoch (thread CPU time, slowest rank per step): random padded {result['random_s']:.2f} s, "
+        f"balanced {result['balanced_s']:.2f} s: {result['speedup']:.2f}x tokens/s (calibrated model: "
+        f"{result['speedup_predicted']:.2f}x; wall clock {result['speedup_wall']:.2f}x at load "
+        f"{result['load_average'][0]:.1f})"
+    )
     return {"measured_ddp": result}

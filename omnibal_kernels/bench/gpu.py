@@ -5,6 +5,7 @@ time every op with ``triton.testing.do_bench`` medians and report GB/s, the rati
 same bytes and to the torch baseline. They live in a source checkout, next to the package; an installed
 package without them, or a machine without CUDA, gets ``{"skipped": why}``.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,13 @@ def run(config: Config) -> dict[str, Any]:
         for script in SCRIPTS:
             path = Path(tmp) / f"{script}.json"
             config.say(f"  {script} ...")
-            proc = subprocess.run([sys.executable, str(folder / script), "--json", str(path)], env=env,
-                                  capture_output=True, text=True, timeout=TIMEOUT_S)
+            proc = subprocess.run(
+                [sys.executable, str(folder / script), "--json", str(path)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+            )
             if not path.exists():
                 out["errors"].append(f"{script}: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
                 continue

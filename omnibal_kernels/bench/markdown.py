@@ -1,7 +1,9 @@
 """The suite's report as Markdown tables (``omnibal-kernels bench --markdown``)."""
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = ["to_markdown"]
 
@@ -28,77 +30,140 @@ def _environment(report: dict[str, Any]) -> list[str]:
     mode = "`omnibal-kernels bench --quick`" if report.get("quick") else "`omnibal-kernels bench`"
     seconds = sum(report.get("seconds", {}).values())
     commit = f", commit {env['commit']}" if env.get("commit") else ""
-    return [f"{mode}, {env['date']}, {env['machine']} ({env['cpu']}), device {env['device']}{commit}; "
-            f"{versions}; {seconds:.0f} s.", ""]
+    return [
+        f"{mode}, {env['date']}, {env['machine']} ({env['cpu']}), device {env['device']}{commit}; "
+        f"{versions}; {seconds:.0f} s.",
+        "",
+    ]
 
 
 def _simulated(report: dict[str, Any]) -> list[str]:
     speedup = report["simulated_speedup"]
     sizes = {r["data"]: r for r in report["balance"] if r["method"] == "balanced"}
     methods = [m for m in _METHOD_ORDER if any(m in v for v in speedup.values())]
-    out = [f"### Simulated training time ({report['headline_world_size']} ranks)", "",
-           "Epoch time of random padded micro-batches over the epoch time of each method (cost model: every "
-           "step lasts as long as its slowest rank; padded methods pay for their padding). `limit`: no "
-           f"padding and perfect balance. The paper's data-balance gain is {PAPER_GAIN:.2f}x "
-           "(61.8 -> 51.9 GPU days).", ""]
+    out = [
+        f"### Simulated training time ({report['headline_world_size']} ranks)",
+        "",
+        "Epoch time of random padded micro-batches over the epoch time of each method (cost model: every "
+        "step lasts as long as its slowest rank; padded methods pay for their padding). `limit`: no "
+        f"padding and perfect balance. The paper's data-balance gain is {PAPER_GAIN:.2f}x "
+        "(61.8 -> 51.9 GPU days).",
+        "",
+    ]
     rows = []
     for data, values in speedup.items():
         ave = sizes.get(data, {}).get("ave_bs")
-        rows.append([data, f"{ave:.2f}" if ave else "-"] + [f"{values[m]:.3f}" if m in values else "-" for m in methods])
+        rows.append(
+            [data, f"{ave:.2f}" if ave else "-"] + [f"{values[m]:.3f}" if m in values else "-" for m in methods]
+        )
     return out + _table(["data", "samples/pack (balanced)", *methods], rows)
 
 
 def _ddp(report: dict[str, Any]) -> list[str]:
     d = report["measured_ddp"]
     fit = d["calibration"]
-    out = ["### Measured DDP training (tiny VLM, 2 CPU processes, gloo, 1 thread each)", "",
-           f"{d['samples']:,} samples ({d['input_tokens']:,} tokens) sized like the bundled data scaled by 1/16; "
-           f"width {d['hidden']}, {d['layers']} layers, {d['batch_size']} samples per padded micro-batch; every "
-           f"mode's steps in turn, {d['rounds']} round(s), each step's mean. Busy time: {d['clock']}; an epoch "
-           f"sums the slowest rank of every step. Caveat: {d['caveat']}.", ""]
+    out = [
+        "### Measured DDP training (tiny VLM, 2 CPU processes, gloo, 1 thread each)",
+        "",
+        f"{d['samples']:,} samples ({d['input_tokens']:,} tokens) sized like the bundled data scaled by 1/16; "
+        f"width {d['hidden']}, {d['layers']} layers, {d['batch_size']} samples per padded micro-batch; every "
+        f"mode's steps in turn, {d['rounds']} round(s), each step's mean. Busy time: {d['clock']}; an epoch "
+        f"sums the slowest rank of every step. Caveat: {d['caveat']}.",
+        "",
+    ]
     ranks = range(len(d["random_busy_s"]))
     rows = [
         ["busy seconds per epoch, measured", f"{d['random_s']:.2f}", f"{d['balanced_s']:.2f}"],
         ["busy seconds per epoch, predicted", f"{d['random_predicted_s']:.2f}", f"{d['balanced_predicted_s']:.2f}"],
-        *[[f"rank {r} busy seconds, measured / predicted",
-           f"{d['random_busy_s'][r]:.2f} / {d['random_busy_predicted_s'][r]:.2f}",
-           f"{d['balanced_busy_s'][r]:.2f} / {d['balanced_busy_predicted_s'][r]:.2f}"] for r in ranks],
+        *[
+            [
+                f"rank {r} busy seconds, measured / predicted",
+                f"{d['random_busy_s'][r]:.2f} / {d['random_busy_predicted_s'][r]:.2f}",
+                f"{d['balanced_busy_s'][r]:.2f} / {d['balanced_busy_predicted_s'][r]:.2f}",
+            ]
+            for r in ranks
+        ],
         ["wall seconds per epoch (waiting included)", f"{d['random_wall_s']:.2f}", f"{d['balanced_wall_s']:.2f}"],
         ["steps per rank", d["random_steps"], d["balanced_steps"]],
         ["tokens per busy second", f"{d['random_tokens_per_s']:,.0f}", f"{d['balanced_tokens_per_s']:,.0f}"],
-        ["time in all-reduce (wait + transfer)", f"{d['wait_fraction_random']:.1%}",
-         f"{d['wait_fraction_balanced']:.1%}"],
+        [
+            "time in all-reduce (wait + transfer)",
+            f"{d['wait_fraction_random']:.1%}",
+            f"{d['wait_fraction_balanced']:.1%}",
+        ],
     ]
     misses = d.get("misses") or ["none"]
-    return out + _table(["", "random padded", "balanced packs"], rows) + [
-        f"Measured speed-up (tokens per busy second, balanced over random padded): **{d['speedup']:.2f}x**; "
-        f"predicted by the cost model calibrated in the same run: {d['speedup_predicted']:.2f}x "
-        f"({d['speedup_error']:+.1%}); on the wall clock {d['speedup_wall']:.2f}x. Every rank's busy time "
-        f"predicted within {d['busy_error_max']:.1%}; one step's within {d['step_error_median']:.1%} (median).", "",
-        f"Calibration: {fit['packs']} packs of their own samples, {fit['runs_per_pack']:.1f} runs each; fitted on "
-        f"half, the other half is predicted within {fit['heldout_error']['median']:.1%} median relative error "
-        f"(the FLOP estimate, one factor fitted: {fit['flops_heldout_error']['median']:.1%}). Targets: measured "
-        f"speed-up at least {d['targets']['speedup']}x, predictions within {d['targets']['agreement']:.0%}; "
-        f"misses: {'; '.join(misses)}.", ""]
+    return (
+        out
+        + _table(["", "random padded", "balanced packs"], rows)
+        + [
+            f"Measured speed-up (tokens per busy second, balanced over random padded): **{d['speedup']:.2f}x**; "
+            f"predicted by the cost model calibrated in the same run: {d['speedup_predicted']:.2f}x "
+            f"({d['speedup_error']:+.1%}); on the wall clock {d['speedup_wall']:.2f}x. Every rank's busy time "
+            f"predicted within {d['busy_error_max']:.1%}; one step's within {d['step_error_median']:.1%} (median).",
+            "",
+            f"Calibration: {fit['packs']} packs of their own samples, {fit['runs_per_pack']:.1f} runs each; fitted on "
+            f"half, the other half is predicted within {fit['heldout_error']['median']:.1%} median relative error "
+            f"(the FLOP estimate, one factor fitted: {fit['flops_heldout_error']['median']:.1%}). Targets: measured "
+            f"speed-up at least {d['targets']['speedup']}x, predictions within {d['targets']['agreement']:.0%}; "
+            f"misses: {'; '.join(misses)}.",
+            "",
+        ]
+    )
 
 
 def _quality(report: dict[str, Any]) -> list[str]:
-    out = ["### Balance quality", "",
-           "Per data set, ranks and method: mean samples per pack, ViT/LLM fill of the capacities, the paper's "
-           "ViT/LLM dist ratios, step efficiency (mean over steps of mean rank time / slowest rank time, "
-           "padding included), padding share of the LLM positions, share of packs over the ViT capacity, "
-           "samples dropped and repeated, planning milliseconds, simulated speed-up over random padded.", ""]
+    out = [
+        "### Balance quality",
+        "",
+        "Per data set, ranks and method: mean samples per pack, ViT/LLM fill of the capacities, the paper's "
+        "ViT/LLM dist ratios, step efficiency (mean over steps of mean rank time / slowest rank time, "
+        "padding included), padding share of the LLM positions, share of packs over the ViT capacity, "
+        "samples dropped and repeated, planning milliseconds, simulated speed-up over random padded.",
+        "",
+    ]
     rows = []
     for r in report["balance"]:
         if r["method"] == "limit":
             continue
-        rows.append([r["data"], r["world_size"], r["method"], f"{r['vit_capacity']} / {r['llm_capacity']}",
-                     f"{r['ave_bs']:.2f}", f"{r['vit_fill']:.3f}", f"{r['llm_fill']:.3f}", f"{r['vit_dist']:.4f}",
-                     f"{r['llm_dist']:.4f}", f"{r['step_efficiency']:.4f}", f"{r['padding']:.3f}",
-                     f"{r['over_vit_capacity']:.3f}", r["dropped"], r["duplicated"], f"{r['seconds'] * 1e3:.1f}",
-                     f"{r['sim_speedup']:.3f}"])
-    header = ["data", "ranks", "method", "capacities", "samples/pack", "ViT fill", "LLM fill", "ViT dist",
-              "LLM dist", "step eff.", "padding", "over ViT cap.", "dropped", "repeated", "plan ms", "sim. speed-up"]
+        rows.append(
+            [
+                r["data"],
+                r["world_size"],
+                r["method"],
+                f"{r['vit_capacity']} / {r['llm_capacity']}",
+                f"{r['ave_bs']:.2f}",
+                f"{r['vit_fill']:.3f}",
+                f"{r['llm_fill']:.3f}",
+                f"{r['vit_dist']:.4f}",
+                f"{r['llm_dist']:.4f}",
+                f"{r['step_efficiency']:.4f}",
+                f"{r['padding']:.3f}",
+                f"{r['over_vit_capacity']:.3f}",
+                r["dropped"],
+                r["duplicated"],
+                f"{r['seconds'] * 1e3:.1f}",
+                f"{r['sim_speedup']:.3f}",
+            ]
+        )
+    header = [
+        "data",
+        "ranks",
+        "method",
+        "capacities",
+        "samples/pack",
+        "ViT fill",
+        "LLM fill",
+        "ViT dist",
+        "LLM dist",
+        "step eff.",
+        "padding",
+        "over ViT cap.",
+        "dropped",
+        "repeated",
+        "plan ms",
+        "sim. speed-up",
+    ]
     return out + _table(header, rows, "lrl" + "r" * (len(header) - 3))
 
 
@@ -107,17 +172,29 @@ def _planning(report: dict[str, Any]) -> list[str]:
     sizes = sorted({r["n"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
     cell = {(r["method"], r["n"]): r for r in rows}
-    out = ["### Planning time", "",
-           "Milliseconds to plan 8 ranks (capacity search included for `balanced` and `random`), and the "
-           "ratio to `numpy.argsort` of the same token counts.", ""]
-    table = [[m] + [f"{cell[m, n]['seconds'] * 1e3:.1f} ({cell[m, n]['argsort_ratio']:.1f}x)" if (m, n) in cell
-                    else "-" for n in sizes] for m in methods]
+    out = [
+        "### Planning time",
+        "",
+        "Milliseconds to plan 8 ranks (capacity search included for `balanced` and `random`), and the "
+        "ratio to `numpy.argsort` of the same token counts.",
+        "",
+    ]
+    table = [
+        [m]
+        + [
+            f"{cell[m, n]['seconds'] * 1e3:.1f} ({cell[m, n]['argsort_ratio']:.1f}x)" if (m, n) in cell else "-"
+            for n in sizes
+        ]
+        for m in methods
+    ]
     out += _table(["method", *[f"{_n(n)} samples" for n in sizes]], table)
     s = report.get("sampler", {})
     if "seconds" in s:
-        out += [f"`BalancedBatchSampler` on {_n(s['n'])} samples, 8 ranks: built in {s['seconds']:.2f} s, peak "
-                f"memory {s['peak_mib']:.0f} MiB above the process (the loads themselves: {s['loads_mib']:.0f} MiB).",
-                ""]
+        out += [
+            f"`BalancedBatchSampler` on {_n(s['n'])} samples, 8 ranks: built in {s['seconds']:.2f} s, peak "
+            f"memory {s['peak_mib']:.0f} MiB above the process (the loads themselves: {s['loads_mib']:.0f} MiB).",
+            "",
+        ]
     return out
 
 
@@ -126,9 +203,13 @@ def _collate(report: dict[str, Any]) -> list[str]:
     providers = list(dict.fromkeys(r["provider"] for r in rows))
     keys = list(dict.fromkeys((r["input"], r["where"], r["batch_size"]) for r in rows))
     cell = {(r["input"], r["where"], r["batch_size"], r["provider"]): r for r in rows}
-    out = ["### Collate", "",
-           "Microseconds per batch, and the ratio to the `torch.cat` floor; `process`: best per call in the main "
-           "process; `worker`: per batch delivered by a one-worker DataLoader.", ""]
+    out = [
+        "### Collate",
+        "",
+        "Microseconds per batch, and the ratio to the `torch.cat` floor; `process`: best per call in the main "
+        "process; `worker`: per batch delivered by a one-worker DataLoader.",
+        "",
+    ]
     table = []
     for key in keys:
         cells = []
@@ -144,58 +225,142 @@ def _gpu(report: dict[str, Any]) -> list[str]:
     out = ["### GPU kernels", ""]
     if g.get("skipped"):
         return out + [f"Skipped: {g['skipped']}.", ""]
-    rows = [[r["op"], r["case"], r["provider"], f"{r['ms']:.4f}", f"{r['gbps']:.0f}", f"{r['vs_copy']:.3f}",
-             "-" if r.get("vs_baseline") is None else f"{r['vs_baseline']:.2f}x"] for r in g["rows"]]
+    rows = [
+        [
+            r["op"],
+            r["case"],
+            r["provider"],
+            f"{r['ms']:.4f}",
+            f"{r['gbps']:.0f}",
+            f"{r['vs_copy']:.3f}",
+            "-" if r.get("vs_baseline") is None else f"{r['vs_baseline']:.2f}x",
+        ]
+        for r in g["rows"]
+    ]
     out += _table(["op", "case", "provider", "ms", "GB/s", "vs copy", "vs baseline"], rows, "lllrrrr")
     return out + [f"Error: {e}" for e in g.get("errors", [])]
 
 
 def _targets(report: dict[str, Any]) -> list[str]:
-    out = ["### Balance targets on every distribution class", "",
-           "`balanced`, default capacity search, 4 samples per pack, at least 50 steps per world size (and 5k "
-           "samples at 8 ranks); `bound`: packs over `ceil(max(sum vit / Qv, sum llm / Qt))`; `trend`: "
-           "|corr(step, load)|; `repeated`: packs of epoch 0 again in epoch 1. Targets: step efficiency >= 0.995 "
-           "and dists <= 0.005 up to 64 ranks, >= 0.99 and <= 0.01 above.", ""]
-    rows = [[r["kind"], r["world_size"], f"{r['samples']:,}", r["steps"], f"{r['vit_capacity']}/{r['llm_capacity']}",
-             f"{r['step_efficiency']:.4f}", f"{r['vit_dist']:.4f}", f"{r['llm_dist']:.4f}",
-             f"{r['packs_over_bound']:.3f}", f"{r['trend']:.3f}", f"{r['repeated']:.1%}",
-             "; ".join(r["misses"]) or "-"] for r in report["targets"]]
-    out += _table(["class", "ranks", "samples", "steps", "Qv/Qt", "step eff", "ViT dist", "LLM dist", "bound",
-                   "trend", "repeated", "misses"], rows, "lrrrrrrrrrrl")
-    out += ["Streaming packer (shuffled stream, buffer 4096) and groups (text-only / image) against the offline "
-            "plan, 8 ranks: step efficiency / ViT dist / LLM dist.", ""]
+    out = [
+        "### Balance targets on every distribution class",
+        "",
+        "`balanced`, default capacity search, 4 samples per pack, at least 50 steps per world size (and 5k "
+        "samples at 8 ranks); `bound`: packs over `ceil(max(sum vit / Qv, sum llm / Qt))`; `trend`: "
+        "|corr(step, load)|; `repeated`: packs of epoch 0 again in epoch 1. Targets: step efficiency >= 0.995 "
+        "and dists <= 0.005 up to 64 ranks, >= 0.99 and <= 0.01 above.",
+        "",
+    ]
+    rows = [
+        [
+            r["kind"],
+            r["world_size"],
+            f"{r['samples']:,}",
+            r["steps"],
+            f"{r['vit_capacity']}/{r['llm_capacity']}",
+            f"{r['step_efficiency']:.4f}",
+            f"{r['vit_dist']:.4f}",
+            f"{r['llm_dist']:.4f}",
+            f"{r['packs_over_bound']:.3f}",
+            f"{r['trend']:.3f}",
+            f"{r['repeated']:.1%}",
+            "; ".join(r["misses"]) or "-",
+        ]
+        for r in report["targets"]
+    ]
+    out += _table(
+        [
+            "class",
+            "ranks",
+            "samples",
+            "steps",
+            "Qv/Qt",
+            "step eff",
+            "ViT dist",
+            "LLM dist",
+            "bound",
+            "trend",
+            "repeated",
+            "misses",
+        ],
+        rows,
+        "lrrrrrrrrrrl",
+    )
+    out += [
+        "Streaming packer (shuffled stream, buffer 4096) and groups (text-only / image) against the offline "
+        "plan, 8 ranks: step efficiency / ViT dist / LLM dist.",
+        "",
+    ]
 
     def cell(r: dict[str, Any], prefix: str) -> str:
         keys = (f"{prefix}_eff", f"{prefix}_vit", f"{prefix}_llm")
         return "/".join(f"{r[k]:.4f}" for k in keys) if keys[0] in r else "-"
 
-    out += _table(["class", "offline", "streaming", "groups"],
-                  [[r["kind"], cell(r, "offline"), cell(r, "stream"), cell(r, "groups")]
-                   for r in report["targets_modes"]], "lrrr")
+    out += _table(
+        ["class", "offline", "streaming", "groups"],
+        [[r["kind"], cell(r, "offline"), cell(r, "stream"), cell(r, "groups")] for r in report["targets_modes"]],
+        "lrrr",
+    )
     return out + _time_targets(report)
 
 
 def _time_targets(report: dict[str, Any]) -> list[str]:
     if "time_targets" not in report:
         return []
-    out = ["### Time-balance targets", "",
-           "`balanced` planned and measured under the cost model each class resembles, at least 50 steps "
-           "and 70,000 samples. "
-           "epoch: sum over steps of the slowest rank's pack cost; ideal: all cost over the ranks; bound: "
-           "`epoch_bound`, a proven lower bound of any plan; sorted: the same packs sorted by cost in runs of "
-           "the world size. Targets: epoch/ideal <= 1.005 up to 64 ranks, <= 1.02 above (or epoch/bound <= 1.002 "
-           "where the bound exceeds those), never above sorted, packs <= 1.03x the volume bound, every sample "
-           "once, repeated < 10%.", ""]
-    rows = [[r["kind"], r["cost_model"], r["world_size"], f"{r['samples']:,}", r["steps"],
-             f"{r['epoch_over_ideal']:.4f}", f"{r['bound_over_ideal']:.4f}", f"{r['epoch_over_bound']:.4f}",
-             f"{r['sorted_over_ideal']:.4f}", f"{r['packs_over_volume']:.3f}", f"{r['repeated']:.1%}",
-             "miss: " + "; ".join(r["misses"]) if r["misses"] else "pass"] for r in report["time_targets"]]
-    out += _table(["class", "cost model", "ranks", "samples", "steps", "epoch/ideal", "bound/ideal", "epoch/bound",
-                   "sorted/ideal", "packs/volume", "repeated", "result"], rows, "llrrrrrrrrrl")
+    out = [
+        "### Time-balance targets",
+        "",
+        "`balanced` planned and measured under the cost model each class resembles, at least 50 steps "
+        "and 70,000 samples. "
+        "epoch: sum over steps of the slowest rank's pack cost; ideal: all cost over the ranks; bound: "
+        "`epoch_bound`, a proven lower bound of any plan; sorted: the same packs sorted by cost in runs of "
+        "the world size. Targets: epoch/ideal <= 1.005 up to 64 ranks, <= 1.02 above (or epoch/bound <= 1.002 "
+        "where the bound exceeds those), never above sorted, packs <= 1.03x the volume bound, every sample "
+        "once, repeated < 10%.",
+        "",
+    ]
+    rows = [
+        [
+            r["kind"],
+            r["cost_model"],
+            r["world_size"],
+            f"{r['samples']:,}",
+            r["steps"],
+            f"{r['epoch_over_ideal']:.4f}",
+            f"{r['bound_over_ideal']:.4f}",
+            f"{r['epoch_over_bound']:.4f}",
+            f"{r['sorted_over_ideal']:.4f}",
+            f"{r['packs_over_volume']:.3f}",
+            f"{r['repeated']:.1%}",
+            "miss: " + "; ".join(r["misses"]) if r["misses"] else "pass",
+        ]
+        for r in report["time_targets"]
+    ]
+    out += _table(
+        [
+            "class",
+            "cost model",
+            "ranks",
+            "samples",
+            "steps",
+            "epoch/ideal",
+            "bound/ideal",
+            "epoch/bound",
+            "sorted/ideal",
+            "packs/volume",
+            "repeated",
+            "result",
+        ],
+        rows,
+        "llrrrrrrrrrl",
+    )
     if report.get("time_modes"):
-        out += ["Epoch / ideal (epoch / bound) of the offline plan, the streaming packer (buffer 4096) and the "
-                "multi-group sampler (text-only / image groups: epoch / ideal), each under the class's cost model, "
-                f"{report['time_modes'][0]['samples']:,} samples, 8 ranks.", ""]
+        out += [
+            "Epoch / ideal (epoch / bound) of the offline plan, the streaming packer (buffer 4096) and the "
+            "multi-group sampler (text-only / image groups: epoch / ideal), each under the class's cost model, "
+            f"{report['time_modes'][0]['samples']:,} samples, 8 ranks.",
+            "",
+        ]
 
         def cell(r: dict[str, Any], prefix: str) -> str:
             if f"{prefix}_over_ideal" not in r:
@@ -203,15 +368,34 @@ def _time_targets(report: dict[str, Any]) -> list[str]:
             bound = r.get(f"{prefix}_over_bound")
             return f"{r[prefix + '_over_ideal']:.4f}" + ("" if bound is None else f" ({bound:.4f})")
 
-        out += _table(["class", "cost model", "offline", "streaming", "groups"],
-                      [[r["kind"], r["cost_model"], cell(r, "offline"), cell(r, "stream"), cell(r, "groups")]
-                       for r in report["time_modes"]], "llrrr")
-    out += ["Planning speed (balanced with its capacity search, 8 ranks) against `numpy.argsort` of the token "
-            "counts, best of 2 taking turns; target <= 5x.", ""]
-    out += _table(["class", "samples", "plan s", "argsort s", "ratio", "result"],
-                  [[r["kind"], f"{r['samples']:,}", f"{r['plan_seconds']:.3f}", f"{r['argsort_seconds']:.4f}",
-                    f"{r['over_argsort']:.1f}x", "miss: " + "; ".join(r["misses"]) if r["misses"] else "pass"]
-                   for r in report["time_planning"]], "lrrrrl")
+        out += _table(
+            ["class", "cost model", "offline", "streaming", "groups"],
+            [
+                [r["kind"], r["cost_model"], cell(r, "offline"), cell(r, "stream"), cell(r, "groups")]
+                for r in report["time_modes"]
+            ],
+            "llrrr",
+        )
+    out += [
+        "Planning speed (balanced with its capacity search, 8 ranks) against `numpy.argsort` of the token "
+        "counts, best of 2 taking turns; target <= 5x.",
+        "",
+    ]
+    out += _table(
+        ["class", "samples", "plan s", "argsort s", "ratio", "result"],
+        [
+            [
+                r["kind"],
+                f"{r['samples']:,}",
+                f"{r['plan_seconds']:.3f}",
+                f"{r['argsort_seconds']:.4f}",
+                f"{r['over_argsort']:.1f}x",
+                "miss: " + "; ".join(r["misses"]) if r["misses"] else "pass",
+            ]
+            for r in report["time_planning"]
+        ],
+        "lrrrrl",
+    )
     return out
 
 
@@ -220,34 +404,57 @@ def _cp(report: dict[str, Any]) -> list[str]:
     names = list(dict.fromkeys(r["strategy"] for r in rows))
     keys = list(dict.fromkeys((r["mix"], r["cp_size"]) for r in rows))
     cell = {(r["mix"], r["cp_size"], r["strategy"]): r for r in rows}
-    out = ["### Context parallelism", "",
-           "Packs of long-context mixes laid out over CP ranks by each strategy, priced by one cost model "
-           "(`ContextParallelCost.llama3_8b`: tokens, attention pairs in 128-wide tiles, K/V rows received). "
-           "`zigzag_megatron` pads every sequence to a multiple of 2 x CP, `zigzag` deals the remainder; "
-           "`per_document` is torch's head-tail. Targets: hybrid and auto max/mean <= 1.02 on every pack; on mixes "
-           "with short sequences auto's K/V at most 0.25x zigzag_megatron's; auto never predicted slower than the "
-           "best fixed strategy.", ""]
-    for title, fmt in (("Per-rank time max / mean (mean over packs / worst pack)",
-                        lambda r: f"{r['imbalance']:.4f} / {r['worst_imbalance']:.4f}"),
-                       ("K/V rows exchanged per pack, and over zigzag_megatron's",
-                        lambda r: f"{r['kv_per_pack']:,.0f} ({r['kv_vs_zigzag']:.2f}x)"),
-                       ("Tokens held per rank max / mean, worst pack (activation memory follows tokens)",
-                        lambda r: f"{r['token_imbalance']:.2f}"),
-                       ("Predicted step time over contiguous's (padding share in brackets when not 0)",
-                        lambda r: f"{r['step_vs_contiguous']:.3f}" + (f" [{r['padding']:.4f}]" if r["padding"] else ""))):
+    out = [
+        "### Context parallelism",
+        "",
+        "Packs of long-context mixes laid out over CP ranks by each strategy, priced by one cost model "
+        "(`ContextParallelCost.llama3_8b`: tokens, attention pairs in 128-wide tiles, K/V rows received). "
+        "`zigzag_megatron` pads every sequence to a multiple of 2 x CP, `zigzag` deals the remainder; "
+        "`per_document` is torch's head-tail. Targets: hybrid and auto max/mean <= 1.02 on every pack; on mixes "
+        "with short sequences auto's K/V at most 0.25x zigzag_megatron's; auto never predicted slower than the "
+        "best fixed strategy.",
+        "",
+    ]
+    for title, fmt in (
+        (
+            "Per-rank time max / mean (mean over packs / worst pack)",
+            lambda r: f"{r['imbalance']:.4f} / {r['worst_imbalance']:.4f}",
+        ),
+        (
+            "K/V rows exchanged per pack, and over zigzag_megatron's",
+            lambda r: f"{r['kv_per_pack']:,.0f} ({r['kv_vs_zigzag']:.2f}x)",
+        ),
+        (
+            "Tokens held per rank max / mean, worst pack (activation memory follows tokens)",
+            lambda r: f"{r['token_imbalance']:.2f}",
+        ),
+        (
+            "Predicted step time over contiguous's (padding share in brackets when not 0)",
+            lambda r: f"{r['step_vs_contiguous']:.3f}" + (f" [{r['padding']:.4f}]" if r["padding"] else ""),
+        ),
+    ):
         out += [f"{title}:", ""]
         table = [[mix, cp, cell[mix, cp, "auto"]["packs"], *[fmt(cell[mix, cp, n]) for n in names]] for mix, cp in keys]
         out += _table(["mix", "CP", "packs", *names], table, "lrr" + "r" * len(names))
-    misses = [f"- {r['mix']}, CP {r['cp_size']}, {r['strategy']}: {'; '.join(r['misses'])}" for r in rows if r["misses"]]
+    misses = [
+        f"- {r['mix']}, CP {r['cp_size']}, {r['strategy']}: {'; '.join(r['misses'])}" for r in rows if r["misses"]
+    ]
     return out + ["Misses:", "", *(misses or ["- none"]), ""]
 
 
 def to_markdown(report: dict[str, Any]) -> str:
     """The report of :func:`~omnibal_kernels.bench.run_suite` as Markdown (the parts it holds)."""
     out = _environment(report)
-    for key, part in (("simulated_speedup", _simulated), ("measured_ddp", _ddp), ("balance", _quality),
-                      ("targets", _targets), ("cp", _cp), ("planning", _planning), ("collate", _collate),
-                      ("gpu", _gpu)):
+    for key, part in (
+        ("simulated_speedup", _simulated),
+        ("measured_ddp", _ddp),
+        ("balance", _quality),
+        ("targets", _targets),
+        ("cp", _cp),
+        ("planning", _planning),
+        ("collate", _collate),
+        ("gpu", _gpu),
+    ):
         if key in report:
             out += part(report)
     return "\n".join(out).rstrip() + "\n"

@@ -10,6 +10,7 @@ machine.
 The sampler's construction (capacity search and the first epoch's plan) is measured in a fresh process:
 seconds and peak resident memory above what the process held with the loads already in memory.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,14 +35,15 @@ SAMPLER_FULL, SAMPLER_QUICK = 10_000_000, 200_000
 def _methods(lengths: Any, seed: int) -> dict[str, Callable[[], object]]:
     return {
         "balanced": lambda: plan_packs(lengths, world_size=WORLD_SIZE, target_batch_size=4.0, seed=seed),
-        "random": lambda: plan_packs(lengths, world_size=WORLD_SIZE, method="random", target_batch_size=4.0,
-                                     seed=seed),
-        "isf": lambda: plan_packs(lengths, world_size=WORLD_SIZE, method="isf", vit_capacity=18,
-                                  llm_capacity=6016, seed=seed),
+        "random": lambda: plan_packs(lengths, world_size=WORLD_SIZE, method="random", target_batch_size=4.0, seed=seed),
+        "isf": lambda: plan_packs(
+            lengths, world_size=WORLD_SIZE, method="isf", vit_capacity=18, llm_capacity=6016, seed=seed
+        ),
         "length_grouped": lambda: length_grouped_plan(lengths, world_size=WORLD_SIZE, batch_size=4, seed=seed),
         "random_padded": lambda: random_padded_plan(lengths, world_size=WORLD_SIZE, batch_size=4, seed=seed),
-        "ffd_tokens": lambda: ffd_tokens_plan(lengths, world_size=WORLD_SIZE, llm_capacity=5376, vit_capacity=16,
-                                              seed=seed),
+        "ffd_tokens": lambda: ffd_tokens_plan(
+            lengths, world_size=WORLD_SIZE, llm_capacity=5376, vit_capacity=16, seed=seed
+        ),
     }
 
 
@@ -91,8 +93,9 @@ def sampler_cost(n: int, seed: int) -> dict[str, Any]:
     through ``/proc/self/clear_refs`` before construction and read from ``VmHWM`` after)."""
     if not sys.platform.startswith("linux"):
         return {"n": n, "skipped": "peak memory is read from Linux /proc"}
-    out = subprocess.run([sys.executable, "-c", _SAMPLER_PROBE, str(n), str(seed)], capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _SAMPLER_PROBE, str(n), str(seed)], capture_output=True, text=True, timeout=600
+    )
     if out.returncode != 0:
         raise RuntimeError(f"sampler probe failed: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -108,12 +111,21 @@ def run(config: Config) -> dict[str, Any]:
         best = time_methods(lengths, config.seed, repeats)
         for method, seconds in best.items():
             if method != "argsort":
-                rows.append({"method": method, "n": len(lengths), "seconds": seconds,
-                             "argsort_ratio": seconds / best["argsort"]})
-        config.say(f"  {len(lengths):,} samples: balanced {best['balanced'] * 1e3:.1f} ms, "
-                   f"argsort {best['argsort'] * 1e3:.1f} ms")
+                rows.append(
+                    {
+                        "method": method,
+                        "n": len(lengths),
+                        "seconds": seconds,
+                        "argsort_ratio": seconds / best["argsort"],
+                    }
+                )
+        config.say(
+            f"  {len(lengths):,} samples: balanced {best['balanced'] * 1e3:.1f} ms, "
+            f"argsort {best['argsort'] * 1e3:.1f} ms"
+        )
     sampler = sampler_cost(SAMPLER_QUICK if config.quick else SAMPLER_FULL, config.seed)
     if "seconds" in sampler:
-        config.say(f"  sampler on {sampler['n']:,} samples: {sampler['seconds']:.2f} s, "
-                   f"peak +{sampler['peak_mib']:.0f} MiB")
+        config.say(
+            f"  sampler on {sampler['n']:,} samples: {sampler['seconds']:.2f} s, peak +{sampler['peak_mib']:.0f} MiB"
+        )
     return {"planning": rows, "sampler": sampler}

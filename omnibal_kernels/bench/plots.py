@@ -8,20 +8,37 @@
 * ``step_time.png``: simulated epoch time per method, and the measured DDP epoch split into compute and
   all-reduce.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
 __all__ = ["plot_report", "plot_rank_loads", "plot_plans"]
 
-_COLORS = {"random_padded": "#d62728", "length_grouped": "#ff7f0e", "ffd_tokens": "#8c564b", "random": "#e377c2",
-           "isf": "#1f77b4", "balanced": "#2ca02c", "limit": "#7f7f7f", "argsort": "#000000"}
-_LABELS = {"random_padded": "random padded", "length_grouped": "length grouped (LLaVA)",
-           "ffd_tokens": "FFD on tokens", "random": "random packs", "isf": "ISF (paper)", "balanced": "balanced",
-           "limit": "limit", "argsort": "numpy.argsort"}
+_COLORS = {
+    "random_padded": "#d62728",
+    "length_grouped": "#ff7f0e",
+    "ffd_tokens": "#8c564b",
+    "random": "#e377c2",
+    "isf": "#1f77b4",
+    "balanced": "#2ca02c",
+    "limit": "#7f7f7f",
+    "argsort": "#000000",
+}
+_LABELS = {
+    "random_padded": "random padded",
+    "length_grouped": "length grouped (LLaVA)",
+    "ffd_tokens": "FFD on tokens",
+    "random": "random packs",
+    "isf": "ISF (paper)",
+    "balanced": "balanced",
+    "limit": "limit",
+    "argsort": "numpy.argsort",
+}
 
 
 def _pyplot() -> Any:
@@ -82,14 +99,14 @@ def _pack_loads(report: Mapping[str, Any], path: Path) -> Path:
     edges = np.asarray(h["llm_edges"])
     for method, hist in h["methods"].items():
         vit = np.asarray(hist["vit"], dtype=np.float64)
-        ax_v.plot(np.arange(vit.size), vit / vit.sum(), drawstyle="steps-mid", color=_COLORS[method],
-                  label=_LABELS[method])
+        ax_v.plot(
+            np.arange(vit.size), vit / vit.sum(), drawstyle="steps-mid", color=_COLORS[method], label=_LABELS[method]
+        )
         llm = np.asarray(hist["llm"], dtype=np.float64)
         ax_t.stairs(llm / llm.sum(), edges, color=_COLORS[method], label=_LABELS[method])
     for ax, cap, name in ((ax_v, h["vit_capacity"], "ViT"), (ax_t, h["llm_capacity"], "LLM")):
         ax.axvline(cap, color="black", ls="--", lw=1)
-        ax.annotate(f"{name} capacity {cap}", (cap, 0.95), xycoords=("data", "axes fraction"), ha="right",
-                    fontsize=8)
+        ax.annotate(f"{name} capacity {cap}", (cap, 0.95), xycoords=("data", "axes fraction"), ha="right", fontsize=8)
         ax.set_ylabel("share of packs")
     ax_v.set_xlabel("ViT load per pack (tiles)")
     ax_t.set_xlabel("LLM load per pack (tokens)")
@@ -100,8 +117,11 @@ def _pack_loads(report: Mapping[str, Any], path: Path) -> Path:
     ax_v.set_xlim(max(vit_lo - 1, 0), len(next(iter(h["methods"].values()))["vit"]))
     ax_v.legend(fontsize=8, loc="center left")
     isf = h["isf_capacities"]
-    fig.suptitle(f"Pack loads against the capacities (bundled data, {report['headline_world_size']} ranks; "
-                 f"ISF searches its own: {isf[0]} / {isf[1]})", fontsize=10)
+    fig.suptitle(
+        f"Pack loads against the capacities (bundled data, {report['headline_world_size']} ranks; "
+        f"ISF searches its own: {isf[0]} / {isf[1]})",
+        fontsize=10,
+    )
     return _save(fig, path)
 
 
@@ -128,8 +148,9 @@ def _planning_time(report: Mapping[str, Any], path: Path) -> Path:
 def _step_time(report: Mapping[str, Any], path: Path) -> Path:
     plt = _pyplot()
     ddp = report.get("measured_ddp")
-    fig, axes = plt.subplots(1, 2 if ddp else 1, figsize=(12 if ddp else 7, 4.5),
-                             gridspec_kw={"width_ratios": [2, 1]} if ddp else None)
+    fig, axes = plt.subplots(
+        1, 2 if ddp else 1, figsize=(12 if ddp else 7, 4.5), gridspec_kw={"width_ratios": [2, 1]} if ddp else None
+    )
     axes = np.atleast_1d(axes)
     data = "bundled" if "bundled" in report["simulated_speedup"] else next(iter(report["simulated_speedup"]))
     speedup = report["simulated_speedup"][data]
@@ -138,8 +159,13 @@ def _step_time(report: Mapping[str, Any], path: Path) -> Path:
     ax = axes[0]
     bars = ax.bar(range(len(methods)), rel, color=[_COLORS.get(m, "#333333") for m in methods])
     for bar, value, m in zip(bars, rel, methods):
-        ax.annotate(f"{value:.2f}\n({speedup[m]:.2f}x)", (bar.get_x() + bar.get_width() / 2, value), ha="center",
-                    va="bottom", fontsize=8)
+        ax.annotate(
+            f"{value:.2f}\n({speedup[m]:.2f}x)",
+            (bar.get_x() + bar.get_width() / 2, value),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xticks(range(len(methods)), [_LABELS.get(m, m) for m in methods], rotation=20, fontsize=8)
     ax.set_ylabel("simulated epoch time / random padded")
     ax.set_ylim(0, max(rel) * 1.25)
@@ -168,9 +194,14 @@ def plot_report(report: Mapping[str, Any], outdir: Union[str, Path]) -> list[Pat
     written = []
     if "load_trace" in report:
         trace = report["load_trace"]
-        written.append(plot_rank_loads(trace["methods"], out / "rank_loads.png", unit="rank time\n(mean pack = 1)",
-                                       title=f"Per-rank load per step ({trace['data']} data, {trace['world_size']} "
-                                       "ranks, cost model)"))
+        written.append(
+            plot_rank_loads(
+                trace["methods"],
+                out / "rank_loads.png",
+                unit="rank time\n(mean pack = 1)",
+                title=f"Per-rank load per step ({trace['data']} data, {trace['world_size']} ranks, cost model)",
+            )
+        )
     if "pack_loads" in report:
         written.append(_pack_loads(report, out / "pack_loads.png"))
     if "planning" in report:
@@ -180,8 +211,14 @@ def plot_report(report: Mapping[str, Any], outdir: Union[str, Path]) -> list[Pat
     return written
 
 
-def plot_plans(plans: Mapping[str, Any], lengths: Any, outdir: Union[str, Path], *, steps: int = 40,
-               cost_model: Optional[Any] = None) -> Path:
+def plot_plans(
+    plans: Mapping[str, Any],
+    lengths: Any,
+    outdir: Union[str, Path],
+    *,
+    steps: int = 40,
+    cost_model: Optional[Any] = None,
+) -> Path:
     """``rank_loads.png`` in ``outdir`` for the user's own plans (method -> ``Plan`` of ``lengths``): each
     rank's time in the first ``steps`` steps under ``cost_model`` (default ``CostModel.internvl_7b()``)."""
     from ..balance import CostModel
@@ -193,6 +230,9 @@ def plot_plans(plans: Mapping[str, Any], lengths: Any, outdir: Union[str, Path],
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     world = next(iter(plans.values())).world_size
-    return plot_rank_loads({m: t / scale for m, t in traces.items()}, out / "rank_loads.png",
-                           unit="rank time\n(relative)", title=f"Per-rank load per step ({len(lengths):,} samples, "
-                           f"{world} ranks, cost model)")
+    return plot_rank_loads(
+        {m: t / scale for m, t in traces.items()},
+        out / "rank_loads.png",
+        unit="rank time\n(relative)",
+        title=f"Per-rank load per step ({len(lengths):,} samples, {world} ranks, cost model)",
+    )

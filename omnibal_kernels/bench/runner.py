@@ -4,6 +4,7 @@ A provider is a function ``(config) -> dict``; the keys it returns become top-le
 (``simulated_speedup``, ``planning``, ...). ``run_suite`` records each provider's wall time and the
 environment next to them.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -13,9 +14,10 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 __all__ = ["Config", "PROVIDER_NAMES", "register", "provider", "run_suite", "environment"]
 
@@ -81,8 +83,9 @@ def _git_commit() -> Optional[str]:
     if not (root / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -107,8 +110,12 @@ def environment() -> dict[str, Any]:
 
     from .. import __version__
 
-    versions = {"omnibal_kernels": __version__, "python": platform.python_version(), "torch": torch.__version__,
-                "numpy": numpy.__version__}
+    versions = {
+        "omnibal_kernels": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+    }
     for name in ("numba", "triton", "transformers"):
         try:
             versions[name] = importlib.import_module(name).__version__
@@ -125,8 +132,13 @@ def environment() -> dict[str, Any]:
     }
 
 
-def run_suite(names: Optional[Sequence[str]] = None, *, quick: bool = False, seed: int = 0,
-              log: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+def run_suite(
+    names: Optional[Sequence[str]] = None,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    log: Optional[Callable[[str], None]] = None,
+) -> dict[str, Any]:
     """Runs the providers ``names`` (default: all, in :data:`PROVIDER_NAMES` order) and returns the report.
 
     Args:

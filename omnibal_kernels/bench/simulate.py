@@ -8,14 +8,15 @@ pads every sample's tokens to the longest of its micro-batch, so a rank pays the
 not padded. Compute per step is all that is modelled: no communication, no kernel-launch or data-loading
 time, which is what the measured DDP run adds.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import numpy as np
 
-from ..balance.cost import CostModel
 from ..balance import Plan
+from ..balance.cost import CostModel
 from ..lengths import Lengths
 
 __all__ = ["PADDED_METHODS", "PackLoads", "pack_loads", "rank_costs", "epoch_time", "ideal_time", "padding_fraction"]

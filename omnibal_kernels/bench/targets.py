@@ -10,6 +10,7 @@ within 3% of the bound; |trend| < 0.05; < 10% repeated; no oversize sample. Then
 (shuffled stream, buffer 4096) and the multi-group sampler (text-only / image groups) against the offline plan.
 ``--quick``: 8 ranks only, and the modes on 20k samples.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,13 +53,24 @@ def target_row(kind: str, lengths: Lengths, world_size: int) -> dict:
     report = balance_report(plan, lengths)
     bounds = pack_lower_bounds(lengths, plan.vit_capacity, plan.llm_capacity)
     again = plan_packs(lengths, world_size=world_size, target_batch_size=TARGET, seed=0, epoch=1)
-    return dict(kind=kind, world_size=world_size, samples=len(lengths), steps=plan.num_steps,
-                vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity, ave_bs=report.ave_bs,
-                step_efficiency=report.step_efficiency, vit_dist=report.vit_dist, llm_dist=report.llm_dist,
-                packs_over_bound=report.num_packs / bounds.volume,
-                packs_over_tight_bound=report.num_packs / bounds.tight,
-                trend=load_trend(plan, lengths), repeated=repeated_pack_share(plan, again),
-                oversize=report.oversize, seconds=report.seconds)
+    return dict(
+        kind=kind,
+        world_size=world_size,
+        samples=len(lengths),
+        steps=plan.num_steps,
+        vit_capacity=plan.vit_capacity,
+        llm_capacity=plan.llm_capacity,
+        ave_bs=report.ave_bs,
+        step_efficiency=report.step_efficiency,
+        vit_dist=report.vit_dist,
+        llm_dist=report.llm_dist,
+        packs_over_bound=report.num_packs / bounds.volume,
+        packs_over_tight_bound=report.num_packs / bounds.tight,
+        trend=load_trend(plan, lengths),
+        repeated=repeated_pack_share(plan, again),
+        oversize=report.oversize,
+        seconds=report.seconds,
+    )
 
 
 def target_misses(row: dict) -> list[str]:
@@ -72,8 +84,12 @@ def target_misses(row: dict) -> list[str]:
         if row[key] > dist:
             misses.append(f"{key} {row[key]:.4f} > {dist}")
     if row["packs_over_bound"] > 1.03:
-        proof = "" if row["packs_over_tight_bound"] > 1.03 else \
-            f" (within {row['packs_over_tight_bound'] - 1:.1%} of the tighter bound: reachable bound missed by less)"
+        proof = (
+            ""
+            if row["packs_over_tight_bound"] > 1.03
+            else f" (within {row['packs_over_tight_bound'] - 1:.1%} of the tighter bound: "
+            "reachable bound missed by less)"
+        )
         misses.append(f"packs {row['packs_over_bound']:.3f}x the volume bound{proof}")
     if row["trend"] >= 0.05:
         misses.append(f"|corr(step, load)| {row['trend']:.3f}")
@@ -102,19 +118,33 @@ def modes_table(n: int = 100_000, world_size: int = 8, buffer_size: int = 4096) 
     for kind in sorted(DISTRIBUTIONS):
         lengths = synthetic_lengths(kind, n, seed=0)
         caps = search_capacity(lengths, TARGET)
-        stream = streaming_report(lengths, vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity,
-                                  buffer_size=buffer_size, world_size=world_size)
-        row = dict(kind=kind, stream_eff=stream.streaming.step_efficiency, stream_vit=stream.streaming.vit_dist,
-                   stream_llm=stream.streaming.llm_dist)
+        stream = streaming_report(
+            lengths,
+            vit_capacity=caps.vit_capacity,
+            llm_capacity=caps.llm_capacity,
+            buffer_size=buffer_size,
+            world_size=world_size,
+        )
+        row = dict(
+            kind=kind,
+            stream_eff=stream.streaming.step_efficiency,
+            stream_vit=stream.streaming.vit_dist,
+            stream_llm=stream.streaming.llm_dist,
+        )
         if stream.offline is not None:
-            row.update(offline_eff=stream.offline.step_efficiency, offline_vit=stream.offline.vit_dist,
-                       offline_llm=stream.offline.llm_dist)
+            row.update(
+                offline_eff=stream.offline.step_efficiency,
+                offline_vit=stream.offline.vit_dist,
+                offline_llm=stream.offline.llm_dist,
+            )
         has_image = lengths.vit > 0
         if 0 < has_image.sum() < len(lengths):
-            groups = BalancedBatchSampler(lengths, world_size=world_size, rank=0, groups=has_image.astype(np.int64),
-                                          target_batch_size=TARGET).balance_report()
-            row.update(groups_eff=groups.step_efficiency, groups_vit=groups.micro_vit_dist,
-                       groups_llm=groups.micro_llm_dist)
+            groups = BalancedBatchSampler(
+                lengths, world_size=world_size, rank=0, groups=has_image.astype(np.int64), target_batch_size=TARGET
+            ).balance_report()
+            row.update(
+                groups_eff=groups.step_efficiency, groups_vit=groups.micro_vit_dist, groups_llm=groups.micro_llm_dist
+            )
         rows.append(row)
     return rows
 
@@ -127,12 +157,19 @@ def run(config: Config) -> dict[str, Any]:
     rows = targets_table(world_sizes)
     for row in rows:
         row["misses"] = target_misses(row)
-        config.say(f"  {row['kind']} at {row['world_size']} ranks: step efficiency {row['step_efficiency']:.4f}"
-                   + (f"; misses {', '.join(row['misses'])}" if row["misses"] else ""))
+        config.say(
+            f"  {row['kind']} at {row['world_size']} ranks: step efficiency {row['step_efficiency']:.4f}"
+            + (f"; misses {', '.join(row['misses'])}" if row["misses"] else "")
+        )
     modes = modes_table(n=20_000 if config.quick else 100_000)
     config.say("  time-balance targets")
     time_rows = time_targets_table(world_sizes, quick=config.quick, say=config.say)
     speed = planning_speed_rows(QUICK_PLANNING_SAMPLES) if config.quick else planning_speed_rows()
     time_modes = time_modes_rows(n=20_000 if config.quick else 100_000)
-    return {"targets": rows, "targets_modes": modes, "time_targets": time_rows, "time_modes": time_modes,
-            "time_planning": speed}
+    return {
+        "targets": rows,
+        "targets_modes": modes,
+        "time_targets": time_rows,
+        "time_modes": time_modes,
+        "time_planning": speed,
+    }

@@ -19,6 +19,7 @@ sequence per image and video frame group, under ``qwen2_vl_7b`` and ``qwen2_5_vl
 ``llama_7b`` (:mod:`omnibal_kernels.balance.cost_models`). ``quick``: 8 ranks on the samples for 50 steps, the
 modes on 20,000 samples and the planning speed on 100,000.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,14 @@ from ..sampler import BalancedBatchSampler
 from ..streaming import streaming_report
 from ..synthetic import synthetic_lengths
 
-__all__ = ["CLASS_MODELS", "planning_speed_rows", "time_modes_rows", "time_target_misses", "time_target_row",
-           "time_targets_table"]
+__all__ = [
+    "CLASS_MODELS",
+    "planning_speed_rows",
+    "time_modes_rows",
+    "time_target_misses",
+    "time_target_row",
+    "time_targets_table",
+]
 
 TARGET = 4.0
 WORLD_SIZES = (8, 64, 512, 1024)
@@ -84,14 +91,22 @@ def time_target_row(kind: str, model_name: str, lengths: Lengths, world_size: in
     distinct = np.sort(cost[np.unique(plan.step_packs)])[::-1]
     sorted_epoch = float(distinct[::world_size].sum())
     again = plan_packs(lengths, world_size=world_size, target_batch_size=TARGET, seed=0, epoch=1, cost_model=model)
-    return dict(kind=kind, cost_model=model_name, world_size=world_size, samples=len(lengths), steps=plan.num_steps,
-                vit_capacity=plan.vit_capacity, llm_capacity=plan.llm_capacity,
-                epoch_over_ideal=report.epoch_over_ideal, epoch_over_bound=report.epoch_over_bound,
-                bound_over_ideal=report.epoch_bound / report.epoch_ideal if report.epoch_ideal else 1.0,
-                sorted_over_ideal=sorted_epoch / report.epoch_ideal if report.epoch_ideal else 1.0,
-                packs_over_volume=report.num_packs / pack_lower_bounds(lengths, plan.vit_capacity,
-                                                                       plan.llm_capacity).volume,
-                each_sample_once=_each_sample_once(plan, len(lengths)), repeated=repeated_pack_share(plan, again))
+    return dict(
+        kind=kind,
+        cost_model=model_name,
+        world_size=world_size,
+        samples=len(lengths),
+        steps=plan.num_steps,
+        vit_capacity=plan.vit_capacity,
+        llm_capacity=plan.llm_capacity,
+        epoch_over_ideal=report.epoch_over_ideal,
+        epoch_over_bound=report.epoch_over_bound,
+        bound_over_ideal=report.epoch_bound / report.epoch_ideal if report.epoch_ideal else 1.0,
+        sorted_over_ideal=sorted_epoch / report.epoch_ideal if report.epoch_ideal else 1.0,
+        packs_over_volume=report.num_packs / pack_lower_bounds(lengths, plan.vit_capacity, plan.llm_capacity).volume,
+        each_sample_once=_each_sample_once(plan, len(lengths)),
+        repeated=repeated_pack_share(plan, again),
+    )
 
 
 def time_target_misses(row: dict[str, Any]) -> list[str]:
@@ -101,11 +116,14 @@ def time_target_misses(row: dict[str, Any]) -> list[str]:
     misses = []
     if row["epoch_over_ideal"] > target:
         if row["bound_over_ideal"] <= target:
-            misses.append(f"epoch/ideal {row['epoch_over_ideal']:.4f} > {target}, bound/ideal "
-                          f"{row['bound_over_ideal']:.4f}")
+            misses.append(
+                f"epoch/ideal {row['epoch_over_ideal']:.4f} > {target}, bound/ideal {row['bound_over_ideal']:.4f}"
+            )
         elif row["epoch_over_bound"] > BOUND_TARGET:
-            misses.append(f"epoch/bound {row['epoch_over_bound']:.4f} > {BOUND_TARGET} (bound/ideal "
-                          f"{row['bound_over_ideal']:.4f} > {target})")
+            misses.append(
+                f"epoch/bound {row['epoch_over_bound']:.4f} > {BOUND_TARGET} (bound/ideal "
+                f"{row['bound_over_ideal']:.4f} > {target})"
+            )
     if row["epoch_over_ideal"] > row["sorted_over_ideal"] * (1 + 1e-9):
         misses.append(f"above sorted ({row['sorted_over_ideal']:.4f})")
     if row["packs_over_volume"] > MAX_PACKS_OVER_VOLUME:
@@ -119,8 +137,9 @@ def time_target_misses(row: dict[str, Any]) -> list[str]:
     return misses
 
 
-def time_targets_table(world_sizes: tuple[int, ...] = WORLD_SIZES, quick: bool = False,
-                       say: Optional[Any] = None) -> list[dict[str, Any]]:
+def time_targets_table(
+    world_sizes: tuple[int, ...] = WORLD_SIZES, quick: bool = False, say: Optional[Any] = None
+) -> list[dict[str, Any]]:
     """Every (class, cost model) of :data:`CLASS_MODELS` at every world size, with its misses."""
     rows = []
     for kind, model_name in CLASS_MODELS:
@@ -129,8 +148,10 @@ def time_targets_table(world_sizes: tuple[int, ...] = WORLD_SIZES, quick: bool =
             row = time_target_row(kind, model_name, lengths, world_size)
             row["misses"] = time_target_misses(row)
             if say is not None:
-                say(f"  {kind} / {model_name} at {world_size} ranks: epoch/ideal {row['epoch_over_ideal']:.4f}"
-                    + (f"; misses {', '.join(row['misses'])}" if row["misses"] else ""))
+                say(
+                    f"  {kind} / {model_name} at {world_size} ranks: epoch/ideal {row['epoch_over_ideal']:.4f}"
+                    + (f"; misses {', '.join(row['misses'])}" if row["misses"] else "")
+                )
             rows.append(row)
     return rows
 
@@ -151,9 +172,17 @@ def planning_speed_rows(n: int = PLANNING_SAMPLES, world_size: int = 8, repeats:
             np.argsort(lengths.llm)
             argsort = min(argsort, time.perf_counter() - start)
         ratio = plan / argsort
-        rows.append(dict(kind=kind, samples=n, world_size=world_size, plan_seconds=plan, argsort_seconds=argsort,
-                         over_argsort=ratio, misses=[] if ratio <= MAX_ARGSORTS else
-                         [f"planning {ratio:.1f}x numpy.argsort > {MAX_ARGSORTS:g}x"]))
+        rows.append(
+            dict(
+                kind=kind,
+                samples=n,
+                world_size=world_size,
+                plan_seconds=plan,
+                argsort_seconds=argsort,
+                over_argsort=ratio,
+                misses=[] if ratio <= MAX_ARGSORTS else [f"planning {ratio:.1f}x numpy.argsort > {MAX_ARGSORTS:g}x"],
+            )
+        )
     return rows
 
 
@@ -165,18 +194,36 @@ def time_modes_rows(n: int = 100_000, world_size: int = 8, buffer_size: int = 40
         model = named_cost_model(model_name)
         lengths = synthetic_lengths(kind, n, seed=0)
         caps = search_capacity(lengths, TARGET)
-        stream = streaming_report(lengths, vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity,
-                                  buffer_size=buffer_size, world_size=world_size, cost_model=model)
-        row: dict[str, Any] = dict(kind=kind, cost_model=model_name, samples=n, world_size=world_size,
-                                   stream_over_ideal=stream.streaming.epoch_over_ideal,
-                                   stream_over_bound=stream.streaming.epoch_over_bound)
+        stream = streaming_report(
+            lengths,
+            vit_capacity=caps.vit_capacity,
+            llm_capacity=caps.llm_capacity,
+            buffer_size=buffer_size,
+            world_size=world_size,
+            cost_model=model,
+        )
+        row: dict[str, Any] = dict(
+            kind=kind,
+            cost_model=model_name,
+            samples=n,
+            world_size=world_size,
+            stream_over_ideal=stream.streaming.epoch_over_ideal,
+            stream_over_bound=stream.streaming.epoch_over_bound,
+        )
         if stream.offline is not None:
-            row.update(offline_over_ideal=stream.offline.epoch_over_ideal,
-                       offline_over_bound=stream.offline.epoch_over_bound)
+            row.update(
+                offline_over_ideal=stream.offline.epoch_over_ideal, offline_over_bound=stream.offline.epoch_over_bound
+            )
         has_image = lengths.vit > 0
         if 0 < has_image.sum() < len(lengths):
-            groups = BalancedBatchSampler(lengths, world_size=world_size, rank=0, groups=has_image.astype(np.int64),
-                                          target_batch_size=TARGET, cost_model=model).balance_report()
+            groups = BalancedBatchSampler(
+                lengths,
+                world_size=world_size,
+                rank=0,
+                groups=has_image.astype(np.int64),
+                target_batch_size=TARGET,
+                cost_model=model,
+            ).balance_report()
             row.update(groups_over_ideal=groups.epoch_over_ideal)
         rows.append(row)
     return rows

@@ -29,6 +29,7 @@ A step's ``busy`` time is measured on the robust clock of its device (the thread
 events on a GPU) and excludes the time spent inside the gradient all-reduce (waiting for the other rank plus the
 transfer); its ``wall`` time is the step's ``time.perf_counter`` duration, waiting included: what a user sees.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,8 +47,17 @@ from ..testing.models import causal_lm_loss
 from ..testing.tiny_vlm import PATCHES, TinyVLM, make_sample, scaled_lengths
 from .baselines import random_padded_plan
 
-__all__ = ["FIELDS", "MODES", "Sizes", "Workload", "build_batches", "measure_on_device", "padded_batch",
-           "run_schedule", "summarize"]
+__all__ = [
+    "FIELDS",
+    "MODES",
+    "Sizes",
+    "Workload",
+    "build_batches",
+    "measure_on_device",
+    "padded_batch",
+    "run_schedule",
+    "summarize",
+]
 
 MODES = ("random", "balanced", "calibration")
 # What every timed step records, in this order: busy on the robust clock (all-reduce excluded), busy on the wall
@@ -107,8 +117,12 @@ def padded_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
         ids[row, :n], labels[row, :n] = s["input_ids"], s["labels"]
         labels[row, 0] = -100
     pixels = torch.cat([s["pixel_values"] for s in samples])
-    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(longest).expand(len(samples), -1),
-            "pixel_values": pixels if pixels.shape[0] else None}
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "position_ids": torch.arange(longest).expand(len(samples), -1),
+        "pixel_values": pixels if pixels.shape[0] else None,
+    }
 
 
 def _tile_lengths(base: Lengths) -> Lengths:
@@ -171,13 +185,16 @@ class Workload:
         lengths = _tile_lengths(scaled_lengths(sizes.samples, seed))
         plans = {
             "random": random_padded_plan(lengths, world_size=sizes.world_size, batch_size=sizes.batch, seed=seed),
-            "balanced": plan_packs(lengths, world_size=sizes.world_size, target_batch_size=sizes.batch,
-                                   cost_model=cost_model, seed=seed),
+            "balanced": plan_packs(
+                lengths, world_size=sizes.world_size, target_batch_size=sizes.batch, cost_model=cost_model, seed=seed
+            ),
         }
         runs = sizes.rounds * max(p.num_steps for p in plans.values()) * sizes.calibration_steps * sizes.world_size
         if runs < sizes.calibration_packs:
-            raise ValueError(f"sizes: {sizes.calibration_packs} calibration packs but only {runs} calibration runs "
-                             "(rounds x steps x calibration_steps x world_size); fewer packs or more steps")
+            raise ValueError(
+                f"sizes: {sizes.calibration_packs} calibration packs but only {runs} calibration runs "
+                "(rounds x steps x calibration_steps x world_size); fewer packs or more steps"
+            )
         extra, packs = calibration_workload(sizes.calibration_packs, seed)
         return cls(lengths, plans, extra, packs, sizes.calibration_steps)
 
@@ -214,8 +231,9 @@ class Workload:
             vit = np.concatenate([self.lengths.vit[p] for p in packs])
             llm = np.concatenate([np.full(p.shape[0], t) for p, t in zip(packs, longest)])
             rows = np.concatenate([[0], np.cumsum([p.shape[0] for p in packs])])
-            costs = model.pack_costs(_tile_lengths(Lengths(vit, llm)),
-                                     [np.arange(a, b) for a, b in zip(rows[:-1], rows[1:])])
+            costs = model.pack_costs(
+                _tile_lengths(Lengths(vit, llm)), [np.arange(a, b) for a, b in zip(rows[:-1], rows[1:])]
+            )
         else:
             costs = model.pack_costs(self.lengths, packs)
         return costs[plan.step_packs]
@@ -228,13 +246,19 @@ class Workload:
         """Share of the random padded batches' token positions that are padding."""
         plan = self.plans["random"]
         packs = _plan_packs(plan)
-        positions = sum(packs[int(p)].shape[0] * int(self.lengths.llm[packs[int(p)]].max())
-                        for p in plan.step_packs.reshape(-1))
+        positions = sum(
+            packs[int(p)].shape[0] * int(self.lengths.llm[packs[int(p)]].max()) for p in plan.step_packs.reshape(-1)
+        )
         return 1.0 - self.tokens("random") / positions
 
 
-def run_schedule(work: Workload, sizes: Sizes, ranks: list[int],
-                 step: Callable[[str, int, int], np.ndarray], progress: Optional[bool] = None) -> dict[str, np.ndarray]:
+def run_schedule(
+    work: Workload,
+    sizes: Sizes,
+    ranks: list[int],
+    step: Callable[[str, int, int], np.ndarray],
+    progress: Optional[bool] = None,
+) -> dict[str, np.ndarray]:
     """Runs every mode's steps in turn (see the module docstring) and returns what they recorded.
 
     Args:
@@ -335,8 +359,11 @@ def summarize(work: Workload, records: dict[str, np.ndarray], *, seed: int, flop
     out["speedup"] = out["balanced_tokens_per_s"] / out["random_tokens_per_s"]
     out["speedup_predicted"] = ratio * out["random_predicted_s"] / out["balanced_predicted_s"]
     out["speedup_wall"] = ratio * out["random_wall_s"] / out["balanced_wall_s"]
-    busy_errors = [p / m - 1 for mode in ("random", "balanced")
-                   for p, m in zip(out[f"{mode}_busy_predicted_s"], out[f"{mode}_busy_s"])]
+    busy_errors = [
+        p / m - 1
+        for mode in ("random", "balanced")
+        for p, m in zip(out[f"{mode}_busy_predicted_s"], out[f"{mode}_busy_s"])
+    ]
     out["busy_error_max"] = float(np.max(np.abs(busy_errors)))
     out["speedup_error"] = out["speedup_predicted"] / out["speedup"] - 1
     out["step_error_median"] = float(np.median(np.concatenate(per_step_errors)))
@@ -364,17 +391,25 @@ def _misses(out: dict[str, Any]) -> list[str]:
 def _fit_summary(fit: Any, held: Any, records: dict[str, np.ndarray]) -> dict[str, Any]:
     errors = held.to_dict()
     packs = int(fit.seconds.shape[0])
-    return {"packs": packs, "runs_per_pack": records["calibration_pack"].size / packs,
-            "model": fit.model.to_dict(), "fit_error": fit.to_dict()["fit_error"],
-            "heldout_packs": int(held.heldout_packs.shape[0]), "heldout_error": errors["heldout_error"],
-            "flops_heldout_error": errors["reference_heldout_error"]}
+    return {
+        "packs": packs,
+        "runs_per_pack": records["calibration_pack"].size / packs,
+        "model": fit.model.to_dict(),
+        "fit_error": fit.to_dict()["fit_error"],
+        "heldout_packs": int(held.heldout_packs.shape[0]),
+        "heldout_error": errors["heldout_error"],
+        "flops_heldout_error": errors["reference_heldout_error"],
+    }
 
 
 def build_batches(work: Workload, rank: int, seed: int) -> dict[str, list]:
     """``rank``'s batches of every mode, in step order (calibration: every calibration pack): ``padded_batch``
     for ``random``, ``pack_batch`` otherwise; built before anything is timed."""
     build: dict[str, Callable[[list[dict[str, Any]]], Any]] = {
-        "random": padded_batch, "balanced": pack_batch, "calibration": pack_batch}
+        "random": padded_batch,
+        "balanced": pack_batch,
+        "calibration": pack_batch,
+    }
     out = {}
     for mode in MODES:
         lengths, packs = work.mode_lengths(mode), work.rank_packs(mode, rank)
@@ -438,8 +473,10 @@ def measure_on_device(sizes: Sizes, seed: int, device: Any, progress: Optional[b
     model = TinyVLM(hidden=sizes.hidden, vit_hidden=sizes.hidden // 2, layers=sizes.layers)
     flops = model.cost_model()
     work = Workload.build(sizes, seed, flops)
-    batches = {r: {m: [_on(b, device) for b in bs] for m, bs in build_batches(work, r, seed).items()}
-               for r in range(sizes.world_size)}
+    batches = {
+        r: {m: [_on(b, device) for b in bs] for m, bs in build_batches(work, r, seed).items()}
+        for r in range(sizes.world_size)
+    }
     replicas = {m: _DeviceReplica(copy.deepcopy(model), device) for m in MODES}
 
     def step(mode: str, r: int, pack: int) -> np.ndarray:

@@ -9,6 +9,7 @@
 ``run``          ``calibrate``: all of the above, then ``CostModel.fit``
 ===============  ===========================================================================================
 """
+
 from .models import TINY_MODELS, TinyModel, build_model, model_config
 from .run import Calibration, calibrate, pack_batches
 from .samples import SampleMaker

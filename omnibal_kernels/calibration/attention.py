@@ -12,6 +12,7 @@ the attention of Llama, Qwen2, Qwen-VL and InternVL text models. The Qwen-VL vis
 (or window) already, without positions: one sequence, not causal. A plain ``(T, T)`` row without restarts is one
 sequence too. Sliding windows are not supported.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -38,9 +39,16 @@ def _segment_starts(position_ids: Optional[torch.Tensor], length: int) -> list[i
     return [*starts, length]
 
 
-def segment_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
-                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+def segment_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    scaling: Optional[float] = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers attention interface: ``query (B, heads, T, head_dim)``, ``key``/``value`` ``(B, kv_heads, T,
     head_dim)``; returns ``(B, T, heads, head_dim)`` and no weights. Causal when the module is. A packed row
     (``B = 1`` with restarting ``position_ids``) is split into its samples; other batches (InternVL's tiles)
@@ -60,8 +68,18 @@ def segment_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     def tokens(x: torch.Tensor) -> torch.Tensor:  # (B, heads, T, head_dim) -> (B * T, heads, head_dim)
         return x.transpose(1, 2).reshape(batch * length, x.shape[1], head_dim)
 
-    out = varlen_attention(tokens(query), tokens(key), tokens(value), cu_seqlens, longest, causal=causal,
-                           softmax_scale=scaling, dropout_p=dropout, backend="sdpa", validate=False)
+    out = varlen_attention(
+        tokens(query),
+        tokens(key),
+        tokens(value),
+        cu_seqlens,
+        longest,
+        causal=causal,
+        softmax_scale=scaling,
+        dropout_p=dropout,
+        backend="sdpa",
+        validate=False,
+    )
     return out.view(batch, length, heads, head_dim), None
 
 

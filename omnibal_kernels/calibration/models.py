@@ -8,6 +8,7 @@ token than one of 1,000, a pack-level effect no per-sample term describes). A
 config folder (``config.json``, as every Hugging Face checkpoint has) builds that model at full size, with
 random weights (timing does not depend on their values).
 """
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,18 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 __all__ = ["TINY_MODELS", "TinyModel", "build_model", "model_config"]
 
 # Text model of every named model: 2 layers of width 64, grouped-query attention, vocabulary 256.
-_TEXT: dict[str, Any] = dict(vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, bos_token_id=1,
-                             eos_token_id=2, pad_token_id=0)
+_TEXT: dict[str, Any] = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=176,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 # Placeholder and vision tokens at the top of the vocabulary, above every random text id.
 _IMAGE, _VIDEO, _VISION_START, _VISION_END = 252, 253, 254, 255
 # mRoPE sections of a 16-wide head (8 rotary frequencies: time, height, width).
@@ -33,36 +43,69 @@ def _llama() -> Any:
 
 
 def _qwen_ids() -> dict[str, Any]:
-    return dict(image_token_id=_IMAGE, video_token_id=_VIDEO, vision_start_token_id=_VISION_START,
-                vision_end_token_id=_VISION_END)
+    return dict(
+        image_token_id=_IMAGE,
+        video_token_id=_VIDEO,
+        vision_start_token_id=_VISION_START,
+        vision_end_token_id=_VISION_END,
+    )
 
 
 def _qwen2_vl() -> Any:
     import transformers
 
-    vision = dict(depth=2, embed_dim=32, num_heads=2, hidden_size=_TEXT["hidden_size"], mlp_ratio=2, patch_size=14,
-                  temporal_patch_size=2, in_channels=3, spatial_merge_size=2)
-    return transformers.Qwen2VLConfig(text_config={**_TEXT, "rope_parameters": _MROPE}, vision_config=vision,
-                                      **_qwen_ids())
+    vision = dict(
+        depth=2,
+        embed_dim=32,
+        num_heads=2,
+        hidden_size=_TEXT["hidden_size"],
+        mlp_ratio=2,
+        patch_size=14,
+        temporal_patch_size=2,
+        in_channels=3,
+        spatial_merge_size=2,
+    )
+    return transformers.Qwen2VLConfig(
+        text_config={**_TEXT, "rope_parameters": _MROPE}, vision_config=vision, **_qwen_ids()
+    )
 
 
 def _qwen2_5_vl() -> Any:
     import transformers
 
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, out_hidden_size=_TEXT["hidden_size"], num_heads=2,
-                  patch_size=14, temporal_patch_size=2, in_channels=3, spatial_merge_size=2, window_size=112,
-                  fullatt_block_indexes=[1], tokens_per_second=2)
-    return transformers.Qwen2_5_VLConfig(text_config={**_TEXT, "rope_parameters": _MROPE}, vision_config=vision,
-                                         **_qwen_ids())
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        out_hidden_size=_TEXT["hidden_size"],
+        num_heads=2,
+        patch_size=14,
+        temporal_patch_size=2,
+        in_channels=3,
+        spatial_merge_size=2,
+        window_size=112,
+        fullatt_block_indexes=[1],
+        tokens_per_second=2,
+    )
+    return transformers.Qwen2_5_VLConfig(
+        text_config={**_TEXT, "rope_parameters": _MROPE}, vision_config=vision, **_qwen_ids()
+    )
 
 
 def _internvl() -> Any:
     import transformers
 
-    vision = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                  image_size=[112, 112], patch_size=[14, 14])
-    return transformers.InternVLConfig(text_config={"model_type": "qwen2", **_TEXT}, vision_config=vision,
-                                       image_token_id=_IMAGE, downsample_ratio=0.5)
+    vision = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=[112, 112],
+        patch_size=[14, 14],
+    )
+    return transformers.InternVLConfig(
+        text_config={"model_type": "qwen2", **_TEXT}, vision_config=vision, image_token_id=_IMAGE, downsample_ratio=0.5
+    )
 
 
 class TinyModel(NamedTuple):
@@ -81,7 +124,7 @@ TINY_MODELS: dict[str, TinyModel] = {
 }
 
 
-def model_config(model: Union[str, "os.PathLike[str]"]) -> Any:
+def model_config(model: Union[str, os.PathLike[str]]) -> Any:
     """The config of a named tiny model (``TINY_MODELS``), or read from a folder holding ``config.json``.
 
     Raises:
@@ -91,15 +134,17 @@ def model_config(model: Union[str, "os.PathLike[str]"]) -> Any:
         return TINY_MODELS[model].config()
     path = Path(model)
     if not (path / "config.json").is_file() and not (path.is_file() and path.suffix == ".json"):
-        raise ValueError(f"model {str(model)!r}: neither a named model ({', '.join(TINY_MODELS)}) nor a folder "
-                         f"holding config.json")
+        raise ValueError(
+            f"model {str(model)!r}: neither a named model ({', '.join(TINY_MODELS)}) nor a folder holding config.json"
+        )
     from ..balance.flops import read_model_config
 
     return read_model_config(path)
 
 
-def build_model(config: Any, *, device: str = "cpu", dtype: Optional[str] = None,
-                attn_implementation: Optional[str] = None) -> Any:
+def build_model(
+    config: Any, *, device: str = "cpu", dtype: Optional[str] = None, attn_implementation: Optional[str] = None
+) -> Any:
     """The transformers model of ``config`` with random weights, in training mode, on ``device``.
 
     Args:

@@ -5,6 +5,7 @@ each pack's samples (:mod:`.samples`) packed by ``PackCollator.for_model``, forw
 (:mod:`.timing`), and ``CostModel.fit`` on half of the packs, predicting the other half; the FLOP estimate of
 the same config (``CostModel.from_config``), scaled by one factor, is fitted and reported beside it.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,10 +54,22 @@ def pack_batches(model: Any, lengths: Lengths, packs: list[np.ndarray], *, seed:
     return [collator(maker.samples(lengths, pack, seed=seed + i)) for i, pack in enumerate(packs)]
 
 
-def calibrate(model: Union[str, "os.PathLike[str]", Any], *, lengths: Optional[Lengths] = None, num_packs: int = 80,
-              num_samples: int = 2000, repeats: int = 3, warmup: int = 3, clock: str = "auto", holdout: float = 0.5,
-              seed: int = 0, device: Optional[str] = None, dtype: Optional[str] = None,
-              image_scale: Optional[float] = None, progress: Optional[bool] = None) -> Calibration:
+def calibrate(
+    model: Union[str, os.PathLike[str], Any],
+    *,
+    lengths: Optional[Lengths] = None,
+    num_packs: int = 80,
+    num_samples: int = 2000,
+    repeats: int = 3,
+    warmup: int = 3,
+    clock: str = "auto",
+    holdout: float = 0.5,
+    seed: int = 0,
+    device: Optional[str] = None,
+    dtype: Optional[str] = None,
+    image_scale: Optional[float] = None,
+    progress: Optional[bool] = None,
+) -> Calibration:
     """Times ``model`` on ``num_packs`` varied packs and fits a :class:`~omnibal_kernels.balance.CostModel` of seconds.
 
     Args:
@@ -85,13 +98,15 @@ def calibrate(model: Union[str, "os.PathLike[str]", Any], *, lengths: Optional[L
     elif hasattr(model, "config") and hasattr(model, "parameters"):
         config = model.config
     else:
-        raise TypeError(f"model must be a model name, a config folder or a transformers model, got "
-                        f"{type(model).__name__}")
+        raise TypeError(
+            f"model must be a model name, a config folder or a transformers model, got {type(model).__name__}"
+        )
     if lengths is None:
         lengths = calibration_lengths(config, num_samples, seed=seed, image_scale=image_scale or 1.0)
     packs = calibration_packs(lengths, num_packs, seed=seed)
     batches = pack_batches(model, lengths, packs, seed=seed)
     times = measure_pack_times(model, batches, repeats=repeats, warmup=warmup, clock=clock, progress=progress)
-    fit = CostModel.fit(lengths, packs, times.seconds, holdout=holdout, seed=seed,
-                        reference=CostModel.from_config(config))
+    fit = CostModel.fit(
+        lengths, packs, times.seconds, holdout=holdout, seed=seed, reference=CostModel.from_config(config)
+    )
     return Calibration(fit, times, packs, lengths)

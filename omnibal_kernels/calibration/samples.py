@@ -14,6 +14,7 @@ ViT load ``v``, ViT sequences ``s_j`` and LLM load ``t``:
 Without ``vit_seqlens`` each sample's ViT load is one sequence (one image), as the cost model assumes. Random
 text ids are drawn below the smallest special token id of the config, so they never read as placeholders.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,13 +59,15 @@ class SampleMaker:
     tokens_per_tile: int = 0
 
     @classmethod
-    def for_config(cls, config: Any) -> "SampleMaker":
+    def for_config(cls, config: Any) -> SampleMaker:
         """The maker for a transformers config (Llama/Qwen2 text models, Qwen2-VL, Qwen2.5-VL, InternVL)."""
         model_type = getattr(config, "model_type", None)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         vocab = int(text.vocab_size)
-        ids = [getattr(config, k, None) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
-                                                  "vision_end_token_id")]
+        ids = [
+            getattr(config, k, None)
+            for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        ]
         high = min([vocab, *(int(i) for i in ids if i is not None)])
         if high < 2:
             raise ValueError(f"config ({model_type}): no text token ids below its special tokens")
@@ -74,8 +77,14 @@ class SampleMaker:
                 raise ValueError(f"config ({model_type}): has no vision_config")
             dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
             start = getattr(config, "vision_start_token_id", None)
-            return cls("patches", high, int(config.image_token_id), None if start is None else int(start),
-                       int(vision.spatial_merge_size), dim)
+            return cls(
+                "patches",
+                high,
+                int(config.image_token_id),
+                None if start is None else int(start),
+                int(vision.spatial_merge_size),
+                dim,
+            )
         if model_type in _TILE_MODELS:
             from ..model_inputs import model_inputs
 
@@ -84,11 +93,18 @@ class SampleMaker:
             size = vision.image_size
             height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
             per_tile = cast(int, model_inputs(config).tokens_per_tile)  # set for every tile model
-            return cls("tiles", high, int(config.image_token_id), tile_shape=(int(vision.num_channels), height, width),
-                       tokens_per_tile=int(per_tile))
+            return cls(
+                "tiles",
+                high,
+                int(config.image_token_id),
+                tile_shape=(int(vision.num_channels), height, width),
+                tokens_per_tile=int(per_tile),
+            )
         if vision is not None:
-            raise ValueError(f"config: vision-language model type {model_type!r} is not supported; supported: "
-                             f"{', '.join(_PATCH_MODELS + _TILE_MODELS)} and text models")
+            raise ValueError(
+                f"config: vision-language model type {model_type!r} is not supported; supported: "
+                f"{', '.join(_PATCH_MODELS + _TILE_MODELS)} and text models"
+            )
         return cls("text", high)
 
     def _sequences(self, lengths: Lengths, i: int) -> list[int]:
@@ -117,22 +133,27 @@ class SampleMaker:
         if self.kind == "patches" and sequences:
             unit = self.merge * self.merge
             if any(s % unit for s in sequences):
-                raise ValueError(f"sample {i}: ViT sequences {sequences} are not all multiples of "
-                                 f"merge**2 = {unit} patches")
+                raise ValueError(
+                    f"sample {i}: ViT sequences {sequences} are not all multiples of merge**2 = {unit} patches"
+                )
             grids = [(1, *_grid(s, self.merge)) for s in sequences]
             for s in sequences:
                 sep = self.separator if self.separator is not None else int(rng.integers(0, self.text_high))
                 image_ids += [sep] + [placeholder] * (s // unit)
-            pixels = {"pixel_values": _normal(rng, (sum(sequences), self.patch_dim)),
-                      "image_grid_thw": torch.tensor(grids, dtype=torch.int64)}
+            pixels = {
+                "pixel_values": _normal(rng, (sum(sequences), self.patch_dim)),
+                "image_grid_thw": torch.tensor(grids, dtype=torch.int64),
+            }
         elif self.kind == "tiles" and sequences:
             tiles = int(lengths.vit[i])
             image_ids = [placeholder] * (tiles * self.tokens_per_tile)
             pixels = {"pixel_values": _normal(rng, (tiles, *self.tile_shape))}
         filler = t - len(image_ids)
         if filler < 0 or t == 0:
-            raise ValueError(f"sample {i}: LLM load {t} is less than its {len(image_ids)} image tokens (placeholders "
-                             f"and one vision-start token per image), or 0")
+            raise ValueError(
+                f"sample {i}: LLM load {t} is less than its {len(image_ids)} image tokens (placeholders "
+                f"and one vision-start token per image), or 0"
+            )
         ids = torch.tensor(rng.integers(0, self.text_high, filler).tolist() + image_ids, dtype=torch.int64)
         labels = ids.clone()
         if image_ids:

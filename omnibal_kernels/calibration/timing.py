@@ -27,11 +27,13 @@ reference batch, every timed run is preceded and followed by a timed run of that
 seconds. ``"auto"`` (the default) uses the batch at the first quartile of token counts on the CPU clocks (it
 costs a quarter to a half more time) and none on CUDA, whose event times do not drift.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence, cast
+from typing import Any, Callable, Optional, cast
 
 import numpy as np
 
@@ -76,10 +78,16 @@ class PackTimes:
         """Clock, device, batches, repeats, reference, total median seconds and the median and largest spread
         (also of the raw runs, when a reference divided them)."""
         spread = self.spread
-        out = {"clock": self.clock, "device": self.device, "batches": int(self.seconds.size),
-               "repeats": int(self.runs.shape[0]), "reference": self.reference,
-               "seconds_total": float(self.seconds.sum()), "spread_median": float(np.median(spread)),
-               "spread_max": float(spread.max())}
+        out = {
+            "clock": self.clock,
+            "device": self.device,
+            "batches": int(self.seconds.size),
+            "repeats": int(self.runs.shape[0]),
+            "reference": self.reference,
+            "seconds_total": float(self.seconds.sum()),
+            "spread_median": float(np.median(spread)),
+            "spread_max": float(spread.max()),
+        }
         if self.raw_runs is not None:
             raw = self.raw_runs
             out["raw_spread_median"] = float(np.median((raw.max(axis=0) - raw.min(axis=0)) / np.median(raw, axis=0)))
@@ -122,6 +130,7 @@ def _timer(clock: str, device: Any) -> Callable[[Callable[[], None]], float]:
     import torch
 
     if clock == "cuda":
+
         def cuda_time(work: Callable[[], None]) -> float:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(device)
@@ -171,10 +180,17 @@ def _tokens(batch: Mapping[str, Any]) -> int:
     return int(ids.numel()) if hasattr(ids, "numel") else 0
 
 
-def measure_pack_times(model: Any, batches: Sequence[Mapping[str, Any]], *, repeats: int = 3, warmup: int = 3,
-                       clock: str = "auto", reference: Any = "auto",
-                       loss: Optional[Callable[[Any, Mapping[str, Any]], Any]] = None,
-                       progress: Optional[bool] = None) -> PackTimes:
+def measure_pack_times(
+    model: Any,
+    batches: Sequence[Mapping[str, Any]],
+    *,
+    repeats: int = 3,
+    warmup: int = 3,
+    clock: str = "auto",
+    reference: Any = "auto",
+    loss: Optional[Callable[[Any, Mapping[str, Any]], Any]] = None,
+    progress: Optional[bool] = None,
+) -> PackTimes:
     """Times forward + backward of each batch on the model's device (see the module docstring for the clocks).
 
     Args:

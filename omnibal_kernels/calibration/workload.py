@@ -16,9 +16,11 @@ ones, few and many images of small and large size. ``calibration_lengths`` draws
 ``calibration_packs`` plans them with ``plan_packs(method="random")`` under capacities of 1 to 4 mean samples
 and takes packs from every plan in turn, so the packs range from one sample to several.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,10 +61,15 @@ def _image_patches(rng: np.random.Generator, count: int, vision: Any, image_scal
     aspect = np.exp(rng.uniform(np.log(1 / 3), np.log(3.0), count))
     height = np.clip(width * aspect, 28, 8192)
     side = lambda x: np.maximum(np.round(x * image_scale), 1).astype(np.int64)  # noqa: E731
-    grid = qwen2vl_grid(side(width), side(height), patch_size=int(vision.patch_size),
-                        merge_size=int(vision.spatial_merge_size), temporal_patch_size=int(vision.temporal_patch_size),
-                        min_pixels=max(1, int(round(_MIN_PIXELS * image_scale**2))),
-                        max_pixels=max(1, int(round(_MAX_PIXELS * image_scale**2))))
+    grid = qwen2vl_grid(
+        side(width),
+        side(height),
+        patch_size=int(vision.patch_size),
+        merge_size=int(vision.spatial_merge_size),
+        temporal_patch_size=int(vision.temporal_patch_size),
+        min_pixels=max(1, int(round(_MIN_PIXELS * image_scale**2))),
+        max_pixels=max(1, int(round(_MAX_PIXELS * image_scale**2))),
+    )
     return np.asarray(grid.num_patches, dtype=np.int64)
 
 
@@ -87,23 +94,35 @@ def calibration_lengths(config: Any, num_samples: int = 2000, *, seed: int = 0, 
     rng = np.random.default_rng([seed, 17])
     tiles, text = _bundled(num_samples, rng)
     if maker.kind == "text":
-        return Lengths(np.zeros(num_samples, np.int64), text, sources=("calibration:text",),
-                       vit_seqlens=np.zeros(0, np.int64), vit_seqlens_offsets=np.zeros(num_samples + 1, np.int64))
+        return Lengths(
+            np.zeros(num_samples, np.int64),
+            text,
+            sources=("calibration:text",),
+            vit_seqlens=np.zeros(0, np.int64),
+            vit_seqlens_offsets=np.zeros(num_samples + 1, np.int64),
+        )
     if maker.kind == "tiles":
         offsets = np.concatenate([[0], np.cumsum(tiles)])
-        return Lengths(tiles, text + tiles * maker.tokens_per_tile, sources=("calibration:tiles",),
-                       vit_seqlens=np.ones(int(tiles.sum()), np.int64), vit_seqlens_offsets=offsets)
+        return Lengths(
+            tiles,
+            text + tiles * maker.tokens_per_tile,
+            sources=("calibration:tiles",),
+            vit_seqlens=np.ones(int(tiles.sum()), np.int64),
+            vit_seqlens_offsets=offsets,
+        )
     images = rng.choice(np.asarray(_IMAGES), size=num_samples, p=np.asarray(_IMAGE_SHARES))
     patches = _image_patches(rng, int(images.sum()), config.vision_config, float(image_scale))
     offsets = np.concatenate([[0], np.cumsum(images)])
     vit = row_sums(offsets, patches)
     image_tokens = vit // (maker.merge * maker.merge) + images  # placeholders and a vision-start token each
-    return Lengths(vit, text + image_tokens, sources=("calibration:patches",), vit_seqlens=patches,
-                   vit_seqlens_offsets=offsets)
+    return Lengths(
+        vit, text + image_tokens, sources=("calibration:patches",), vit_seqlens=patches, vit_seqlens_offsets=offsets
+    )
 
 
-def calibration_packs(lengths: Lengths, num_packs: int, *, seed: int = 0,
-                      capacity_scales: Sequence[float] = CAPACITY_SCALES) -> list[np.ndarray]:
+def calibration_packs(
+    lengths: Lengths, num_packs: int, *, seed: int = 0, capacity_scales: Sequence[float] = CAPACITY_SCALES
+) -> list[np.ndarray]:
     """``num_packs`` packs of ``lengths``: random next-fit plans (``plan_packs(method="random")``) whose capacities
     are ``scale`` times the mean sample's loads, for every scale, their packs taken in turn (each plan's in its
     own order). Samples above a plan's capacities get a pack of their own (``oversize="single"``), so the packs
@@ -116,8 +135,15 @@ def calibration_packs(lengths: Lengths, num_packs: int, *, seed: int = 0,
     mean_vit, mean_llm = float(lengths.vit.mean()), float(lengths.llm.mean())
     plans = []
     for k, scale in enumerate(capacity_scales):
-        plan = plan_packs(lengths, world_size=1, method="random", vit_capacity=int(np.ceil(scale * mean_vit)),
-                          llm_capacity=max(1, int(np.ceil(scale * mean_llm))), oversize="single", seed=seed + k)
+        plan = plan_packs(
+            lengths,
+            world_size=1,
+            method="random",
+            vit_capacity=int(np.ceil(scale * mean_vit)),
+            llm_capacity=max(1, int(np.ceil(scale * mean_llm))),
+            oversize="single",
+            seed=seed + k,
+        )
         plans.append([plan.pack_samples[a:b] for a, b in zip(plan.pack_offsets[:-1], plan.pack_offsets[1:])])
     packs: list[np.ndarray] = []
     for i in range(max(len(p) for p in plans)):
@@ -125,6 +151,8 @@ def calibration_packs(lengths: Lengths, num_packs: int, *, seed: int = 0,
             if i < len(plan_packs_) and len(packs) < num_packs:
                 packs.append(np.asarray(plan_packs_[i], dtype=np.int64))
     if len(packs) < num_packs:
-        raise ValueError(f"the plans of {len(lengths)} samples hold {len(packs)} packs, fewer than num_packs="
-                         f"{num_packs}; draw more samples")
+        raise ValueError(
+            f"the plans of {len(lengths)} samples hold {len(packs)} packs, fewer than num_packs="
+            f"{num_packs}; draw more samples"
+        )
     return packs

@@ -22,8 +22,10 @@ The predicted time (:mod:`.cost`) counts tokens, attention pairs in kernel tiles
 
 :func:`context_parallel_rank_times` prices a batch from its sequence lengths alone (numpy only), for planners
 and collators. In a DataLoader, ``PackCollator(context_parallel_size=P)`` returns each rank its shard of the
-packed batch and ``BalancedBatchSampler(context_parallel_size=P)`` gives the ranks of a group the same pack. :mod:`.adapters` gives Megatron THD and ring-flash-attention inputs and runs transformers models.
+packed batch and ``BalancedBatchSampler(context_parallel_size=P)`` gives the ranks of a group the same pack.
+:mod:`.adapters` gives Megatron THD and ring-flash-attention inputs and runs transformers models.
 """
+
 from __future__ import annotations
 
 from .._lazy import lazy_exports

@@ -22,6 +22,7 @@ attention implementation; a rank then runs ``model(**shard.batch, context_parall
 shard's ``position_ids`` (each token's position in its sequence, so rotary embeddings are those of the
 unsharded batch) and ``shift_labels`` (so the loss pairs each token with its true successor).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -48,8 +49,10 @@ def _check_thd(shards: Any, fn: str) -> np.ndarray:
         raise TypeError(f"{fn}: shards must be shard_for_context_parallel's result, got {type(shards).__name__}")
     layout = shards.layout
     if layout.strategy != "zigzag" or bool((layout.padded % (2 * layout.cp_size)).any()):
-        raise ValueError(f"{fn}: needs every sequence in 2 * cp_size equal chunks: shard with "
-                         f"strategy='zigzag', pad_sequences=True (these shards are {layout.strategy!r})")
+        raise ValueError(
+            f"{fn}: needs every sequence in 2 * cp_size equal chunks: shard with "
+            f"strategy='zigzag', pad_sequences=True (these shards are {layout.strategy!r})"
+        )
     return layout.padded
 
 
@@ -75,8 +78,15 @@ def megatron_thd_params(shards: ContextParallelShards) -> dict[str, Any]:
     device = shards[0].indices.device
     real, pad = _cu(shards.layout.seqlens, device), _cu(padded, device)
     longest = int(padded.max()) if padded.size else 0
-    return {"qkv_format": "thd", "cu_seqlens_q": real, "cu_seqlens_kv": real, "cu_seqlens_q_padded": pad,
-            "cu_seqlens_kv_padded": pad, "max_seqlen_q": longest, "max_seqlen_kv": longest}
+    return {
+        "qkv_format": "thd",
+        "cu_seqlens_q": real,
+        "cu_seqlens_kv": real,
+        "cu_seqlens_q_padded": pad,
+        "cu_seqlens_kv_padded": pad,
+        "max_seqlen_q": longest,
+        "max_seqlen_kv": longest,
+    }
 
 
 def ring_flash_attn_inputs(shards: ContextParallelShards, rank: int) -> dict[str, Any]:
@@ -95,18 +105,30 @@ def ring_flash_attn_inputs(shards: ContextParallelShards, rank: int) -> dict[str
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(shards):
         raise ValueError(f"ring_flash_attn_inputs: rank must be in [0, {len(shards)}), got {rank!r}")
     local = padded // len(shards)
-    return {"cu_seqlens": _cu(local, shards[rank].indices.device),
-            "max_seqlen": int(local.max()) if local.size else 0, "causal": True}
+    return {
+        "cu_seqlens": _cu(local, shards[rank].indices.device),
+        "max_seqlen": int(local.max()) if local.size else 0,
+        "causal": True,
+    }
 
 
-def _transformers_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: torch.Tensor | None, scaling: float | None = None,
-                            dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def _transformers_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: ``(1, heads, n, head_dim)`` in, ``(1, n, heads, head_dim)`` out."""
     shard = kwargs.get("context_parallel_shard")
     if shard is None:
-        raise ValueError(f"attention {TRANSFORMERS_ATTENTION!r} needs the rank's shard: call the model with "
-                         "context_parallel_shard=shard (and context_parallel_group=group unless it is the world)")
+        raise ValueError(
+            f"attention {TRANSFORMERS_ATTENTION!r} needs the rank's shard: call the model with "
+            "context_parallel_shard=shard (and context_parallel_group=group unless it is the world)"
+        )
     if dropout:
         raise ValueError(f"attention {TRANSFORMERS_ATTENTION!r} has no attention dropout (got {dropout})")
     if query.shape[0] != 1:

@@ -9,6 +9,7 @@ aligned), with any of its backends. In the backward pass the reverse all-to-all 
 exchanged K/V to the ranks that hold those rows, where they add to the local gradients. K and V travel in
 one message. Works on any process group whose backend has ``all_to_all_single`` (gloo on CPU, NCCL on CUDA).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,32 +27,39 @@ class _Exchange(torch.autograd.Function):
     """All-to-all of rows: forward sends ``send_counts`` rows to each rank, backward returns their gradients."""
 
     @staticmethod
-    def forward(ctx: Any, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int],
-                group: dist.ProcessGroup | None) -> torch.Tensor:
+    def forward(
+        ctx: Any, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: dist.ProcessGroup | None
+    ) -> torch.Tensor:
         ctx.counts = (send_counts, recv_counts)
         ctx.group = group
         out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
-        dist.all_to_all_single(out, rows.contiguous(), output_split_sizes=recv_counts,
-                               input_split_sizes=send_counts, group=group)
+        dist.all_to_all_single(
+            out, rows.contiguous(), output_split_sizes=recv_counts, input_split_sizes=send_counts, group=group
+        )
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         send_counts, recv_counts = ctx.counts
         back = grad.new_empty((sum(send_counts), *grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=send_counts,
-                               input_split_sizes=recv_counts, group=ctx.group)
+        dist.all_to_all_single(
+            back, grad.contiguous(), output_split_sizes=send_counts, input_split_sizes=recv_counts, group=ctx.group
+        )
         return back, None, None, None
 
 
 def _check_group(shard: ContextParallelShard, group: dist.ProcessGroup | None) -> None:
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(f"context_parallel_attention: the shard is for {shard.cp_size} ranks but torch.distributed "
-                         "is not initialized")
+        raise ValueError(
+            f"context_parallel_attention: the shard is for {shard.cp_size} ranks but torch.distributed "
+            "is not initialized"
+        )
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     if size != shard.cp_size or rank != shard.rank:
-        raise ValueError(f"context_parallel_attention: the shard is rank {shard.rank} of {shard.cp_size} but this "
-                         f"process is rank {rank} of a group of {size}")
+        raise ValueError(
+            f"context_parallel_attention: the shard is rank {shard.rank} of {shard.cp_size} but this "
+            f"process is rank {rank} of a group of {size}"
+        )
 
 
 def context_parallel_attention(
@@ -91,8 +99,9 @@ def context_parallel_attention(
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if shard.key_index.device != q.device:
-        raise ValueError(f"the shard's tensors are on {shard.key_index.device} but q is on {q.device}: "
-                         "use shard.to(q.device)")
+        raise ValueError(
+            f"the shard's tensors are on {shard.key_index.device} but q is on {q.device}: use shard.to(q.device)"
+        )
     kv_heads = k.shape[1]
     kv = torch.cat([k, v], dim=1)
     if shard.cp_size > 1:
@@ -102,6 +111,15 @@ def context_parallel_attention(
         got = _Exchange.apply(sent, list(shard.send_counts), list(shard.recv_counts), group)
         kv = torch.cat([kv, got], dim=0)
     keys = kv.index_select(0, shard.key_index)
-    return varlen_attention(q, keys[:, :kv_heads], keys[:, kv_heads:], shard.cu_seqlens_q, shard.max_seqlen_q,
-                            causal=True, softmax_scale=softmax_scale, cu_seqlens_k=shard.cu_seqlens_k,
-                            max_seqlen_k=shard.max_seqlen_k, backend=backend)
+    return varlen_attention(
+        q,
+        keys[:, :kv_heads],
+        keys[:, kv_heads:],
+        shard.cu_seqlens_q,
+        shard.max_seqlen_q,
+        causal=True,
+        softmax_scale=softmax_scale,
+        cu_seqlens_k=shard.cu_seqlens_k,
+        max_seqlen_k=shard.max_seqlen_k,
+        backend=backend,
+    )

@@ -12,6 +12,7 @@ The time unit is GFLOP of training work, the unit of the named cost models of
 :class:`~omnibal_kernels.CostModel`, so the two can be summed; :meth:`ContextParallelCost.from_cost_model` takes
 the LLM terms of any ``CostModel`` (a fitted one in seconds included).
 """
+
 from __future__ import annotations
 
 import math
@@ -155,8 +156,13 @@ class RankTimes:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values (lists for the per-rank arrays)."""
-        out: dict[str, Any] = {"strategy": self.strategy, "padding": self.padding, "step_time": self.step_time,
-                               "imbalance": self.imbalance, "kv_exchanged": self.kv_exchanged}
+        out: dict[str, Any] = {
+            "strategy": self.strategy,
+            "padding": self.padding,
+            "step_time": self.step_time,
+            "imbalance": self.imbalance,
+            "kv_exchanged": self.kv_exchanged,
+        }
         for name in ("times", "tokens", "pairs", "exact_pairs", "kv_received"):
             out[name] = getattr(self, name).tolist()
         return out

@@ -25,6 +25,7 @@ from the smallest ``k`` that leaves no whole sequence costlier than a rank's mea
 the least predicted step time wins; times within ``_TIE`` of each other are a tie, won by the one that
 exchanges fewer K/V rows. A short sequence in the stream is cut only where one rank's stretch ends in it.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -50,8 +51,9 @@ _TIE = 1e-3
 _GROWTH = 1.5
 
 
-def _longest_first(costs: np.ndarray, initial: np.ndarray, tokens: np.ndarray, room: np.ndarray) -> tuple[
-        np.ndarray, np.ndarray]:
+def _longest_first(
+    costs: np.ndarray, initial: np.ndarray, tokens: np.ndarray, room: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Ranks of items already sorted by decreasing cost, each to the rank with the least ``initial`` + placed
     cost among those whose ``room`` still holds its ``tokens`` (any rank when none does);
     ``(owner, placed cost per rank)``."""
@@ -117,8 +119,7 @@ def _head_tail_pieces(length: int, take: np.ndarray, tile: int) -> list[tuple[in
     return pieces
 
 
-def _stream_cut(lengths: np.ndarray, per_token: np.ndarray, shares: np.ndarray,
-                tile: int) -> tuple[np.ndarray, ...]:
+def _stream_cut(lengths: np.ndarray, per_token: np.ndarray, shares: np.ndarray, tile: int) -> tuple[np.ndarray, ...]:
     """Chunks ``(item, start, stop, rank)`` of the sharded sequences for rank work ``shares`` (see step 3)."""
     seq_bounds = np.r_[0.0, np.cumsum(lengths * per_token)]
     rank_bounds = np.r_[0.0, np.cumsum(shares)]
@@ -154,9 +155,17 @@ def _better(a: RankTimes, b: RankTimes, max_rank_tokens: int | None) -> bool:
     return a.step_time <= b.step_time * (1.0 + _TIE) and a.kv_exchanged < b.kv_exchanged
 
 
-def _candidate(seqlens: np.ndarray, sharded: np.ndarray, whole: np.ndarray, whole_costs: np.ndarray,
-               cp_size: int, cost: ContextParallelCost, concentrate: bool, rounds: int,
-               max_rank_tokens: int | None) -> tuple[Layout, RankTimes]:
+def _candidate(
+    seqlens: np.ndarray,
+    sharded: np.ndarray,
+    whole: np.ndarray,
+    whole_costs: np.ndarray,
+    cp_size: int,
+    cost: ContextParallelCost,
+    concentrate: bool,
+    rounds: int,
+    max_rank_tokens: int | None,
+) -> tuple[Layout, RankTimes]:
     """The best layout found with ``sharded`` cut and ``whole`` (sorted by decreasing cost) kept whole.
 
     ``concentrate``: the sharded stream first fills whole ranks at the mean level and the whole sequences go
@@ -196,8 +205,11 @@ def _candidate(seqlens: np.ndarray, sharded: np.ndarray, whole: np.ndarray, whol
             break
         shares *= total / shares.sum()
         current = build(shares)
-        if (current[1].step_time < best[1].step_time if max_rank_tokens is None
-                else _better(current[1], best[1], max_rank_tokens)):
+        if (
+            current[1].step_time < best[1].step_time
+            if max_rank_tokens is None
+            else _better(current[1], best[1], max_rank_tokens)
+        ):
             best = current
     return best
 
@@ -214,8 +226,9 @@ def _counts(costs: np.ndarray, cp_size: int) -> list[int]:
     return sorted(counts)
 
 
-def hybrid_layout(seqlens: np.ndarray, cp_size: int, cost: ContextParallelCost,
-                  max_rank_tokens: int | None = None) -> Layout:
+def hybrid_layout(
+    seqlens: np.ndarray, cp_size: int, cost: ContextParallelCost, max_rank_tokens: int | None = None
+) -> Layout:
     """The hybrid layout of segments ``seqlens`` (int64 ``(S,)``) over ``cp_size`` ranks (module docstring);
     with ``max_rank_tokens``, the fastest layout found within it, else the one whose fullest rank holds fewest."""
     live = np.flatnonzero(seqlens > 0)

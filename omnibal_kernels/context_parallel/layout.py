@@ -21,6 +21,7 @@ The fixed strategies built here, for segment lengths ``L`` and ``P`` ranks:
 
 ``hybrid`` (:mod:`.hybrid`) keeps short sequences whole and cuts long ones.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -106,8 +107,16 @@ def tiled_pairs(lq: np.ndarray, lk: np.ndarray, tile: int) -> np.ndarray:
     return blocks * b * b
 
 
-def _normalized(strategy: str, cp_size: int, seqlens: np.ndarray, padded: np.ndarray, seq: np.ndarray,
-                start: np.ndarray, stop: np.ndarray, rank: np.ndarray) -> Layout:
+def _normalized(
+    strategy: str,
+    cp_size: int,
+    seqlens: np.ndarray,
+    padded: np.ndarray,
+    seq: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
+    rank: np.ndarray,
+) -> Layout:
     """The layout of these chunks: empty ones dropped, sorted by (rank, seq, start), touching ones merged."""
     keep = stop > start
     seq, start, stop, rank = seq[keep], start[keep], stop[keep], rank[keep]

@@ -3,6 +3,7 @@
 Every rank of a CP group computes the same shards from the same batch, without communication (the layout is
 a pure function of the sequence lengths and the arguments); rank ``r`` keeps ``shards[r]``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,21 @@ __all__ = ["ContextParallelShard", "ContextParallelShards", "shard_for_context_p
 
 _FN = "shard_for_context_parallel"
 # Fields recomputed for every rank; the batch's own values describe the whole batch.
-_RECOMPUTED = frozenset({"cu_seqlens", "seq_lens", "max_seqlen", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k",
-                         "max_length_q", "max_length_k", "shift_labels", "cu_seqlens_k", "max_seqlen_k"})
+_RECOMPUTED = frozenset(
+    {
+        "cu_seqlens",
+        "seq_lens",
+        "max_seqlen",
+        "seq_idx",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+        "shift_labels",
+        "cu_seqlens_k",
+        "max_seqlen_k",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -76,14 +90,19 @@ class ContextParallelShard:
         return int(self.indices.numel())
 
     def __repr__(self) -> str:
-        return (f"ContextParallelShard(rank={self.rank}, cp_size={self.cp_size}, strategy={self.strategy!r}, "
-                f"tokens={self.num_tokens}, received={sum(self.recv_counts)})")
+        return (
+            f"ContextParallelShard(rank={self.rank}, cp_size={self.cp_size}, strategy={self.strategy!r}, "
+            f"tokens={self.num_tokens}, received={sum(self.recv_counts)})"
+        )
 
     def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ContextParallelShard:
         mapping: Any = type(self.batch)  # a concrete mapping type that takes a dict (PackedBatch, dict)
         batch = mapping({k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in self.batch.items()})
-        tensors: dict[str, Any] = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
-                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        tensors: dict[str, Any] = {
+            f.name: fn(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
         return dataclasses.replace(self, batch=batch, **tensors)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ContextParallelShard:
@@ -108,8 +127,15 @@ class ContextParallelShards(Sequence[ContextParallelShard]):
             losses add up to the batch's mean loss.
     """
 
-    def __init__(self, shards: list[ContextParallelShard], layout: Layout, times: RankTimes, num_tokens: int,
-                 inverse: torch.Tensor, num_items_in_batch: int | None) -> None:
+    def __init__(
+        self,
+        shards: list[ContextParallelShard],
+        layout: Layout,
+        times: RankTimes,
+        num_tokens: int,
+        inverse: torch.Tensor,
+        num_items_in_batch: int | None,
+    ) -> None:
         self._shards = shards
         self.layout = layout
         self.times = times
@@ -134,9 +160,11 @@ class ContextParallelShards(Sequence[ContextParallelShard]):
         return iter(self._shards)
 
     def __repr__(self) -> str:
-        return (f"ContextParallelShards(cp_size={len(self)}, strategy={self.strategy!r}, tokens="
-                f"{[s.num_tokens for s in self._shards]}, imbalance={self.times.imbalance:.4f}, "
-                f"kv_exchanged={self.times.kv_exchanged})")
+        return (
+            f"ContextParallelShards(cp_size={len(self)}, strategy={self.strategy!r}, tokens="
+            f"{[s.num_tokens for s in self._shards]}, imbalance={self.times.imbalance:.4f}, "
+            f"kv_exchanged={self.times.kv_exchanged})"
+        )
 
     def restore(self, outputs: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
         """Per-rank outputs back in packed order: the inverse of the sharding (differentiable).
@@ -156,8 +184,9 @@ class ContextParallelShards(Sequence[ContextParallelShard]):
             if not isinstance(out, torch.Tensor):
                 raise TypeError(f"outputs[{r}] must be a torch.Tensor, got {type(out).__name__}")
             if out.dim() <= dim or out.shape[dim] != shard.num_tokens:
-                raise ValueError(f"outputs[{r}] must have {shard.num_tokens} tokens along dim {dim}, "
-                                 f"got shape {tuple(out.shape)}")
+                raise ValueError(
+                    f"outputs[{r}] must have {shard.num_tokens} tokens along dim {dim}, got shape {tuple(out.shape)}"
+                )
         joined = torch.cat(list(outputs), dim=dim)
         return joined.index_select(dim, self._inverse.to(joined.device))
 
@@ -177,8 +206,10 @@ def _token_fields(batch: Mapping[str, Any], total: int, replicate: tuple[str, ..
             fields.append(key)
             continue
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ValueError(f"{_FN}: batch field {key!r} ({shape}) is not per token (..., 1, {total}); a rank cannot "
-                         "tell which part it holds: leave it out, or name it in replicate= to copy it to every rank")
+        raise ValueError(
+            f"{_FN}: batch field {key!r} ({shape}) is not per token (..., 1, {total}); a rank cannot "
+            "tell which part it holds: leave it out, or name it in replicate= to copy it to every rank"
+        )
     return fields, copied
 
 
@@ -201,15 +232,23 @@ def _check_batch(batch: Any, replicate: Any) -> tuple[np.ndarray, int, tuple[str
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{_FN}: batch[{key!r}] must be an int32 tensor, got {type(cu).__name__}")
     host = cu.detach().cpu()
-    resolve_segments(None, host, total, batch=max(host.numel() - 1, 0), padded_len=None,
-                     device=torch.device("cpu"), fn=_FN)
+    resolve_segments(
+        None, host, total, batch=max(host.numel() - 1, 0), padded_len=None, device=torch.device("cpu"), fn=_FN
+    )
     if isinstance(replicate, str) or not all(isinstance(k, str) for k in replicate):
         raise TypeError(f"{_FN}: replicate must be a sequence of field names")
     return host.numpy().astype(np.int64), total, tuple(replicate)
 
 
-def _rank_fields(batch: Mapping[str, Any], plan: RankPlan, layout: Layout, cu: np.ndarray,
-                 token_fields: list[str], pad_token_id: int, ignore_index: int) -> dict[str, Any]:
+def _rank_fields(
+    batch: Mapping[str, Any],
+    plan: RankPlan,
+    layout: Layout,
+    cu: np.ndarray,
+    token_fields: list[str],
+    pad_token_id: int,
+    ignore_index: int,
+) -> dict[str, Any]:
     """The per-token fields of one rank (input_ids, labels, shift_labels, position_ids and the others)."""
     device = batch["input_ids"].device
     lengths = layout.seqlens[plan.seq]
@@ -225,8 +264,10 @@ def _rank_fields(batch: Mapping[str, Any], plan: RankPlan, layout: Layout, cu: n
             value = torch.where(pad_t, fill, value)
         elif bool(pad_t.any()):
             if key == "position_ids":
-                raise ValueError(f"{_FN}: pad_sequences=True with mRoPE position_ids {tuple(batch[key].shape)}: "
-                                 "padding has no 3-D position (use pad_sequences=False)")
+                raise ValueError(
+                    f"{_FN}: pad_sequences=True with mRoPE position_ids {tuple(batch[key].shape)}: "
+                    "padding has no 3-D position (use pad_sequences=False)"
+                )
             fill_value = {"input_ids": pad_token_id, "labels": ignore_index}.get(key, 0)
             value = value.masked_fill(pad_t, fill_value)
         fields[key] = value
@@ -240,8 +281,16 @@ def _rank_fields(batch: Mapping[str, Any], plan: RankPlan, layout: Layout, cu: n
     return fields
 
 
-def _shard(batch: Mapping[str, Any], r: int, plan: RankPlan, layout: Layout, cu: np.ndarray,
-           token_fields: list[str], replicate: tuple[str, ...], options: tuple[int, int, bool]) -> ContextParallelShard:
+def _shard(
+    batch: Mapping[str, Any],
+    r: int,
+    plan: RankPlan,
+    layout: Layout,
+    cu: np.ndarray,
+    token_fields: list[str],
+    replicate: tuple[str, ...],
+    options: tuple[int, int, bool],
+) -> ContextParallelShard:
     pad_token_id, ignore_index, group_exchanges = options
     device = batch["input_ids"].device
     fields = _rank_fields(batch, plan, layout, cu, token_fields, pad_token_id, ignore_index)
@@ -257,24 +306,39 @@ def _shard(batch: Mapping[str, Any], r: int, plan: RankPlan, layout: Layout, cu:
     for key in ("labels", "shift_labels", "position_ids"):
         if key in fields:
             out[key] = fields.pop(key)
-    out.update(seq_idx=torch.from_numpy(seq_idx).to(device).unsqueeze(0), cu_seqlens=as32[0], max_seqlen=max_q,
-               seq_lens=as32[1], cu_seqlens_k=as32[2], max_seqlen_k=max_k)
+    out.update(
+        seq_idx=torch.from_numpy(seq_idx).to(device).unsqueeze(0),
+        cu_seqlens=as32[0],
+        max_seqlen=max_q,
+        seq_lens=as32[1],
+        cu_seqlens_k=as32[2],
+        max_seqlen_k=max_k,
+    )
     out.update(fields)
     out.update({key: batch[key] for key in replicate if key in batch})
     try:
         rank_batch = cast(Any, type(batch))(out)
     except TypeError:
-        raise TypeError(f"{_FN}: cannot build a {type(batch).__name__} from a dict of fields; pass a PackedBatch "
-                        "or a dict") from None
+        raise TypeError(
+            f"{_FN}: cannot build a {type(batch).__name__} from a dict of fields; pass a PackedBatch or a dict"
+        ) from None
     real = plan.pos < layout.seqlens[plan.seq]
     indices = np.where(real, cu[plan.seq] + plan.pos, -1)
     return ContextParallelShard(
-        rank=r, cp_size=layout.cp_size, strategy=layout.strategy,
+        rank=r,
+        cp_size=layout.cp_size,
+        strategy=layout.strategy,
         indices=torch.from_numpy(indices).to(device),
         position_ids=torch.from_numpy(plan.pos.copy()).to(device),
-        batch=rank_batch, cu_seqlens_q=as32[0], max_seqlen_q=max_q, cu_seqlens_k=as32[2], max_seqlen_k=max_k,
-        key_index=torch.from_numpy(plan.key_index).to(device), send_index=torch.from_numpy(plan.send_index).to(device),
-        send_counts=tuple(int(c) for c in plan.send_counts), recv_counts=tuple(int(c) for c in plan.recv_counts),
+        batch=rank_batch,
+        cu_seqlens_q=as32[0],
+        max_seqlen_q=max_q,
+        cu_seqlens_k=as32[2],
+        max_seqlen_k=max_k,
+        key_index=torch.from_numpy(plan.key_index).to(device),
+        send_index=torch.from_numpy(plan.send_index).to(device),
+        send_counts=tuple(int(c) for c in plan.send_counts),
+        recv_counts=tuple(int(c) for c in plan.recv_counts),
         group_exchanges=group_exchanges,
     )
 
@@ -337,13 +401,16 @@ def shard_for_context_parallel(
     cu, total, names = _check_batch(batch, replicate)
     pad_token_id = check_int("pad_token_id", pad_token_id)
     ignore_index = check_int("ignore_index", ignore_index)
-    layout, times = plan_layout(np.diff(cu), cp_size, strategy, cost=cost, pad_sequences=pad_sequences,
-                                max_rank_tokens=max_rank_tokens)
+    layout, times = plan_layout(
+        np.diff(cu), cp_size, strategy, cost=cost, pad_sequences=pad_sequences, max_rank_tokens=max_rank_tokens
+    )
     token_fields, copied = _token_fields(batch, total, names)
     plans = rank_plans(layout)
     exchanges = bool(times.kv_exchanged > 0)
-    shards = [_shard(batch, r, plan, layout, cu, token_fields, tuple(copied), (pad_token_id, ignore_index, exchanges))
-              for r, plan in enumerate(plans)]
+    shards = [
+        _shard(batch, r, plan, layout, cu, token_fields, tuple(copied), (pad_token_id, ignore_index, exchanges))
+        for r, plan in enumerate(plans)
+    ]
     items = None
     if "labels" in batch:
         items = sum(int((s.batch["shift_labels"] != ignore_index).sum()) for s in shards)

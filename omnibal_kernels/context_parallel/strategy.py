@@ -5,6 +5,7 @@ costs on a CP group: from the pack's sequence lengths alone (no tensors, no comm
 rank's predicted time, tokens, attention pairs and K/V exchange under the layout that
 :func:`shard_for_context_parallel` builds for the same batch and arguments. It imports numpy only.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,8 +33,9 @@ def default_cost() -> ContextParallelCost:
     return _DEFAULT_COST
 
 
-def check_strategy_args(cp_size: Any, strategy: Any, cost: Any, pad_sequences: Any,
-                        max_rank_tokens: Any = None) -> ContextParallelCost:
+def check_strategy_args(
+    cp_size: Any, strategy: Any, cost: Any, pad_sequences: Any, max_rank_tokens: Any = None
+) -> ContextParallelCost:
     """Validates the arguments every strategy takes; returns the cost model (the default for ``None``)."""
     check_positive_int("cp_size", cp_size)
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
@@ -60,8 +62,14 @@ def check_seqlens(seqlens: Any) -> np.ndarray:
     return lengths
 
 
-def _fixed_layout(seqlens: np.ndarray, cp_size: int, strategy: str, cost: ContextParallelCost,
-                  pad_sequences: bool, max_rank_tokens: int | None) -> Layout:
+def _fixed_layout(
+    seqlens: np.ndarray,
+    cp_size: int,
+    strategy: str,
+    cost: ContextParallelCost,
+    pad_sequences: bool,
+    max_rank_tokens: int | None,
+) -> Layout:
     if strategy == "zigzag":
         return zigzag_layout(seqlens, cp_size, pad_sequences)
     if strategy == "per_document":
@@ -71,8 +79,15 @@ def _fixed_layout(seqlens: np.ndarray, cp_size: int, strategy: str, cost: Contex
     return hybrid_layout(seqlens, cp_size, cost, max_rank_tokens)
 
 
-def plan_layout(seqlens: Any, cp_size: int, strategy: str = "auto", *, cost: ContextParallelCost | None = None,
-                pad_sequences: bool = False, max_rank_tokens: int | None = None) -> tuple[Layout, RankTimes]:
+def plan_layout(
+    seqlens: Any,
+    cp_size: int,
+    strategy: str = "auto",
+    *,
+    cost: ContextParallelCost | None = None,
+    pad_sequences: bool = False,
+    max_rank_tokens: int | None = None,
+) -> tuple[Layout, RankTimes]:
     """The layout of a batch's segments under ``strategy`` and its predicted per-rank times.
 
     ``auto`` builds every fixed strategy's layout and keeps the one with the least predicted step time among
@@ -85,8 +100,10 @@ def plan_layout(seqlens: Any, cp_size: int, strategy: str = "auto", *, cost: Con
         layout = _fixed_layout(lengths, cp_size, strategy, cost, pad_sequences, max_rank_tokens)
         times = layout_times(layout, cost)
         if max_rank_tokens is not None and int(times.tokens.max()) > max_rank_tokens:
-            raise ValueError(f"strategy {strategy!r} gives a rank {int(times.tokens.max())} tokens, more than "
-                             f"max_rank_tokens={max_rank_tokens}")
+            raise ValueError(
+                f"strategy {strategy!r} gives a rank {int(times.tokens.max())} tokens, more than "
+                f"max_rank_tokens={max_rank_tokens}"
+            )
         return layout, times
     best: tuple[Layout, RankTimes] | None = None
     fewest = None
@@ -100,14 +117,22 @@ def plan_layout(seqlens: Any, cp_size: int, strategy: str = "auto", *, cost: Con
         if best is None or times.step_time < best[1].step_time:
             best = (layout, times)
     if best is None:
-        raise ValueError(f"no strategy keeps every rank within max_rank_tokens={max_rank_tokens}: the fewest "
-                         f"tokens any gives its fullest rank is {fewest}")
+        raise ValueError(
+            f"no strategy keeps every rank within max_rank_tokens={max_rank_tokens}: the fewest "
+            f"tokens any gives its fullest rank is {fewest}"
+        )
     return best
 
 
-def context_parallel_rank_times(seqlens: Any, cp_size: int, strategy: str = "auto", *,
-                                cost: ContextParallelCost | None = None, pad_sequences: bool = False,
-                                max_rank_tokens: int | None = None) -> RankTimes:
+def context_parallel_rank_times(
+    seqlens: Any,
+    cp_size: int,
+    strategy: str = "auto",
+    *,
+    cost: ContextParallelCost | None = None,
+    pad_sequences: bool = False,
+    max_rank_tokens: int | None = None,
+) -> RankTimes:
     """Predicted work of every rank of a CP group for one batch, from its sequence lengths.
 
     This is what :func:`shard_for_context_parallel` plans with (same lengths, same arguments, same layout),
@@ -135,5 +160,6 @@ def context_parallel_rank_times(seqlens: Any, cp_size: int, strategy: str = "aut
         TypeError/ValueError: a bad argument, named; ValueError when no layout of ``strategy`` keeps every
         rank within ``max_rank_tokens``.
     """
-    return plan_layout(seqlens, cp_size, strategy, cost=cost, pad_sequences=pad_sequences,
-                       max_rank_tokens=max_rank_tokens)[1]
+    return plan_layout(
+        seqlens, cp_size, strategy, cost=cost, pad_sequences=pad_sequences, max_rank_tokens=max_rank_tokens
+    )[1]

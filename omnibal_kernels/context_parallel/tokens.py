@@ -10,6 +10,7 @@ ranks arrive in one all-to-all: rank ``q`` sends rank ``r`` the rows of ``q`` th
 local order, and ``r`` receives them grouped by sender in rank order. ``key_index`` then picks each segment's
 keys out of ``cat(own K/V, received K/V)``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -95,15 +96,17 @@ def rank_plans(layout: Layout) -> list[RankPlan]:
         key_index = np.where(owner[keys] == r, local[keys], rows.size + recv_pos[keys])
         recv_pos[got] = -1
         lengths = stop - start
-        plans.append(RankPlan(
-            rows=rows,
-            seq=np.repeat(seq, lengths),
-            pos=ranges(start, stop),
-            cu_q=np.r_[0, np.cumsum(lengths)].astype(np.int64),
-            keys=stop.copy(),
-            key_index=key_index,
-            send_index=np.concatenate(sends) if sends else np.zeros(0, np.int64),
-            send_counts=np.array([s.size for s in sends], np.int64),
-            recv_counts=recv_counts,
-        ))
+        plans.append(
+            RankPlan(
+                rows=rows,
+                seq=np.repeat(seq, lengths),
+                pos=ranges(start, stop),
+                cu_q=np.r_[0, np.cumsum(lengths)].astype(np.int64),
+                keys=stop.copy(),
+                key_index=key_index,
+                send_index=np.concatenate(sends) if sends else np.zeros(0, np.int64),
+                send_counts=np.array([s.size for s in sends], np.int64),
+                recv_counts=recv_counts,
+            )
+        )
     return plans

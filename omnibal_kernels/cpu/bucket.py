@@ -3,6 +3,7 @@
 Same name, arguments and outputs as the Triton op; matches
 ``omnibal_kernels.testing.references.bucket_sort_reference`` exactly.
 """
+
 from __future__ import annotations
 
 import numba
@@ -12,8 +13,9 @@ from .._contracts.bucket import PatchBuckets
 
 
 @numba.njit(nogil=True)
-def _bucket_sort(counts: np.ndarray, boundaries: np.ndarray, perm: np.ndarray, offsets: np.ndarray,
-                 bucket_ids: np.ndarray) -> None:
+def _bucket_sort(
+    counts: np.ndarray, boundaries: np.ndarray, perm: np.ndarray, offsets: np.ndarray, bucket_ids: np.ndarray
+) -> None:
     n = counts.shape[0]
     k = boundaries.shape[0] + 1
     hist = np.zeros(k, dtype=np.int64)

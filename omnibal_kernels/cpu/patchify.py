@@ -4,6 +4,7 @@ Same name, arguments and outputs as the Triton op. The copy works on integer vie
 element size), so every dtype torch has, bfloat16 included, is moved bit for bit. Matches
 ``omnibal_kernels.testing.references.patchify_reference`` exactly.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,8 +18,18 @@ from .._contracts.patchify import ELEMENT_VIEW, PackedPatches, patch_segments, p
 
 
 @numba.njit(nogil=True)
-def _patchify_image(src: np.ndarray, out: np.ndarray, pos: np.ndarray, first: int, grid_t: int, grid_h: int,
-                    grid_w: int, tp: int, ps: int, ms: int) -> None:
+def _patchify_image(
+    src: np.ndarray,
+    out: np.ndarray,
+    pos: np.ndarray,
+    first: int,
+    grid_t: int,
+    grid_h: int,
+    grid_w: int,
+    tp: int,
+    ps: int,
+    ms: int,
+) -> None:
     frames = src.shape[0]
     channels = src.shape[1]
     r = first
@@ -44,8 +55,9 @@ def _patchify_image(src: np.ndarray, out: np.ndarray, pos: np.ndarray, first: in
                         r += 1
 
 
-def patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
-             temporal_patch_size: int = 2) -> PackedPatches:
+def patchify(
+    images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2
+) -> PackedPatches:
     """CPU version of :func:`omnibal_kernels.ops.patchify.patchify` (same arguments and outputs)."""
     plan = plan_patches(images, sizes, patch_size, merge_size, temporal_patch_size)
     check_cpu_tensor("patchify", plan.views[0])
@@ -58,8 +70,10 @@ def patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size
     for i, v in enumerate(plan.views):
         src = v.detach().view(as_int).numpy()  # pixels are data: no gradient flows through patchify
         t, h, w = (int(x) for x in plan.grid[i])
-        _patchify_image(src, out_np, pos, int(plan.first_patch[i]), t, h, w, temporal_patch_size, patch_size,
-                        merge_size)
+        _patchify_image(
+            src, out_np, pos, int(plan.first_patch[i]), t, h, w, temporal_patch_size, patch_size, merge_size
+        )
     cu, max_seqlen = patch_segments(plan.grid)
-    return PackedPatches(out, torch.from_numpy(cu), max_seqlen, torch.from_numpy(pos),
-                         torch.from_numpy(plan.grid.copy()))
+    return PackedPatches(
+        out, torch.from_numpy(cu), max_seqlen, torch.from_numpy(pos), torch.from_numpy(plan.grid.copy())
+    )

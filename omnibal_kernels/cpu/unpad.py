@@ -4,6 +4,7 @@ A boolean ``(B, S)`` prefix mask selects the valid tokens in row-major order, wh
 order, so one masked gather (``unpad``) or one masked scatter (``pad``) does the work; torch's autograd
 covers both. No triton is imported here.
 """
+
 from __future__ import annotations
 
 import torch

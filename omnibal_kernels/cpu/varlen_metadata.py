@@ -10,6 +10,7 @@ its text fields with it, and :func:`varlen_metadata`, the CPU twin of
 :func:`omnibal_kernels.ops.varlen_metadata.varlen_metadata`, is built on it. numba is imported only when the
 numba fill is asked for.
 """
+
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
@@ -149,8 +150,9 @@ def varlen_fields(
         )
         if out is not None:
             return VarlenFields(*out, longest)
-        return VarlenFields(_from_numpy(pos_np), _from_numpy(seq_idx_np), _from_numpy(cu_np),
-                            _from_numpy(seq_lens_np), longest)
+        return VarlenFields(
+            _from_numpy(pos_np), _from_numpy(seq_idx_np), _from_numpy(cu_np), _from_numpy(seq_lens_np), longest
+        )
     if out is None:
         out = (
             torch.empty((1, total), dtype=_INT64),
@@ -159,8 +161,9 @@ def varlen_fields(
             torch.empty(num_slots, dtype=_INT32),
         )
     position_ids, seq_idx, cu_seqlens, seq_lens = out
-    longest = fill_varlen_fields(seg_lens, num_samples, mask_first_label, ignore_index, labels,
-                                 position_ids[0], seq_idx[0], cu_seqlens, seq_lens)
+    longest = fill_varlen_fields(
+        seg_lens, num_samples, mask_first_label, ignore_index, labels, position_ids[0], seq_idx[0], cu_seqlens, seq_lens
+    )
     return VarlenFields(position_ids, seq_idx, cu_seqlens, seq_lens, longest)
 
 
@@ -181,6 +184,13 @@ def varlen_metadata(
     check_varlen_args(seq_lens, total_tokens, labels, ignore_index, fn)
     labels_out = None if labels is None else labels.clone(memory_format=torch.contiguous_format)
     lens = seq_lens.tolist()
-    fields = varlen_fields(lens, len(lens), None if labels_out is None else labels_out.view(-1), num_slots=len(lens),
-                           mask_first_label=labels is not None, ignore_index=ignore_index, backend="torch")
+    fields = varlen_fields(
+        lens,
+        len(lens),
+        None if labels_out is None else labels_out.view(-1),
+        num_slots=len(lens),
+        mask_first_label=labels is not None,
+        ignore_index=ignore_index,
+        backend="torch",
+    )
     return VarlenMetadata(fields.cu_seqlens, fields.position_ids[0], fields.seq_idx[0], labels_out)

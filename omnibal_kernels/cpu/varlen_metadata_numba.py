@@ -5,6 +5,7 @@ as numpy arrays and writes the same values (``pack_batch``'s ``backend="numba"``
 call in a process, or loaded from numba's on-disk cache (``cache=True``); :func:`warmup` does it ahead of time,
 e.g. in the main process before DataLoader workers fork.
 """
+
 from __future__ import annotations
 
 import numba

@@ -3,9 +3,11 @@
 Same names, arguments and outputs as the Triton ops (numpy in, numpy out; torch tensors in, CPU tensors out);
 the integers match the published Python formulas exactly (tests/test_vision_counts.py).
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,8 +25,9 @@ def _round_half_even_div(x: np.ndarray, d: int) -> np.ndarray:
     return q + ((2 * r > d) | ((2 * r == d) & (q % 2 == 1)))
 
 
-def internvl_tile_grid(widths: Any, heights: Any, ratios: Sequence[tuple[int, int]], image_size: int,
-                       use_thumbnail: bool) -> TileGrid:
+def internvl_tile_grid(
+    widths: Any, heights: Any, ratios: Sequence[tuple[int, int]], image_size: int, use_thumbnail: bool
+) -> TileGrid:
     """:class:`TileGrid` of ``(N,)`` int64 arrays; ``ratios`` in InternVL's scan order."""
     w, h = host_sizes(widths, heights)
     return TileGrid(*like_input(widths, *_internvl_grid(w, h, list(ratios), image_size, use_thumbnail)))
@@ -36,8 +39,9 @@ def smart_resize(widths: Any, heights: Any, factor: int, min_pixels: int, max_pi
     return ResizedSize(*like_input(widths, *_smart_resize(h, w, factor, min_pixels, max_pixels)))
 
 
-def _internvl_grid(widths: np.ndarray, heights: np.ndarray, ratios: list[tuple[int, int]], image_size: int,
-                    use_thumbnail: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _internvl_grid(
+    widths: np.ndarray, heights: np.ndarray, ratios: list[tuple[int, int]], image_size: int, use_thumbnail: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     cand_cols = np.array([r[0] for r in ratios], dtype=np.int64)
     cand_rows = np.array([r[1] for r in ratios], dtype=np.int64)
     cand_aspect = cand_cols / cand_rows
@@ -49,8 +53,8 @@ def _internvl_grid(widths: np.ndarray, heights: np.ndarray, ratios: list[tuple[i
     rows = np.empty(n, dtype=np.int64)
     order = np.arange(len(ratios))
     for lo in range(0, n, _CHUNK):
-        w = widths[lo:lo + _CHUNK]
-        h = heights[lo:lo + _CHUNK]
+        w = widths[lo : lo + _CHUNK]
+        h = heights[lo : lo + _CHUNK]
         aspect = w / h
         diff = np.abs(aspect[:, None] - cand_aspect[None, :])
         best = diff.min(axis=1, keepdims=True)
@@ -61,16 +65,17 @@ def _internvl_grid(widths: np.ndarray, heights: np.ndarray, ratios: list[tuple[i
         area = (w * h).astype(np.float64)
         takes = ties & ((area[:, None] > cand_half_area[None, :]) | (order[None, :] == first[:, None]))
         last = len(ratios) - 1 - takes[:, ::-1].argmax(axis=1)
-        cols[lo:lo + _CHUNK] = cand_cols[last]
-        rows[lo:lo + _CHUNK] = cand_rows[last]
+        cols[lo : lo + _CHUNK] = cand_cols[last]
+        rows[lo : lo + _CHUNK] = cand_rows[last]
     tiles = cols * rows
     if use_thumbnail:
         tiles = tiles + (tiles != 1)
     return cols, rows, tiles
 
 
-def _smart_resize(heights: np.ndarray, widths: np.ndarray, factor: int, min_pixels: int,
-                  max_pixels: int) -> tuple[np.ndarray, np.ndarray]:
+def _smart_resize(
+    heights: np.ndarray, widths: np.ndarray, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[np.ndarray, np.ndarray]:
     # round(side / factor) of a float is round-half-to-even; for integer sides it equals this integer form.
     h_bar = _round_half_even_div(heights, factor) * factor
     w_bar = _round_half_even_div(widths, factor) * factor

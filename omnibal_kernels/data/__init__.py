@@ -5,6 +5,7 @@ docvqa, synthdog_en), in file order: ``vit`` (int32 ViT tiles per sample, thumbn
 LLM tokens per sample, image tokens included), ``source`` (int16 index into ``source_names``). The loads come
 from the statistics published with the OmniBal code (Apache-2.0).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -33,6 +33,7 @@ Derive new loads as a new ``Lengths``, e.g. ``Lengths(L.vit, L.llm + 2000, L.sou
 Modules: ``table`` (the ``Lengths`` table and its checks), ``read`` (``load_lengths``, ``default_lengths``),
 ``write`` (``write_lengths``).
 """
+
 from __future__ import annotations
 
 from .read import default_lengths, load_lengths

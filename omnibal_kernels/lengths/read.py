@@ -1,5 +1,6 @@
 """Reading length files: OmniBal JSON and meta files, JSON Lines, ``.npy`` and ``.npz``, all checked, with the
 sample and file named in every error (the formats are described in :mod:`omnibal_kernels.lengths`)."""
+
 from __future__ import annotations
 
 import json
@@ -34,15 +35,18 @@ _ARCHIVE_ERRORS = (ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 def _utf8_json(path: Path, data: bytes) -> memoryview:
     """The JSON bytes of ``data`` without a UTF-8 byte order mark; a clear error for UTF-16/32."""
     if data.startswith(_UTF8_BOM):
-        return memoryview(data)[len(_UTF8_BOM):]
+        return memoryview(data)[len(_UTF8_BOM) :]
     for bom, encoding, order in _OTHER_BOMS:
         if data.startswith(bom):
-            raise ValueError(f"{path}: the file is {encoding} ({order}) encoded; length files must be UTF-8 "
-                             f"(convert it, e.g. iconv -f {encoding} -t UTF-8)")
+            raise ValueError(
+                f"{path}: the file is {encoding} ({order}) encoded; length files must be UTF-8 "
+                f"(convert it, e.g. iconv -f {encoding} -t UTF-8)"
+            )
     # Without a mark, UTF-16/32 JSON shows NUL bytes between its ASCII characters.
     if b"\x00" in data[:64]:
-        raise ValueError(f"{path}: the file holds NUL bytes (UTF-16 or UTF-32 encoded, or not text); length "
-                         f"files must be UTF-8 JSON")
+        raise ValueError(
+            f"{path}: the file holds NUL bytes (UTF-16 or UTF-32 encoded, or not text); length files must be UTF-8 JSON"
+        )
     return memoryview(data)
 
 
@@ -82,20 +86,27 @@ def _read_records(path: Path, data: memoryview) -> _JsonRecords:
         bare = np.flatnonzero(~records.vit_seqlens_given & (records.vit > 0))
         if bare.size:  # a text-only sample needs none; a sample with images would be costed as one sequence
             i = int(bare[0])
-            raise ValueError(f"{path}: sample {i}: no vit_seqlens but a ViT load of {int(records.vit[i])}, while "
-                             f"other samples have vit_seqlens")
+            raise ValueError(
+                f"{path}: sample {i}: no vit_seqlens but a ViT load of {int(records.vit[i])}, while "
+                f"other samples have vit_seqlens"
+            )
     label = records.label
     if label is not None and label.size and label.min() < 0:  # -1: the sample has no label_num
         missing, given = int(np.flatnonzero(label < 0)[0]), int(np.flatnonzero(label >= 0)[0])
-        raise ValueError(f"{path}: sample {missing}: 'label_num' is missing, but sample {given} has it (give it "
-                         f"for every sample or for none)")
+        raise ValueError(
+            f"{path}: sample {missing}: 'label_num' is missing, but sample {given} has it (give it "
+            f"for every sample or for none)"
+        )
     return _JsonRecords(records.vit, records.llm, records.vit_seqlens, records.vit_seqlens_offsets, label)
 
 
 def _lengths_from_records(path: Path, records: _JsonRecords) -> Lengths:
     """The ``Lengths`` of one JSON length file, with the optional per-sample fields the file holds."""
-    optional = {name: _frozen(getattr(records, name)) for name in ("vit_seqlens", "vit_seqlens_offsets", "label")
-                if getattr(records, name) is not None}
+    optional = {
+        name: _frozen(getattr(records, name))
+        for name in ("vit_seqlens", "vit_seqlens_offsets", "label")
+        if getattr(records, name) is not None
+    }
     return Lengths(_frozen(records.vit), _frozen(records.llm), sources=(str(path),), **optional)
 
 
@@ -116,8 +127,10 @@ def _meta_parts(path: Path, meta: dict, chain: tuple[Path, ...], allow_empty: bo
     subs = []
     for name, entry in meta.items():
         if not isinstance(entry, dict) or "token_lengths" not in entry:
-            raise ValueError(f"{path}: entry {name!r} has no 'token_lengths'; every data set of a meta file "
-                             f"needs its length file (else its samples would be missing from the plan)")
+            raise ValueError(
+                f"{path}: entry {name!r} has no 'token_lengths'; every data set of a meta file "
+                f"needs its length file (else its samples would be missing from the plan)"
+            )
         sub = entry["token_lengths"]
         if not isinstance(sub, str) or not sub:
             raise ValueError(f"{path}: entry {name!r}: 'token_lengths' must be a path string, got {sub!r}")
@@ -143,8 +156,11 @@ def _read_arrays(path: Path, suffix: str) -> dict[str, np.ndarray]:
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError(f"{path}: holds a single array (.npy data), not an .npz archive of arrays")
     with archive as z:
-        wanted = [k for k in ("llm", "token_num", "vit", "vit_num", "vit_seqlens", "vit_seqlens_offsets", "label")
-                  if k in z.files]
+        wanted = [
+            k
+            for k in ("llm", "token_num", "vit", "vit_num", "vit_seqlens", "vit_seqlens_offsets", "label")
+            if k in z.files
+        ]
         if not any(k in wanted for k in ("llm", "token_num")):
             raise ValueError(f"{path}: needs an array 'llm' (or 'token_num'), has {z.files}")
         try:
@@ -162,10 +178,14 @@ def _load_array_file(path: Path, suffix: str) -> Lengths:
             llm = _frozen(_as_load_array(arr, "llm", where))
             return Lengths(_frozen(np.zeros_like(llm)), llm, sources=(where,))
         if arr.ndim == 2 and arr.shape[1] == 2:
-            return Lengths(_frozen(_as_load_array(arr[:, 0], "vit", where)),
-                           _frozen(_as_load_array(arr[:, 1], "llm", where)), sources=(where,))
-        raise ValueError(f"{path}: expected a 1-D array of tokens or an (N, 2) array of (vit, llm), "
-                         f"got shape {arr.shape}")
+            return Lengths(
+                _frozen(_as_load_array(arr[:, 0], "vit", where)),
+                _frozen(_as_load_array(arr[:, 1], "llm", where)),
+                sources=(where,),
+            )
+        raise ValueError(
+            f"{path}: expected a 1-D array of tokens or an (N, 2) array of (vit, llm), got shape {arr.shape}"
+        )
     llm = _frozen(_as_load_array(arrays.get("llm", arrays.get("token_num")), "llm", where))
     vit_arr = arrays.get("vit", arrays.get("vit_num"))
     vit = _frozen(np.zeros_like(llm) if vit_arr is None else _as_load_array(vit_arr, "vit", where))
@@ -246,7 +266,9 @@ def default_lengths() -> Lengths:
     from ..data import DEFAULT_LENGTHS_PATH
 
     with np.load(DEFAULT_LENGTHS_PATH, allow_pickle=False) as z:
-        return Lengths(_frozen(z["vit"]), _frozen(z["llm"]), _frozen(z["source"].astype(np.int32)),
-                       tuple(str(s) for s in z["source_names"]))
-
-
+        return Lengths(
+            _frozen(z["vit"]),
+            _frozen(z["llm"]),
+            _frozen(z["source"].astype(np.int32)),
+            tuple(str(s) for s in z["source_names"]),
+        )

@@ -1,9 +1,11 @@
 """The ``Lengths`` table: every sample's ViT and LLM loads, with its optional ViT sequence lengths, label
 counts and sources, checked once and read-only."""
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Optional, Sequence, cast
+from typing import NamedTuple, Optional, cast
 
 import numpy as np
 
@@ -95,21 +97,29 @@ class Lengths:
             object.__setattr__(self, "_stats", cached)
         return cached
 
-    def __getitem__(self, index: slice | np.ndarray | Sequence[int]) -> "Lengths":
+    def __getitem__(self, index: slice | np.ndarray | Sequence[int]) -> Lengths:
         """A subset of samples (by slice, index array or boolean mask), keeping their sources and ViT sequences."""
         seqlens = offsets = None
         if self.vit_seqlens is not None:
             rows = np.arange(len(self), dtype=np.int64)[index]
             # __post_init__ keeps vit_seqlens and vit_seqlens_offsets both set or both None
-            offsets, seqlens = take_rows(cast(np.ndarray, self.vit_seqlens_offsets), self.vit_seqlens,
-                                         np.atleast_1d(rows))
+            offsets, seqlens = take_rows(
+                cast(np.ndarray, self.vit_seqlens_offsets), self.vit_seqlens, np.atleast_1d(rows)
+            )
             offsets, seqlens = _frozen(offsets), _frozen(seqlens)
         label = None if self.label is None else _frozen(self.label[index])
-        return Lengths(_frozen(self.vit[index]), _frozen(self.llm[index]), _frozen(self.source[index]),
-                       self.sources, seqlens, offsets, label)
+        return Lengths(
+            _frozen(self.vit[index]),
+            _frozen(self.llm[index]),
+            _frozen(self.source[index]),
+            self.sources,
+            seqlens,
+            offsets,
+            label,
+        )
 
     @classmethod
-    def concat(cls, parts: Iterable["Lengths"]) -> "Lengths":
+    def concat(cls, parts: Iterable[Lengths]) -> Lengths:
         """Samples of several ``Lengths`` one after another (sample ids follow that order); ``label`` when every
         part has it."""
         parts = list(parts)
@@ -153,8 +163,10 @@ def _check_label(label: object, llm: np.ndarray, where: str = "") -> np.ndarray:
     bad = np.flatnonzero(label > np.maximum(llm - 1, 0))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"{prefix}sample {i}: label is {int(label[i])} but llm is {int(llm[i])}; a sample has at "
-                         "most llm - 1 label tokens (its first token is never a target)")
+        raise ValueError(
+            f"{prefix}sample {i}: label is {int(label[i])} but llm is {int(llm[i])}; a sample has at "
+            "most llm - 1 label tokens (its first token is never a target)"
+        )
     return label
 
 
@@ -171,15 +183,18 @@ def _concat_vit_seqlens(parts: Sequence[Lengths]) -> tuple[Optional[np.ndarray],
         elif not part.vit.any():
             counts.append(np.zeros(len(part), dtype=np.int64))
         else:
-            raise ValueError(f"{', '.join(part.sources)}: has no vit_seqlens but ViT loads, while other parts have "
-                             f"vit_seqlens; give every part with images its ViT sequence lengths")
+            raise ValueError(
+                f"{', '.join(part.sources)}: has no vit_seqlens but ViT loads, while other parts have "
+                f"vit_seqlens; give every part with images its ViT sequence lengths"
+            )
     offsets = np.zeros(sum(c.shape[0] for c in counts) + 1, dtype=np.int64)
     np.cumsum(np.concatenate(counts), out=offsets[1:])
     return _frozen(np.concatenate(flat).astype(np.int64, copy=False)), _frozen(offsets)
 
 
-def _check_vit_seqlens(seqlens: object, offsets: object, vit: np.ndarray, where: str = "") -> tuple[np.ndarray,
-                                                                                                      np.ndarray]:
+def _check_vit_seqlens(
+    seqlens: object, offsets: object, vit: np.ndarray, where: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     """``(seqlens, offsets)`` as int64 CSR rows of ``vit``'s samples, each row non-negative and summing to the
     sample's ViT load; else a ValueError naming ``where`` and the first bad sample."""
     prefix = f"{where}: " if where else ""
@@ -190,15 +205,17 @@ def _check_vit_seqlens(seqlens: object, offsets: object, vit: np.ndarray, where:
     if values.size == 0:
         values = values.reshape(0).astype(np.int64)
     if values.ndim != 1 or values.dtype.kind not in "iu":
-        raise ValueError(f"{prefix}vit_seqlens must be a 1-D integer array, got dtype {values.dtype}, "
-                         f"shape {values.shape}")
+        raise ValueError(
+            f"{prefix}vit_seqlens must be a 1-D integer array, got dtype {values.dtype}, shape {values.shape}"
+        )
     offsets = check_offsets("vit_seqlens_offsets", offsets, vit.shape[0], values.shape[0], where)
     bad = np.flatnonzero((values < 0) | (values > _MAX_LOAD))
     if bad.size:
         j = int(bad[0])
         kind = "negative" if values[j] < 0 else "too large (>= 2**31)"
-        raise ValueError(f"{prefix}sample {int(row_ids(offsets)[j])}: vit_seqlens holds a {kind} length "
-                         f"({int(values[j])})")
+        raise ValueError(
+            f"{prefix}sample {int(row_ids(offsets)[j])}: vit_seqlens holds a {kind} length ({int(values[j])})"
+        )
     values = np.ascontiguousarray(values, dtype=np.int64)
     sums = row_sums(offsets, values)
     bad = np.flatnonzero(sums != vit)

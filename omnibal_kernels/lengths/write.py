@@ -1,9 +1,11 @@
 """Writing length files (``.json``, ``.jsonl``, ``.npz``) atomically, in the formats ``load_lengths`` reads."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union, cast
+from typing import Any, Optional, Union, cast
 
 import numpy as np
 
@@ -14,8 +16,14 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 __all__ = ["write_lengths"]
 
-def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple], *, fmt: Optional[str] = None,
-                  allow_empty: bool = False) -> Path:
+
+def write_lengths(
+    path: PathLike,
+    loads: Union[Lengths, Mapping[str, Any], tuple],
+    *,
+    fmt: Optional[str] = None,
+    allow_empty: bool = False,
+) -> Path:
     """Writes per-sample loads as a length file, atomically (a temporary file renamed into place).
 
     Args:
@@ -44,13 +52,16 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".")).lower()
     if fmt not in ("json", "jsonl", "npz"):
-        raise ValueError(f"cannot tell the length file format of {str(path)!r}: use a .json, .jsonl or .npz suffix "
-                         f"or fmt=")
+        raise ValueError(
+            f"cannot tell the length file format of {str(path)!r}: use a .json, .jsonl or .npz suffix or fmt="
+        )
     where = f"writing {path}"
     vit, llm, seqlens, offsets, label = _loads_to_write(loads, where)
     if vit.size == 0 and not allow_empty:
-        raise ValueError(f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
-                         f"(pass allow_empty=True here too if that is intended)")
+        raise ValueError(
+            f"{where}: no samples; load_lengths refuses empty files unless allow_empty=True "
+            f"(pass allow_empty=True here too if that is intended)"
+        )
     if fmt == "npz":
         arrays: dict[str, Any] = dict(vit=vit.astype(np.int32), llm=llm.astype(np.int32))  # < 2**31: checked above
         if seqlens is not None:
@@ -76,8 +87,9 @@ def write_lengths(path: PathLike, loads: Union[Lengths, Mapping[str, Any], tuple
     return path
 
 
-def _loads_to_write(loads: Union[Lengths, Mapping[str, Any], tuple], where: str) -> tuple[
-        np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray], Optional[np.ndarray]]:
+def _loads_to_write(
+    loads: Union[Lengths, Mapping[str, Any], tuple], where: str
+) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray], Optional[np.ndarray]]:
     """``write_lengths``' loads as checked ``(vit, llm, vit_seqlens, vit_seqlens_offsets, label)`` arrays."""
     seqlens = offsets = label = None
     vit: Any

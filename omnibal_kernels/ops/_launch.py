@@ -1,4 +1,5 @@
 """Helpers every Triton launcher of ``ops/`` uses: output allocation and the device check before a launch."""
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ deterministic and stable. Inputs int64 on one CUDA device; outputs ``perm`` int6
 ``(K + 1,)``, ``bucket_ids`` int32 ``(N,)``. Matches ``omnibal_kernels.testing.references.bucket_sort_reference``
 exactly.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,11 +42,18 @@ def _bucket_of(x, bnd_ptr, num_bnd, mask, STEPS: tl.constexpr):
 @triton.jit(do_not_specialize=["n", "num_bnd", "num_blocks"])
 def _bucket_hist_kernel(
     # pointers: counts and boundaries in; bucket ids, in-block ranks and (bucket, block) histogram out
-    counts_ptr, bnd_ptr, bucket_ptr, rank_ptr, hist_ptr,
+    counts_ptr,
+    bnd_ptr,
+    bucket_ptr,
+    rank_ptr,
+    hist_ptr,
     # sizes
-    n, num_bnd, num_blocks,
+    n,
+    num_bnd,
+    num_blocks,
     # constexprs
-    STEPS: tl.constexpr, BLOCK: tl.constexpr,
+    STEPS: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     blk = tl.program_id(0)
     idx = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -67,9 +75,13 @@ def _bucket_hist_kernel(
 @triton.jit(do_not_specialize=["n", "num_blocks"])
 def _bucket_scatter_kernel(
     # pointers
-    bucket_ptr, rank_ptr, base_ptr, perm_ptr,
+    bucket_ptr,
+    rank_ptr,
+    base_ptr,
+    perm_ptr,
     # sizes
-    n, num_blocks,
+    n,
+    num_blocks,
     # constexprs
     BLOCK: tl.constexpr,
 ):
@@ -101,9 +113,16 @@ def bucket_sort(counts: torch.Tensor, boundaries: torch.Tensor) -> PatchBuckets:
     perm = _launch.alloc((n,), torch.int64, device)
     if n:
         _bucket_hist_kernel[(num_blocks,)](
-            counts_ptr=counts, bnd_ptr=boundaries, bucket_ptr=bucket_ids, rank_ptr=rank, hist_ptr=hist,
-            n=n, num_bnd=k - 1, num_blocks=num_blocks,
-            STEPS=(k - 1).bit_length(), BLOCK=BLOCK,
+            counts_ptr=counts,
+            bnd_ptr=boundaries,
+            bucket_ptr=bucket_ids,
+            rank_ptr=rank,
+            hist_ptr=hist,
+            n=n,
+            num_bnd=k - 1,
+            num_blocks=num_blocks,
+            STEPS=(k - 1).bit_length(),
+            BLOCK=BLOCK,
         )
     # exclusive scan, bucket-major: base[b, blk] = items before (b, blk)
     inclusive = torch.cumsum(hist, 0)
@@ -113,7 +132,12 @@ def bucket_sort(counts: torch.Tensor, boundaries: torch.Tensor) -> PatchBuckets:
     offsets[k] = n
     if n:
         _bucket_scatter_kernel[(num_blocks,)](
-            bucket_ptr=bucket_ids, rank_ptr=rank, base_ptr=base, perm_ptr=perm,
-            n=n, num_blocks=num_blocks, BLOCK=BLOCK,
+            bucket_ptr=bucket_ids,
+            rank_ptr=rank,
+            base_ptr=base,
+            perm_ptr=perm,
+            n=n,
+            num_blocks=num_blocks,
+            BLOCK=BLOCK,
         )
     return PatchBuckets(perm, offsets, bucket_ids, boundaries)

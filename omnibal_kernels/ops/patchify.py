@@ -15,6 +15,7 @@ and one contiguous store. The copy runs on integer views of the element size, so
 for bit. Matches ``omnibal_kernels.testing.references.patchify_reference`` (reshape/permute) exactly; CPU
 tensors go to the numba twin :mod:`omnibal_kernels.cpu.patchify`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,11 +38,19 @@ _TL_INT = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 @triton.jit
 def _patchify_kernel(
     # pointers: per-image addresses and table, per-patch image index, outputs
-    base_ptr, meta_ptr, patch_image_ptr, out_ptr, pos_ptr,
+    base_ptr,
+    meta_ptr,
+    patch_image_ptr,
+    out_ptr,
+    pos_ptr,
     # sizes and layout
-    C: tl.constexpr, TP: tl.constexpr, PS: tl.constexpr, MS: tl.constexpr,
+    C: tl.constexpr,
+    TP: tl.constexpr,
+    PS: tl.constexpr,
+    MS: tl.constexpr,
     # block shapes: C * TP rows by PS * PS pixels, rounded up to powers of two
-    BLOCK_CT: tl.constexpr, BLOCK_PP: tl.constexpr,
+    BLOCK_CT: tl.constexpr,
+    BLOCK_PP: tl.constexpr,
     # element type of the integer view being copied
     ELEM: tl.constexpr,
 ):
@@ -86,8 +95,9 @@ def _patchify_kernel(
     tl.store(pos_ptr + pid * 2 + 1, col)
 
 
-def launch_patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
-                    temporal_patch_size: int = 2) -> PackedPatches:
+def launch_patchify(
+    images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2
+) -> PackedPatches:
     """Launch the Triton kernel (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``)."""
     plan = plan_patches(images, sizes, patch_size, merge_size, temporal_patch_size)
     _launch.check_launchable(plan.views[0], "patchify")
@@ -110,20 +120,34 @@ def launch_patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, mer
     elem = out.element_size()
     if total:
         _patchify_kernel[(total,)](
-            base_ptr=base, meta_ptr=meta_t, patch_image_ptr=patch_image_t,
-            out_ptr=out.view(getattr(torch, ELEMENT_VIEW[elem])), pos_ptr=pos,
-            C=plan.channels, TP=temporal_patch_size, PS=patch_size, MS=merge_size,
+            base_ptr=base,
+            meta_ptr=meta_t,
+            patch_image_ptr=patch_image_t,
+            out_ptr=out.view(getattr(torch, ELEMENT_VIEW[elem])),
+            pos_ptr=pos,
+            C=plan.channels,
+            TP=temporal_patch_size,
+            PS=patch_size,
+            MS=merge_size,
             BLOCK_CT=triton.next_power_of_2(plan.channels * temporal_patch_size),
             BLOCK_PP=triton.next_power_of_2(patch_size * patch_size),
             ELEM=_TL_INT[elem],
         )
     cu, max_seqlen = patch_segments(plan.grid)
-    return PackedPatches(out, torch.from_numpy(cu).to(device), max_seqlen, pos,
-                         torch.from_numpy(plan.grid.copy()).to(device))
+    return PackedPatches(
+        out, torch.from_numpy(cu).to(device), max_seqlen, pos, torch.from_numpy(plan.grid.copy()).to(device)
+    )
 
 
-def patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size: int = 2,
-             temporal_patch_size: int = 2, backend: str = "auto") -> PackedPatches:
+def patchify(
+    images: Any,
+    sizes: Any = None,
+    *,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    backend: str = "auto",
+) -> PackedPatches:
     """Cut images into Qwen2-VL ViT patches and pack them into one varlen sequence.
 
     Args:
@@ -149,7 +173,9 @@ def patchify(images: Any, sizes: Any = None, *, patch_size: int = 14, merge_size
     if use_cpu_twin("patchify", backend, first):
         from ..cpu.patchify import patchify as patchify_cpu
 
-        return patchify_cpu(images, sizes, patch_size=patch_size, merge_size=merge_size,
-                            temporal_patch_size=temporal_patch_size)
-    return launch_patchify(images, sizes, patch_size=patch_size, merge_size=merge_size,
-                           temporal_patch_size=temporal_patch_size)
+        return patchify_cpu(
+            images, sizes, patch_size=patch_size, merge_size=merge_size, temporal_patch_size=temporal_patch_size
+        )
+    return launch_patchify(
+        images, sizes, patch_size=patch_size, merge_size=merge_size, temporal_patch_size=temporal_patch_size
+    )

@@ -17,6 +17,7 @@ there and copied with a non-blocking transfer) or when device lengths come with 
 References: ``omnibal_kernels.testing.references.unpad_reference`` / ``pad_reference``; CPU twin:
 ``omnibal_kernels.cpu.unpad``.
 """
+
 from __future__ import annotations
 
 import torch

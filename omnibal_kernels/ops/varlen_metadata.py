@@ -13,6 +13,7 @@ are spread over several programs.
 Reference: ``omnibal_kernels.testing.varlen_metadata_reference``; CPU twin:
 ``omnibal_kernels.cpu.varlen_metadata``.
 """
+
 from __future__ import annotations
 
 import torch

@@ -10,9 +10,10 @@ All float math is float64: there ``/`` and ``sqrt`` lower to the IEEE round-to-n
 Both give exactly the integers of the numpy path (``omnibal_kernels.testing.references.internvl_tiles_reference`` and
 ``smart_resize_reference`` are the per-image references). Inputs are int64 tensors of one device; outputs int64.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -30,13 +31,20 @@ BLOCK = 256
 @triton.jit(do_not_specialize=["n", "num_cands", "image_size"])
 def _internvl_tiles_kernel(
     # pointers: sizes in, candidate grids, outputs
-    w_ptr, h_ptr,
-    cand_cols_ptr, cand_rows_ptr,
-    cols_ptr, rows_ptr, tiles_ptr,
+    w_ptr,
+    h_ptr,
+    cand_cols_ptr,
+    cand_rows_ptr,
+    cols_ptr,
+    rows_ptr,
+    tiles_ptr,
     # sizes
-    n, num_cands, image_size,
+    n,
+    num_cands,
+    image_size,
     # constexprs
-    USE_THUMBNAIL: tl.constexpr, BLOCK: tl.constexpr,
+    USE_THUMBNAIL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -79,9 +87,15 @@ def _round_half_even_div(x, d):
 @triton.jit(do_not_specialize=["n", "factor", "min_pixels", "max_pixels"])
 def _smart_resize_kernel(
     # pointers
-    w_ptr, h_ptr, h_out_ptr, w_out_ptr,
+    w_ptr,
+    h_ptr,
+    h_out_ptr,
+    w_out_ptr,
     # sizes and the resize parameters (ints)
-    n, factor, min_pixels, max_pixels,
+    n,
+    factor,
+    min_pixels,
+    max_pixels,
     # constexprs
     BLOCK: tl.constexpr,
 ):
@@ -113,8 +127,9 @@ def _smart_resize_kernel(
     tl.store(w_out_ptr + offs, w_res, mask=mask)
 
 
-def internvl_tile_grid(widths: torch.Tensor, heights: torch.Tensor, ratios: Sequence[tuple[int, int]],
-                       image_size: int, use_thumbnail: bool) -> TileGrid:
+def internvl_tile_grid(
+    widths: torch.Tensor, heights: torch.Tensor, ratios: Sequence[tuple[int, int]], image_size: int, use_thumbnail: bool
+) -> TileGrid:
     """:class:`TileGrid` of ``(N,)`` int64 tensors on the input's device; ``ratios`` in InternVL's scan order."""
     w, h = device_sizes(widths, heights)
     _launch.check_launchable(w, "internvl_tile_grid")
@@ -126,15 +141,25 @@ def internvl_tile_grid(widths: torch.Tensor, heights: torch.Tensor, ratios: Sequ
     tiles = _launch.alloc((n,), torch.int64, w.device)
     if n:
         _internvl_tiles_kernel[(triton.cdiv(n, BLOCK),)](
-            w_ptr=w, h_ptr=h, cand_cols_ptr=cand_cols, cand_rows_ptr=cand_rows, cols_ptr=cols, rows_ptr=rows,
-            tiles_ptr=tiles, n=n, num_cands=len(ratios), image_size=image_size,
-            USE_THUMBNAIL=use_thumbnail, BLOCK=BLOCK,
+            w_ptr=w,
+            h_ptr=h,
+            cand_cols_ptr=cand_cols,
+            cand_rows_ptr=cand_rows,
+            cols_ptr=cols,
+            rows_ptr=rows,
+            tiles_ptr=tiles,
+            n=n,
+            num_cands=len(ratios),
+            image_size=image_size,
+            USE_THUMBNAIL=use_thumbnail,
+            BLOCK=BLOCK,
         )
     return TileGrid(cols, rows, tiles)
 
 
-def smart_resize(widths: torch.Tensor, heights: torch.Tensor, factor: int, min_pixels: int,
-                 max_pixels: int) -> ResizedSize:
+def smart_resize(
+    widths: torch.Tensor, heights: torch.Tensor, factor: int, min_pixels: int, max_pixels: int
+) -> ResizedSize:
     """Qwen2-VL ``smart_resize``: :class:`ResizedSize` of ``(N,)`` int64 tensors on the input's device."""
     w, h = device_sizes(widths, heights, max_ratio=QWEN2VL_MAX_RATIO)
     _launch.check_launchable(w, "smart_resize")
@@ -143,8 +168,14 @@ def smart_resize(widths: torch.Tensor, heights: torch.Tensor, factor: int, min_p
     w_out = _launch.alloc((n,), torch.int64, w.device)
     if n:
         _smart_resize_kernel[(triton.cdiv(n, BLOCK),)](
-            w_ptr=w, h_ptr=h, h_out_ptr=h_out, w_out_ptr=w_out,
-            n=n, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels,
+            w_ptr=w,
+            h_ptr=h,
+            h_out_ptr=h_out,
+            w_out_ptr=w_out,
+            n=n,
+            factor=factor,
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
             BLOCK=BLOCK,
         )
     return ResizedSize(h_out, w_out)

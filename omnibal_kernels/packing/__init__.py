@@ -47,6 +47,7 @@ samples. The options are :class:`PackOptions` (static shapes, labels, mRoPE, bac
 ``collate``           :func:`pack_batch`, :class:`PackCollator`, :func:`warmup`
 ===================== =======================================================================================
 """
+
 from __future__ import annotations
 
 from .batch import TEXT_FIELDS, LossCounts, PackedBatch, unpack_batch

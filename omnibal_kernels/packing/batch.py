@@ -1,5 +1,6 @@
 """The batch type of :func:`~omnibal_kernels.packing.pack_batch` (:class:`PackedBatch`, the fields the text core
 produces) and its inverse, :func:`unpack_batch`."""
+
 from __future__ import annotations
 
 import numbers

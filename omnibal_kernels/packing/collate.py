@@ -1,4 +1,5 @@
 """``pack_batch`` and :class:`PackCollator`: samples -> one :class:`~omnibal_kernels.packing.PackedBatch`."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -22,8 +23,7 @@ __all__ = ["PackCollator", "pack_batch", "warmup"]
 
 # The forward arguments of vision-language models: their forward merges every image's features into the
 # placeholders of input_ids, which a context-parallel shard holds only a part of.
-_VISION_INPUTS = frozenset({"pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
-                            "image_flags"})
+_VISION_INPUTS = frozenset({"pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "image_flags"})
 
 
 def warmup(backend: str = "auto") -> None:
@@ -36,8 +36,7 @@ def warmup(backend: str = "auto") -> None:
     _warmup_fill(backend)
 
 
-def _pack_samples(samples: Sequence[Mapping[str, Any]], opts: PackOptions,
-                  takes_num_items: bool = True) -> PackedBatch:
+def _pack_samples(samples: Sequence[Mapping[str, Any]], opts: PackOptions, takes_num_items: bool = True) -> PackedBatch:
     if type(samples) is not list and type(samples) is not tuple:
         if isinstance(samples, (Mapping, str, bytes)) or not isinstance(samples, Sequence):
             raise TypeError(f"pack_batch expects a list of samples (mappings), got {type(samples).__name__}")
@@ -114,18 +113,35 @@ class PackCollator:
         :func:`~omnibal_kernels.shard_for_context_parallel` takes them (its ``cost``).
     """
 
-    def __init__(self, options: PackOptions | None = None, *, warmup: bool = True, context_parallel_size: int = 1,
-                 context_parallel_rank: int | None = None, context_parallel_group: Any = None,
-                 strategy: str = "auto", pad_sequences: bool = False, max_rank_tokens: int | None = None,
-                 context_parallel_cost: ContextParallelCost | None = None, **keywords: Any) -> None:
+    def __init__(
+        self,
+        options: PackOptions | None = None,
+        *,
+        warmup: bool = True,
+        context_parallel_size: int = 1,
+        context_parallel_rank: int | None = None,
+        context_parallel_group: Any = None,
+        strategy: str = "auto",
+        pad_sequences: bool = False,
+        max_rank_tokens: int | None = None,
+        context_parallel_cost: ContextParallelCost | None = None,
+        **keywords: Any,
+    ) -> None:
         if isinstance(options, (list, tuple)):
             raise TypeError(
                 f"PackCollator was called with a batch of {len(options)} samples: collate_fn must be an instance, "
-                "collate_fn=PackCollator(...) or PackCollator.for_model(model), not the class PackCollator")
+                "collate_fn=PackCollator(...) or PackCollator.for_model(model), not the class PackCollator"
+            )
         self.options = with_keywords("PackCollator", options, keywords)
-        self.context_parallel = context_parallel_collate(context_parallel_size, context_parallel_rank,
-                                                         context_parallel_group, strategy, context_parallel_cost,
-                                                         pad_sequences, max_rank_tokens)
+        self.context_parallel = context_parallel_collate(
+            context_parallel_size,
+            context_parallel_rank,
+            context_parallel_group,
+            strategy,
+            context_parallel_cost,
+            pad_sequences,
+            max_rank_tokens,
+        )
         self.model_inputs: ModelInputs | None = None
         if warmup:
             _warmup_fill(self.options.backend)
@@ -161,7 +177,8 @@ class PackCollator:
                 f"PackCollator.for_model: context_parallel_size > 1 with a {spec.model_type!r} model: its forward "
                 "merges the features of all the pack's images into the placeholders it is given, and a shard holds "
                 "only some of them; shard text models, or use PackCollator(context_parallel_size=...) with a model "
-                "that takes each rank's placeholders")
+                "that takes each rank's placeholders"
+            )
         collator.model_inputs = spec
         return collator
 
@@ -184,8 +201,11 @@ class PackCollator:
 
     def __repr__(self) -> str:
         cp = self.context_parallel
-        extra = "" if cp is None else (f", context_parallel_size={cp.size}, context_parallel_rank={cp.rank}, "
-                                       f"strategy={cp.strategy!r}")
+        extra = (
+            ""
+            if cp is None
+            else (f", context_parallel_size={cp.size}, context_parallel_rank={cp.rank}, strategy={cp.strategy!r}")
+        )
         if self.model_inputs is not None:
             return f"PackCollator.for_model({self.model_inputs.model_type!r}, {self.options!r}{extra})"
         return f"PackCollator({self.options!r}{extra})"

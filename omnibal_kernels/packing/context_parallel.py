@@ -21,6 +21,7 @@ argument, else the rank in ``context_parallel_group``, else the process's rank (
 ``RANK`` / ``WORLD_SIZE`` as ``torchrun`` sets them) in groups of ``C`` consecutive ranks, as
 :class:`~omnibal_kernels.BalancedBatchSampler` groups them. Without any of these it is a ValueError, never rank 0.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,19 +69,22 @@ def _process_rank(size: int) -> tuple[int, int]:
     raise ValueError(
         f"PackCollator: context_parallel_size={size} but this process's CP rank is unknown: pass "
         "context_parallel_rank= (or context_parallel_group=), or build the collator after "
-        "torch.distributed.init_process_group (or under torchrun, which sets RANK and WORLD_SIZE)")
+        "torch.distributed.init_process_group (or under torchrun, which sets RANK and WORLD_SIZE)"
+    )
 
 
 def _group_rank(size: int, group: Any) -> int:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("PackCollator: context_parallel_group given but no torch.distributed process group is "
-                         "initialized")
+        raise ValueError(
+            "PackCollator: context_parallel_group given but no torch.distributed process group is initialized"
+        )
     group_size = dist.get_world_size(group)
     if group_size != size:
-        raise ValueError(f"PackCollator: context_parallel_group has {group_size} ranks but context_parallel_size "
-                         f"is {size}")
+        raise ValueError(
+            f"PackCollator: context_parallel_group has {group_size} ranks but context_parallel_size is {size}"
+        )
     rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError("PackCollator: this process is not a member of context_parallel_group")
@@ -93,20 +97,24 @@ def _resolve_rank(size: int, rank: Any, group: Any) -> int:
     if rank is not None:
         rank = check_int("context_parallel_rank", rank)
         if not 0 <= rank < size:
-            raise ValueError(f"PackCollator: context_parallel_rank must be in [0, context_parallel_size={size}), "
-                             f"got {rank}")
+            raise ValueError(
+                f"PackCollator: context_parallel_rank must be in [0, context_parallel_size={size}), got {rank}"
+            )
         return rank
     if group is not None:
         return _group_rank(size, group)
     world, process_rank = _process_rank(size)
     if world % size:
-        raise ValueError(f"PackCollator: context_parallel_size={size} does not divide the world size {world}: the "
-                         "ranks must form whole context-parallel groups (or pass context_parallel_rank=)")
+        raise ValueError(
+            f"PackCollator: context_parallel_size={size} does not divide the world size {world}: the "
+            "ranks must form whole context-parallel groups (or pass context_parallel_rank=)"
+        )
     return process_rank % size
 
 
-def context_parallel_collate(size: Any, rank: Any, group: Any, strategy: Any, cost: Any, pad_sequences: Any,
-                             max_rank_tokens: Any) -> Optional[ContextParallelCollate]:
+def context_parallel_collate(
+    size: Any, rank: Any, group: Any, strategy: Any, cost: Any, pad_sequences: Any, max_rank_tokens: Any
+) -> Optional[ContextParallelCollate]:
     """The checked settings (None for ``size`` 1 without a rank other than 0: no sharding)."""
     size = check_positive_int("context_parallel_size", size)
     check_strategy_args(size, strategy, cost, pad_sequences, max_rank_tokens)
@@ -114,8 +122,9 @@ def context_parallel_collate(size: Any, rank: Any, group: Any, strategy: Any, co
         if rank is not None:
             _resolve_rank(1, rank, None)
         return None
-    return ContextParallelCollate(size, _resolve_rank(size, rank, group), strategy, cost, pad_sequences,
-                                  max_rank_tokens)
+    return ContextParallelCollate(
+        size, _resolve_rank(size, rank, group), strategy, cost, pad_sequences, max_rank_tokens
+    )
 
 
 def _per_token(value: Any, total: int) -> bool:
@@ -133,8 +142,9 @@ def _sample_targets(fields: dict[str, Any], num_samples: int, ignore_index: int)
     return tuple(np.bincount(owner[owner < num_samples], minlength=num_samples).tolist())
 
 
-def shard_packed_batch(batch: PackedBatch, settings: ContextParallelCollate, options: PackOptions,
-                       keys: Optional[frozenset[str]] = None) -> PackedBatch:
+def shard_packed_batch(
+    batch: PackedBatch, settings: ContextParallelCollate, options: PackOptions, keys: Optional[frozenset[str]] = None
+) -> PackedBatch:
     """The CP rank's shard of ``batch`` (``pack_batch``'s, with every field), as the module docstring says.
 
     ``keys``: the keys a model's forward takes (``PackCollator.for_model``); the shard keeps those of its
@@ -144,14 +154,21 @@ def shard_packed_batch(batch: PackedBatch, settings: ContextParallelCollate, opt
     fields.pop("num_items_in_batch", None)
     total = int(fields["input_ids"].shape[1])
     scalar = (type(None), bool, int, float, str)
-    replicate = [k for k, v in fields.items()
-                 if k not in TEXT_FIELDS and not isinstance(v, scalar) and not _per_token(v, total)]
+    replicate = [
+        k for k, v in fields.items() if k not in TEXT_FIELDS and not isinstance(v, scalar) and not _per_token(v, total)
+    ]
     ignore_index = options.labels.ignore_index
-    shards = shard_for_context_parallel(fields, settings.size, settings.strategy, cost=settings.cost,
-                                        pad_sequences=settings.pad_sequences,
-                                        max_rank_tokens=settings.max_rank_tokens,
-                                        pad_token_id=options.static.pad_token_id, ignore_index=ignore_index,
-                                        replicate=replicate)
+    shards = shard_for_context_parallel(
+        fields,
+        settings.size,
+        settings.strategy,
+        cost=settings.cost,
+        pad_sequences=settings.pad_sequences,
+        max_rank_tokens=settings.max_rank_tokens,
+        pad_token_id=options.static.pad_token_id,
+        ignore_index=ignore_index,
+        replicate=replicate,
+    )
     shard = shards[settings.rank]
     out = dict(shard.batch)
     if keys is not None:

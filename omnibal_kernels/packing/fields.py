@@ -7,6 +7,7 @@ raises: packing needs unpadded samples); a field that every sample holds as a nu
 field named like an output raises. The vision fields and mRoPE positions come from
 :func:`omnibal_kernels.vision.fields.pack_batch_vision`, called once per batch that has any of them.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -72,9 +73,7 @@ def _collect_per_sample(values: list[Any]) -> Any:
     return values
 
 
-def _pack_token_field(
-    samples: Sequence[Mapping[str, Any]], name: str, lens: list[int], padded: int
-) -> torch.Tensor:
+def _pack_token_field(samples: Sequence[Mapping[str, Any]], name: str, lens: list[int], padded: int) -> torch.Tensor:
     """Sample field ``name`` (one value per token) of every sample, concatenated and zero-padded to ``(1, T)``."""
     parts = []
     for i, sample in enumerate(samples):

@@ -4,6 +4,7 @@ CPU tensors, and the errors that name the sample behind a failure.
 The text core takes tensors as they are and calls these only to convert other input (lists, numpy arrays)
 or, after a batch-wide operation failed, to find and name the first bad sample.
 """
+
 from __future__ import annotations
 
 import struct
@@ -35,9 +36,9 @@ def _int_list_tensor(values: list[Any] | tuple[Any, ...] | range) -> torch.Tenso
     ``struct`` converts each item with ``__index__`` in C, straight into the tensor's memory, which is faster
     than ``torch.tensor``, ``array.array`` or ``np.array(values, dtype=np.int64)`` (which also truncates
     floats); the ``lists`` input of benchmarks/bench_pack.py times it inside ``pack_batch``. It takes ints and
-    numpy or 0-d tensor integers and rejects floats, strings, None and values outside int64. Whatever it rejects, and lists that start with a bool
-    (torch makes a bool tensor of an all-bool list, which the caller rejects), goes to ``torch.tensor``, so
-    every error and every rejected dtype is ``torch.tensor``'s.
+    numpy or 0-d tensor integers and rejects floats, strings, None and values outside int64. Whatever it
+    rejects, and lists that start with a bool (torch makes a bool tensor of an all-bool list, which the caller
+    rejects), goes to ``torch.tensor``, so every error and every rejected dtype is ``torch.tensor``'s.
     """
     if type(values[0]) is not bool:
         out = torch.empty(len(values), dtype=_INT64)
@@ -84,8 +85,10 @@ def as_token_tensor(value: Any, index: int, field: str) -> torch.Tensor:
                 outside = [j for j, v in enumerate(value) if is_int(v) and not -_INT64_MAX - 1 <= v <= _INT64_MAX]
                 if outside:
                     j = outside[0]
-                    raise ValueError(f"sample {index}: {field}[{j}] = {value[j]} does not fit in int64 (token "
-                                     f"ids and labels are int64)") from None
+                    raise ValueError(
+                        f"sample {index}: {field}[{j}] = {value[j]} does not fit in int64 (token "
+                        f"ids and labels are int64)"
+                    ) from None
                 raise TypeError(f"sample {index}: {field} must be a list of ints ({err})") from None
     else:
         raise TypeError(
@@ -127,17 +130,13 @@ def check_each(ids: Sequence[Any], labels: Sequence[Any] | None) -> None:
         if labels is not None and labels[i] is not ids[i]:
             y = as_token_tensor(labels[i], i, "labels")
             if y.numel() != x.numel():
-                raise ValueError(
-                    f"sample {i}: labels has {y.numel()} tokens but input_ids has {x.numel()}"
-                )
+                raise ValueError(f"sample {i}: labels has {y.numel()} tokens but input_ids has {x.numel()}")
 
 
 def sample_error(samples: Sequence[Any]) -> None:
     """Raise the error of the first sample that is no mapping or has no ``input_ids``, if any."""
     for i, sample in enumerate(samples):
         if not isinstance(sample, Mapping):
-            raise TypeError(
-                f"sample {i} must be a mapping with an 'input_ids' field, got {type(sample).__name__}"
-            )
+            raise TypeError(f"sample {i} must be a mapping with an 'input_ids' field, got {type(sample).__name__}")
         if "input_ids" not in sample:
             raise ValueError(f"sample {i} has no 'input_ids' field (fields: {sorted(map(str, sample))})")

@@ -12,6 +12,7 @@ Every field of a part is also a flat keyword of :class:`PackOptions` (and of ``p
 ``PackCollator``), and reads flat: ``PackOptions(pad_to_length=4096).pad_to_length`` is
 ``PackOptions(static=StaticShapes(pad_to_length=4096)).static.pad_to_length``.
 """
+
 from __future__ import annotations
 
 import dataclasses

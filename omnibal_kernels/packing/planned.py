@@ -9,6 +9,7 @@ The loads of a sample, as length files count them: ``llm`` is ``len(input_ids)``
 patches); ``label`` the positions after the first whose label is not ``ignore_index`` (the causal loss's targets:
 packing masks each sample's first label, so the pack trains exactly these).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -47,9 +48,11 @@ def sample_loads(sample: Mapping[str, Any]) -> tuple[Optional[int], int]:
 
 
 def _stale(index: int, what: str, actual: int, entry: str, expected: int) -> ValueError:
-    return ValueError(f"sample {index}: {what} is {actual} but its length entry says {entry} {expected}; the "
-                      "lengths do not describe this dataset (recompute them), or pass "
-                      "sampler.wrap(dataset, check_loads=False) if they are estimates on purpose")
+    return ValueError(
+        f"sample {index}: {what} is {actual} but its length entry says {entry} {expected}; the "
+        "lengths do not describe this dataset (recompute them), or pass "
+        "sampler.wrap(dataset, check_loads=False) if they are estimates on purpose"
+    )
 
 
 def check_planned_loads(samples: PlannedSamples) -> None:
@@ -68,8 +71,13 @@ def check_planned_loads(samples: PlannedSamples) -> None:
         if llm is not None and llm != step.llm[j]:
             raise _stale(samples.ids[j], "len(input_ids)", llm, "llm", step.llm[j])
         if vit != step.vit[j]:
-            raise _stale(samples.ids[j], "the ViT load (first dimension of pixel_values and pixel_values_videos)",
-                         vit, "vit", step.vit[j])
+            raise _stale(
+                samples.ids[j],
+                "the ViT load (first dimension of pixel_values and pixel_values_videos)",
+                vit,
+                "vit",
+                step.vit[j],
+            )
 
 
 def _check_labels(samples: PlannedSamples, fields: dict[str, Any], opts: PackOptions, num_samples: int) -> None:
@@ -89,12 +97,18 @@ def _check_labels(samples: PlannedSamples, fields: dict[str, Any], opts: PackOpt
     expected = cast(tuple[int, ...], samples.step.label)  # the caller checks labels only when it is set
     if tuple(found) != expected:
         j = next(j for j, (a, b) in enumerate(zip(found, expected)) if a != b)
-        raise _stale(samples.ids[j], "the number of label tokens (labels after the first that are not ignore_index)",
-                     found[j], "label", expected[j])
+        raise _stale(
+            samples.ids[j],
+            "the number of label tokens (labels after the first that are not ignore_index)",
+            found[j],
+            "label",
+            expected[j],
+        )
 
 
-def batch_counts(samples: Sequence[Any], fields: dict[str, Any], opts: PackOptions,
-                 takes_num_items: bool) -> LossCounts:
+def batch_counts(
+    samples: Sequence[Any], fields: dict[str, Any], opts: PackOptions, takes_num_items: bool
+) -> LossCounts:
     """The :class:`LossCounts` of a packed batch: its samples' lengths and, for planned samples, the plan's counts
     of its optimizer step (their label tokens checked against the packed labels when ``check_loads``).
 
@@ -108,9 +122,20 @@ def batch_counts(samples: Sequence[Any], fields: dict[str, Any], opts: PackOptio
     step = samples.step
     if step.label is not None:
         if not opts.labels.mask_first_label:
-            raise ValueError("label counts need mask_first_label=True: they count each sample's labels after its "
-                             "first token, as the model trains the sample alone")
+            raise ValueError(
+                "label counts need mask_first_label=True: they count each sample's labels after its "
+                "first token, as the model trains the sample alone"
+            )
         if samples.check_loads:
             _check_labels(samples, fields, opts, num_samples)
-    return LossCounts(sample_lens, step.num_items_in_batch, step.num_samples_in_batch, step.epoch, step.step,
-                      step.micro_step, step.micro_steps_per_step, step.world_size, takes_num_items)
+    return LossCounts(
+        sample_lens,
+        step.num_items_in_batch,
+        step.num_samples_in_batch,
+        step.epoch,
+        step.step,
+        step.micro_step,
+        step.micro_steps_per_step,
+        step.world_size,
+        takes_num_items,
+    )

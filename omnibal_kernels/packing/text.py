@@ -6,6 +6,7 @@ take a fast path; anything else is converted sample by sample (:mod:`.inputs`), 
 that fails is retried sample by sample to name the bad sample. Inside a DataLoader worker every output is
 written straight into one shared-memory storage, so handing the batch to the main process copies nothing.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -68,9 +69,16 @@ def pack_sequences(
         flat_ids, flat_labels = _concat(ids_in, labs_in, ids, labs)
         out = None
     _check_non_negative(flat_ids, lens)
-    fields = varlen_fields(layout.seg_lens, len(lens), flat_labels, num_slots=layout.num_slots,
-                           mask_first_label=opts.labels.mask_first_label, ignore_index=opts.labels.ignore_index,
-                           backend=opts.backend, out=out)
+    fields = varlen_fields(
+        layout.seg_lens,
+        len(lens),
+        flat_labels,
+        num_slots=layout.num_slots,
+        mask_first_label=opts.labels.mask_first_label,
+        ignore_index=opts.labels.ignore_index,
+        backend=opts.backend,
+        out=out,
+    )
     max_seqlen = fields.max_seqlen
     if static.max_seqlen_buckets is not None:
         max_seqlen = static.round_max_seqlen(max_seqlen)
@@ -101,8 +109,10 @@ def _check_non_negative(flat_ids: torch.Tensor, lens: list[int]) -> None:
     while start + lens[sample] <= position:
         start += lens[sample]
         sample += 1
-    raise ValueError(f"sample {sample}: input_ids[{position - start}] = {int(flat_ids[position])} is negative; token "
-                     "ids index the embedding and are never negative (labels take ignore_index, input_ids do not)")
+    raise ValueError(
+        f"sample {sample}: input_ids[{position - start}] = {int(flat_ids[position])} is negative; token "
+        "ids index the embedding and are never negative (labels take ignore_index, input_ids do not)"
+    )
 
 
 def _as_tensors(

@@ -3,15 +3,16 @@ config, or read from JSON), partition search (the least simulated step under the
 uniform), per-rank recomputation plans, a simulator of the GPipe, 1F1B, interleaved and zero-bubble schedules
 of ``torch.distributed.pipelining`` with per-micro-batch costs from packs, and the forms engines take.
 Importing it loads no torch."""
+
 from .engines import deepspeed_parts, megatron_layout, pipelining_split_spec, stage_modules
 from .estimate import (
-                       CONFIGS,
-                       TransformerShape,
-                       VLMConfig,
-                       cost_model_from_config,
-                       load_config,
-                       packs_from_plan,
-                       profile_from_config,
+    CONFIGS,
+    TransformerShape,
+    VLMConfig,
+    cost_model_from_config,
+    load_config,
+    packs_from_plan,
+    profile_from_config,
 )
 from .measure import measure_profile, measure_saved_bytes
 from .micro_batches import MicroBatchTimes, kind_costs, micro_batch_times, simulate_packs
@@ -19,21 +20,54 @@ from .partition import METHODS, OBJECTIVES, RECOMPUTE_MODES, PipelinePlan, evalu
 from .profile import PROFILE_FIELDS, LayerProfile, ModelProfile, as_profile, load_profile
 from .recompute import apply_recompute, cover, min_cost_cover, stage_recompute
 from .schedule import (
-                       SCHEDULES,
-                       TORCH_SCHEDULES,
-                       ScheduleResult,
-                       held_micro_batches,
-                       schedule_order,
-                       simulate,
-                       stage_ranks,
+    SCHEDULES,
+    TORCH_SCHEDULES,
+    ScheduleResult,
+    held_micro_batches,
+    schedule_order,
+    simulate,
+    stage_ranks,
 )
 
 __all__ = [
-    "CONFIGS", "LayerProfile", "METHODS", "MicroBatchTimes", "ModelProfile", "OBJECTIVES", "PROFILE_FIELDS",
-    "PipelinePlan", "RECOMPUTE_MODES", "SCHEDULES", "ScheduleResult", "TORCH_SCHEDULES", "TransformerShape",
-    "VLMConfig", "apply_recompute", "as_profile", "cost_model_from_config", "cover", "deepspeed_parts", "evaluate_partition",
-    "held_micro_batches", "kind_costs", "load_config", "load_profile", "measure_profile", "measure_saved_bytes",
-    "megatron_layout", "micro_batch_times", "min_cost_cover", "packs_from_plan", "partition",
-    "pipelining_split_spec", "profile_from_config", "schedule_order", "simulate", "simulate_packs",
-    "stage_modules", "stage_ranks", "stage_recompute", "uniform_stages",
+    "CONFIGS",
+    "LayerProfile",
+    "METHODS",
+    "MicroBatchTimes",
+    "ModelProfile",
+    "OBJECTIVES",
+    "PROFILE_FIELDS",
+    "PipelinePlan",
+    "RECOMPUTE_MODES",
+    "SCHEDULES",
+    "ScheduleResult",
+    "TORCH_SCHEDULES",
+    "TransformerShape",
+    "VLMConfig",
+    "apply_recompute",
+    "as_profile",
+    "cost_model_from_config",
+    "cover",
+    "deepspeed_parts",
+    "evaluate_partition",
+    "held_micro_batches",
+    "kind_costs",
+    "load_config",
+    "load_profile",
+    "measure_profile",
+    "measure_saved_bytes",
+    "megatron_layout",
+    "micro_batch_times",
+    "min_cost_cover",
+    "packs_from_plan",
+    "partition",
+    "pipelining_split_spec",
+    "profile_from_config",
+    "schedule_order",
+    "simulate",
+    "simulate_packs",
+    "stage_modules",
+    "stage_ranks",
+    "stage_recompute",
+    "uniform_stages",
 ]

@@ -12,6 +12,7 @@ shapes. Past that the layers' saved bytes are floored to multiples of a grid ``g
 more than the exact optimum for a need larger by ``n * g`` (n layers), i.e. for a budget smaller by
 ``held * n * g`` bytes. The caller reports that slack; it is zero whenever the frontier stayed exact.
 """
+
 from __future__ import annotations
 
 import numba
@@ -19,15 +20,26 @@ import numpy as np
 
 
 @numba.njit(cache=True, nogil=True)
-def add_item(w: np.ndarray, c: np.ndarray, n: int, item_w: float, item_c: float, cap: float,
-             out_w: np.ndarray, out_c: np.ndarray) -> int:
+def add_item(
+    w: np.ndarray, c: np.ndarray, n: int, item_w: float, item_c: float, cap: float, out_w: np.ndarray, out_c: np.ndarray
+) -> int:
     """Merges the frontier ``(w[:n], c[:n])`` with itself plus one item into ``out_*``; returns its size."""
     return _merge(w, c, n, item_w, item_c, cap, out_w, out_c, np.zeros(0, np.bool_), np.zeros(0, np.int64))
 
 
 @numba.njit(cache=True, nogil=True)
-def _merge(w: np.ndarray, c: np.ndarray, n: int, item_w: float, item_c: float, cap: float, out_w: np.ndarray,
-           out_c: np.ndarray, took: np.ndarray, parent: np.ndarray) -> int:
+def _merge(
+    w: np.ndarray,
+    c: np.ndarray,
+    n: int,
+    item_w: float,
+    item_c: float,
+    cap: float,
+    out_w: np.ndarray,
+    out_c: np.ndarray,
+    took: np.ndarray,
+    parent: np.ndarray,
+) -> int:
     """The merge of :func:`add_item`; with ``took`` and ``parent`` as long as the output it also records, per
     output point, whether it holds the item and its index in the input (empty arrays: not recorded).
 
@@ -80,9 +92,21 @@ def query(w: np.ndarray, c: np.ndarray, n: int, need: float) -> float:
 
 
 @numba.njit(cache=True, nogil=True)
-def _sweep(save: np.ndarray, cost: np.ndarray, a: int, last: int, cap: float, grid: float, limit: int,
-           needs: np.ndarray, out: np.ndarray, w0: np.ndarray, c0: np.ndarray, w1: np.ndarray,
-           c1: np.ndarray) -> bool:
+def _sweep(
+    save: np.ndarray,
+    cost: np.ndarray,
+    a: int,
+    last: int,
+    cap: float,
+    grid: float,
+    limit: int,
+    needs: np.ndarray,
+    out: np.ndarray,
+    w0: np.ndarray,
+    c0: np.ndarray,
+    w1: np.ndarray,
+    c1: np.ndarray,
+) -> bool:
     """One start ``a``: layers a..b added one by one, out[q, a, b] = least cost for needs[q, b - a]. Returns
     False when the frontier outgrew ``limit`` (exact mode only)."""
     w0[0], c0[0] = 0.0, 0.0
@@ -104,9 +128,18 @@ def _sweep(save: np.ndarray, cost: np.ndarray, a: int, last: int, cap: float, gr
 
 
 @numba.njit(cache=True, nogil=True)
-def recompute_matrix(save: np.ndarray, cost: np.ndarray, c_static: np.ndarray, c_act: np.ndarray,
-                     held: np.ndarray, budget: np.ndarray, last: np.ndarray, limit: int,
-                     out: np.ndarray, grids: np.ndarray) -> None:
+def recompute_matrix(
+    save: np.ndarray,
+    cost: np.ndarray,
+    c_static: np.ndarray,
+    c_act: np.ndarray,
+    held: np.ndarray,
+    budget: np.ndarray,
+    last: np.ndarray,
+    limit: int,
+    out: np.ndarray,
+    grids: np.ndarray,
+) -> None:
     """Least recompute time of every stage a..b (``b <= last[a]``) for each of Q (held, budget) settings.
 
     save, cost: (L,) bytes a layer saves when recomputed and its forward time; c_static, c_act: (L + 1,)
@@ -141,8 +174,9 @@ def recompute_matrix(save: np.ndarray, cost: np.ndarray, c_static: np.ndarray, c
 
 
 @numba.njit(cache=True, nogil=True)
-def solve(weights: np.ndarray, costs: np.ndarray, need: float, grid: float, limit: int,
-          chosen: np.ndarray) -> tuple[float, bool]:
+def solve(
+    weights: np.ndarray, costs: np.ndarray, need: float, grid: float, limit: int, chosen: np.ndarray
+) -> tuple[float, bool]:
     """Least cost of a subset of items whose (grid-floored) weights sum to at least ``need``, and whether the
     frontier stayed within ``limit`` points (False: nothing is returned, retry with a grid). Marks the subset
     in ``chosen`` (bool, per item); the cost is inf when no subset covers ``need``."""

@@ -14,6 +14,7 @@ turns only bounds how many records are alive. A producer whose ring slot is stil
 advance the caller retries with a larger ring (a full ring of ``micro_batches`` slots never blocks, so a
 deadlock there is a bug in an order).
 """
+
 from __future__ import annotations
 
 import numba
@@ -40,8 +41,9 @@ def _family_stage(k: int, ranks: int, chunks: int, per_round: int, rank: int, ba
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _next_family(st: np.ndarray, rank: int, ranks: int, chunks: int, m: int, per_round: int, warm: int,
-                 zero_bubble: bool) -> tuple[int, int, int]:
+def _next_family(
+    st: np.ndarray, rank: int, ranks: int, chunks: int, m: int, per_round: int, warm: int, zero_bubble: bool
+) -> tuple[int, int, int]:
     """Next operation of a GPipe / 1F1B / interleaved (zero-bubble) order: ``warm`` forwards, then a forward and
     a backward in turn, then the remaining backwards; zero bubble adds, from the ``rank``-th backward on, the
     weight gradient of the oldest backward still without one, and the rest at the end. ``(-1, 0, 0)`` at the end.
@@ -156,8 +158,9 @@ def _next_zbv(st: np.ndarray, rank: int, ranks: int, m: int) -> tuple[int, int, 
 
 
 @numba.njit(cache=True, nogil=True)
-def next_op(code: int, st: np.ndarray, rank: int, ranks: int, chunks: int, m: int, per_round: int,
-            warm: int) -> tuple[int, int, int]:
+def next_op(
+    code: int, st: np.ndarray, rank: int, ranks: int, chunks: int, m: int, per_round: int, warm: int
+) -> tuple[int, int, int]:
     """Next ``(kind, virtual stage, micro-batch)`` of ``rank`` under schedule ``code``; kind -1 at the end."""
     if code == ZBV:
         return _next_zbv(st, rank, ranks, m)
@@ -165,8 +168,18 @@ def next_op(code: int, st: np.ndarray, rank: int, ranks: int, chunks: int, m: in
 
 
 @numba.njit(cache=True, nogil=True)
-def order_into(code: int, rank: int, ranks: int, chunks: int, m: int, per_round: int, warm: int,
-               kinds: np.ndarray, stages: np.ndarray, mbs: np.ndarray) -> int:
+def order_into(
+    code: int,
+    rank: int,
+    ranks: int,
+    chunks: int,
+    m: int,
+    per_round: int,
+    warm: int,
+    kinds: np.ndarray,
+    stages: np.ndarray,
+    mbs: np.ndarray,
+) -> int:
     """Writes the order of ``rank`` into the three arrays (large enough); returns its length."""
     st = np.zeros((rank + 1, STATE), np.int64)
     n = 0
@@ -189,8 +202,19 @@ def _wake(q: int, awake: np.ndarray, stack: np.ndarray, top: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _account(kind: int, j: int, r: int, nbytes: float, release_at_w: bool, f_done: np.ndarray, b_done: np.ndarray,
-             alive: np.ndarray, alive_bytes: np.ndarray, held: np.ndarray, peak: np.ndarray) -> None:
+def _account(
+    kind: int,
+    j: int,
+    r: int,
+    nbytes: float,
+    release_at_w: bool,
+    f_done: np.ndarray,
+    b_done: np.ndarray,
+    alive: np.ndarray,
+    alive_bytes: np.ndarray,
+    held: np.ndarray,
+    peak: np.ndarray,
+) -> None:
     """Counts a finished operation: forwards and backwards done, micro-batches and bytes alive, their peaks."""
     if kind == KIND_F:
         f_done[j] += 1
@@ -207,10 +231,26 @@ def _account(kind: int, j: int, r: int, nbytes: float, release_at_w: bool, f_don
 
 
 @numba.njit(cache=True, nogil=True)
-def simulate_into(code: int, ranks: int, chunks: int, m: int, per_round: int, warm: np.ndarray,
-                  stage_rank: np.ndarray, d_f: np.ndarray, d_b: np.ndarray, d_w: np.ndarray, act: np.ndarray,
-                  release_at_w: bool, ring: int, record: bool, tl: np.ndarray,
-                  busy: np.ndarray, peak: np.ndarray, held: np.ndarray) -> tuple[int, float, int]:
+def simulate_into(
+    code: int,
+    ranks: int,
+    chunks: int,
+    m: int,
+    per_round: int,
+    warm: np.ndarray,
+    stage_rank: np.ndarray,
+    d_f: np.ndarray,
+    d_b: np.ndarray,
+    d_w: np.ndarray,
+    act: np.ndarray,
+    release_at_w: bool,
+    ring: int,
+    record: bool,
+    tl: np.ndarray,
+    busy: np.ndarray,
+    peak: np.ndarray,
+    held: np.ndarray,
+) -> tuple[int, float, int]:
     """Runs one step; returns ``(status, step time, operations)``.
 
     d_f, d_b, d_w: (M, S) durations of F, B, W per micro-batch (M = m) or for all (M = 1), sends included;
@@ -296,8 +336,9 @@ def simulate_into(code: int, ranks: int, chunks: int, m: int, per_round: int, wa
                 rec_t[rk, out, slot] = end
                 rec_mb[rk, out, slot] = mb
                 top = _wake(stage_rank[out + 1 if kind == KIND_F else out - 1], awake, stack, top)
-            _account(kind, j, r, act[mb if per_mb_a else 0, j], release_at_w, f_done, b_done, alive, alive_bytes,
-                     held, peak)
+            _account(
+                kind, j, r, act[mb if per_mb_a else 0, j], release_at_w, f_done, b_done, alive, alive_bytes, held, peak
+            )
             if record:
                 tl[n_ops, 0], tl[n_ops, 1], tl[n_ops, 2], tl[n_ops, 3] = r, kind, j, mb
                 tl[n_ops, 4], tl[n_ops, 5] = start, end

@@ -17,6 +17,7 @@ what must happen before its first operation and after its last. For rank ``r``:
 The bound is the largest over ranks. Stage times are per micro-batch (F, B: input-gradient part under zero
 bubble, W: weight gradient), sends included, as the simulator takes them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class Windows:
     num_stages: int
 
     @classmethod
-    def of(cls, schedule: str, ranks: int, micro_batches: int, virtual_stages: int) -> "Windows":
+    def of(cls, schedule: str, ranks: int, micro_batches: int, virtual_stages: int) -> Windows:
         order = schedule_order(schedule, ranks, micro_batches, virtual_stages)
         S = ranks * virtual_stages
         code = {"F": 0, "B": 1, "W": 2}
@@ -76,8 +77,18 @@ class Windows:
                     js.append(j)
                     between.append(counts[y] - counts[x + 1])
             z = max(p for p, (kind, _, _) in enumerate(ops) if kind == "B")
-            out.append(RankWindows(stages, tuple(xs), tuple(ys), tuple(js), tuple(between), ops[0][1], ops[z][1],
-                                   counts[-1] - counts[z + 1]))
+            out.append(
+                RankWindows(
+                    stages,
+                    tuple(xs),
+                    tuple(ys),
+                    tuple(js),
+                    tuple(between),
+                    ops[0][1],
+                    ops[z][1],
+                    counts[-1] - counts[z + 1],
+                )
+            )
         return cls(tuple(out), micro_batches, S)
 
 
@@ -92,8 +103,9 @@ def _best_disjoint(x: tuple[int, ...], y: tuple[int, ...], gain: list[np.ndarray
     return best[-1]
 
 
-def rank_bound(w: RankWindows, m: int, f: np.ndarray, b: np.ndarray, wt: np.ndarray, trip: np.ndarray,
-               tail: bool = True) -> np.ndarray:
+def rank_bound(
+    w: RankWindows, m: int, f: np.ndarray, b: np.ndarray, wt: np.ndarray, trip: np.ndarray, tail: bool = True
+) -> np.ndarray:
     """The bound of one rank for the times in the rows of ``f``, ``b``, ``wt`` (each (n, S)); ``trip[:, j]``
     is (a lower bound of) ``sum_{k > j} (F_k + B_k)``. ``tail=False`` leaves out the tail (when the times
     of the operations after the last B are not known yet)."""
@@ -105,11 +117,11 @@ def rank_bound(w: RankWindows, m: int, f: np.ndarray, b: np.ndarray, wt: np.ndar
         inside = sum(dur[k][:, q] * between[k, q] for k in range(3) for q in np.flatnonzero(between[k]))
         gains.append(np.maximum(0.0, trip[:, j] - inside))
     idle = _best_disjoint(w.x, w.y, gains)
-    start = f[:, :w.first].sum(axis=1)
+    start = f[:, : w.first].sum(axis=1)
     out = start + busy + idle
     if tail:
         after = sum(dur[k][:, q] * w.after[k, q] for k in range(3) for q in np.flatnonzero(w.after[k]))
-        out = out + np.maximum(0.0, b[:, :w.last_b].sum(axis=1) - after)
+        out = out + np.maximum(0.0, b[:, : w.last_b].sum(axis=1) - after)
     return out
 
 

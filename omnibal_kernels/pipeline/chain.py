@@ -1,5 +1,6 @@
 """``Chain``: an ``nn.Sequential`` whose first layer may take several inputs and whose layers may pass tuples
 (a tuple output becomes the next layer's positional arguments), the calling convention of pipeline stages."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """``omnibal-kernels partition`` and ``omnibal-kernels profile``: argument registration and run functions."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ from typing import Any
 
 __all__ = ["add_parsers"]
 
-_GIB = 2 ** 30
+_GIB = 2**30
 
 
 def add_parsers(sub: Any) -> None:
@@ -25,35 +26,64 @@ def add_parsers(sub: Any) -> None:
         "bottleneck), with a per-rank recompute plan under --memory-gb, and print it beside the uniform split.",
     )
     part.add_argument("profile", nargs="?", default=None, metavar="PROFILE", help="JSON profile file")
-    part.add_argument("--config", default=None,
-                      help="estimate the profile from a model config: internvl-300m-7b, internvl-6b-20b or an "
-                      "InternVL config.json")
+    part.add_argument(
+        "--config",
+        default=None,
+        help="estimate the profile from a model config: internvl-300m-7b, internvl-6b-20b or an InternVL config.json",
+    )
     part.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
     part.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
-    part.add_argument("--memory-gb", type=float, default=None,
-                      help="memory per stage in GiB (default: memory is no constraint)")
-    part.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
-                      help="the torch.distributed.pipelining schedule the step is simulated under (default 1f1b)")
-    part.add_argument("--virtual-stages", type=int, default=None,
-                      help="chunks per rank (default 1; 2 for zbv; interleaved and interleaved-zb take any)")
+    part.add_argument(
+        "--memory-gb", type=float, default=None, help="memory per stage in GiB (default: memory is no constraint)"
+    )
+    part.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="1f1b",
+        help="the torch.distributed.pipelining schedule the step is simulated under (default 1f1b)",
+    )
+    part.add_argument(
+        "--virtual-stages",
+        type=int,
+        default=None,
+        help="chunks per rank (default 1; 2 for zbv; interleaved and interleaved-zb take any)",
+    )
     part.add_argument("--method", choices=("exact", "paper"), default="exact")
-    part.add_argument("--objective", choices=OBJECTIVES, default="step",
-                      help="exact search: least simulated step (default) or least bottleneck stage")
-    part.add_argument("--recompute", choices=RECOMPUTE_MODES, default="plan",
-                      help="plan: optimal per stage (default); uniform: none if it fits, else every layer")
+    part.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="step",
+        help="exact search: least simulated step (default) or least bottleneck stage",
+    )
+    part.add_argument(
+        "--recompute",
+        choices=RECOMPUTE_MODES,
+        default="plan",
+        help="plan: optimal per stage (default); uniform: none if it fits, else every layer",
+    )
     part.add_argument("--link-gb-per-s", type=float, default=25.0, help="GB/s between stages (default 25)")
-    part.add_argument("--fix", action="append", default=[], metavar="STAGE:LAYER",
-                      help="stage STAGE starts at layer LAYER (repeatable)")
-    part.add_argument("--vit-on-first-stage", action="store_true",
-                      help="keep every 'vit' layer on stage 0 and nothing else there")
+    part.add_argument(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="STAGE:LAYER",
+        help="stage STAGE starts at layer LAYER (repeatable)",
+    )
+    part.add_argument(
+        "--vit-on-first-stage", action="store_true", help="keep every 'vit' layer on stage 0 and nothing else there"
+    )
     part.add_argument("--pack-tiles", type=float, default=16.0, help="--config: ViT tiles per micro-batch")
     part.add_argument("--pack-tokens", type=float, default=5376.0, help="--config: LLM tokens per micro-batch")
     part.add_argument("--pack-samples", type=int, default=4, help="--config: samples per micro-batch")
     part.add_argument("--tflops", type=float, default=312.0, help="--config: device peak TFLOP/s (default 312)")
     part.add_argument("--efficiency", type=float, default=0.5, help="--config: fraction of peak (default 0.5)")
-    part.add_argument("--static-bytes-per-param", type=float, default=16.0,
-                      help="--config: weights + gradients + optimizer bytes per parameter (default 16, mixed-"
-                      "precision Adam; 4 + 12 / DP with a distributed optimizer over DP ranks)")
+    part.add_argument(
+        "--static-bytes-per-param",
+        type=float,
+        default=16.0,
+        help="--config: weights + gradients + optimizer bytes per parameter (default 16, mixed-"
+        "precision Adam; 4 + 12 / DP with a distributed optimizer over DP ranks)",
+    )
     part.add_argument("--json", action="store_true", help="print one JSON object")
     part.set_defaults(func=_run_partition)
 
@@ -63,8 +93,11 @@ def add_parsers(sub: Any) -> None:
         description="Measure forward/backward time, saved-activation bytes (saved_tensors_hooks), static and "
         "output bytes per layer of --model on its example batch, or estimate them from --config; write JSON.",
     )
-    prof.add_argument("--model", default=None,
-                      help="tiny-vlm, or MODULE:FUNCTION returning (layers, inputs) or (layers, inputs, kinds)")
+    prof.add_argument(
+        "--model",
+        default=None,
+        help="tiny-vlm, or MODULE:FUNCTION returning (layers, inputs) or (layers, inputs, kinds)",
+    )
     prof.add_argument("--config", default=None, help="estimate from a model config instead (as for partition)")
     prof.add_argument("--pack-tiles", type=float, default=16.0)
     prof.add_argument("--pack-tokens", type=float, default=5376.0)
@@ -86,9 +119,13 @@ def _config_profile(args: argparse.Namespace) -> Any:
     if n < 1 or args.pack_tiles < 0 or args.pack_tokens <= 0:
         raise ValueError("--pack-samples must be >= 1, --pack-tiles >= 0 and --pack-tokens > 0")
     pack = (np.full(n, args.pack_tiles / n), np.full(n, args.pack_tokens / n))
-    return profile_from_config(args.config, [pack], tflops=getattr(args, "tflops", 312.0),
-                               efficiency=getattr(args, "efficiency", 0.5),
-                               static_bytes_per_param=args.static_bytes_per_param)
+    return profile_from_config(
+        args.config,
+        [pack],
+        tflops=getattr(args, "tflops", 312.0),
+        efficiency=getattr(args, "efficiency", 0.5),
+        static_bytes_per_param=args.static_bytes_per_param,
+    )
 
 
 def _fixed_starts(args: argparse.Namespace, profile: Any) -> dict[int, int]:
@@ -121,10 +158,22 @@ def _run_partition(args: argparse.Namespace) -> int:
         raise ValueError(f"--memory-gb must be > 0, got {args.memory_gb}")
     memory = None if args.memory_gb is None else args.memory_gb * _GIB
     chunks = args.virtual_stages if args.virtual_stages is not None else 2 if args.schedule == "zbv" else 1
-    common = dict(micro_batches=args.micro_batches, memory_bytes=memory, schedule=args.schedule,
-                  virtual_stages=chunks, link_gb_per_s=args.link_gb_per_s)
-    best = partition(profile, args.stages, method=args.method, objective=args.objective, recompute=args.recompute,
-                     fixed_starts=_fixed_starts(args, profile), **common)
+    common = dict(
+        micro_batches=args.micro_batches,
+        memory_bytes=memory,
+        schedule=args.schedule,
+        virtual_stages=chunks,
+        link_gb_per_s=args.link_gb_per_s,
+    )
+    best = partition(
+        profile,
+        args.stages,
+        method=args.method,
+        objective=args.objective,
+        recompute=args.recompute,
+        fixed_starts=_fixed_starts(args, profile),
+        **common,
+    )
     uniform = partition(profile, args.stages, method="uniform", recompute="uniform", **common)
     out = best.to_dict()
     out["uniform"] = uniform.to_dict()
@@ -136,26 +185,40 @@ def _run_partition(args: argparse.Namespace) -> int:
         out["megatron"] = megatron_layout(best, profile)
     if memory is None:
         # Unbounded memory is a legal question ("what if memory were free?"), but not one to answer silently.
-        print(f"omnibal-kernels: warning: no --memory-gb: memory is not a constraint; the plan's fullest rank "
-              f"peaks at {max(best.peak_bytes) / _GIB:.1f} GiB (give --memory-gb to plan recomputation within "
-              "each rank's memory)", file=sys.stderr)
+        print(
+            f"omnibal-kernels: warning: no --memory-gb: memory is not a constraint; the plan's fullest rank "
+            f"peaks at {max(best.peak_bytes) / _GIB:.1f} GiB (give --memory-gb to plan recomputation within "
+            "each rank's memory)",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(out))
         return 0
     names = profile.names
-    print(f"{len(profile)} layers, {args.stages} ranks x {chunks} stages, {args.micro_batches} micro-batches, "
-          f"{args.schedule}, memory {'unlimited' if memory is None else f'{args.memory_gb:g} GiB'} per rank")
+    print(
+        f"{len(profile)} layers, {args.stages} ranks x {chunks} stages, {args.micro_batches} micro-batches, "
+        f"{args.schedule}, memory {'unlimited' if memory is None else f'{args.memory_gb:g} GiB'} per rank"
+    )
     for label, plan in ((f"{args.method} search ({args.objective})", best), ("uniform split", uniform)):
-        proven = "" if plan.method != "exact" or args.objective != "step" else (
-            ", optimal" if plan.optimality_gap <= 1e-9 else f", within {plan.optimality_gap:.2%} of optimal")
-        print(f"\n{label}: step {plan.step_ms:.1f} ms{proven}, bubble {plan.bubble:.3f}, bottleneck "
-              f"{plan.bottleneck_ms:.1f} ms{'' if plan.fits else ', DOES NOT FIT'}")
-        print(f"  {'stage':>5} {'rank':>4}  {'layers':<28} {'n':>3}  {'recompute':>9}  {'ms/micro-batch':>14}  "
-              f"{'rank peak GiB':>13}")
+        proven = (
+            ""
+            if plan.method != "exact" or args.objective != "step"
+            else (", optimal" if plan.optimality_gap <= 1e-9 else f", within {plan.optimality_gap:.2%} of optimal")
+        )
+        print(
+            f"\n{label}: step {plan.step_ms:.1f} ms{proven}, bubble {plan.bubble:.3f}, bottleneck "
+            f"{plan.bottleneck_ms:.1f} ms{'' if plan.fits else ', DOES NOT FIT'}"
+        )
+        print(
+            f"  {'stage':>5} {'rank':>4}  {'layers':<28} {'n':>3}  {'recompute':>9}  {'ms/micro-batch':>14}  "
+            f"{'rank peak GiB':>13}"
+        )
         for s, (a, b) in enumerate(plan.stages):
             r = plan.stage_ranks[s]
-            print(f"  {s:>5} {r:>4}  {names[a] + ' .. ' + names[b]:<28} {b - a + 1:>3}  {len(plan.recompute[s]):>9}  "
-                  f"{plan.stage_ms[s]:>14.1f}  {plan.peak_bytes[r] / _GIB:>13.2f}")
+            print(
+                f"  {s:>5} {r:>4}  {names[a] + ' .. ' + names[b]:<28} {b - a + 1:>3}  {len(plan.recompute[s]):>9}  "
+                f"{plan.stage_ms[s]:>14.1f}  {plan.peak_bytes[r] / _GIB:>13.2f}"
+            )
     print(f"\npredicted speed-up over the uniform split: {uniform.step_ms / best.step_ms:.3f}x")
     return 0
 
@@ -200,9 +263,11 @@ def _run_profile(args: argparse.Namespace) -> int:
         return 0
     print(f"{'layer':<16} {'kind':<10} {'fwd ms':>9} {'bwd ms':>9} {'act MiB':>9} {'static MiB':>10} {'out MiB':>8}")
     for layer in profile.layers:
-        print(f"{layer.name:<16} {layer.kind:<10} {layer.forward_ms:>9.3f} {layer.backward_ms:>9.3f} "
-              f"{layer.activation_bytes / 2**20:>9.2f} {layer.static_bytes / 2**20:>10.2f} "
-              f"{layer.output_bytes / 2**20:>8.2f}")
+        print(
+            f"{layer.name:<16} {layer.kind:<10} {layer.forward_ms:>9.3f} {layer.backward_ms:>9.3f} "
+            f"{layer.activation_bytes / 2**20:>9.2f} {layer.static_bytes / 2**20:>10.2f} "
+            f"{layer.output_bytes / 2**20:>8.2f}"
+        )
     if args.out:
         print(f"profile written to {args.out}", file=sys.stderr)
     return 0

@@ -11,11 +11,13 @@ that are not recomputed plus the input bytes of those that are.
 Recompute modes: ``"plan"`` (the least recompute time that fits, per rank: a knapsack over its layers),
 ``"all"`` (every layer), ``"none"``; ``"uniform"`` is resolved by the caller (none if every rank fits, else all).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import numpy as np
 
@@ -49,15 +51,30 @@ class StageCosts:
     ``budgets``: per rank bytes (``None``: memory is no constraint). Prefix sums make every interval sum O(1).
     """
 
-    def __init__(self, profile: ModelProfile, ranks: int, virtual_stages: int, micro_batches: int, schedule: str,
-                 budgets: Optional[list[float]], mode: str, link_gb_per_s: float, weight_fraction: float) -> None:
+    def __init__(
+        self,
+        profile: ModelProfile,
+        ranks: int,
+        virtual_stages: int,
+        micro_batches: int,
+        schedule: str,
+        budgets: Optional[list[float]],
+        mode: str,
+        link_gb_per_s: float,
+        weight_fraction: float,
+    ) -> None:
         self.profile = profile
         self.L, self.P, self.v = len(profile), ranks, virtual_stages
         self.S = ranks * virtual_stages
         self.m, self.schedule, self.budgets, self.mode = micro_batches, schedule, budgets, mode
         self.rank_of = np.asarray(stage_ranks(schedule, ranks, virtual_stages), dtype=np.int64)
-        self.held = np.array([held_micro_batches(schedule, ranks, micro_batches, j, virtual_stages=virtual_stages)
-                              for j in range(self.S)], dtype=np.float64)
+        self.held = np.array(
+            [
+                held_micro_batches(schedule, ranks, micro_batches, j, virtual_stages=virtual_stages)
+                for j in range(self.S)
+            ],
+            dtype=np.float64,
+        )
         self.cross_out = np.append(self.rank_of[:-1] != self.rank_of[1:], False)
         self.cross_in = np.insert(self.rank_of[1:] != self.rank_of[:-1], 0, False)
         self.wf = weight_fraction if schedule in ZERO_BUBBLE else 0.0
@@ -135,8 +152,18 @@ class StageCosts:
         held = np.array([k for k, _ in keys])
         budget = np.array([bb for _, bb in keys])
         mats = np.full((len(keys), L, L), np.inf)
-        recompute_matrix(self.act - self.inp, self.fwd.copy(), self.c_static, self.c_act, held, budget,
-                                   np.asarray(last, dtype=np.int64), FRONTIER_POINTS, mats, grids)
+        recompute_matrix(
+            self.act - self.inp,
+            self.fwd.copy(),
+            self.c_static,
+            self.c_act,
+            held,
+            budget,
+            np.asarray(last, dtype=np.int64),
+            FRONTIER_POINTS,
+            mats,
+            grids,
+        )
         for j in range(self.S):
             out[j] = mats[keys.index((self.held[j], self.budgets[int(self.rank_of[j])]))]
         self.grids = grids
@@ -184,8 +211,7 @@ class StageCosts:
             if n == 1 and self.grids is not None:
                 mask = np.zeros(items.size, np.bool_)
                 found: Optional[tuple[Union[np.ndarray, list[int]], float]]
-                cost, _ = solve(weights, self.fwd[items], float(need), float(self.grids[a]),
-                                          2 * FRONTIER_POINTS, mask)
+                cost, _ = solve(weights, self.fwd[items], float(need), float(self.grids[a]), 2 * FRONTIER_POINTS, mask)
                 found = None if not math.isfinite(cost) else (np.flatnonzero(mask), float(self.grids[a]))
             else:
                 got = cover(weights, self.fwd[items], need)
@@ -200,8 +226,14 @@ class StageCosts:
             rec = [float(self.fwd[list(c)].sum()) if c else 0.0 for c in chosen]
             kept = [a - sum(self.act[x] - self.inp[x] for x in c) for a, c in zip(act, chosen)]
             memory = static + sum(h * k for h, k in zip(held, kept))
-            return RankChoice(tuple(chosen), tuple(rec), tuple(float(k) for k in kept), float(memory),
-                              bool(memory <= budget * (1 + 1e-9) and found is not None), float(slack))
+            return RankChoice(
+                tuple(chosen),
+                tuple(rec),
+                tuple(float(k) for k in kept),
+                float(memory),
+                bool(memory <= budget * (1 + 1e-9) and found is not None),
+                float(slack),
+            )
         memory = static + sum(h * k for h, k in zip(held, kept))
         fits = budget is None or memory <= budget * (1 + 1e-9)
         return RankChoice(tuple(chosen), tuple(rec), tuple(float(k) for k in kept), float(memory), bool(fits), 0.0)

@@ -13,9 +13,11 @@ Every form lists virtual stages in chain order; with ``virtual_stages = v`` rank
 - DeepSpeed ``PipelineModule``: the ``parts`` boundaries (stage ``s`` owns layers ``parts[s]:parts[s + 1]``),
   the list ``PipelineModule`` builds internally from its ``partition_method``; it runs one stage per rank.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from .partition import PipelinePlan
 from .profile import ModelProfile
@@ -56,7 +58,7 @@ def stage_modules(layers: Any, plan: PipelinePlan) -> list[Any]:
         items = [(str(i), m) for i, m in enumerate(layers)]
     if len(items) != plan.stages[-1][1] + 1:
         raise ValueError(f"layers: {len(items)} modules for {plan.stages[-1][1] + 1} profiled layers")
-    return [Chain(OrderedDict(items[a:b + 1])) for a, b in plan.stages]
+    return [Chain(OrderedDict(items[a : b + 1])) for a, b in plan.stages]
 
 
 def megatron_layout(plan: PipelinePlan, profile: ModelProfile) -> dict[str, Any]:
@@ -74,7 +76,7 @@ def megatron_layout(plan: PipelinePlan, profile: ModelProfile) -> dict[str, Any]
     kinds = [layer.kind for layer in profile.layers]
     decoder, vision, parts = [], [], []
     for a, b in plan.stages:
-        ks = kinds[a:b + 1]
+        ks = kinds[a : b + 1]
         decoder.append(ks.count("llm"))
         vision.append(ks.count("vit"))
         text = ("E" if "projector" in ks else "") + (f"t*{decoder[-1]}" if decoder[-1] > 1 else "t" * decoder[-1])
@@ -97,6 +99,7 @@ def deepspeed_parts(plan: PipelinePlan) -> list[int]:
     """DeepSpeed ``PipelineModule`` boundaries: ``[0, first of stage 1, ..., num_layers]`` (one stage per
     rank: ``ValueError`` for a plan with virtual stages)."""
     if plan.virtual_stages > 1:
-        raise ValueError(f"plan: DeepSpeed's PipelineModule runs one stage per rank, the plan has "
-                         f"{plan.virtual_stages} per rank")
+        raise ValueError(
+            f"plan: DeepSpeed's PipelineModule runs one stage per rank, the plan has {plan.virtual_stages} per rank"
+        )
     return [a for a, _ in plan.stages] + [plan.stages[-1][1] + 1]

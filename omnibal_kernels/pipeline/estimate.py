@@ -9,18 +9,27 @@ Llama-style layer this is ``d * (6h + 2kv + 3i)`` bytes per token, about the ``3
 (2022) for h = 4096. Static bytes are parameters times ``static_bytes_per_param`` (16 for mixed-precision
 Adam: 16-bit weights and gradients, fp32 master weights and two moments).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union, cast
+from typing import Any, Optional, Union, cast
 
 import numpy as np
 
 from .profile import LayerProfile, ModelProfile, read_json
 
-__all__ = ["TransformerShape", "VLMConfig", "CONFIGS", "cost_model_from_config", "load_config", "profile_from_config",
-           "packs_from_plan"]
+__all__ = [
+    "TransformerShape",
+    "VLMConfig",
+    "CONFIGS",
+    "cost_model_from_config",
+    "load_config",
+    "profile_from_config",
+    "packs_from_plan",
+]
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class VLMConfig:
     @property
     def llm_tokens_per_tile(self) -> int:
         """Image tokens one tile gives the LLM after pixel shuffle."""
-        return int(round((self.image_size // self.patch_size) ** 2 * self.downsample_ratio ** 2))
+        return int(round((self.image_size // self.patch_size) ** 2 * self.downsample_ratio**2))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,15 +116,22 @@ CONFIGS: dict[str, VLMConfig] = {
 
 
 def _shape_from_hf(section: Mapping[str, Any], where: str, *, gated: bool) -> TransformerShape:
-    keys = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
-            "intermediate": "intermediate_size"}
+    keys = {
+        "layers": "num_hidden_layers",
+        "hidden": "hidden_size",
+        "heads": "num_attention_heads",
+        "intermediate": "intermediate_size",
+    }
     missing = [v for v in keys.values() if v not in section]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
     try:
-        return TransformerShape(**{k: section[v] for k, v in keys.items()},
-                                kv_heads=section.get("num_key_value_heads"), vocab=int(section.get("vocab_size", 0)),
-                                gated_mlp=gated)
+        return TransformerShape(
+            **{k: section[v] for k, v in keys.items()},
+            kv_heads=section.get("num_key_value_heads"),
+            vocab=int(section.get("vocab_size", 0)),
+            gated_mlp=gated,
+        )
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
 
@@ -155,17 +171,31 @@ def load_config(config: Union[str, Path, VLMConfig, Mapping[str, Any]]) -> VLMCo
 def _vit_cost(params: float, layers: int, hidden: int, tokens_per_tile: int) -> Any:
     from ..balance.cost import CostModel
 
-    return CostModel.from_shapes(vit_params=params, vit_layers=layers, vit_hidden=hidden,
-                                 vit_tokens_per_unit=tokens_per_tile, vit_units_attend_jointly=False,
-                                 llm_params=0.0, llm_layers=0, llm_hidden=0)
+    return CostModel.from_shapes(
+        vit_params=params,
+        vit_layers=layers,
+        vit_hidden=hidden,
+        vit_tokens_per_unit=tokens_per_tile,
+        vit_units_attend_jointly=False,
+        llm_params=0.0,
+        llm_layers=0,
+        llm_hidden=0,
+    )
 
 
 def _llm_cost(params: float, layers: int, hidden: int) -> Any:
     from ..balance.cost import CostModel
 
-    return CostModel.from_shapes(vit_params=0.0, vit_layers=0, vit_hidden=0, vit_tokens_per_unit=1,
-                                 vit_units_attend_jointly=False, llm_params=params, llm_layers=layers,
-                                 llm_hidden=hidden)
+    return CostModel.from_shapes(
+        vit_params=0.0,
+        vit_layers=0,
+        vit_hidden=0,
+        vit_tokens_per_unit=1,
+        vit_units_attend_jointly=False,
+        llm_params=params,
+        llm_layers=layers,
+        llm_hidden=hidden,
+    )
 
 
 def cost_model_from_config(config: Union[str, Path, VLMConfig, Mapping[str, Any]]) -> Any:
@@ -175,9 +205,16 @@ def cost_model_from_config(config: Union[str, Path, VLMConfig, Mapping[str, Any]
 
     cfg = load_config(config)
     v, t = cfg.vision, cfg.llm
-    return CostModel.from_shapes(vit_params=v.layers * v.layer_params, vit_layers=v.layers, vit_hidden=v.hidden,
-                                 vit_tokens_per_unit=cfg.vit_tokens_per_tile, vit_units_attend_jointly=False,
-                                 llm_params=t.layers * t.layer_params, llm_layers=t.layers, llm_hidden=t.hidden)
+    return CostModel.from_shapes(
+        vit_params=v.layers * v.layer_params,
+        vit_layers=v.layers,
+        vit_hidden=v.hidden,
+        vit_tokens_per_unit=cfg.vit_tokens_per_tile,
+        vit_units_attend_jointly=False,
+        llm_params=t.layers * t.layer_params,
+        llm_layers=t.layers,
+        llm_hidden=t.hidden,
+    )
 
 
 def _layer_table(cfg: VLMConfig, dtype_bytes: int) -> list[dict[str, Any]]:
@@ -187,34 +224,74 @@ def _layer_table(cfg: VLMConfig, dtype_bytes: int) -> list[dict[str, Any]]:
     s_proj = cfg.llm_tokens_per_tile
     d = dtype_bytes
     rows = []
-    patch_params = 3 * cfg.patch_size ** 2 * v.hidden + (s_vit + 1) * v.hidden
-    rows.append(dict(name="vit.embed", kind="vit", params=patch_params,
-                     cost=_vit_cost(3 * cfg.patch_size ** 2 * v.hidden, 0, v.hidden, s_vit - 1),
-                     act_tile=d * 3 * cfg.image_size ** 2, act_token=0,
-                     out_tile=d * s_vit * v.hidden, out_token=0))
+    patch_params = 3 * cfg.patch_size**2 * v.hidden + (s_vit + 1) * v.hidden
+    rows.append(
+        dict(
+            name="vit.embed",
+            kind="vit",
+            params=patch_params,
+            cost=_vit_cost(3 * cfg.patch_size**2 * v.hidden, 0, v.hidden, s_vit - 1),
+            act_tile=d * 3 * cfg.image_size**2,
+            act_token=0,
+            out_tile=d * s_vit * v.hidden,
+            out_token=0,
+        )
+    )
     for i in range(v.layers):
-        rows.append(dict(name=f"vit.{i}", kind="vit", params=v.layer_params,
-                         cost=_vit_cost(v.layer_params, 1, v.hidden, s_vit),
-                         act_tile=s_vit * v.activation_bytes_per_token(d), act_token=0,
-                         out_tile=d * s_vit * v.hidden, out_token=0))
-    wide = 4 * v.hidden if cfg.downsample_ratio == 0.5 else int(round(v.hidden / cfg.downsample_ratio ** 2))
+        rows.append(
+            dict(
+                name=f"vit.{i}",
+                kind="vit",
+                params=v.layer_params,
+                cost=_vit_cost(v.layer_params, 1, v.hidden, s_vit),
+                act_tile=s_vit * v.activation_bytes_per_token(d),
+                act_token=0,
+                out_tile=d * s_vit * v.hidden,
+                out_token=0,
+            )
+        )
+    wide = 4 * v.hidden if cfg.downsample_ratio == 0.5 else int(round(v.hidden / cfg.downsample_ratio**2))
     proj_params = wide * t.hidden + t.hidden * t.hidden + 2 * wide + 2 * t.hidden
     # The projector also holds the text token embedding (the LLM's input embedding), so the merged sequence
     # leaves this layer; it keeps the token ids (int64) for the embedding's backward.
-    rows.append(dict(name="projector", kind="projector", params=proj_params + t.vocab * t.hidden,
-                     cost=_vit_cost(proj_params, 0, wide, s_proj),
-                     act_tile=s_proj * d * (2 * wide + 2 * t.hidden), act_token=8,
-                     out_tile=0, out_token=d * t.hidden))
+    rows.append(
+        dict(
+            name="projector",
+            kind="projector",
+            params=proj_params + t.vocab * t.hidden,
+            cost=_vit_cost(proj_params, 0, wide, s_proj),
+            act_tile=s_proj * d * (2 * wide + 2 * t.hidden),
+            act_token=8,
+            out_tile=0,
+            out_token=d * t.hidden,
+        )
+    )
     for i in range(t.layers):
-        rows.append(dict(name=f"llm.{i}", kind="llm", params=t.layer_params,
-                         cost=_llm_cost(t.layer_params, 1, t.hidden),
-                         act_tile=0, act_token=t.activation_bytes_per_token(d),
-                         out_tile=0, out_token=d * t.hidden))
+        rows.append(
+            dict(
+                name=f"llm.{i}",
+                kind="llm",
+                params=t.layer_params,
+                cost=_llm_cost(t.layer_params, 1, t.hidden),
+                act_tile=0,
+                act_token=t.activation_bytes_per_token(d),
+                out_tile=0,
+                out_token=d * t.hidden,
+            )
+        )
     # Final norm, output projection and the loss: the fp32 logits kept by the cross entropy dominate.
-    rows.append(dict(name="head", kind="head", params=t.vocab * t.hidden + t.hidden,
-                     cost=_llm_cost(t.vocab * t.hidden, 0, t.hidden),
-                     act_tile=0, act_token=d * 2 * t.hidden + t.vocab * (d + 4),
-                     out_tile=0, out_token=0))
+    rows.append(
+        dict(
+            name="head",
+            kind="head",
+            params=t.vocab * t.hidden + t.hidden,
+            cost=_llm_cost(t.vocab * t.hidden, 0, t.hidden),
+            act_tile=0,
+            act_token=d * 2 * t.hidden + t.vocab * (d + 4),
+            out_tile=0,
+            out_token=0,
+        )
+    )
     return rows
 
 
@@ -272,16 +349,29 @@ def profile_from_config(
         gflop = float(np.mean([row["cost"].sample_costs(v, t).sum() for v, t in loads]))
         act = row["act_tile"] * tiles + row["act_token"] * tokens
         out = row["out_tile"] * tiles + row["out_token"] * tokens
-        layers.append(LayerProfile(
-            name=row["name"], kind=row["kind"],
-            forward_ms=gflop * ms_per_gflop / 3.0, backward_ms=2.0 * gflop * ms_per_gflop / 3.0,
-            activation_bytes=int(act.max()), static_bytes=int(round(row["params"] * static_bytes_per_param)),
-            output_bytes=int(out.max()) if row["kind"] != "head" else 4,
-        ))
-    meta = {"source": "config", "config": cfg.name, "packs": len(loads), "tiles_mean": float(tiles.mean()),
-            "tokens_mean": float(tokens.mean()), "tflops": tflops, "efficiency": efficiency}
-    return ModelProfile(tuple(layers), input_bytes=int(dtype_bytes * 3 * cfg.image_size ** 2 * tiles.max()
-                                                       + 8 * tokens.max()), meta=meta)
+        layers.append(
+            LayerProfile(
+                name=row["name"],
+                kind=row["kind"],
+                forward_ms=gflop * ms_per_gflop / 3.0,
+                backward_ms=2.0 * gflop * ms_per_gflop / 3.0,
+                activation_bytes=int(act.max()),
+                static_bytes=int(round(row["params"] * static_bytes_per_param)),
+                output_bytes=int(out.max()) if row["kind"] != "head" else 4,
+            )
+        )
+    meta = {
+        "source": "config",
+        "config": cfg.name,
+        "packs": len(loads),
+        "tiles_mean": float(tiles.mean()),
+        "tokens_mean": float(tokens.mean()),
+        "tflops": tflops,
+        "efficiency": efficiency,
+    }
+    return ModelProfile(
+        tuple(layers), input_bytes=int(dtype_bytes * 3 * cfg.image_size**2 * tiles.max() + 8 * tokens.max()), meta=meta
+    )
 
 
 def packs_from_plan(plan: Any, lengths: Any, limit: Optional[int] = None) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -7,12 +7,14 @@ excluded), and the bytes of its output. ``measure_saved_bytes`` checks a whole f
 tracks every storage the pass allocates (a ``TorchDispatchMode`` and weak references) and reports the bytes
 still alive when it returns, which is what autograd (and ``torch.utils.checkpoint``) keeps for backward.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
 import weakref
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 from .profile import LayerProfile, ModelProfile
 
@@ -135,8 +137,11 @@ def measure_profile(
     if isinstance(layers, torch.nn.Module) and not isinstance(layers, (torch.nn.Sequential, torch.nn.ModuleList)):
         raise TypeError("layers must be an nn.Sequential, nn.ModuleList or a sequence of modules")
     if names is None:
-        names = [n for n, _ in layers.named_children()] if isinstance(layers, torch.nn.Module) else \
-            [str(i) for i in range(len(layers))]
+        names = (
+            [n for n, _ in layers.named_children()]
+            if isinstance(layers, torch.nn.Module)
+            else [str(i) for i in range(len(layers))]
+        )
     mods = list(layers)
     if len(names) != len(mods) or (kinds is not None and len(kinds) != len(mods)):
         raise ValueError(f"names/kinds must have one entry per layer ({len(mods)})")
@@ -176,13 +181,24 @@ def measure_profile(
         x = _detached(x)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = _call(layer, x)
-        static = sum(p.numel() * (2 * p.element_size() + optimizer_bytes_per_param)
-                     for p in layer.parameters() if p.requires_grad)
-        profiles.append(LayerProfile(
-            name=str(names[i]), kind="" if kinds is None else str(kinds[i]),
-            forward_ms=statistics.median(fwd_times), backward_ms=statistics.median(bwd_times),
-            activation_bytes=sum(saved.values()), static_bytes=int(round(static)), output_bytes=_nbytes(out)))
+        static = sum(
+            p.numel() * (2 * p.element_size() + optimizer_bytes_per_param)
+            for p in layer.parameters()
+            if p.requires_grad
+        )
+        profiles.append(
+            LayerProfile(
+                name=str(names[i]),
+                kind="" if kinds is None else str(kinds[i]),
+                forward_ms=statistics.median(fwd_times),
+                backward_ms=statistics.median(bwd_times),
+                activation_bytes=sum(saved.values()),
+                static_bytes=int(round(static)),
+                output_bytes=_nbytes(out),
+            )
+        )
         x = tuple(t.detach() for t in out) if isinstance(out, tuple) else out.detach()
     device = next((t.device.type for t in _tensors(inputs)), "cpu")
-    return ModelProfile(tuple(profiles), input_bytes=input_bytes,
-                        meta={"source": "measured", "device": device, "repeats": repeats})
+    return ModelProfile(
+        tuple(profiles), input_bytes=input_bytes, meta={"source": "measured", "device": device, "repeats": repeats}
+    )

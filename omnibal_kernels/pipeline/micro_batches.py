@@ -7,10 +7,12 @@ estimated from a config describes that mean micro-batch, ``profile_from_config``
 each layer kind from :func:`kind_costs`; ``simulate_packs`` runs a plan's split and recompute choice with
 those (micro-batch, stage) times. Memory and sends stay the profile's (its largest micro-batch).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -50,8 +52,13 @@ class MicroBatchTimes:
     backward_ms: np.ndarray
 
 
-def micro_batch_times(profile: Any, packs: Sequence[tuple[Any, Any]], *, cost_model: Any = None,
-                      reference: Optional[Sequence[tuple[Any, Any]]] = None) -> MicroBatchTimes:
+def micro_batch_times(
+    profile: Any,
+    packs: Sequence[tuple[Any, Any]],
+    *,
+    cost_model: Any = None,
+    reference: Optional[Sequence[tuple[Any, Any]]] = None,
+) -> MicroBatchTimes:
     """Per (micro-batch, layer) times of ``packs`` (each a ``(vit, llm)`` pair of per-sample loads).
 
     Layer ``l`` of kind ``k`` on pack ``p`` takes ``profile time * cost_k(p) / mean_q cost_k(q)`` over the
@@ -72,9 +79,15 @@ def micro_batch_times(profile: Any, packs: Sequence[tuple[Any, Any]], *, cost_mo
     return MicroBatchTimes(factor * profile.forward_ms, factor * profile.backward_ms)
 
 
-def simulate_packs(plan: PipelinePlan, profile: ModelProfile, packs: Sequence[tuple[Any, Any]], *,
-                   cost_model: Any = None, reference: Optional[Sequence[tuple[Any, Any]]] = None,
-                   timeline: bool = False) -> ScheduleResult:
+def simulate_packs(
+    plan: PipelinePlan,
+    profile: ModelProfile,
+    packs: Sequence[tuple[Any, Any]],
+    *,
+    cost_model: Any = None,
+    reference: Optional[Sequence[tuple[Any, Any]]] = None,
+    timeline: bool = False,
+) -> ScheduleResult:
     """One step of ``plan`` (its split, recompute choice, schedule) with one micro-batch per pack and the times
     of :func:`micro_batch_times`: (micro-batch, stage) forward, backward (recomputation included) and weight
     gradient times. ``len(packs)`` is the step's number of micro-batches."""
@@ -91,9 +104,22 @@ def simulate_packs(plan: PipelinePlan, profile: ModelProfile, packs: Sequence[tu
     bwd = c_b[:, b] - c_b[:, a]
     rec = np.stack([times.forward_ms[:, list(r)].sum(axis=1) if r else np.zeros(m) for r in plan.recompute], axis=1)
     mean_bwd = np.asarray(plan.backward_ms) - np.array([profile.forward_ms[list(r)].sum() for r in plan.recompute])
-    share = np.divide(np.asarray(plan.weight_ms or np.zeros(plan.num_stages)), mean_bwd,
-                      out=np.zeros(plan.num_stages), where=mean_bwd > 0)
+    share = np.divide(
+        np.asarray(plan.weight_ms or np.zeros(plan.num_stages)),
+        mean_bwd,
+        out=np.zeros(plan.num_stages),
+        where=mean_bwd > 0,
+    )
     c_s = np.concatenate([[0.0], np.cumsum(profile.static_bytes)])
-    return simulate(fwd, bwd + rec, m, schedule=plan.schedule, virtual_stages=plan.virtual_stages,
-                    comm_ms=plan.comm_ms or None, activation_bytes=plan.activation_bytes,
-                    static_bytes=c_s[b] - c_s[a], weight_ms=bwd * share, timeline=timeline)
+    return simulate(
+        fwd,
+        bwd + rec,
+        m,
+        schedule=plan.schedule,
+        virtual_stages=plan.virtual_stages,
+        comm_ms=plan.comm_ms or None,
+        activation_bytes=plan.activation_bytes,
+        static_bytes=c_s[b] - c_s[a],
+        weight_ms=bwd * share,
+        timeline=timeline,
+    )

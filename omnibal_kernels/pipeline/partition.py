@@ -20,11 +20,13 @@ rank: none if every rank fits, else every layer), ``"all"``, ``"none"``. Every s
 simulator's for the per-stage times of the profile; :func:`~omnibal_kernels.pipeline.micro_batches.simulate_packs`
 runs a plan with one time per micro-batch.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -35,8 +37,15 @@ from .profile import ModelProfile, as_profile
 from .schedule import check_schedule, simulate
 from .search import paper_candidates, search_bottleneck, search_step
 
-__all__ = ["METHODS", "OBJECTIVES", "RECOMPUTE_MODES", "PipelinePlan", "evaluate_partition", "partition",
-           "uniform_stages"]
+__all__ = [
+    "METHODS",
+    "OBJECTIVES",
+    "RECOMPUTE_MODES",
+    "PipelinePlan",
+    "evaluate_partition",
+    "partition",
+    "uniform_stages",
+]
 
 METHODS = ("exact", "paper", "uniform")
 OBJECTIVES = ("step", "bottleneck")
@@ -120,7 +129,7 @@ class PipelinePlan:
     def layer_names(self, stage: int) -> list[str]:
         """Names of the layers of virtual stage ``stage``."""
         first, last = self.stages[stage]
-        return list(self.names[first:last + 1])
+        return list(self.names[first : last + 1])
 
     def recompute_names(self, stage: int) -> list[str]:
         """Names of the recomputed layers of virtual stage ``stage`` (for ``apply_recompute``)."""
@@ -128,14 +137,24 @@ class PipelinePlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "method": self.method, "objective": self.objective, "schedule": self.schedule,
-            "micro_batches": self.micro_batches, "virtual_stages": self.virtual_stages,
-            "stage_ranks": list(self.stage_ranks), "stages": [list(s) for s in self.stages],
-            "recompute": [list(r) for r in self.recompute], "step_ms": self.step_ms, "bubble": self.bubble,
-            "lower_bound_ms": self.lower_bound_ms, "search_nodes": self.search_nodes,
-            "peak_bytes": list(self.peak_bytes), "memory_bytes": list(self.memory_bytes),
-            "slack_bytes": list(self.slack_bytes), "stage_ms": list(self.stage_ms),
-            "bottleneck_ms": self.bottleneck_ms, "activation_bytes": list(self.activation_bytes),
+            "method": self.method,
+            "objective": self.objective,
+            "schedule": self.schedule,
+            "micro_batches": self.micro_batches,
+            "virtual_stages": self.virtual_stages,
+            "stage_ranks": list(self.stage_ranks),
+            "stages": [list(s) for s in self.stages],
+            "recompute": [list(r) for r in self.recompute],
+            "step_ms": self.step_ms,
+            "bubble": self.bubble,
+            "lower_bound_ms": self.lower_bound_ms,
+            "search_nodes": self.search_nodes,
+            "peak_bytes": list(self.peak_bytes),
+            "memory_bytes": list(self.memory_bytes),
+            "slack_bytes": list(self.slack_bytes),
+            "stage_ms": list(self.stage_ms),
+            "bottleneck_ms": self.bottleneck_ms,
+            "activation_bytes": list(self.activation_bytes),
             "fits": self.fits,
         }
 
@@ -201,7 +220,8 @@ def _check_layers_fit(costs: StageCosts) -> None:
             layer = costs.profile.layers[j]
             raise ValueError(
                 f"layer {j} ({layer.name!r}) does not fit any stage's memory budget even alone with recomputation "
-                f"(static {layer.static_bytes / 2**30:.2f} GiB, recompute mode {costs.mode!r})")
+                f"(static {layer.static_bytes / 2**30:.2f} GiB, recompute mode {costs.mode!r})"
+            )
 
 
 class _Evaluator:
@@ -231,44 +251,84 @@ class _Evaluator:
         b = np.array([s[1] for s in stages])
         fwd = c.span(c.c_fwd, a, b)
         bt = c.span(c.c_bwd, a, b)
-        return {"forward_ms": fwd, "backward_ms": bt + rec, "weight_ms": c.wf * bt,
-                "comm_ms": c.send_ms[b[:-1]]}
+        return {"forward_ms": fwd, "backward_ms": bt + rec, "weight_ms": c.wf * bt, "comm_ms": c.send_ms[b[:-1]]}
 
     def step(self, stages: Sequence[tuple[int, int]]) -> Optional[float]:
         _, rec, _, _, _, fits = self.parts(stages)
         if not fits:
             return None
         x = self.inputs(stages, rec)
-        return simulate(x["forward_ms"], x["backward_ms"], self.c.m, schedule=self.c.schedule,
-                        virtual_stages=self.c.v, comm_ms=x["comm_ms"], weight_ms=x["weight_ms"]).step_ms
+        return simulate(
+            x["forward_ms"],
+            x["backward_ms"],
+            self.c.m,
+            schedule=self.c.schedule,
+            virtual_stages=self.c.v,
+            comm_ms=x["comm_ms"],
+            weight_ms=x["weight_ms"],
+        ).step_ms
 
-    def plan(self, stages: Sequence[tuple[int, int]], method: str, objective: str, lower: float = 0.0,
-             nodes: int = 0) -> PipelinePlan:
+    def plan(
+        self, stages: Sequence[tuple[int, int]], method: str, objective: str, lower: float = 0.0, nodes: int = 0
+    ) -> PipelinePlan:
         c = self.c
         chosen, rec, kept, memory, slack, fits = self.parts(stages)
         x = self.inputs(stages, rec)
         static = np.array([c.span(c.c_static, a, b) for a, b in stages])
-        sim = simulate(x["forward_ms"], x["backward_ms"], c.m, schedule=c.schedule, virtual_stages=c.v,
-                       comm_ms=x["comm_ms"], activation_bytes=kept, static_bytes=static, weight_ms=x["weight_ms"])
+        sim = simulate(
+            x["forward_ms"],
+            x["backward_ms"],
+            c.m,
+            schedule=c.schedule,
+            virtual_stages=c.v,
+            comm_ms=x["comm_ms"],
+            activation_bytes=kept,
+            static_bytes=static,
+            weight_ms=x["weight_ms"],
+        )
         f, bb, w = c.parts(np.arange(c.S), np.array([s[0] for s in stages]), np.array([s[1] for s in stages]), rec)
         return PipelinePlan(
-            stages=tuple((int(a), int(b)) for a, b in stages), recompute=tuple(chosen), step_ms=sim.step_ms,
-            bubble=sim.bubble, peak_bytes=sim.peak_bytes, stage_ms=tuple(float(t) for t in f + bb + w),
-            forward_ms=tuple(float(t) for t in x["forward_ms"]), backward_ms=tuple(float(t) for t in x["backward_ms"]),
-            comm_ms=tuple(float(t) for t in x["comm_ms"]), activation_bytes=tuple(int(round(k)) for k in kept),
-            fits=fits, method=method, schedule=c.schedule, micro_batches=c.m, names=tuple(c.profile.names),
-            virtual_stages=c.v, stage_ranks=tuple(int(r) for r in c.rank_of), objective=objective,
-            lower_bound_ms=min(lower, sim.step_ms) if lower else 0.0, search_nodes=nodes,
-            memory_bytes=tuple(int(round(x)) for x in memory), slack_bytes=tuple(int(math.ceil(x)) for x in slack),
-            weight_ms=tuple(float(t) for t in x["weight_ms"]))
+            stages=tuple((int(a), int(b)) for a, b in stages),
+            recompute=tuple(chosen),
+            step_ms=sim.step_ms,
+            bubble=sim.bubble,
+            peak_bytes=sim.peak_bytes,
+            stage_ms=tuple(float(t) for t in f + bb + w),
+            forward_ms=tuple(float(t) for t in x["forward_ms"]),
+            backward_ms=tuple(float(t) for t in x["backward_ms"]),
+            comm_ms=tuple(float(t) for t in x["comm_ms"]),
+            activation_bytes=tuple(int(round(k)) for k in kept),
+            fits=fits,
+            method=method,
+            schedule=c.schedule,
+            micro_batches=c.m,
+            names=tuple(c.profile.names),
+            virtual_stages=c.v,
+            stage_ranks=tuple(int(r) for r in c.rank_of),
+            objective=objective,
+            lower_bound_ms=min(lower, sim.step_ms) if lower else 0.0,
+            search_nodes=nodes,
+            memory_bytes=tuple(int(round(x)) for x in memory),
+            slack_bytes=tuple(int(math.ceil(x)) for x in slack),
+            weight_ms=tuple(float(t) for t in x["weight_ms"]),
+        )
 
 
 def _modes(mode: str) -> list[str]:
     return ["none", "all"] if mode == "uniform" else [mode]
 
 
-def _costs(profile: ModelProfile, ranks: int, v: int, m: int, schedule: str, budgets: Optional[list[float]],
-           mode: str, link: float, weight_fraction: float) -> StageCosts:
+def _costs(
+    profile: ModelProfile,
+    ranks: int,
+    v: int,
+    m: int,
+    schedule: str,
+    budgets: Optional[list[float]],
+    mode: str,
+    link: float,
+    weight_fraction: float,
+) -> StageCosts:
     return StageCosts(profile, ranks, v, m, schedule, budgets, mode, link, weight_fraction)
 
 
@@ -294,16 +354,25 @@ def evaluate_partition(
     _check_choices(recompute, link_gb_per_s, weight_fraction)
     stage_list = [(int(a), int(b)) for a, b in stages]
     L = len(profile)
-    if not stage_list or stage_list[0][0] != 0 or stage_list[-1][1] != L - 1 or any(
-            b < a or (i and a != stage_list[i - 1][1] + 1) for i, (a, b) in enumerate(stage_list)):
-        raise ValueError(f"stages must be contiguous non-empty (first, last) pairs covering layers 0..{L - 1}, "
-                         f"got {stage_list}")
+    if (
+        not stage_list
+        or stage_list[0][0] != 0
+        or stage_list[-1][1] != L - 1
+        or any(b < a or (i and a != stage_list[i - 1][1] + 1) for i, (a, b) in enumerate(stage_list))
+    ):
+        raise ValueError(
+            f"stages must be contiguous non-empty (first, last) pairs covering layers 0..{L - 1}, got {stage_list}"
+        )
     if len(stage_list) % v:
         raise ValueError(f"stages: {len(stage_list)} virtual stages are not {v} per rank")
     P = len(stage_list) // v
     budgets = _budgets(memory_bytes, P)
-    plans = [_Evaluator(_costs(profile, P, v, m, schedule, budgets, mode, link_gb_per_s, weight_fraction)).plan(
-        stage_list, method, "given") for mode in _modes(recompute)]
+    plans = [
+        _Evaluator(_costs(profile, P, v, m, schedule, budgets, mode, link_gb_per_s, weight_fraction)).plan(
+            stage_list, method, "given"
+        )
+        for mode in _modes(recompute)
+    ]
     fitting = [p for p in plans if p.fits]
     return fitting[0] if fitting else plans[-1]
 
@@ -321,16 +390,18 @@ def _search_limits(costs: StageCosts, fixed: dict[int, int], objective: str) -> 
         cap = step / costs.m
     else:
         _, rec, _, _, _, _ = ev.parts(uniform)
-        f, bb, w = costs.parts(np.arange(costs.S), np.array([a for a, _ in uniform]),
-                               np.array([b for _, b in uniform]), rec)
+        f, bb, w = costs.parts(
+            np.arange(costs.S), np.array([a for a, _ in uniform]), np.array([b for _, b in uniform]), rec
+        )
         cap = float(np.max(f + bb + w))
     train = costs.c_fwd + costs.c_bwd
     last = np.searchsorted(train, train[:-1] + cap * (1 + 1e-9), side="right") - 2
     return np.clip(last, np.arange(costs.L), costs.L - 1).astype(np.int64), step
 
 
-def _search(costs: StageCosts, fixed: dict[int, int], method: str, objective: str, radius: int, top_k: int,
-            node_limit: int) -> Optional[PipelinePlan]:
+def _search(
+    costs: StageCosts, fixed: dict[int, int], method: str, objective: str, radius: int, top_k: int, node_limit: int
+) -> Optional[PipelinePlan]:
     ev = _Evaluator(costs)
     L, S = costs.L, costs.S
     mats: Optional[np.ndarray]
@@ -342,8 +413,9 @@ def _search(costs: StageCosts, fixed: dict[int, int], method: str, objective: st
             return None if found is None else ev.plan(found, "exact", objective)
         windows = Windows.of(costs.schedule, costs.P, costs.m, costs.v)
         seeds: list[Optional[list[tuple[int, int]]]]
-        seeds = [uniform_stages(L, S)] if all(fixed.get(s, a) == a for s, (a, _) in
-                                              enumerate(uniform_stages(L, S))) else []
+        seeds = (
+            [uniform_stages(L, S)] if all(fixed.get(s, a) == a for s, (a, _) in enumerate(uniform_stages(L, S))) else []
+        )
         if costs.v == 1:
             seeds.append(search_bottleneck(costs, mats, fixed))
         result = search_step(costs, mats, windows, fixed, ev.step, seeds, node_limit)
@@ -425,9 +497,18 @@ def partition(
     budgets = _budgets(memory_bytes, P)
     fixed = _fixed(fixed_starts, S, L)
     if method == "uniform":
-        return evaluate_partition(profile, uniform_stages(L, S), micro_batches=m, memory_bytes=budgets,
-                                  schedule=schedule, virtual_stages=v, recompute=recompute,
-                                  link_gb_per_s=link_gb_per_s, weight_fraction=weight_fraction, method="uniform")
+        return evaluate_partition(
+            profile,
+            uniform_stages(L, S),
+            micro_batches=m,
+            memory_bytes=budgets,
+            schedule=schedule,
+            virtual_stages=v,
+            recompute=recompute,
+            link_gb_per_s=link_gb_per_s,
+            weight_fraction=weight_fraction,
+            method="uniform",
+        )
     best: Optional[PipelinePlan] = None
     errors, lower = [], math.inf
     for mode in _modes(recompute):
@@ -441,16 +522,24 @@ def partition(
         if plan is None or not plan.fits:
             continue
         lower = min(lower, plan.lower_bound_ms)
-        key = (plan.bottleneck_ms, sum(plan.stage_ms)) if objective == "bottleneck" and method == "exact" \
+        key = (
+            (plan.bottleneck_ms, sum(plan.stage_ms))
+            if objective == "bottleneck" and method == "exact"
             else (plan.step_ms,)
-        if best is None or key < ((best.bottleneck_ms, sum(best.stage_ms)) if objective == "bottleneck"
-                                  and method == "exact" else (best.step_ms,)):
+        )
+        if best is None or key < (
+            (best.bottleneck_ms, sum(best.stage_ms))
+            if objective == "bottleneck" and method == "exact"
+            else (best.step_ms,)
+        ):
             best = plan
     if best is None:
         if errors and len(errors) == len(_modes(recompute)):
             raise errors[-1]
         where = "" if method == "exact" else f" within radius {radius} of the anchor"
-        raise ValueError(f"no partition into {S} stages fits the memory budget{where} "
-                         f"(recompute mode {recompute!r}, schedule {schedule!r}, {m} micro-batches)")
+        raise ValueError(
+            f"no partition into {S} stages fits the memory budget{where} "
+            f"(recompute mode {recompute!r}, schedule {schedule!r}, {m} micro-batches)"
+        )
     # with two recompute settings tried, what is proven is the lesser of their bounds
     return replace(best, lower_bound_ms=lower) if best.lower_bound_ms else best

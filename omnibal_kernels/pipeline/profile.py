@@ -15,13 +15,15 @@ JSON form (``load_profile`` / ``ModelProfile.save``)::
 ``kind`` is optional (``"vit"``, ``"projector"``, ``"llm"``, ``"head"``, ...); the engine forms use it to count
 decoder layers per stage.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -84,9 +86,14 @@ class LayerProfile:
             object.__setattr__(self, key, _check_bytes(where, key, getattr(self, key)))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"name": self.name, "forward_ms": self.forward_ms, "backward_ms": self.backward_ms,
-               "activation_bytes": self.activation_bytes, "static_bytes": self.static_bytes,
-               "output_bytes": self.output_bytes}
+        out = {
+            "name": self.name,
+            "forward_ms": self.forward_ms,
+            "backward_ms": self.backward_ms,
+            "activation_bytes": self.activation_bytes,
+            "static_bytes": self.static_bytes,
+            "output_bytes": self.output_bytes,
+        }
         if self.kind:
             out["kind"] = self.kind
         return out
@@ -164,7 +171,7 @@ class ModelProfile:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "profile") -> "ModelProfile":
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "profile") -> ModelProfile:
         """Builds a profile from its JSON form; a missing or bad field raises ``ValueError`` naming ``source``
         and the layer index."""
         if not isinstance(data, Mapping):
@@ -178,13 +185,21 @@ class ModelProfile:
                 raise ValueError(f"{source}: layers[{i}] must be an object, got {type(row).__name__}")
             missing = [key for key in PROFILE_FIELDS if key not in row]
             if missing:
-                raise ValueError(f"{source}: layers[{i}] misses {', '.join(missing)} "
-                                 f"(each layer needs {', '.join(PROFILE_FIELDS)})")
+                raise ValueError(
+                    f"{source}: layers[{i}] misses {', '.join(missing)} (each layer needs {', '.join(PROFILE_FIELDS)})"
+                )
             try:
-                layers.append(LayerProfile(name=row["name"], forward_ms=row["forward_ms"],
-                                           backward_ms=row["backward_ms"], activation_bytes=row["activation_bytes"],
-                                           static_bytes=row["static_bytes"], output_bytes=row["output_bytes"],
-                                           kind=row.get("kind", "")))
+                layers.append(
+                    LayerProfile(
+                        name=row["name"],
+                        forward_ms=row["forward_ms"],
+                        backward_ms=row["backward_ms"],
+                        activation_bytes=row["activation_bytes"],
+                        static_bytes=row["static_bytes"],
+                        output_bytes=row["output_bytes"],
+                        kind=row.get("kind", ""),
+                    )
+                )
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{source}: layers[{i}]: {exc}") from None
         meta = data.get("meta", {})
@@ -230,4 +245,3 @@ def as_profile(profile: Union[ModelProfile, Mapping[str, Any], Sequence[LayerPro
     if isinstance(profile, (list, tuple)):
         return ModelProfile(tuple(profile))
     raise TypeError(f"profile must be a ModelProfile, a dict or a list of LayerProfile, got {type(profile).__name__}")
-

@@ -9,17 +9,29 @@ frontier of (bytes saved, time) bounded to ``FRONTIER_POINTS`` points (``pipelin
 frontier stays within the bound (layers of a few shapes, or a few dozen layers of any), else optimal for a
 budget smaller by a reported slack. :func:`min_cost_cover` is the unbounded exact solver.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
 from ._frontier import add_item, solve
 
-__all__ = ["FRONTIER_POINTS", "Cover", "CheckpointWrapper", "StageMemory", "StageRecompute", "apply_recompute",
-           "cover", "min_cost_cover", "pareto_frontier", "stage_recompute"]
+__all__ = [
+    "FRONTIER_POINTS",
+    "Cover",
+    "CheckpointWrapper",
+    "StageMemory",
+    "StageRecompute",
+    "apply_recompute",
+    "cover",
+    "min_cost_cover",
+    "pareto_frontier",
+    "stage_recompute",
+]
 
 # Points a frontier keeps before the grid takes over: it bounds one stage's search to O(layers * points) time
 # and memory; frontiers of real models (repeated blocks) stay far below it, so they are solved exactly.
@@ -65,8 +77,7 @@ def _as_items(weights: Floats, costs: Floats) -> tuple[np.ndarray, np.ndarray]:
     return w, c
 
 
-def cover(weights: Floats, costs: Floats, need: float, *,
-          limit: int = FRONTIER_POINTS) -> Optional[Cover]:
+def cover(weights: Floats, costs: Floats, need: float, *, limit: int = FRONTIER_POINTS) -> Optional[Cover]:
     """The cheapest subset of items whose weights sum to at least ``need``, on a frontier of at most ``limit``
     points (module docstring), or ``None`` when even all items fall short."""
     w, c = _as_items(weights, costs)

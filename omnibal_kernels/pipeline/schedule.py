@@ -25,26 +25,39 @@ of its forward to the end of its backward (of its weight gradient under zero bub
 Time and memory of a simulation are O(operations) and O(P v) (the orders are generated, never stored), so a
 step of a million micro-batches is simulated in seconds; ``timeline=True`` also returns every operation.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
 from .._checks import check_positive_int
 from ._kernels import DEADLOCK, GPIPE, INTERLEAVED, INTERLEAVED_ZB, OK, ONE_F_ONE_B, ZBV, order_into, simulate_into
 
-__all__ = ["SCHEDULES", "TORCH_SCHEDULES", "ScheduleResult", "held_micro_batches", "schedule_order", "simulate",
-           "stage_ranks"]
+__all__ = [
+    "SCHEDULES",
+    "TORCH_SCHEDULES",
+    "ScheduleResult",
+    "held_micro_batches",
+    "schedule_order",
+    "simulate",
+    "stage_ranks",
+]
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "interleaved-zb", "zbv")
 # The torch.distributed.pipelining class that runs each schedule.
-TORCH_SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved": "ScheduleInterleaved1F1B",
-                   "interleaved-zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
-_CODES = {"1f1b": ONE_F_ONE_B, "gpipe": GPIPE, "interleaved": INTERLEAVED, "interleaved-zb": INTERLEAVED_ZB,
-          "zbv": ZBV}
+TORCH_SCHEDULES = {
+    "1f1b": "Schedule1F1B",
+    "gpipe": "ScheduleGPipe",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+}
+_CODES = {"1f1b": ONE_F_ONE_B, "gpipe": GPIPE, "interleaved": INTERLEAVED, "interleaved-zb": INTERLEAVED_ZB, "zbv": ZBV}
 ZERO_BUBBLE = ("interleaved-zb", "zbv")
 _KINDS = ("F", "B", "W")
 
@@ -73,8 +86,10 @@ def check_schedule(schedule: object, virtual_stages: int) -> str:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     v = check_positive_int("virtual_stages", virtual_stages)
     if schedule in ("1f1b", "gpipe") and v != 1:
-        raise ValueError(f"virtual_stages: schedule {schedule!r} runs one chunk per rank, got {v} (use "
-                         "'interleaved' or 'interleaved-zb' for more)")
+        raise ValueError(
+            f"virtual_stages: schedule {schedule!r} runs one chunk per rank, got {v} (use "
+            "'interleaved' or 'interleaved-zb' for more)"
+        )
     if schedule == "zbv" and v != 2:
         raise ValueError(f"virtual_stages: schedule 'zbv' runs exactly 2 chunks per rank, got {v}")
     return str(schedule)
@@ -86,8 +101,10 @@ def _round(schedule: str, ranks: int, m: int) -> int:
         return 1
     rounds = max(1, m // ranks)
     if m % rounds:
-        raise ValueError(f"micro_batches: {schedule!r} with {ranks} ranks needs a multiple of {rounds} "
-                         f"(max(1, micro_batches // ranks) rounds), got {m}")
+        raise ValueError(
+            f"micro_batches: {schedule!r} with {ranks} ranks needs a multiple of {rounds} "
+            f"(max(1, micro_batches // ranks) rounds), got {m}"
+        )
     return m // rounds
 
 
@@ -110,8 +127,9 @@ def stage_ranks(schedule: str, ranks: int, virtual_stages: int = 1) -> tuple[int
     return tuple(j % P for j in range(P * virtual_stages))
 
 
-def schedule_order(schedule: str, ranks: int, micro_batches: int,
-                   virtual_stages: int = 1) -> list[list[tuple[str, int, int]]]:
+def schedule_order(
+    schedule: str, ranks: int, micro_batches: int, virtual_stages: int = 1
+) -> list[list[tuple[str, int, int]]]:
     """The order of every rank: ``[[(kind, virtual stage, micro-batch), ...] per rank]``, kind ``"F"``,
     ``"B"`` or ``"W"``. Memory grows with ``micro_batches``; :func:`simulate` never builds it."""
     check_schedule(schedule, virtual_stages)
@@ -136,8 +154,9 @@ def _times(name: str, value: object, m: int, width: int, default: float = 0.0) -
     if arr.ndim == 1 and arr.shape == (width,):
         arr = arr[None, :]
     elif arr.ndim != 2 or arr.shape != (m, width):
-        raise ValueError(f"{name} must have shape ({width},) or (micro_batches, {width}) = ({m}, {width}), "
-                         f"got {arr.shape}")
+        raise ValueError(
+            f"{name} must have shape ({width},) or (micro_batches, {width}) = ({m}, {width}), got {arr.shape}"
+        )
     if not np.isfinite(arr).all() or (arr < 0).any():
         raise ValueError(f"{name} must be finite and >= 0")
     return np.ascontiguousarray(arr)
@@ -208,8 +227,26 @@ def simulate(
     warm = _warmup(schedule, P, v, m, per_round)
     ring = min(m, 2 * S + 8)
     while True:
-        status, step, n_ops = simulate_into(_CODES[schedule], P, v, m, per_round, warm, ranks, d_f, d_b, d_w, act,
-                                              schedule in ZERO_BUBBLE, ring, bool(timeline), tl, busy, peak, held)
+        status, step, n_ops = simulate_into(
+            _CODES[schedule],
+            P,
+            v,
+            m,
+            per_round,
+            warm,
+            ranks,
+            d_f,
+            d_b,
+            d_w,
+            act,
+            schedule in ZERO_BUBBLE,
+            ring,
+            bool(timeline),
+            tl,
+            busy,
+            peak,
+            held,
+        )
         if status == OK:
             break
         if status == DEADLOCK and ring < m:
@@ -221,8 +258,14 @@ def simulate(
     ops: tuple[tuple[int, str, int, float, float], ...] = ()
     if timeline:
         ops = tuple((int(j), _KINDS[int(k)], int(i), float(a), float(b)) for _, k, j, i, a, b in tl[:n_ops])
-    return ScheduleResult(float(step), float(bubble), tuple(float(b) for b in busy), tuple(int(h) for h in held),
-                          tuple(int(round(s + p)) for s, p in zip(rank_static, peak)), ops)
+    return ScheduleResult(
+        float(step),
+        float(bubble),
+        tuple(float(b) for b in busy),
+        tuple(int(h) for h in held),
+        tuple(int(round(s + p)) for s, p in zip(rank_static, peak)),
+        ops,
+    )
 
 
 @lru_cache(maxsize=256)

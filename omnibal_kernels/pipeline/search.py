@@ -14,12 +14,14 @@ bound, so the gap is known.
 ``search_bottleneck``: the split of least bottleneck stage (ties: least total), two dynamic programs over
 (stage, last layer); ``paper_candidates``: OmniBal's neighbourhood of a greedy anchor, ranked by spread.
 """
+
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -42,8 +44,9 @@ class SearchResult:
     nodes: int
 
 
-def allowed_ends(L: int, S: int, s: int, a: int, fixed: dict[int, int],
-                 last: Optional[np.ndarray] = None) -> np.ndarray:
+def allowed_ends(
+    L: int, S: int, s: int, a: int, fixed: dict[int, int], last: Optional[np.ndarray] = None
+) -> np.ndarray:
     """Last layers ``b`` that stage ``s`` starting at ``a`` may take (every later stage keeps a layer, and
     ``b <= last[a]`` when given)."""
     top = L - 1 if last is None else int(last[a])
@@ -101,9 +104,16 @@ class _OneStagePerRank:
         return _split_of(self.arg, self.G)
 
 
-def search_step(costs: StageCosts, mats: np.ndarray, windows: Windows, fixed: dict[int, int],
-                evaluate: Callable[[Stages], Optional[float]], seeds: Sequence[Optional[Stages]],
-                node_limit: int, polish: bool = True) -> Optional[SearchResult]:
+def search_step(
+    costs: StageCosts,
+    mats: np.ndarray,
+    windows: Windows,
+    fixed: dict[int, int],
+    evaluate: Callable[[Stages], Optional[float]],
+    seeds: Sequence[Optional[Stages]],
+    node_limit: int,
+    polish: bool = True,
+) -> Optional[SearchResult]:
     """The split of least simulated step (module docstring). ``mats``: (S, L, L) recompute times (lower bounds
     with several stages per rank; inf where a stage cannot be); ``evaluate``: the simulated step of a complete
     split, ``None`` when it does not fit; ``seeds``: splits to start from, to which ``polish`` adds the
@@ -114,8 +124,9 @@ def search_step(costs: StageCosts, mats: np.ndarray, windows: Windows, fixed: di
     return _search_many(costs, mats, windows, fixed, evaluate, seeds, node_limit, polish)
 
 
-def _best_of(seeds: Sequence[Optional[Stages]], evaluate: Callable[[Stages], Optional[float]],
-             fixed: dict[int, int], rounds: int) -> tuple[float, Optional[Stages]]:
+def _best_of(
+    seeds: Sequence[Optional[Stages]], evaluate: Callable[[Stages], Optional[float]], fixed: dict[int, int], rounds: int
+) -> tuple[float, Optional[Stages]]:
     """The best seed, then improved by moving one boundary by one or two layers at a time while that helps (at
     most ``rounds`` moves, the best move first): a good split to prune against before the search starts."""
     best, best_stages = math.inf, None
@@ -138,7 +149,7 @@ def _best_of(seeds: Sequence[Optional[Stages]], evaluate: Callable[[Stages], Opt
                 x = starts[k] + d
                 if x <= starts[k - 1] or x >= (starts[k + 1] if k + 1 < len(starts) else L):
                     continue
-                trial = starts[:k] + [x] + starts[k + 1:]
+                trial = starts[:k] + [x] + starts[k + 1 :]
                 step = evaluate(_stages_of(tuple(y - 1 for y in trial[1:]) + (L - 1,)))
                 if step is not None and step < move_step * (1 - 1e-12):
                     move, move_step = trial, step
@@ -181,8 +192,10 @@ def _search_one(costs, mats, windows, fixed, evaluate, seeds, node_limit, polish
             continue
         lb = np.maximum(placed_c, pre_c + one.G[s + 1, b + 1])
         for k in np.flatnonzero(lb < best * (1 - tol)):
-            heapq.heappush(heap, (float(lb[k]), seq, s + 1, int(b[k]) + 1, float(pre_c[k]), float(placed_c[k]),
-                                  path + (int(b[k]),)))
+            heapq.heappush(
+                heap,
+                (float(lb[k]), seq, s + 1, int(b[k]) + 1, float(pre_c[k]), float(placed_c[k]), path + (int(b[k]),)),
+            )
             seq += 1
     if best_stages is None:
         return None
@@ -198,8 +211,13 @@ def _stages_of(ends: tuple[int, ...]) -> Stages:
     return out
 
 
-def _min_max_table(costs: StageCosts, t: Callable[[int, int, np.ndarray], np.ndarray], fixed: dict[int, int],
-                   squares: bool = False, cap: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
+def _min_max_table(
+    costs: StageCosts,
+    t: Callable[[int, int, np.ndarray], np.ndarray],
+    fixed: dict[int, int],
+    squares: bool = False,
+    cap: Optional[float] = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """``beta[s, a]``: least over splits of layers a.. into stages s.. of the largest ``t``; with ``squares``,
     of the sum of the squares of ``t`` (stages as equal as the layers allow); with ``cap``, of the sum of ``t``
     over splits whose every stage is within ``cap``. Returns it and its argmin (last layer per stage)."""
@@ -271,8 +289,9 @@ class _ManyStagesPerRank:
         self.zero_bubble = any(w.after.any() for w in self.win)
         self.train_rest = (costs.c_fwd[-1] - costs.c_fwd) + (costs.c_bwd[-1] - costs.c_bwd)
 
-    def children(self, s: int, a: int, b: np.ndarray, prefix: tuple[np.ndarray, np.ndarray, np.ndarray],
-                 placed: float) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def children(
+        self, s: int, a: int, b: np.ndarray, prefix: tuple[np.ndarray, np.ndarray, np.ndarray], placed: float
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Bounds of the children ending stage s at each of ``b`` and their (n, S) stage times."""
         c, m = self.c, self.c.m
         rec = self.mats[s, a, b]
@@ -290,8 +309,9 @@ class _ManyStagesPerRank:
             tail = np.zeros_like(tail)  # the weight gradients after the last B may hide it
         base = start + tail + m * load
         closed = self.last <= s
-        bound = np.maximum(placed, _water_level(base, np.repeat(~closed[None, :], b.size, 0),
-                                                m * self.train_rest[b + 1]))
+        bound = np.maximum(
+            placed, _water_level(base, np.repeat(~closed[None, :], b.size, 0), m * self.train_rest[b + 1])
+        )
         if s < c.S - 1:
             bound = np.maximum(bound, m * self.beta[s + 1, b + 1])
         done = np.flatnonzero(self.last == s)
@@ -382,13 +402,16 @@ class _ManyStagesPerRank:
                     if j not in js:
                         load[c.rank_of[j]] += float(self.lone(j, a, np.array([b]))[0])
                 split = self._round(js, st[js[0]][0], st[js[-1]][1], load)
-                if split is not None and split != st[js[0]:js[-1] + 1]:
-                    old = max(load[c.rank_of[j]] + float(self.lone(j, a, np.array([b]))[0])
-                              for j, (a, b) in zip(js, st[js[0]:js[-1] + 1]))
-                    new = max(load[c.rank_of[j]] + float(self.lone(j, a, np.array([b]))[0])
-                              for j, (a, b) in zip(js, split))
+                if split is not None and split != st[js[0] : js[-1] + 1]:
+                    old = max(
+                        load[c.rank_of[j]] + float(self.lone(j, a, np.array([b]))[0])
+                        for j, (a, b) in zip(js, st[js[0] : js[-1] + 1])
+                    )
+                    new = max(
+                        load[c.rank_of[j]] + float(self.lone(j, a, np.array([b]))[0]) for j, (a, b) in zip(js, split)
+                    )
                     if new < old * (1 - 1e-12):
-                        st[js[0]:js[-1] + 1] = split
+                        st[js[0] : js[-1] + 1] = split
                         moved = True
             if not moved:
                 break
@@ -493,8 +516,9 @@ def _anchor(costs: StageCosts) -> list[int]:
     return starts
 
 
-def paper_candidates(costs: StageCosts, mats: np.ndarray, fixed: dict[int, int], radius: int,
-                     top_k: int) -> list[Stages]:
+def paper_candidates(
+    costs: StageCosts, mats: np.ndarray, fixed: dict[int, int], radius: int, top_k: int
+) -> list[Stages]:
     """The ``top_k`` splits around the greedy anchor (every boundary moved by at most ``radius`` layers) with
     the least spread: squared deviations of stage time and communication from the anchor's means, summed
     (a k-best dynamic program, exact)."""
@@ -513,13 +537,16 @@ def paper_candidates(costs: StageCosts, mats: np.ndarray, fixed: dict[int, int],
         c = float(costs.send_out(s, b) + costs.send_in(s, a))
         return (t - mean_t) ** 2 + (c - mean_c) ** 2
 
-    options = [[0]] + [[fixed[s]] if s in fixed else
-                       [j for j in range(anchor[s] - radius, anchor[s] + radius + 1) if s <= j <= L - (S - s)]
-                       for s in range(1, S)]
+    options = [[0]] + [
+        [fixed[s]]
+        if s in fixed
+        else [j for j in range(anchor[s] - radius, anchor[s] + radius + 1) if s <= j <= L - (S - s)]
+        for s in range(1, S)
+    ]
     frontier: dict[int, list[tuple[float, tuple[int, ...]]]] = {0: [(0.0, (0,))]}
     for s in range(1, S + 1):
         nxt: dict[int, list[tuple[float, tuple[int, ...]]]] = {}
-        for j in (options[s] if s < S else [L]):
+        for j in options[s] if s < S else [L]:
             cands: list[tuple[float, tuple[int, ...]]] = []
             for i, paths in frontier.items():
                 if i >= j:

@@ -15,6 +15,7 @@ parts), :mod:`.media` (sizes from headers), :mod:`.chat` (template, placeholders
 :mod:`.loads` (image tokens, ViT load), :mod:`.count` (one chunk), :mod:`.issues` (problems per sample);
 :mod:`.pool` (worker processes), :mod:`.api` (the run), :mod:`.result` and :mod:`.merge` (files and shards).
 """
+
 from .api import lengths_from_raw, parse_shard
 from .count import DEFAULT_MAX_FRAMES
 from .issues import ISSUE_KINDS, ON_ERROR, SampleError
@@ -23,5 +24,17 @@ from .pool import WorkerDied
 from .result import RawLengths
 from .spec import MODELS, ModelSpec, load_model_spec
 
-__all__ = ["DEFAULT_MAX_FRAMES", "ISSUE_KINDS", "MODELS", "ON_ERROR", "ModelSpec", "RawLengths", "SampleError",
-           "WorkerDied", "lengths_from_raw", "load_model_spec", "merge_length_parts", "parse_shard"]
+__all__ = [
+    "DEFAULT_MAX_FRAMES",
+    "ISSUE_KINDS",
+    "MODELS",
+    "ON_ERROR",
+    "ModelSpec",
+    "RawLengths",
+    "SampleError",
+    "WorkerDied",
+    "lengths_from_raw",
+    "load_model_spec",
+    "merge_length_parts",
+    "parse_shard",
+]

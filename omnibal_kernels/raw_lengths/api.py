@@ -8,6 +8,7 @@ indices in the data, and every problem found. The samples of the requested range
 ``shard=(i, n)`` counts the ``i``-th of ``n`` contiguous slices of the data; :func:`merge_length_parts` joins
 the parts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,10 +39,18 @@ def make_counter(options: dict) -> ChunkCounter:
     """The counter for one run's options (in this process or in a worker)."""
     tok = load_tokenizer(options["tokenizer"], options["trust_remote_code"])
     spec = load_model_spec(options["tokenizer"], options["model"], tok).with_overrides(**options["overrides"])
-    return ChunkCounter(spec, tok, image_root=options["image_root"], max_length=options["max_length"],
-                        on_error=options["on_error"], add_special_tokens=options["add_special_tokens"],
-                        exif_transpose=options["exif_transpose"], max_frames=options["max_frames"],
-                        max_image_pixels=options["max_image_pixels"], labels=options["labels"])
+    return ChunkCounter(
+        spec,
+        tok,
+        image_root=options["image_root"],
+        max_length=options["max_length"],
+        on_error=options["on_error"],
+        add_special_tokens=options["add_special_tokens"],
+        exif_transpose=options["exif_transpose"],
+        max_frames=options["max_frames"],
+        max_image_pixels=options["max_image_pixels"],
+        labels=options["labels"],
+    )
 
 
 def _fingerprint(folder: Path) -> str:
@@ -84,26 +93,35 @@ def _load_chunk(path: Path, labels: bool) -> Optional[ChunkResult]:
     cannot be read or its arrays disagree."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            chunk = ChunkResult(z["index"], z["vit"], z["llm"], z["vit_seqlens"], z["vit_seqlens_offsets"],
-                                z["label"] if labels else None, json.loads(str(z["issues"])))
+            chunk = ChunkResult(
+                z["index"],
+                z["vit"],
+                z["llm"],
+                z["vit_seqlens"],
+                z["vit_seqlens_offsets"],
+                z["label"] if labels else None,
+                json.loads(str(z["issues"])),
+            )
         check_sample_arrays(chunk)
         return chunk
     except Exception as exc:  # zipfile, zlib, numpy and json each raise their own types for a damaged file
-        print(f"omnibal-kernels: {path} is damaged ({type(exc).__name__}); counting its chunk again",
-              file=sys.stderr)
+        print(f"omnibal-kernels: {path} is damaged ({type(exc).__name__}); counting its chunk again", file=sys.stderr)
         path.unlink()
         return None
 
 
-def _resume(wd: Path, run: dict, stale_work_dir: str, bounds: list[tuple[int, int]],
-            labels: bool) -> dict[int, ChunkResult]:
+def _resume(
+    wd: Path, run: dict, stale_work_dir: str, bounds: list[tuple[int, int]], labels: bool
+) -> dict[int, ChunkResult]:
     """Open the work folder for ``run``; the chunks of ``bounds`` already saved there."""
     wd.mkdir(parents=True, exist_ok=True)
     run_file = wd / "run.json"
     if run_file.is_file() and json.loads(run_file.read_text()) != json.loads(json.dumps(run)):
         if stale_work_dir != "restart":
-            raise ValueError(f"work_dir: {wd} holds chunks of another run (other data, options, range or chunk "
-                             "format); remove it or give another folder")
+            raise ValueError(
+                f"work_dir: {wd} holds chunks of another run (other data, options, range or chunk "
+                "format); remove it or give another folder"
+            )
         print(f"omnibal-kernels: {wd} holds chunks of another run; starting over", file=sys.stderr)
         for old in wd.glob("chunk-*.npz"):
             old.unlink()
@@ -122,8 +140,9 @@ def _resume(wd: Path, run: dict, stale_work_dir: str, bounds: list[tuple[int, in
 # ---------------------------------------------------------------------------------------- the run
 
 
-def _options(tokenizer: str | Path, model: str, on_error: str, chunk_size: int, stale_work_dir: str,
-             **given: Any) -> dict:
+def _options(
+    tokenizer: str | Path, model: str, on_error: str, chunk_size: int, stale_work_dir: str, **given: Any
+) -> dict:
     if given["labels"] not in (None, True, False):
         raise TypeError(f"labels must be None, True or False, got {given['labels']!r}")
     if on_error not in ON_ERROR:
@@ -135,32 +154,59 @@ def _options(tokenizer: str | Path, model: str, on_error: str, chunk_size: int, 
     special = given["add_special_tokens"]
     image_root = given["image_root"]
     pixels = given["max_image_pixels"]
-    return dict(tokenizer=str(Path(tokenizer)), model=model, trust_remote_code=bool(given["trust_remote_code"]),
-                image_root=None if image_root is None else str(image_root), max_length=given["max_length"],
-                on_error=on_error, add_special_tokens=None if special is None else bool(special),
-                exif_transpose=bool(given["exif_transpose"]), overrides=dict(given["overrides"] or {}),
-                max_frames=given["max_frames"], max_image_pixels=pil_pixel_limit() if pixels is None else pixels,
-                labels=given["labels"])
+    return dict(
+        tokenizer=str(Path(tokenizer)),
+        model=model,
+        trust_remote_code=bool(given["trust_remote_code"]),
+        image_root=None if image_root is None else str(image_root),
+        max_length=given["max_length"],
+        on_error=on_error,
+        add_special_tokens=None if special is None else bool(special),
+        exif_transpose=bool(given["exif_transpose"]),
+        overrides=dict(given["overrides"] or {}),
+        max_frames=given["max_frames"],
+        max_image_pixels=pil_pixel_limit() if pixels is None else pixels,
+        labels=given["labels"],
+    )
 
 
 def _settings(options: dict, counter: ChunkCounter, data: Any, identity: str, shards: int) -> dict:
     """What the loads depend on (compared when resuming and merging), and where the files were."""
     opts = ("max_length", "on_error", "add_special_tokens", "exif_transpose", "max_frames", "max_image_pixels")
     where = str(data) if isinstance(data, (str, os.PathLike)) else None
-    return {"model": options["model"], "spec": dataclasses.asdict(counter.spec),
-            "options": {**{key: options[key] for key in opts}, "labels": counter.labels},
-            "tokenizer_fingerprint": _fingerprint(Path(options["tokenizer"])), "data": identity, "shards": shards,
-            "paths": {"data": where, "tokenizer": options["tokenizer"], "image_root": options["image_root"]}}
+    return {
+        "model": options["model"],
+        "spec": dataclasses.asdict(counter.spec),
+        "options": {**{key: options[key] for key in opts}, "labels": counter.labels},
+        "tokenizer_fingerprint": _fingerprint(Path(options["tokenizer"])),
+        "data": identity,
+        "shards": shards,
+        "paths": {"data": where, "tokenizer": options["tokenizer"], "image_root": options["image_root"]},
+    }
 
 
-def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root: Optional[str | Path] = None,
-                     max_length: Optional[int] = None, on_error: str = "error", num_workers: Optional[int] = None,
-                     chunk_size: int = 1024, shard: Optional[tuple[int, int]] = None,
-                     work_dir: Optional[str | Path] = None, stale_work_dir: str = "error",
-                     progress: Optional[bool] = None, trust_remote_code: bool = False,
-                     add_special_tokens: Optional[bool] = None, exif_transpose: bool = False,
-                     overrides: Optional[dict] = None, max_frames: Optional[int] = DEFAULT_MAX_FRAMES,
-                     max_image_pixels: Optional[int] = None, labels: Optional[bool] = None) -> RawLengths:
+def lengths_from_raw(
+    data: Any,
+    tokenizer: str | Path,
+    model: str,
+    *,
+    image_root: Optional[str | Path] = None,
+    max_length: Optional[int] = None,
+    on_error: str = "error",
+    num_workers: Optional[int] = None,
+    chunk_size: int = 1024,
+    shard: Optional[tuple[int, int]] = None,
+    work_dir: Optional[str | Path] = None,
+    stale_work_dir: str = "error",
+    progress: Optional[bool] = None,
+    trust_remote_code: bool = False,
+    add_special_tokens: Optional[bool] = None,
+    exif_transpose: bool = False,
+    overrides: Optional[dict] = None,
+    max_frames: Optional[int] = DEFAULT_MAX_FRAMES,
+    max_image_pixels: Optional[int] = None,
+    labels: Optional[bool] = None,
+) -> RawLengths:
     """Count every sample's ViT load, ViT sequences, LLM tokens and label tokens of a raw data set as the
     model's processor and chat template would.
 
@@ -218,10 +264,22 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
         WorkerDied: a chunk whose worker process died twice (a ``ChildProcessError`` naming its samples); the
             chunks finished before stay in ``work_dir``.
     """
-    options = _options(tokenizer, model, on_error, chunk_size, stale_work_dir, image_root=image_root,
-                       max_length=max_length, trust_remote_code=trust_remote_code,
-                       add_special_tokens=add_special_tokens, exif_transpose=exif_transpose, overrides=overrides,
-                       max_frames=max_frames, max_image_pixels=max_image_pixels, labels=labels)
+    options = _options(
+        tokenizer,
+        model,
+        on_error,
+        chunk_size,
+        stale_work_dir,
+        image_root=image_root,
+        max_length=max_length,
+        trust_remote_code=trust_remote_code,
+        add_special_tokens=add_special_tokens,
+        exif_transpose=exif_transpose,
+        overrides=overrides,
+        max_frames=max_frames,
+        max_image_pixels=max_image_pixels,
+        labels=labels,
+    )
     # Built here first so that a bad folder, template or option fails before any worker starts.
     counter = make_counter(options)
     source = open_source(data)
@@ -236,8 +294,14 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
     results: dict[int, ChunkResult] = {}
     if wd is not None:
         identity = {key: value for key, value in settings.items() if key != "paths"}
-        run = {"settings": identity, "image_root": options["image_root"], "start": start, "stop": stop,
-               "chunk_size": chunk_size, "chunk_format": _CHUNK_FORMAT}
+        run = {
+            "settings": identity,
+            "image_root": options["image_root"],
+            "start": start,
+            "stop": stop,
+            "chunk_size": chunk_size,
+            "chunk_format": _CHUNK_FORMAT,
+        }
         results = _resume(wd, run, stale_work_dir, bounds, counter.labels)
     todo = [(a, b) for a, b in bounds if a not in results]
     bar = progress_bar(stop - start, "counting samples", progress)
@@ -258,11 +322,21 @@ def lengths_from_raw(data: Any, tokenizer: str | Path, model: str, *, image_root
         else:
             count_in_workers(source, options, make_counter, todo, workers, done)
     except WorkerDied as exc:
-        kept = (f"the {len(results)} chunks finished are kept in {wd}: run again to resume" if wd is not None
-                else "give work_dir to keep the finished chunks")
+        kept = (
+            f"the {len(results)} chunks finished are kept in {wd}: run again to resume"
+            if wd is not None
+            else "give work_dir to keep the finished chunks"
+        )
         raise WorkerDied(f"{exc}; {kept} (a smaller chunk size narrows down the sample)") from None
     finally:
         bar.close()
     parts = [results[a] for a, _ in bounds]
-    return RawLengths(start=start, stop=stop, num_samples=n, issues=[d for p in parts for d in p.issues],
-                      settings=settings, shard=(i, k), **joined_loads(parts, counter.labels))
+    return RawLengths(
+        start=start,
+        stop=stop,
+        num_samples=n,
+        issues=[d for p in parts for d in p.issues],
+        settings=settings,
+        shard=(i, k),
+        **joined_loads(parts, counter.labels),
+    )

@@ -10,11 +10,13 @@ What is trained: a chat template marks the text a model learns to produce with `
 reads. Rendering with marks gives those character spans; expanding keeps them on the same text, and notes the
 placeholders inside them (their image tokens are inside too).
 """
+
 from __future__ import annotations
 
 import bisect
 import re
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from .media import MediaError
 from .records import RawSample
@@ -109,9 +111,12 @@ class ChatRenderer:
         tok = self.tokenizer
         try:
             # the texts and the spans of each (typed by transformers as a str)
-            rendered: Any = render_jinja_template(conversations=[self.messages(sample)],
-                                                  chat_template=tok.get_chat_template(),
-                                                  return_assistant_tokens_mask=True, **tok.special_tokens_map)
+            rendered: Any = render_jinja_template(
+                conversations=[self.messages(sample)],
+                chat_template=tok.get_chat_template(),
+                return_assistant_tokens_mask=True,
+                **tok.special_tokens_map,
+            )
         except Exception as exc:  # as in render
             raise MediaError("template_error", f"the chat template failed: {exc}") from exc
         texts, spans = rendered
@@ -135,7 +140,7 @@ class ChatRenderer:
             kind = found[m.group()]
             new = self._expansion(m.group(), len(kind), frames)
             kind.append(m.span())
-            pieces += [text[pos:m.start()], new]
+            pieces += [text[pos : m.start()], new]
             ends.append(m.end())
             gained.append(gained[-1] + len(new) - (m.end() - m.start()))
             pos = m.end()
@@ -145,8 +150,12 @@ class ChatRenderer:
         def inside(marks: list[tuple[int, int]]) -> list[int]:
             return [i for i, (a, b) in enumerate(marks) if any(a < e and b > s for s, e in spans)]
 
-        return Expanded("".join(pieces), moved, inside(found[spec.image_marker]),  # type: ignore[arg-type]
-                        inside(found[spec.video_marker]))
+        return Expanded(
+            "".join(pieces),
+            moved,  # type: ignore[arg-type]  # the moved spans are (start, end) pairs, as they came in
+            inside(found[spec.image_marker]),
+            inside(found[spec.video_marker]),
+        )
 
     def _expansion(self, marker: str, k: int, frames: Sequence[int]) -> str:
         """What the ``k``-th placeholder ``marker`` of its kind becomes (Qwen2-VL: itself)."""

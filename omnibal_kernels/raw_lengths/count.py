@@ -18,17 +18,19 @@ from transformers' ``return_assistant_tokens_mask``.
 
 A sample that fails any step becomes one issue for its own index (:mod:`.issues`); the others are counted.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
 from .._checks import MAX_IMAGE_SIDE, QWEN2VL_MAX_RATIO, check_positive_int
-from ..lengths import Lengths
 from .._csr import take_rows
+from ..lengths import Lengths
 from .chat import ChatRenderer, Expanded, marks_training
 from .issues import ON_ERROR, IssueLog
 from .loads import media_item_tokens, media_loads, sequence_rows, video_frames
@@ -88,11 +90,20 @@ class ChunkCounter:
     gives offsets; False: never); :attr:`labels` says whether they are.
     """
 
-    def __init__(self, spec: ModelSpec, tokenizer: Any, *, image_root: Optional[str | Path] = None,
-                 max_length: Optional[int] = None, on_error: str = "error",
-                 add_special_tokens: Optional[bool] = None, exif_transpose: bool = False,
-                 max_frames: Optional[int] = DEFAULT_MAX_FRAMES, max_image_pixels: Optional[int] = None,
-                 labels: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        tokenizer: Any,
+        *,
+        image_root: Optional[str | Path] = None,
+        max_length: Optional[int] = None,
+        on_error: str = "error",
+        add_special_tokens: Optional[bool] = None,
+        exif_transpose: bool = False,
+        max_frames: Optional[int] = DEFAULT_MAX_FRAMES,
+        max_image_pixels: Optional[int] = None,
+        labels: Optional[bool] = None,
+    ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         if labels not in (None, True, False):
@@ -108,9 +119,12 @@ class ChunkCounter:
         self.tokens.check_image_tokens(spec)
         marked, offsets = marks_training(tokenizer), self.tokens.can_mark
         if labels and not (marked and offsets):
-            why = ("its chat template marks no text for training (put {% generation %} ... {% endgeneration %} "
-                   "around what the model learns, as transformers' return_assistant_tokens_mask reads it)"
-                   if not marked else "it gives no token offsets (a slow tokenizer)")
+            why = (
+                "its chat template marks no text for training (put {% generation %} ... {% endgeneration %} "
+                "around what the model learns, as transformers' return_assistant_tokens_mask reads it)"
+                if not marked
+                else "it gives no token offsets (a slow tokenizer)"
+            )
             raise ValueError(f"tokenizer: label tokens cannot be counted: {why}")
         self.labels = bool(marked and offsets) if labels is None else labels
         """whether label tokens are counted"""
@@ -119,14 +133,19 @@ class ChunkCounter:
         if not (0 < w <= MAX_IMAGE_SIDE and 0 < h <= MAX_IMAGE_SIDE):
             raise MediaError("bad_media_size", f"{what} size {w}x{h} (width x height) is out of range")
         if self.max_image_pixels is not None and w * h > self.max_image_pixels:
-            raise MediaError("over_max_image_pixels", f"{what} size {w}x{h} has {w * h:,} pixels, more than "
-                             f"max_image_pixels {self.max_image_pixels:,}")
+            raise MediaError(
+                "over_max_image_pixels",
+                f"{what} size {w}x{h} has {w * h:,} pixels, more than max_image_pixels {self.max_image_pixels:,}",
+            )
         if self.spec.family == "qwen2vl" and max(w, h) / min(w, h) > QWEN2VL_MAX_RATIO:
-            raise MediaError("bad_media_size", f"{what} {w}x{h} has an aspect ratio above the processor's limit "
-                             f"of {QWEN2VL_MAX_RATIO}")
+            raise MediaError(
+                "bad_media_size",
+                f"{what} {w}x{h} has an aspect ratio above the processor's limit of {QWEN2VL_MAX_RATIO}",
+            )
 
-    def _measure(self, images: list[Any], videos: list[Any]) -> tuple[list[tuple[int, int]],
-                                                                      list[tuple[VideoInfo, int]]]:
+    def _measure(
+        self, images: list[Any], videos: list[Any]
+    ) -> tuple[list[tuple[int, int]], list[tuple[VideoInfo, int]]]:
         sizes = []
         for ref in images:
             w, h = image_size(ref, self.root, self.exif_transpose)
@@ -143,8 +162,10 @@ class ChunkCounter:
         frames = sum(f for _, f in measured)
         # Checked before any text is expanded: InternVL's text would grow with the frames.
         if self.max_frames is not None and frames > self.max_frames:
-            raise MediaError("over_max_frames", f"the videos give the model {frames:,} frames, more than "
-                             f"max_frames {self.max_frames:,}")
+            raise MediaError(
+                "over_max_frames",
+                f"the videos give the model {frames:,} frames, more than max_frames {self.max_frames:,}",
+            )
         return sizes, measured
 
     def _prepare(self, rec: Any, index: int) -> _Prepared:
@@ -154,8 +175,10 @@ class ChunkCounter:
         n_img, n_vid = self.chat.placeholders(rendered)
         mismatch = None
         if n_img != len(sizes) or n_vid != len(videos):
-            mismatch = (f"{n_img} image and {n_vid} video placeholders in the rendered text for {len(sizes)} "
-                        f"images and {len(videos)} videos")
+            mismatch = (
+                f"{n_img} image and {n_vid} video placeholders in the rendered text for {len(sizes)} "
+                f"images and {len(videos)} videos"
+            )
         pads = n_img + n_vid if self.spec.family == "qwen2vl" else 0
         return _Prepared(sizes, videos, self.chat.expand(rendered, [f for _, f in videos], spans), pads, mismatch)
 
@@ -192,13 +215,15 @@ class ChunkCounter:
         loads = self._loads(log, rows, samples, tokens - pads)
         if self.max_length is not None:
             for r in np.flatnonzero(loads.llm > self.max_length):
-                log.note(int(rows[r]), "over_max_length", f"{int(loads.llm[r])} LLM tokens > max_length "
-                         f"{self.max_length}")
+                log.note(
+                    int(rows[r]), "over_max_length", f"{int(loads.llm[r])} LLM tokens > max_length {self.max_length}"
+                )
         keep = np.flatnonzero(log.countable[rows])
         offsets, seqlens = take_rows(*sequence_rows(loads), keep)
         label = None if marked is None else (marked + self._marked_media(samples))[keep]
-        return ChunkResult(rows[keep].astype(np.int64) + start, loads.vit[keep], loads.llm[keep], seqlens, offsets,
-                           label, log.sorted())
+        return ChunkResult(
+            rows[keep].astype(np.int64) + start, loads.vit[keep], loads.llm[keep], seqlens, offsets, label, log.sorted()
+        )
 
     def _marked_media(self, samples: list[_Prepared]) -> np.ndarray:
         """``(len(samples),)`` int64 image tokens of the placeholders inside trained spans that the text leaves
@@ -229,11 +254,17 @@ class ChunkCounter:
         parts = []
         for r, sample in enumerate(samples):
             try:
-                parts.append(self._loads_of([sample], text_tokens[r:r + 1]))
+                parts.append(self._loads_of([sample], text_tokens[r : r + 1]))
             except ValueError as exc:
                 log.note(int(rows[r]), "bad_media_size", str(exc).split(": ", 1)[-1])
-                parts.append(Lengths(np.zeros(1, np.int64), np.zeros(1, np.int64), vit_seqlens=np.zeros(0, np.int64),
-                                     vit_seqlens_offsets=np.zeros(2, np.int64)))
+                parts.append(
+                    Lengths(
+                        np.zeros(1, np.int64),
+                        np.zeros(1, np.int64),
+                        vit_seqlens=np.zeros(0, np.int64),
+                        vit_seqlens_offsets=np.zeros(2, np.int64),
+                    )
+                )
         return Lengths.concat(parts)
 
     def _loads_of(self, samples: list[_Prepared], text_tokens: np.ndarray) -> Lengths:

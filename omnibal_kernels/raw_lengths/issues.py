@@ -5,14 +5,24 @@ sample's index in the data set. ``on_error="error"`` raises :class:`SampleError`
 leaves every problem sample out; ``"report"`` keeps the samples whose loads are still defined (the kinds in
 :data:`COUNTABLE`) and leaves out the others.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 __all__ = ["COUNTABLE", "ISSUE_KINDS", "IssueLog", "ON_ERROR", "SampleError"]
 
-ISSUE_KINDS = ("bad_record", "missing_media", "unreadable_media", "bad_media_size", "over_max_image_pixels",
-               "over_max_frames", "template_error", "placeholder_mismatch", "over_max_length")
+ISSUE_KINDS = (
+    "bad_record",
+    "missing_media",
+    "unreadable_media",
+    "bad_media_size",
+    "over_max_image_pixels",
+    "over_max_frames",
+    "template_error",
+    "placeholder_mismatch",
+    "over_max_length",
+)
 # Kinds after which the sample still has well-defined loads (kept under on_error="report").
 COUNTABLE = ("placeholder_mismatch", "over_max_length")
 ON_ERROR = ("error", "skip", "report")

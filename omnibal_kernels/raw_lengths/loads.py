@@ -7,6 +7,7 @@ Videos: InternVL counts each kept frame as one tile with its image tokens; Qwen2
 are its images' then its videos', each in its order: the images and the videos pass the vision tower in two
 calls, each attending its inputs as :func:`~omnibal_kernels.vision.compute_loads` says.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,12 @@ def video_frames(spec: ModelSpec, info: VideoInfo) -> int:
     return spec.sampling.frames(info.num_frames, info.fps, spec.video_temporal_patch_size)
 
 
-def media_loads(spec: ModelSpec, sizes: list[list[tuple[int, int]]], videos: list[list[tuple[VideoInfo, int]]],
-                text_tokens: np.ndarray) -> Lengths:
+def media_loads(
+    spec: ModelSpec,
+    sizes: list[list[tuple[int, int]]],
+    videos: list[list[tuple[VideoInfo, int]]],
+    text_tokens: np.ndarray,
+) -> Lengths:
     """The loads of ``N`` samples: ``vit``, ``llm`` (text and image tokens) and the ViT sequences.
 
     Args:
@@ -46,20 +51,39 @@ def media_loads(spec: ModelSpec, sizes: list[list[tuple[int, int]]], videos: lis
     """
     if spec.family == "internvl":
         tiling = dict(min_num=spec.min_num, max_num=spec.max_num) if spec.dynamic else dict(min_num=1, max_num=1)
-        loads = compute_loads(sizes, text_tokens, model="internvl", num_image_token=spec.num_image_token,
-                              image_size=spec.image_size, use_thumbnail=spec.use_thumbnail, progress=False,
-                              **tiling)
+        loads = compute_loads(
+            sizes,
+            text_tokens,
+            model="internvl",
+            num_image_token=spec.num_image_token,
+            image_size=spec.image_size,
+            use_thumbnail=spec.use_thumbnail,
+            progress=False,
+            **tiling,
+        )
         # Video frames are single tiles (no dynamic tiling), each with its image tokens: every ViT sequence
         # is one tile, so the sequences follow from the ViT loads.
         frames = np.array([sum(f for _, f in v) for v in videos], dtype=np.int64)
         vit = loads.vit + frames
         offsets = np.zeros(vit.shape[0] + 1, dtype=np.int64)
         np.cumsum(vit, out=offsets[1:])
-        return Lengths(vit, loads.llm + frames * spec.num_image_token, vit_seqlens=np.ones(int(offsets[-1]), np.int64),
-                       vit_seqlens_offsets=offsets)
-    images = compute_loads(sizes, text_tokens, model=spec.model, patch_size=spec.patch_size,
-                           merge_size=spec.merge_size, temporal_patch_size=spec.temporal_patch_size,
-                           min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, progress=False)
+        return Lengths(
+            vit,
+            loads.llm + frames * spec.num_image_token,
+            vit_seqlens=np.ones(int(offsets[-1]), np.int64),
+            vit_seqlens_offsets=offsets,
+        )
+    images = compute_loads(
+        sizes,
+        text_tokens,
+        model=spec.model,
+        patch_size=spec.patch_size,
+        merge_size=spec.merge_size,
+        temporal_patch_size=spec.temporal_patch_size,
+        min_pixels=spec.min_pixels,
+        max_pixels=spec.max_pixels,
+        progress=False,
+    )
     flat = [(s, info, f) for s, vs in enumerate(videos) for info, f in vs]
     if not flat:
         return images
@@ -69,14 +93,21 @@ def media_loads(spec: ModelSpec, sizes: list[list[tuple[int, int]]], videos: lis
     for k, (_, _, f) in enumerate(flat):
         groups.setdefault(_video_max_pixels(spec, f), []).append(k)
     per_video = Lengths.concat(
-        compute_loads(np.array([[flat[k][1].width, flat[k][1].height] for k in ks], dtype=np.int64),
-                      np.zeros(len(ks), dtype=np.int64), model=spec.model,
-                      image_to_sample=np.arange(len(ks), dtype=np.int64),
-                      num_frames=np.array([flat[k][2] for k in ks], dtype=np.int64),
-                      patch_size=spec.video_patch_size, merge_size=spec.video_merge_size,
-                      temporal_patch_size=spec.video_temporal_patch_size,
-                      min_pixels=spec.video_min_pixels, max_pixels=max_pixels, progress=False)
-        for max_pixels, ks in groups.items())
+        compute_loads(
+            np.array([[flat[k][1].width, flat[k][1].height] for k in ks], dtype=np.int64),
+            np.zeros(len(ks), dtype=np.int64),
+            model=spec.model,
+            image_to_sample=np.arange(len(ks), dtype=np.int64),
+            num_frames=np.array([flat[k][2] for k in ks], dtype=np.int64),
+            patch_size=spec.video_patch_size,
+            merge_size=spec.video_merge_size,
+            temporal_patch_size=spec.video_temporal_patch_size,
+            min_pixels=spec.video_min_pixels,
+            max_pixels=max_pixels,
+            progress=False,
+        )
+        for max_pixels, ks in groups.items()
+    )
     per_video = per_video[np.argsort(np.concatenate([ks for ks in groups.values()]))]
     return _images_then_videos(images, per_video, np.array([s for s, _, _ in flat], dtype=np.int64))
 
@@ -87,8 +118,10 @@ def _images_then_videos(images: Lengths, per_video: Lengths, owner: np.ndarray) 
     n = len(images)
     image_offsets, image_seqlens = sequence_rows(images)
     video_offsets, video_seqlens = sequence_rows(per_video)
-    vit, llm, seqs = (np.bincount(owner, weights=x, minlength=n).astype(np.int64)
-                      for x in (per_video.vit, per_video.llm, np.diff(video_offsets)))
+    vit, llm, seqs = (
+        np.bincount(owner, weights=x, minlength=n).astype(np.int64)
+        for x in (per_video.vit, per_video.llm, np.diff(video_offsets))
+    )
     # both kinds as 2N rows of one table (images 0..N-1, videos N..2N-1), taken sample by sample
     offsets = np.concatenate([image_offsets, image_offsets[-1] + np.cumsum(seqs)])
     values = np.concatenate([image_seqlens, video_seqlens])
@@ -107,8 +140,12 @@ def sequence_rows(loads: Lengths) -> tuple[np.ndarray, np.ndarray]:
 def media_item_tokens(spec: ModelSpec, sizes: list[tuple[int, int]], videos: list[tuple[VideoInfo, int]]) -> np.ndarray:
     """``(len(sizes) + len(videos),)`` int64 LLM image tokens of each image, then each video, of one sample."""
     k = len(sizes) + len(videos)
-    items = media_loads(spec, [[s] for s in sizes] + [[] for _ in videos], [[] for _ in sizes] + [[v] for v in videos],
-                        np.zeros(k, dtype=np.int64))
+    items = media_loads(
+        spec,
+        [[s] for s in sizes] + [[] for _ in videos],
+        [[] for _ in sizes] + [[v] for v in videos],
+        np.zeros(k, dtype=np.int64),
+    )
     return items.llm
 
 
@@ -118,5 +155,6 @@ def _video_max_pixels(spec: ModelSpec, frames: int) -> int:
     # Qwen2VLVideoProcessor.resize with cap_pixels_per_frame: an even share of a total pixel budget.
     factor = spec.video_patch_size * spec.video_merge_size
     total = int(spec.max_video_tokens * factor * factor * 0.9)
-    return max(min(spec.video_max_pixels, total * spec.video_temporal_patch_size // frames),
-               int(spec.video_min_pixels * 1.05))
+    return max(
+        min(spec.video_max_pixels, total * spec.video_temporal_patch_size // frames), int(spec.video_min_pixels * 1.05)
+    )

@@ -6,6 +6,7 @@ Videos: frame count, frame size and frame rate come from the reference's own met
 (``pip install av``); a list of frames counts its frames and reads each frame's header. Given sizes, frame
 counts and frame rates must be positive finite numbers (sizes and counts integral).
 """
+
 from __future__ import annotations
 
 import base64
@@ -13,8 +14,9 @@ import io
 import math
 import numbers
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -48,7 +50,7 @@ class VideoInfo(NamedTuple):
 
 def _resolve(ref: str, root: Optional[Path]) -> Path:
     if ref.startswith("file://"):
-        ref = ref[len("file://"):]
+        ref = ref[len("file://") :]
     path = Path(ref)
     if not path.is_absolute() and root is not None:
         path = root / path
@@ -89,8 +91,7 @@ def _positive_int(value: Any, what: str) -> int:
     MediaError for a number that is no positive integer (NaN, infinities, fractions, zero, negatives)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} = {value!r} is not a number")
-    if not (isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer())) \
-            or value <= 0:
+    if not (isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer())) or value <= 0:
         raise MediaError("bad_media_size", f"{what} = {value!r} is not a positive integer")
     return int(value) if isinstance(value, numbers.Integral) else int(float(value))
 
@@ -152,8 +153,10 @@ def image_size(ref: Any, root: Optional[Path] = None, exif_transpose: bool = Fal
     except FileNotFoundError as exc:
         raise MediaError("missing_media", f"{name}: no such file") from exc
     except Image.DecompressionBombError as exc:
-        raise MediaError("over_max_image_pixels", f"{name}: PIL refuses to open it ({exc} Raise "
-                         "PIL.Image.MAX_IMAGE_PIXELS to count such images)") from exc
+        raise MediaError(
+            "over_max_image_pixels",
+            f"{name}: PIL refuses to open it ({exc} Raise PIL.Image.MAX_IMAGE_PIXELS to count such images)",
+        ) from exc
     except Exception as exc:  # PIL's format plugins raise many error types on a damaged header: all unreadable
         raise MediaError("unreadable_media", f"{name}: not a readable image ({type(exc).__name__}: {exc})") from exc
     return (h, w) if orientation in _SWAPPING_ORIENTATIONS else (w, h)
@@ -171,8 +174,11 @@ def _pyav_info(source: Any, name: str) -> VideoInfo:
     try:
         import av
     except ImportError as exc:
-        raise MediaError("unreadable_media", f"{name}: reading a video's frame count needs PyAV (pip install av), "
-                         "or give num_frames, width and height in the record") from exc
+        raise MediaError(
+            "unreadable_media",
+            f"{name}: reading a video's frame count needs PyAV (pip install av), "
+            "or give num_frames, width and height in the record",
+        ) from exc
     try:
         with av.open(source) as container:
             if not container.streams.video:
@@ -207,7 +213,7 @@ def video_info(ref: Any, root: Optional[Path] = None) -> VideoInfo:
         sizes = {image_size(frame, root) for frame in ref}
         if len(sizes) != 1:
             raise MediaError("bad_media_size", f"the frames of a video differ in size: {sorted(sizes)}")
-        (w, h), = sizes
+        ((w, h),) = sizes
         return VideoInfo(len(ref), w, h, None)
     if isinstance(ref, Mapping):
         frames_list = ref.get("frames")
@@ -220,7 +226,8 @@ def video_info(ref: Any, root: Optional[Path] = None) -> VideoInfo:
             return VideoInfo(frames, size[0], size[1], fps)
         source, name = _open_source(ref, root)
         info = _pyav_info(source, name)
-        return VideoInfo(frames or info.num_frames, *(size or (info.width, info.height)),
-                         info.fps if fps is None else fps)
+        return VideoInfo(
+            frames or info.num_frames, *(size or (info.width, info.height)), info.fps if fps is None else fps
+        )
     source, name = _open_source(ref, root)
     return _pyav_info(source, name)

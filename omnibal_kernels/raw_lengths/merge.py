@@ -4,11 +4,12 @@ Parts may come in any order (they are sorted by shard index; empty shards includ
 two parts belong to one run when their settings are equal, ``settings["paths"]`` aside (where the data,
 tokenizer and media were), and the data are identified by a digest of their content.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
-
+from typing import Any
 
 from .result import RawLengths, joined_loads, load_part
 
@@ -41,8 +42,9 @@ def _check_one_run(parts: list[tuple[Path, RawLengths]]) -> None:
         keys = _differences(first.settings, part.settings)
         if keys:
             fa, fb = _flat(first.settings), _flat(part.settings)
-            shown = "; ".join(f"{k}: {fb.get(k)!r} in {path.name}, {fa.get(k)!r} in {first_path.name}"
-                              for k in keys[:3])
+            shown = "; ".join(
+                f"{k}: {fb.get(k)!r} in {path.name}, {fa.get(k)!r} in {first_path.name}" for k in keys[:3]
+            )
             more = f" (and {len(keys) - 3} more)" if len(keys) > 3 else ""
             raise ValueError(f"--merge: {path} is a part of another run than {first_path}: {shown}{more}")
 
@@ -68,11 +70,14 @@ def merge_length_parts(paths: Iterable[str | Path]) -> RawLengths:
         if part.shard[1] != n:
             raise ValueError(f"--merge: {path} is shard {i}/{part.shard[1]}, {parts[0][0]} one of {n}")
         if i in by_shard:
-            raise ValueError(f"--merge: shard {i}/{n} is given twice ({by_shard[i]} and {path}); expected each of "
-                             f"shards 0..{n - 1} once")
+            raise ValueError(
+                f"--merge: shard {i}/{n} is given twice ({by_shard[i]} and {path}); expected each of "
+                f"shards 0..{n - 1} once"
+            )
         if part.num_samples != parts[0][1].num_samples:
-            raise ValueError(f"--merge: {path} covers {part.num_samples} samples, {parts[0][0]} "
-                             f"{parts[0][1].num_samples}")
+            raise ValueError(
+                f"--merge: {path} covers {part.num_samples} samples, {parts[0][0]} {parts[0][1].num_samples}"
+            )
         by_shard[i] = path
     missing = sorted(set(range(n)) - set(by_shard))
     if missing:
@@ -80,6 +85,12 @@ def merge_length_parts(paths: Iterable[str | Path]) -> RawLengths:
         raise ValueError(f"--merge: the run has {n} shards but {len(parts)} parts were given (missing: {shown})")
     ordered = [part for _, part in sorted(parts, key=lambda t: t[1].shard[0])]
     total = ordered[0].num_samples
-    return RawLengths(start=0, stop=total, num_samples=total, issues=[d for p in ordered for d in p.issues],
-                      settings=ordered[0].settings, shard=(0, 1),
-                      **joined_loads(ordered, ordered[0].label is not None))
+    return RawLengths(
+        start=0,
+        stop=total,
+        num_samples=total,
+        issues=[d for p in ordered for d in p.issues],
+        settings=ordered[0].settings,
+        shard=(0, 1),
+        **joined_loads(ordered, ordered[0].label is not None),
+    )

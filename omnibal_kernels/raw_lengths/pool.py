@@ -5,6 +5,7 @@ A chunk whose worker dies (the out-of-memory killer's SIGKILL, a crash in a nati
 in a new worker, once; if that worker dies too, the run stops with :class:`WorkerDied` naming the chunk.
 Every finished chunk is handed to ``done`` as it arrives, so the caller keeps it for the resume.
 """
+
 from __future__ import annotations
 
 import collections
@@ -42,8 +43,9 @@ def _send(conn: Connection, message: tuple) -> None:
         conn.send(message)
     except Exception:  # an exception or result that does not pickle: its text instead
         kind, bounds, payload = message
-        conn.send((kind, bounds, RuntimeError(f"{type(payload).__name__} in a worker process: "
-                                              f"{traceback.format_exc()}")))
+        conn.send(
+            (kind, bounds, RuntimeError(f"{type(payload).__name__} in a worker process: {traceback.format_exc()}"))
+        )
 
 
 def _worker(conn: Connection, source: Any, options: dict, make_counter: Callable[[dict], Any]) -> None:
@@ -120,8 +122,14 @@ class _Workers:
                 proc.join()
 
 
-def count_in_workers(source: Any, options: dict, make_counter: Callable[[dict], Any], todo: list[tuple[int, int]],
-                     workers: int, done: Callable[[int, int, Any], None]) -> None:
+def count_in_workers(
+    source: Any,
+    options: dict,
+    make_counter: Callable[[dict], Any],
+    todo: list[tuple[int, int]],
+    workers: int,
+    done: Callable[[int, int, Any], None],
+) -> None:
     """Count the chunks ``todo`` (``(a, b)`` sample ranges) in ``workers`` processes.
 
     Each process builds its counter with ``make_counter(options)`` and counts ``source.chunk(a, b)``;
@@ -151,8 +159,10 @@ def count_in_workers(source: Any, options: dict, make_counter: Callable[[dict], 
                     bounds = cast(tuple[int, int], held)  # a worker in `held` always holds a chunk
                     if starts[bounds] >= _TRIES:
                         a, b = bounds
-                        raise WorkerDied(f"samples {a}..{b - 1}: the worker process counting them died "
-                                         f"{starts[bounds]} times ({_died_how(proc.exitcode)})") from None
+                        raise WorkerDied(
+                            f"samples {a}..{b - 1}: the worker process counting them died "
+                            f"{starts[bounds]} times ({_died_how(proc.exitcode)})"
+                        ) from None
                     starts[bounds] += 1
                     pool.start(bounds)
                     continue

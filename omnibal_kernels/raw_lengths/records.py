@@ -15,15 +15,26 @@ A reference is a path (relative to the image root, ``file://`` allowed), a ``dat
 "bytes"}`` mapping (``datasets.Image(decode=False)``), a ``PIL.Image``, or a mapping that already carries
 ``width`` / ``height`` (and, for videos, ``num_frames`` / ``fps``). A video may also be a list of frames.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 __all__ = ["RawSample", "RecordError", "parse_record"]
 
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
-          "model": "assistant", "system": "system", "tool": "tool", "function": "tool"}
+_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+}
 _PLACEHOLDER = re.compile(r"(<image>|<video>)")
 _IMAGE_PARTS = ("image", "image_url", "input_image")
 _VIDEO_PARTS = ("video", "video_url", "input_video")
@@ -145,8 +156,9 @@ def parse_record(rec: Any, index: int) -> RawSample:
         elif content is None:
             parts = []
         else:
-            raise RecordError(f"sample {index}: turn {t} content must be text or a list of parts, "
-                              f"got {type(content).__name__}")
+            raise RecordError(
+                f"sample {index}: turn {t} content must be text or a list of parts, got {type(content).__name__}"
+            )
         resolved: list[tuple[str, Any]] = []
         for kind, ref in parts:
             if kind == "text":
@@ -164,6 +176,6 @@ def parse_record(rec: Any, index: int) -> RawSample:
         messages.append((role, resolved))
     # Media listed by the record but never placed keep their order after the placed ones, so that the
     # placeholder check sees them.
-    images.extend(pool["image"][taken["image"]:])
-    videos.extend(pool["video"][taken["video"]:])
+    images.extend(pool["image"][taken["image"] :])
+    videos.extend(pool["video"][taken["video"] :])
     return RawSample(messages, images, videos)

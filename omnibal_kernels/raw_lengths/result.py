@@ -5,12 +5,14 @@ A length file holds, per kept sample, ``vit_num``, ``token_num``, its ViT sequen
 they were counted, its label tokens: ``"label_num"`` in JSON and JSON Lines, array ``label`` in ``.npz``
 (beside ``vit``, ``llm``, ``vit_seqlens`` and ``vit_seqlens_offsets``).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -19,8 +21,15 @@ from .._files import atomic_write, write_json
 from ..lengths import Lengths, write_lengths
 from .issues import ISSUE_KINDS
 
-__all__ = ["PART_VERSION", "RawLengths", "check_sample_arrays", "joined_loads", "load_part", "sample_arrays",
-           "write_npz"]
+__all__ = [
+    "PART_VERSION",
+    "RawLengths",
+    "check_sample_arrays",
+    "joined_loads",
+    "load_part",
+    "sample_arrays",
+    "write_npz",
+]
 
 # 3: parts carry the ViT sequences and, when counted, the label tokens.
 PART_VERSION = 3
@@ -91,9 +100,16 @@ class RawLengths:
 
     def report(self) -> dict:
         """A JSON-ready summary: sample counts, problems per kind, skipped indices and every problem."""
-        return {"num_samples": self.num_samples, "start": self.start, "stop": self.stop,
-                "kept": int(self.index.shape[0]), "skipped": self.skipped.tolist(), "counts": self.counts(),
-                "issues": self.issues, "settings": self.settings}
+        return {
+            "num_samples": self.num_samples,
+            "start": self.start,
+            "stop": self.stop,
+            "kept": int(self.index.shape[0]),
+            "skipped": self.skipped.tolist(),
+            "counts": self.counts(),
+            "issues": self.issues,
+            "settings": self.settings,
+        }
 
     def write(self, path: str | Path) -> tuple[Path, Path]:
         """Write the length file (``.json`` OmniBal list, ``.jsonl`` or ``.npz``; see the module docstring for
@@ -113,9 +129,18 @@ class RawLengths:
     def save_part(self, path: str | Path) -> Path:
         """Write this shard as one ``.npz`` part for :func:`merge_length_parts` (atomically)."""
         path = Path(path)
-        meta = json.dumps({"version": PART_VERSION, "shard": list(self.shard), "start": self.start,
-                           "stop": self.stop, "num_samples": self.num_samples, "issues": self.issues,
-                           "settings": self.settings, "labels": self.label is not None})
+        meta = json.dumps(
+            {
+                "version": PART_VERSION,
+                "shard": list(self.shard),
+                "start": self.start,
+                "stop": self.stop,
+                "num_samples": self.num_samples,
+                "issues": self.issues,
+                "settings": self.settings,
+                "labels": self.label is not None,
+            }
+        )
         write_npz(path, meta=np.array(meta), **sample_arrays(self))
         return path
 
@@ -133,23 +158,28 @@ def check_sample_arrays(loads: Any) -> None:
         offsets = check_offsets("vit_seqlens_offsets", loads.vit_seqlens_offsets, k, loads.vit_seqlens.shape[0])
         bad = np.flatnonzero(loads.vit_seqlens < 0)
         if bad.size:
-            raise ValueError(f"sample {int(index[row_ids(offsets)[bad[0]]])}: a negative ViT sequence length "
-                             f"({int(loads.vit_seqlens[bad[0]])})")
+            raise ValueError(
+                f"sample {int(index[row_ids(offsets)[bad[0]]])}: a negative ViT sequence length "
+                f"({int(loads.vit_seqlens[bad[0]])})"
+            )
         sums = row_sums(offsets, loads.vit_seqlens)
         bad = np.flatnonzero(sums != vit)
         if bad.size:
             i = int(bad[0])
-            raise ValueError(f"sample {int(index[i])}: its ViT sequences sum to {int(sums[i])}, but its ViT load is "
-                             f"{int(vit[i])}")
+            raise ValueError(
+                f"sample {int(index[i])}: its ViT sequences sum to {int(sums[i])}, but its ViT load is {int(vit[i])}"
+            )
     if label is not None:
         if label.shape != (k,):
             raise ValueError(f"label must hold one count per kept sample ({k}), got shape {label.shape}")
         bad = np.flatnonzero((label < 0) | (label > np.maximum(llm - 1, 0)))
         if bad.size:
             i = int(bad[0])
-            raise ValueError(f"sample {int(index[i])}: {int(label[i])} label tokens, outside [0, "
-                             f"{max(int(llm[i]) - 1, 0)}] for {int(llm[i])} LLM tokens (the first token is never "
-                             f"a label)")
+            raise ValueError(
+                f"sample {int(index[i])}: {int(label[i])} label tokens, outside [0, "
+                f"{max(int(llm[i]) - 1, 0)}] for {int(llm[i])} LLM tokens (the first token is never "
+                f"a label)"
+            )
 
 
 def sample_arrays(loads: Any) -> dict[str, np.ndarray]:
@@ -186,8 +216,10 @@ def joined_loads(parts: Sequence[Any], labels: bool) -> dict[str, Any]:
     after another, as :class:`RawLengths` keywords; ``labels``: whether every part carries label tokens (else
     none does)."""
     empty = np.zeros(0, dtype=np.int64)
-    out: dict[str, Any] = {name: np.concatenate([getattr(p, name) for p in parts]) if parts else empty
-                           for name in ("index", "vit", "llm", "vit_seqlens")}
+    out: dict[str, Any] = {
+        name: np.concatenate([getattr(p, name) for p in parts]) if parts else empty
+        for name in ("index", "vit", "llm", "vit_seqlens")
+    }
     counts = [np.diff(p.vit_seqlens_offsets) for p in parts]
     offsets = np.zeros(sum(c.shape[0] for c in counts) + 1, dtype=np.int64)
     np.cumsum(np.concatenate(counts) if counts else empty, out=offsets[1:])
@@ -213,8 +245,9 @@ def _read_part(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
             names = _ARRAYS + (("label",) if isinstance(meta, dict) and meta.get("labels") else ())
             arrays = {name: np.asarray(z[name]) for name in names} if version == PART_VERSION else {}
     except Exception as exc:  # zipfile, zlib, numpy and json each raise their own types for a damaged file
-        raise ValueError(f"--merge: {path} is damaged or not a part written with --shard "
-                         f"({type(exc).__name__}: {exc})") from None
+        raise ValueError(
+            f"--merge: {path} is damaged or not a part written with --shard ({type(exc).__name__}: {exc})"
+        ) from None
     return meta, arrays
 
 
@@ -222,18 +255,25 @@ def _check_meta(path: Path, meta: Any) -> None:
     if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict):
         raise ValueError(f"--merge: {path} is not a part written with --shard (no settings)")
     if meta.get("version") != PART_VERSION:
-        raise ValueError(f"--merge: {path} is a part of format version {meta.get('version')!r}, this version reads "
-                         f"{PART_VERSION} (parts now carry ViT sequences and label tokens); count that shard again")
+        raise ValueError(
+            f"--merge: {path} is a part of format version {meta.get('version')!r}, this version reads "
+            f"{PART_VERSION} (parts now carry ViT sequences and label tokens); count that shard again"
+        )
     shard = meta.get("shard")
     ints = [meta.get(k) for k in ("start", "stop", "num_samples")] + (shard if isinstance(shard, list) else [])
-    if not (isinstance(shard, list) and len(shard) == 2 and all(isinstance(v, int) for v in ints)
-            and isinstance(meta.get("issues"), list)):
+    if not (
+        isinstance(shard, list)
+        and len(shard) == 2
+        and all(isinstance(v, int) for v in ints)
+        and isinstance(meta.get("issues"), list)
+    ):
         raise ValueError(f"--merge: {path} is damaged (its shard, range or issues are missing)")
     i, n = shard
     start, stop, total = meta["start"], meta["stop"], meta["num_samples"]
     if not (0 <= i < n and (start, stop) == (i * total // n, (i + 1) * total // n)):
-        raise ValueError(f"--merge: {path} is damaged (shard {i}/{n} of {total} samples cannot cover "
-                         f"samples {start}..{stop - 1})")
+        raise ValueError(
+            f"--merge: {path} is damaged (shard {i}/{n} of {total} samples cannot cover samples {start}..{stop - 1})"
+        )
 
 
 def load_part(path: str | Path) -> RawLengths:
@@ -249,13 +289,20 @@ def load_part(path: str | Path) -> RawLengths:
     index = arrays["index"]
     per_sample = [arrays[k] for k in ("index", "vit", "llm", "label") if k in arrays]
     if not all(a.ndim == 1 and a.dtype.kind in "iu" and a.shape == index.shape for a in per_sample) or not all(
-            arrays[k].ndim == 1 and arrays[k].dtype.kind in "iu" for k in ("vit_seqlens", "vit_seqlens_offsets")):
+        arrays[k].ndim == 1 and arrays[k].dtype.kind in "iu" for k in ("vit_seqlens", "vit_seqlens_offsets")
+    ):
         raise ValueError(f"--merge: {path} is damaged (its per-sample arrays are not integer arrays of one length)")
     if index.size and (index[0] < meta["start"] or index[-1] >= meta["stop"] or (np.diff(index) <= 0).any()):
         raise ValueError(f"--merge: {path} is damaged (sample indices outside its range or not increasing)")
     try:
-        return RawLengths(start=meta["start"], stop=meta["stop"], num_samples=meta["num_samples"],
-                          issues=meta["issues"], settings=meta["settings"], shard=tuple(meta["shard"]),
-                          **{k: a.astype(np.int64) for k, a in arrays.items()})
+        return RawLengths(
+            start=meta["start"],
+            stop=meta["stop"],
+            num_samples=meta["num_samples"],
+            issues=meta["issues"],
+            settings=meta["settings"],
+            shard=tuple(meta["shard"]),
+            **{k: a.astype(np.int64) for k, a in arrays.items()},
+        )
     except ValueError as exc:
         raise ValueError(f"--merge: {path} is damaged ({exc})") from None

@@ -6,6 +6,7 @@ data lie and whatever their file times. A file is hashed as bytes; records in me
 which the objects that are not JSON stand for what the counting reads of them (a PIL image for its size and
 EXIF orientation, bytes for their digest), never for their memory address.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +14,9 @@ import json
 import mmap
 import numbers
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +57,7 @@ def _line_bounds(mm: Any, size: int) -> tuple[np.ndarray, np.ndarray, str]:
     newlines = np.concatenate(found)
     starts = np.concatenate([[0], newlines + 1])
     ends = np.concatenate([newlines, [size]])
-    if mm[:len(_BOM)] == _BOM:
+    if mm[: len(_BOM)] == _BOM:
         starts[0] = len(_BOM)  # a byte order mark is no part of the first record
     return starts, np.maximum(ends, starts), digest.hexdigest()
 
@@ -69,7 +71,7 @@ def _blank(mm: Any, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         # A record starts with "{" (or another non-space byte): only lines that start with a space are read.
         spaced = rows[np.isin(first, np.frombuffer(b" \t\r\n\x0b\x0c", dtype=np.uint8))]
         for i in spaced:
-            blank[i] = not mm[int(starts[i]):int(ends[i])].strip()
+            blank[i] = not mm[int(starts[i]) : int(ends[i])].strip()
     return blank
 
 
@@ -102,7 +104,7 @@ class _JsonLines:
             blob = f.read(int(self.ends[b - 1]) - base)
         out = []
         for i in range(a, b):
-            line = blob[int(self.starts[i]) - base:int(self.ends[i]) - base]
+            line = blob[int(self.starts[i]) - base : int(self.ends[i]) - base]
             try:
                 out.append(json.loads(line))
             except ValueError as exc:
@@ -168,7 +170,7 @@ def open_source(data: Any) -> Any:
         with open(path, "rb") as f:
             head = f.read(4096)
         if head.startswith(_BOM):
-            head = head[len(_BOM):]
+            head = head[len(_BOM) :]
         if head.lstrip().startswith(b"["):
             raw = path.read_bytes()
             try:

@@ -15,23 +15,27 @@
   ``use_thumbnail``, ``dynamic_image_size``, ``force_image_size``, ``downsample_ratio`` and the vision
   tower's ``patch_size``, from which ``num_image_token = (image_size // patch_size)**2 * downsample_ratio**2``.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 __all__ = ["MODELS", "ModelSpec", "load_model_spec"]
 
 MODELS = ("internvl", "qwen2vl", "qwen2.5vl")
 
 # transformers' class defaults, used when a saved config leaves a key out.
-_QWEN_IMAGE_DEFAULTS = dict(min_pixels=56 * 56, max_pixels=28 * 28 * 1280, patch_size=14, merge_size=2,
-                            temporal_patch_size=2)
-_QWEN_VIDEO_DEFAULTS = dict(min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768, patch_size=14, merge_size=2,
-                            temporal_patch_size=2)
+_QWEN_IMAGE_DEFAULTS = dict(
+    min_pixels=56 * 56, max_pixels=28 * 28 * 1280, patch_size=14, merge_size=2, temporal_patch_size=2
+)
+_QWEN_VIDEO_DEFAULTS = dict(
+    min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768, patch_size=14, merge_size=2, temporal_patch_size=2
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,10 @@ class VideoSampling:
         n = self.num_frames
         if n is None and self.fps is not None:
             if not video_fps:
-                raise ValueError("the video processor samples frames by fps, but the video's frame rate is unknown "
-                                 "(give 'fps' in the record or install PyAV)")
+                raise ValueError(
+                    "the video processor samples frames by fps, but the video's frame rate is unknown "
+                    "(give 'fps' in the record or install PyAV)"
+                )
             n = int(total_frames / video_fps * self.fps)
         if n is None or n <= 0:
             raise ValueError(f"the video processor samples {n} frames (set num_frames or fps in its config)")
@@ -73,8 +79,10 @@ class VideoSampling:
             n: float = round(self.num_frames / temporal_patch_size) * temporal_patch_size
         elif self.fps is not None:
             if not video_fps:
-                raise ValueError("the video processor samples frames by fps, but the video's frame rate is unknown "
-                                 "(give 'fps' in the record or install PyAV)")
+                raise ValueError(
+                    "the video processor samples frames by fps, but the video's frame rate is unknown "
+                    "(give 'fps' in the record or install PyAV)"
+                )
             top = math.floor(min(self.max_frames, total_frames) / temporal_patch_size) * temporal_patch_size
             n = min(max(total_frames / video_fps * self.fps, self.min_frames), top, total_frames)
             n = math.floor(n / temporal_patch_size) * temporal_patch_size
@@ -133,7 +141,7 @@ class ModelSpec:
         """``"internvl"`` or ``"qwen2vl"`` (Qwen2.5-VL counts like Qwen2-VL)."""
         return "internvl" if self.model == "internvl" else "qwen2vl"
 
-    def with_overrides(self, **overrides: Any) -> "ModelSpec":
+    def with_overrides(self, **overrides: Any) -> ModelSpec:
         """A copy with some settings replaced (None values are ignored); unknown names are a ValueError."""
         names = {f.name for f in fields(self)} - {"model", "source"}
         unknown = sorted(set(overrides) - names)
@@ -179,13 +187,17 @@ def _qwen_spec(folder: Path, model: str) -> ModelSpec:
     ip_path = folder / "preprocessor_config.json"
     ip = _read_json(ip_path)
     if ip is None:
-        raise ValueError(f"{folder}: no preprocessor_config.json (the {model} image processor's settings); "
-                         "save the processor with save_pretrained into this folder")
+        raise ValueError(
+            f"{folder}: no preprocessor_config.json (the {model} image processor's settings); "
+            "save the processor with save_pretrained into this folder"
+        )
     vp_path = folder / "video_preprocessor_config.json"
     vp = _read_json(vp_path)
     if ip.get("do_resize") is False:
-        raise ValueError(f"{ip_path}: do_resize is false; counting follows smart_resize, which such a processor "
-                         "skips (images must then already be multiples of the patch grid)")
+        raise ValueError(
+            f"{ip_path}: do_resize is false; counting follows smart_resize, which such a processor "
+            "skips (images must then already be multiples of the patch grid)"
+        )
     sources = [ip_path.name]
     min_px, max_px = _pixels(ip, _QWEN_IMAGE_DEFAULTS, ip_path)
     if vp is None:
@@ -229,8 +241,10 @@ def _qwen_spec(folder: Path, model: str) -> ModelSpec:
 def _internvl_spec(folder: Path, tokenizer: Any) -> ModelSpec:
     ip_path = folder / "preprocessor_config.json"
     ip = _read_json(ip_path)
-    tokens = {name: getattr(tokenizer, name, None) for name in
-              ("start_image_token", "end_image_token", "context_image_token", "video_token")}
+    tokens = {
+        name: getattr(tokenizer, name, None)
+        for name in ("start_image_token", "end_image_token", "context_image_token", "video_token")
+    }
     if ip is not None and "GotOcr2" in str(ip.get("image_processor_type", "")):
         # transformers' InternVL: GotOcr2 tiling and InternVLProcessor's expansion of <IMG_CONTEXT>.
         pc_path = folder / "processor_config.json"
@@ -244,10 +258,12 @@ def _internvl_spec(folder: Path, tokenizer: Any) -> ModelSpec:
         vp_path = folder / "video_preprocessor_config.json"
         vp = _read_json(vp_path) or {}
         fps, num_frames = vp.get("fps"), vp.get("num_frames")
-        sampling = VideoSampling(do_sample_frames=bool(vp.get("do_sample_frames", False)),
-                                 fps=None if fps is None else float(fps),
-                                 num_frames=None if num_frames is None else _int(vp, "num_frames", 1, vp_path),
-                                 initial_shift=vp.get("initial_shift", True))
+        sampling = VideoSampling(
+            do_sample_frames=bool(vp.get("do_sample_frames", False)),
+            fps=None if fps is None else float(fps),
+            num_frames=None if num_frames is None else _int(vp, "num_frames", 1, vp_path),
+            initial_shift=vp.get("initial_shift", True),
+        )
         crop = bool(ip.get("crop_to_patches", False))
         max_num = _int(ip, "max_patches", 12, ip_path)
         return ModelSpec(
@@ -271,8 +287,10 @@ def _internvl_spec(folder: Path, tokenizer: Any) -> ModelSpec:
     cfg_path = folder / "config.json"
     cfg = _read_json(cfg_path)
     if cfg is None:
-        raise ValueError(f"{folder}: neither a GotOcr2 preprocessor_config.json (transformers' InternVL) nor an "
-                         "InternVL-Chat config.json; cannot tell the tiling settings")
+        raise ValueError(
+            f"{folder}: neither a GotOcr2 preprocessor_config.json (transformers' InternVL) nor an "
+            "InternVL-Chat config.json; cannot tell the tiling settings"
+        )
     vision = cfg.get("vision_config") or {}
     image_size = _int(cfg, "force_image_size", _int(vision, "image_size", 448, cfg_path), cfg_path)
     patch = _int(vision, "patch_size", 14, cfg_path)
@@ -288,7 +306,7 @@ def _internvl_spec(folder: Path, tokenizer: Any) -> ModelSpec:
         image_size=image_size,
         use_thumbnail=bool(cfg.get("use_thumbnail", True)),
         dynamic=bool(cfg.get("dynamic_image_size", True)),
-        num_image_token=int((image_size // patch) ** 2 * ratio ** 2),
+        num_image_token=int((image_size // patch) ** 2 * ratio**2),
         start_image_token=tokens["start_image_token"] or "<img>",
         end_image_token=tokens["end_image_token"] or "</img>",
         context_image_token=tokens["context_image_token"] or "<IMG_CONTEXT>",

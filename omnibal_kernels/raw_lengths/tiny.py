@@ -12,6 +12,7 @@ the image-processor settings saved by transformers' own image processor class:
 
 Needs ``transformers`` and ``tokenizers``.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,9 @@ _INTERNVL_CONTENT = (
 )
 # InternVL-Chat checkpoints format their conversation in code; their saved template takes text only.
 _TEXT_CONTENT = "{{ message['content'] }}"
-_QWEN_SYSTEM = ("{%- if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                "{% endif %}")
+_QWEN_SYSTEM = (
+    "{%- if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+)
 _GENERATION_PROMPT = "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 
 
@@ -58,9 +60,13 @@ def _chat_template(content: str, mark_training: bool, system: str = "") -> str:
     if not mark_training:
         turns = "<|im_start|>{{ message['role'] + '\\n' }}" + content + "{{ '<|im_end|>\\n' }}"
     else:
-        turns = ("<|im_start|>{{ message['role'] + '\\n' }}{%- if message['role'] == 'assistant' %}{% generation %}"
-                 + content + "<|im_end|>{% endgeneration %}{{ '\\n' }}{%- else %}" + content
-                 + "{{ '<|im_end|>\\n' }}{%- endif %}")
+        turns = (
+            "<|im_start|>{{ message['role'] + '\\n' }}{%- if message['role'] == 'assistant' %}{% generation %}"
+            + content
+            + "<|im_end|>{% endgeneration %}{{ '\\n' }}{%- else %}"
+            + content
+            + "{{ '<|im_end|>\\n' }}{%- endif %}"
+        )
     return system + "{%- for message in messages %}" + turns + "{% endfor %}" + _GENERATION_PROMPT
 
 
@@ -71,20 +77,34 @@ def _tokenizer(specials: list[str], extra: dict[str, str], template: str) -> Any
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
     tk.train_from_iterator(_CORPUS, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                  extra_special_tokens=extra or None)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|endoftext|>", pad_token="<|endoftext|>", extra_special_tokens=extra or None
+    )
     tok.add_tokens(specials, special_tokens=True)
     tok.chat_template = template
     return tok
 
 
-def tiny_model_folder(folder: str | Path, model: str, *, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 64,
-                      video_min_pixels: int = 28 * 28 * 4, video_max_pixels: int = 28 * 28 * 16,
-                      max_num: int = 6, image_size: int = 448, image_seq_length: int = 64,
-                      mark_training: bool = True) -> Path:
+def tiny_model_folder(
+    folder: str | Path,
+    model: str,
+    *,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 64,
+    video_min_pixels: int = 28 * 28 * 4,
+    video_max_pixels: int = 28 * 28 * 16,
+    max_num: int = 6,
+    image_size: int = 448,
+    image_seq_length: int = 64,
+    mark_training: bool = True,
+) -> Path:
     """Write a tiny model folder for ``model`` (``"qwen2vl"``, ``"internvl"`` or ``"internvl-chat"``).
 
     Args:
@@ -103,34 +123,54 @@ def tiny_model_folder(folder: str | Path, model: str, *, min_pixels: int = 56 * 
     if model in ("qwen2vl", "qwen2.5vl"):
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-        tok = _tokenizer(chat + ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"], {},
-                         _chat_template(_QWEN_CONTENT, mark_training, _QWEN_SYSTEM))
+        tok = _tokenizer(
+            chat + ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+            {},
+            _chat_template(_QWEN_CONTENT, mark_training, _QWEN_SYSTEM),
+        )
         tok.save_pretrained(folder)
         Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(folder)
-        video = {"video_processor_type": "Qwen2VLVideoProcessor", "patch_size": 14, "merge_size": 2,
-                 "temporal_patch_size": 2, "size": {"shortest_edge": video_min_pixels,
-                                                    "longest_edge": video_max_pixels},
-                 "do_sample_frames": False}
+        video = {
+            "video_processor_type": "Qwen2VLVideoProcessor",
+            "patch_size": 14,
+            "merge_size": 2,
+            "temporal_patch_size": 2,
+            "size": {"shortest_edge": video_min_pixels, "longest_edge": video_max_pixels},
+            "do_sample_frames": False,
+        }
         (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
     elif model == "internvl":
         from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-        extra = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
-                 "video_token": "<video>"}
+        extra = {
+            "start_image_token": "<img>",
+            "end_image_token": "</img>",
+            "context_image_token": "<IMG_CONTEXT>",
+            "video_token": "<video>",
+        }
         tok = _tokenizer(chat, extra, _chat_template(_INTERNVL_CONTENT, mark_training))
         tok.save_pretrained(folder)
-        GotOcr2ImageProcessorPil(crop_to_patches=True, min_patches=1, max_patches=max_num,
-                                 size={"height": image_size, "width": image_size}).save_pretrained(folder)
-        (folder / "processor_config.json").write_text(json.dumps(
-            {"processor_class": "InternVLProcessor", "image_seq_length": image_seq_length}, indent=2))
+        GotOcr2ImageProcessorPil(
+            crop_to_patches=True, min_patches=1, max_patches=max_num, size={"height": image_size, "width": image_size}
+        ).save_pretrained(folder)
+        (folder / "processor_config.json").write_text(
+            json.dumps({"processor_class": "InternVLProcessor", "image_seq_length": image_seq_length}, indent=2)
+        )
     elif model == "internvl-chat":
         tok = _tokenizer(chat + ["<img>", "</img>", "<IMG_CONTEXT>"], {}, _chat_template(_TEXT_CONTENT, mark_training))
         tok.save_pretrained(folder)
         patch = 14
         ratio = (image_seq_length / (image_size // patch) ** 2) ** 0.5
-        config = {"architectures": ["InternVLChatModel"], "force_image_size": image_size, "downsample_ratio": ratio,
-                  "min_dynamic_patch": 1, "max_dynamic_patch": max_num, "use_thumbnail": True,
-                  "dynamic_image_size": True, "vision_config": {"image_size": image_size, "patch_size": patch}}
+        config = {
+            "architectures": ["InternVLChatModel"],
+            "force_image_size": image_size,
+            "downsample_ratio": ratio,
+            "min_dynamic_patch": 1,
+            "max_dynamic_patch": max_num,
+            "use_thumbnail": True,
+            "dynamic_image_size": True,
+            "vision_config": {"image_size": image_size, "patch_size": patch},
+        }
         (folder / "config.json").write_text(json.dumps(config, indent=2))
     else:
         raise ValueError(f"model must be 'qwen2vl', 'internvl' or 'internvl-chat', got {model!r}")

@@ -4,10 +4,12 @@ With the trained character spans of each text (:mod:`.chat`), :meth:`TokenCounte
 the tokens that overlap a span, the rule of transformers' ``return_assistant_tokens_mask``, leaving out each
 text's first token: packing masks every sample's first label, so the causal loss never counts it.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -33,8 +35,9 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
         if jinja.is_file():
             tok.chat_template = jinja.read_text()
         else:
-            raise ValueError(f"tokenizer: {path} has no chat template (tokenizer_config.json 'chat_template' or "
-                             "chat_template.jinja)")
+            raise ValueError(
+                f"tokenizer: {path} has no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja)"
+            )
     return tok
 
 
@@ -86,8 +89,9 @@ class TokenCounter:
         """Whether :meth:`many_marked` can run: it needs token offsets, which only fast tokenizers give."""
         return self._encode_offsets is not None or bool(getattr(self.tokenizer, "is_fast", False))
 
-    def many_marked(self, texts: list[str], spans: Sequence[Sequence[tuple[int, int]]]) -> tuple[np.ndarray,
-                                                                                                 np.ndarray]:
+    def many_marked(
+        self, texts: list[str], spans: Sequence[Sequence[tuple[int, int]]]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(counts, marked)``, each ``(len(texts),)`` int64: the token counts of :meth:`many` and, per text,
         the tokens after its first one that overlap one of its ``spans`` (``[start, end)`` characters)."""
         counts = np.zeros(len(texts), dtype=np.int64)
@@ -111,8 +115,11 @@ class TokenCounter:
         else:
             add = np.full(len(texts), bool(self.add_special_tokens))
         sizes = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
-        return [(rows, flag, [texts[r] for r in rows]) for flag in (True, False)
-                for rows in _batches(np.flatnonzero(add == flag), sizes)]
+        return [
+            (rows, flag, [texts[r] for r in rows])
+            for flag in (True, False)
+            for rows in _batches(np.flatnonzero(add == flag), sizes)
+        ]
 
     def _fast_backend(self) -> Any:
         """The Rust tokenizer's batch encoder when it counts exactly as the tokenizer does, else None."""
@@ -143,8 +150,10 @@ class TokenCounter:
         for token, left, right, kept in tokens:
             base = self.one(f"a {left}{token * kept}{right} b")
             if any(self.one(f"a {left}{token * k}{right} b") != base + k - kept for k in (1, 3)):
-                raise ValueError(f"tokenizer: {token!r} is not a single added token of this tokenizer, so image "
-                                 f"tokens cannot be counted as the {spec.model} processor expands them")
+                raise ValueError(
+                    f"tokenizer: {token!r} is not a single added token of this tokenizer, so image "
+                    f"tokens cannot be counted as the {spec.model} processor expands them"
+                )
 
 
 def _overlapping(offsets: Any, spans: Sequence[tuple[int, int]]) -> int:

@@ -24,6 +24,7 @@ Modules, each building on the ones before it:
 ``batch_sampler``  ``BalancedBatchSampler`` itself
 =================  ==========================================================================================
 """
+
 from .batch_sampler import BalancedBatchSampler
 from .report import SamplerReport
 from .steps import PlannedBatch, PlannedDataset, PlannedStep

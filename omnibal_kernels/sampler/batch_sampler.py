@@ -1,4 +1,5 @@
 """``BalancedBatchSampler``: the ``torch.utils.data.Sampler[list[int]]`` over the epochs' schedules."""
+
 from __future__ import annotations
 
 import sys
@@ -117,18 +118,32 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         world_size, rank = default_world(world_size, rank, owner="BalancedBatchSampler")
         cp = _context_parallel_size(options, context_parallel_size)
         if world_size % cp:
-            raise ValueError(f"BalancedBatchSampler: context_parallel_size={cp} does not divide world_size="
-                             f"{world_size}: the ranks must form whole context-parallel groups")
+            raise ValueError(
+                f"BalancedBatchSampler: context_parallel_size={cp} does not divide world_size="
+                f"{world_size}: the ranks must form whole context-parallel groups"
+            )
         self.world_size, self.rank = world_size // cp, rank // cp
         self.context_parallel_size, self.context_parallel_rank = cp, rank % cp
         self.micro_steps_per_step = check_positive_int("micro_steps_per_step", micro_steps_per_step)
-        self._groups = build_groups(self.lengths, groups, options, world_size=self.world_size,
-                                    micro_steps=self.micro_steps_per_step, method=method,
-                                    target_batch_size=target_batch_size, vit_capacity=vit_capacity,
-                                    llm_capacity=llm_capacity, seed=seed, drop_last=drop_last, oversize=oversize,
-                                    cost_model=cost_model, context_parallel_size=cp)
-        self._config_fingerprint = config_fingerprint(self.lengths, self._groups, self.world_size,
-                                                      self.micro_steps_per_step)
+        self._groups = build_groups(
+            self.lengths,
+            groups,
+            options,
+            world_size=self.world_size,
+            micro_steps=self.micro_steps_per_step,
+            method=method,
+            target_batch_size=target_batch_size,
+            vit_capacity=vit_capacity,
+            llm_capacity=llm_capacity,
+            seed=seed,
+            drop_last=drop_last,
+            oversize=oversize,
+            cost_model=cost_model,
+            context_parallel_size=cp,
+        )
+        self._config_fingerprint = config_fingerprint(
+            self.lengths, self._groups, self.world_size, self.micro_steps_per_step
+        )
         self._cursor = Cursor()
         self._epochs = EpochCache(lambda e: plan_epoch(self._groups, self.world_size, self.micro_steps_per_step, e))
         self._sample_costs: Optional[np.ndarray] = None
@@ -175,7 +190,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 f"micro_steps_per_step {self.micro_steps_per_step} = {slots} packs, and the ragged last step is "
                 f"filled with reused packs (packs hold about {schedule.mean_pack_size:.3g} samples); pass "
                 "drop_last=True to drop it instead, or use more samples, fewer ranks or smaller packs",
-                UserWarning, stacklevel=3)
+                UserWarning,
+                stacklevel=3,
+            )
         return schedule
 
     @property
@@ -193,16 +210,25 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         if _iterated_as_a_plain_sampler(self, sys._getframe(1)):
-            raise TypeError("BalancedBatchSampler yields whole batches: pass it as DataLoader(dataset, "
-                            "batch_sampler=sampler), not sampler=sampler")
-        if self._wrapped and self.lengths.label is None and not self._counted_per_step \
-                and "label counts" not in self._warned:
+            raise TypeError(
+                "BalancedBatchSampler yields whole batches: pass it as DataLoader(dataset, "
+                "batch_sampler=sampler), not sampler=sampler"
+            )
+        if (
+            self._wrapped
+            and self.lengths.label is None
+            and not self._counted_per_step
+            and "label counts" not in self._warned
+        ):
             self._warned.add("label counts")
             warnings.warn(
                 "the lengths carry no label counts, so the batches of sampler.wrap(dataset) get no "
                 "num_items_in_batch and a model's loss would be a mean per pack, not over the optimizer step: "
                 "iterate omnibal_kernels.step_batches(loader), which counts each step's label tokens with one "
-                "all-reduce, or load lengths with label counts", UserWarning, stacklevel=2)
+                "all-reduce, or load lengths with label counts",
+                UserWarning,
+                stacklevel=2,
+            )
         return self._batches()
 
     def _batches(self) -> Iterator[PlannedBatch]:
@@ -264,9 +290,14 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 DataLoader with workers prefetches, so pass the loop's count then.
         """
         schedule = self._schedule()
-        return make_state(self._cursor, consumed, num_micro_steps=schedule.num_micro_steps,
-                          world_size=self.world_size, config_fingerprint=self._config_fingerprint,
-                          plan_fingerprint=schedule.fingerprint)
+        return make_state(
+            self._cursor,
+            consumed,
+            num_micro_steps=schedule.num_micro_steps,
+            world_size=self.world_size,
+            config_fingerprint=self._config_fingerprint,
+            plan_fingerprint=schedule.fingerprint,
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues where ``state`` was saved: the next pass yields exactly the remaining batches.
@@ -275,8 +306,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         """
         epoch = read_state(state, world_size=self.world_size, config_fingerprint=self._config_fingerprint)
         schedule = self._schedule(epoch)
-        position = resume_position(state, epoch=epoch, plan_fingerprint=schedule.fingerprint,
-                                   num_micro_steps=schedule.num_micro_steps)
+        position = resume_position(
+            state, epoch=epoch, plan_fingerprint=schedule.fingerprint, num_micro_steps=schedule.num_micro_steps
+        )
         self._cursor.resume(epoch, position)
 
     # ------------------------------------------------------------------------------------------ inspection
@@ -293,8 +325,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
         schedule = self._schedule(epoch)
         counts = self._step_counts(schedule)
-        return [planned_batch(schedule, i, rank, self.lengths, self.micro_steps_per_step, counts)
-                for i in range(schedule.num_micro_steps)]
+        return [
+            planned_batch(schedule, i, rank, self.lengths, self.micro_steps_per_step, counts)
+            for i in range(schedule.num_micro_steps)
+        ]
 
     def micro_step_loads(self, epoch: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step."""
@@ -306,27 +340,45 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         """The :class:`SamplerReport` of the epoch (default: the current one; made once per planned epoch)."""
         schedule = self._schedule(epoch)
         if schedule.report is None:
-            schedule.report = make_report(schedule, self._groups, self.micro_steps_per_step,
-                                          self.micro_step_loads(schedule.epoch))
+            schedule.report = make_report(
+                schedule, self._groups, self.micro_steps_per_step, self.micro_step_loads(schedule.epoch)
+            )
         return schedule.report
 
-    def context_parallel_report(self, strategy: str = "auto", *, epoch: Optional[int] = None,
-                                cost: Optional[ContextParallelCost] = None, pad_sequences: bool = False,
-                                max_rank_tokens: Optional[int] = None,
-                                progress: Optional[bool] = None) -> ContextParallelReport:
+    def context_parallel_report(
+        self,
+        strategy: str = "auto",
+        *,
+        epoch: Optional[int] = None,
+        cost: Optional[ContextParallelCost] = None,
+        pad_sequences: bool = False,
+        max_rank_tokens: Optional[int] = None,
+        progress: Optional[bool] = None,
+    ) -> ContextParallelReport:
         """Every CP rank's predicted time for every micro-step of the epoch (default: the current one):
         :func:`~omnibal_kernels.balance.context_parallel_report` over ``(num_micro_steps, world_size,
         context_parallel_size)``, each pack priced under ``strategy`` as the collator shards it."""
         schedule = self._schedule(epoch)
-        return slot_rank_times(schedule.pack_offsets, schedule.pack_samples, schedule.micro_packs, self.lengths.llm,
-                               self.context_parallel_size, strategy, cost=cost, pad_sequences=pad_sequences,
-                               max_rank_tokens=max_rank_tokens, progress=progress)
+        return slot_rank_times(
+            schedule.pack_offsets,
+            schedule.pack_samples,
+            schedule.micro_packs,
+            self.lengths.llm,
+            self.context_parallel_size,
+            strategy,
+            cost=cost,
+            pad_sequences=pad_sequences,
+            max_rank_tokens=max_rank_tokens,
+            progress=progress,
+        )
 
     def __repr__(self) -> str:
         cp = f", context_parallel_size={self.context_parallel_size}" if self.context_parallel_size > 1 else ""
-        return (f"BalancedBatchSampler(samples={len(self.lengths)}, world_size={self.world_size}, rank={self.rank}"
-                f"{cp}, method={self.method!r}, capacities={self.capacities}, micro_steps_per_step="
-                f"{self.micro_steps_per_step}, groups={len(self.groups)}, epoch={self.epoch})")
+        return (
+            f"BalancedBatchSampler(samples={len(self.lengths)}, world_size={self.world_size}, rank={self.rank}"
+            f"{cp}, method={self.method!r}, capacities={self.capacities}, micro_steps_per_step="
+            f"{self.micro_steps_per_step}, groups={len(self.groups)}, epoch={self.epoch})"
+        )
 
 
 def _context_parallel_size(options: Union[PlanOptions, Sequence[PlanOptions], None], keyword: Any) -> int:

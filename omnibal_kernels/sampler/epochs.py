@@ -5,6 +5,7 @@ An epoch's schedule holds every group's plan, their packs stacked in global samp
 one optimizer step, virtual rank ``r * m + j`` giving micro-step ``j`` of rank ``r``, and with several groups
 the groups' steps are interleaved in a seeded order that keeps each group's own step order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,8 +57,10 @@ def plan_epoch(groups: SamplerGroups, world_size: int, micro_steps: int, epoch: 
         try:
             plan = plan_packs(group_lengths, options=options, seed=groups.seed(g), world_size=world * m, epoch=epoch)
         except ValueError as err:
-            raise type(err)(f"{groups.where(g)}{err} [world_size {world} x micro_steps_per_step {m} = {world * m} "
-                            "packs per optimizer step]") from err
+            raise type(err)(
+                f"{groups.where(g)}{err} [world_size {world} x micro_steps_per_step {m} = {world * m} "
+                "packs per optimizer step]"
+            ) from err
         plans.append(plan)
 
     stacked = concat_plans(plans, groups.ids)
@@ -70,10 +73,16 @@ def plan_epoch(groups: SamplerGroups, world_size: int, micro_steps: int, epoch: 
     counts = np.bincount(micro_packs.reshape(-1), minlength=sizes.shape[0])
     distinct = int(sizes[counts > 0].sum())
     duplicated = int(((counts - 1).clip(min=0) * sizes).sum())
-    return EpochSchedule(epoch, tuple(plans), pack_offsets, pack_samples, micro_packs,
-                         hash_arrays(pack_offsets, pack_samples, micro_packs),
-                         duplicated_fraction=duplicated / distinct if distinct else 0.0,
-                         mean_pack_size=distinct / max(int((counts > 0).sum()), 1))
+    return EpochSchedule(
+        epoch,
+        tuple(plans),
+        pack_offsets,
+        pack_samples,
+        micro_packs,
+        hash_arrays(pack_offsets, pack_samples, micro_packs),
+        duplicated_fraction=duplicated / distinct if distinct else 0.0,
+        mean_pack_size=distinct / max(int((counts > 0).sum()), 1),
+    )
 
 
 class EpochCache:

@@ -6,6 +6,7 @@ is one value for every group or a sequence with one per group. Groups may differ
 :data:`PER_GROUP_FIELDS` (``isf`` among them, since its thresholds follow the capacities); the others
 (method, oversize, drop_last, seed, cost model) are the sampler's and must agree.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,7 @@ from ..balance.search import Capacities, search_capacity
 from ..balance.seeds import epoch_seed
 from ..lengths import Lengths
 
-__all__ = ["PER_GROUP_FIELDS", "SamplerGroups", "build_groups", "check_enough_packs", "group_options",
-           "parse_groups"]
+__all__ = ["PER_GROUP_FIELDS", "SamplerGroups", "build_groups", "check_enough_packs", "group_options", "parse_groups"]
 
 PER_GROUP_FIELDS = ("vit_capacity", "llm_capacity", "target_batch_size", "isf")
 # keywords whose value may be a sequence with one entry per group
@@ -102,16 +102,18 @@ def _check_partition(parts: list[np.ndarray], n: int) -> None:
         seen = owner[arr]
         if (seen >= 0).any():
             first = int(np.flatnonzero(seen >= 0)[0])
-            raise ValueError(f"sample {int(arr[first])} is in more than one group (group {int(seen[first])} "
-                             f"and group {g})")
+            raise ValueError(
+                f"sample {int(arr[first])} is in more than one group (group {int(seen[first])} and group {g})"
+            )
         owner[arr] = g
     missing = np.flatnonzero(owner < 0)
     if missing.size:
         raise ValueError(f"{missing.size} sample(s) are in no group; first: sample {int(missing[0])}")
 
 
-def group_options(options: Union[PlanOptions, Sequence[PlanOptions], None], num_groups: int,
-                  **keywords: Any) -> tuple[PlanOptions, ...]:
+def group_options(
+    options: Union[PlanOptions, Sequence[PlanOptions], None], num_groups: int, **keywords: Any
+) -> tuple[PlanOptions, ...]:
     """One ``PlanOptions`` per group from ``options`` and the keywords (the module docstring's two forms; a
     keyword replaces the field of every group's options, as :func:`~omnibal_kernels.balance.options.plan_options`
     does). Raises ``ValueError`` where a sequence has another length than ``num_groups`` or groups differ in a
@@ -123,8 +125,9 @@ def group_options(options: Union[PlanOptions, Sequence[PlanOptions], None], num_
         if len(bases) != num_groups:
             raise ValueError(f"options has {len(bases)} entries for {num_groups} groups")
     else:
-        raise TypeError(f"options must be a PlanOptions or a sequence of them (one per group), got "
-                        f"{type(options).__name__}")
+        raise TypeError(
+            f"options must be a PlanOptions or a sequence of them (one per group), got {type(options).__name__}"
+        )
     per_group = {name: _per_group(name, value, num_groups) for name, value in keywords.items()}
     out = []
     for g, base in enumerate(bases):
@@ -138,9 +141,11 @@ def group_options(options: Union[PlanOptions, Sequence[PlanOptions], None], num_
     for g, opts in enumerate(out[1:], 1):
         for name in shared:
             if getattr(opts, name) != getattr(out[0], name):
-                raise ValueError(f"the options of group {g} differ from group 0's in {name} "
-                                 f"({getattr(opts, name)!r} != {getattr(out[0], name)!r}); only "
-                                 f"{', '.join(PER_GROUP_FIELDS)} may differ between groups")
+                raise ValueError(
+                    f"the options of group {g} differ from group 0's in {name} "
+                    f"({getattr(opts, name)!r} != {getattr(out[0], name)!r}); only "
+                    f"{', '.join(PER_GROUP_FIELDS)} may differ between groups"
+                )
     return tuple(out)
 
 
@@ -154,8 +159,15 @@ def _per_group(name: str, value: Any, num_groups: int) -> list[Any]:
     return [value] * num_groups
 
 
-def build_groups(lengths: Lengths, groups: Any, options: Union[PlanOptions, Sequence[PlanOptions], None], *,
-                 world_size: int, micro_steps: int, **keywords: Any) -> SamplerGroups:
+def build_groups(
+    lengths: Lengths,
+    groups: Any,
+    options: Union[PlanOptions, Sequence[PlanOptions], None],
+    *,
+    world_size: int,
+    micro_steps: int,
+    **keywords: Any,
+) -> SamplerGroups:
     """The sampler's groups with their options; capacities not given are searched once, on the group's whole
     data, for ``world_size * micro_steps`` virtual ranks. Raises as :func:`parse_groups`, :func:`group_options`
     and :func:`check_enough_packs`."""
@@ -175,8 +187,9 @@ def build_groups(lengths: Lengths, groups: Any, options: Union[PlanOptions, Sequ
     return SamplerGroups(tuple(ids), group_lengths, tuple(planned), tuple(searched))
 
 
-def check_enough_packs(lengths: Lengths, options: PlanOptions, *, world_size: int, micro_steps: int,
-                       where: str = "") -> None:
+def check_enough_packs(
+    lengths: Lengths, options: PlanOptions, *, world_size: int, micro_steps: int, where: str = ""
+) -> None:
     """Raise TooFewPacksError unless every epoch's plan fills ``world_size * micro_steps`` slots with distinct packs.
 
     Packs are drawn anew each epoch, so their count varies; but no packing needs fewer packs than its

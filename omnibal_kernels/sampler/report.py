@@ -1,4 +1,5 @@
 """What one epoch of a ``BalancedBatchSampler`` gives the ranks: loads per micro-step and ``SamplerReport``."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,10 +67,26 @@ class SamplerReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Numbers only (group reports as dicts, sample id lists as counts)."""
-        out = {k: getattr(self, k) for k in (
-            "epoch", "world_size", "micro_steps_per_step", "num_micro_steps", "num_steps", "num_samples",
-            "micro_vit_dist", "micro_llm_dist", "step_vit_dist", "step_llm_dist", "micro_step_efficiency",
-            "step_efficiency", "epoch_cost", "epoch_ideal", "epoch_over_ideal")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "epoch",
+                "world_size",
+                "micro_steps_per_step",
+                "num_micro_steps",
+                "num_steps",
+                "num_samples",
+                "micro_vit_dist",
+                "micro_llm_dist",
+                "step_vit_dist",
+                "step_llm_dist",
+                "micro_step_efficiency",
+                "step_efficiency",
+                "epoch_cost",
+                "epoch_ideal",
+                "epoch_over_ideal",
+            )
+        }
         out["dropped"] = int(self.dropped_samples.size)
         out["duplicated"] = int(self.duplicated_samples.size)
         out["duplicated_fraction"] = self.duplicated_fraction
@@ -79,17 +96,21 @@ class SamplerReport:
         return out
 
 
-def micro_step_loads(schedule: EpochSchedule, lengths: Lengths, sample_costs: np.ndarray,
-                     per_pack: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def micro_step_loads(
+    schedule: EpochSchedule, lengths: Lengths, sample_costs: np.ndarray, per_pack: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(vit, llm, cost)``, each ``(num_micro_steps, world_size)``: every rank's load of every micro-step (a
     pack's cost: its samples' ``sample_costs`` plus ``per_pack``)."""
-    vit, llm, cost = (pack_sums(schedule.pack_offsets, schedule.pack_samples, values)[schedule.micro_packs]
-                      for values in (lengths.vit, lengths.llm, sample_costs))
+    vit, llm, cost = (
+        pack_sums(schedule.pack_offsets, schedule.pack_samples, values)[schedule.micro_packs]
+        for values in (lengths.vit, lengths.llm, sample_costs)
+    )
     return vit, llm, cost + per_pack
 
 
-def make_report(schedule: EpochSchedule, groups: SamplerGroups, micro_steps: int,
-                loads: tuple[np.ndarray, np.ndarray, np.ndarray]) -> SamplerReport:
+def make_report(
+    schedule: EpochSchedule, groups: SamplerGroups, micro_steps: int, loads: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> SamplerReport:
     """The report of ``schedule``; ``loads``: its :func:`micro_step_loads`."""
     vit, llm, cost = loads
     m, world = micro_steps, vit.shape[1]

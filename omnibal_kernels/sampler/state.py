@@ -5,6 +5,7 @@ configuration (the loads, the groups, the options, the world size and micro-step
 Loading it into a sampler with another configuration raises, and so does an epoch that plans differently now
 (another engine, other inputs).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,16 @@ def config_fingerprint(lengths: Lengths, groups: SamplerGroups, world_size: int,
         h.update(np.int64(g.size).tobytes())
         h.update(g.tobytes())
     shared = groups.options[0]
-    options: tuple[Any, ...] = (world_size, shared.method, groups.capacities, shared.seed, shared.drop_last,
-                                micro_steps, shared.oversize, shared.cost_model.terms())
+    options: tuple[Any, ...] = (
+        world_size,
+        shared.method,
+        groups.capacities,
+        shared.seed,
+        shared.drop_last,
+        micro_steps,
+        shared.oversize,
+        shared.cost_model.terms(),
+    )
     # ISF settings enter only where they are not the defaults: hashing them always would change the
     # fingerprint of every sampler, and no saved state would load.
     if any(opts.isf != IsfOptions() for opts in groups.options):
@@ -84,13 +93,21 @@ class Cursor:
         consumed = check_positive_int("consumed", consumed, minimum=0)
         position = self.pass_start + consumed
         if position > total:
-            raise ValueError(f"consumed={consumed} runs past the epoch's {total} micro-steps "
-                             f"(pass started at {self.pass_start})")
+            raise ValueError(
+                f"consumed={consumed} runs past the epoch's {total} micro-steps (pass started at {self.pass_start})"
+            )
         return position
 
 
-def make_state(cursor: Cursor, consumed: Optional[int], *, num_micro_steps: int, world_size: int,
-               config_fingerprint: str, plan_fingerprint: str) -> dict[str, Any]:
+def make_state(
+    cursor: Cursor,
+    consumed: Optional[int],
+    *,
+    num_micro_steps: int,
+    world_size: int,
+    config_fingerprint: str,
+    plan_fingerprint: str,
+) -> dict[str, Any]:
     """The state dict of a sampler at ``cursor`` (see ``BalancedBatchSampler.state_dict``)."""
     return {
         "version": STATE_VERSION,
@@ -113,16 +130,20 @@ def read_state(state: dict[str, Any], *, world_size: int, config_fingerprint: st
     if state.get("world_size", world_size) != world_size:
         raise ValueError(f"state was saved with world_size {state['world_size']}, this sampler has {world_size}")
     if state["config_fingerprint"] != config_fingerprint:
-        raise ValueError("state was saved by a sampler with other lengths or options (config fingerprint "
-                         f"{state['config_fingerprint']} != {config_fingerprint})")
+        raise ValueError(
+            "state was saved by a sampler with other lengths or options (config fingerprint "
+            f"{state['config_fingerprint']} != {config_fingerprint})"
+        )
     return check_epoch(state["epoch"])
 
 
 def resume_position(state: dict[str, Any], *, epoch: int, plan_fingerprint: str, num_micro_steps: int) -> int:
     """The micro-step to resume at, once the state's epoch is planned and its plan matches."""
     if state["plan_fingerprint"] != plan_fingerprint:
-        raise ValueError(f"epoch {epoch} plans differently now (plan fingerprint {state['plan_fingerprint']} "
-                         f"!= {plan_fingerprint}); the planning engine or its inputs changed")
+        raise ValueError(
+            f"epoch {epoch} plans differently now (plan fingerprint {state['plan_fingerprint']} "
+            f"!= {plan_fingerprint}); the planning engine or its inputs changed"
+        )
     position = check_int("micro_steps", state["micro_steps"])
     if not 0 <= position <= num_micro_steps:
         raise ValueError(f"micro_steps {position} is outside [0, {num_micro_steps}]")

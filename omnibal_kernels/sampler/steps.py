@@ -14,6 +14,7 @@ persistent workers, the duplicated packs of a ragged last step and resumed runs 
 :class:`PlannedDataset` (``sampler.wrap(dataset)``) hands the step on to the collator: ``__getitems__`` returns
 the samples as :class:`PlannedSamples`, a list that also holds the step and the sample ids.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -116,7 +117,8 @@ class PlannedDataset(torch.utils.data.Dataset):
         if isinstance(index, list):
             raise TypeError(
                 "a whole batch of sample ids reached the dataset as one index: a BalancedBatchSampler yields "
-                "batches, so pass it as DataLoader(..., batch_sampler=sampler), not sampler=sampler")
+                "batches, so pass it as DataLoader(..., batch_sampler=sampler), not sampler=sampler"
+            )
         return self.dataset[index]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
@@ -141,17 +143,33 @@ def step_label_counts(schedule: EpochSchedule, label: np.ndarray, micro_steps: i
     return items.astype(np.int64), labelled.astype(np.int64)
 
 
-def planned_batch(schedule: EpochSchedule, micro_step: int, rank: int, lengths: Lengths, micro_steps: int,
-                  counts: Optional[tuple[np.ndarray, np.ndarray]]) -> PlannedBatch:
+def planned_batch(
+    schedule: EpochSchedule,
+    micro_step: int,
+    rank: int,
+    lengths: Lengths,
+    micro_steps: int,
+    counts: Optional[tuple[np.ndarray, np.ndarray]],
+) -> PlannedBatch:
     """The batch of ``(micro_step, rank)`` with its :class:`PlannedStep`; ``counts``: :func:`step_label_counts`
     of the schedule (None without label counts)."""
     ids = schedule.batch(micro_step, rank)
     index = np.asarray(ids, dtype=np.int64)
     step = micro_step // micro_steps
     label = None if lengths.label is None else tuple(lengths.label[index].tolist())
-    return PlannedBatch(ids, PlannedStep(
-        epoch=schedule.epoch, step=step, micro_step=micro_step % micro_steps, micro_steps_per_step=micro_steps,
-        world_size=int(schedule.micro_packs.shape[1]), rank=rank, vit=tuple(lengths.vit[index].tolist()),
-        llm=tuple(lengths.llm[index].tolist()), label=label,
-        num_items_in_batch=None if counts is None else int(counts[0][step]),
-        num_samples_in_batch=None if counts is None else int(counts[1][step])))
+    return PlannedBatch(
+        ids,
+        PlannedStep(
+            epoch=schedule.epoch,
+            step=step,
+            micro_step=micro_step % micro_steps,
+            micro_steps_per_step=micro_steps,
+            world_size=int(schedule.micro_packs.shape[1]),
+            rank=rank,
+            vit=tuple(lengths.vit[index].tolist()),
+            llm=tuple(lengths.llm[index].tolist()),
+            label=label,
+            num_items_in_batch=None if counts is None else int(counts[0][step]),
+            num_samples_in_batch=None if counts is None else int(counts[1][step]),
+        ),
+    )

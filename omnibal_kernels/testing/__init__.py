@@ -7,6 +7,7 @@
 
 Importing this package imports torch; nothing in the library imports it.
 """
+
 from .models import RMSNorm, TinyBlock, TinyCausalLM, causal_lm_loss, count_lm_targets
 from .references import (
     bucket_sort_reference,

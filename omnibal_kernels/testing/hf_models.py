@@ -5,6 +5,7 @@ patches with grids), InternVL (images as ``(n, 3, 16, 16)`` tiles, 4 tokens per 
 placeholder runs as each model's processor would; :func:`training_samples` also masks a prompt prefix, so a
 sample's label tokens differ from its tokens. transformers is imported inside functions only.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -17,9 +18,27 @@ from ..lengths import Lengths
 from ..packing.planned import sample_loads
 
 __all__ = [
-    "CONFIGS", "IMG", "IMG_CONTEXT", "MERGE", "PATCH_DIM", "TEMPORAL", "TILE_TOKENS", "VID", "V_END", "V_START",
-    "alone", "config", "internvl_sample", "label_tokens", "lengths_of", "model_class", "mrope_text_config",
-    "qwen_sample", "text_ids", "tiny_model", "training_samples",
+    "CONFIGS",
+    "IMG",
+    "IMG_CONTEXT",
+    "MERGE",
+    "PATCH_DIM",
+    "TEMPORAL",
+    "TILE_TOKENS",
+    "VID",
+    "V_END",
+    "V_START",
+    "alone",
+    "config",
+    "internvl_sample",
+    "label_tokens",
+    "lengths_of",
+    "model_class",
+    "mrope_text_config",
+    "qwen_sample",
+    "text_ids",
+    "tiny_model",
+    "training_samples",
 ]
 
 VOCAB, IMG, VID, V_START, V_END, IMG_CONTEXT = 128, 120, 121, 122, 123, 124
@@ -27,8 +46,18 @@ PATCH, TEMPORAL, CHANNELS, MERGE = 2, 2, 3, 2
 PATCH_DIM = CHANNELS * TEMPORAL * PATCH * PATCH
 TILE = 16  # InternVL tile side; patch 4 -> 16 patches -> 4 tokens per tile after the 0.5 pixel shuffle
 TILE_TOKENS = 4
-TEXT: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                            num_key_value_heads=1, head_dim=16, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+TEXT: dict[str, Any] = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 
 
 def _llama() -> Any:
@@ -51,35 +80,80 @@ def mrope_text_config() -> dict:
 def _qwen2_vl() -> Any:
     import transformers
 
-    vision = dict(depth=1, embed_dim=32, num_heads=2, hidden_size=32, mlp_ratio=2, patch_size=PATCH,
-                  temporal_patch_size=TEMPORAL, in_channels=CHANNELS, spatial_merge_size=MERGE)
-    return transformers.Qwen2VLConfig(text_config=mrope_text_config(), vision_config=vision, image_token_id=IMG,
-                                      video_token_id=VID, vision_start_token_id=V_START, vision_end_token_id=V_END)
+    vision = dict(
+        depth=1,
+        embed_dim=32,
+        num_heads=2,
+        hidden_size=32,
+        mlp_ratio=2,
+        patch_size=PATCH,
+        temporal_patch_size=TEMPORAL,
+        in_channels=CHANNELS,
+        spatial_merge_size=MERGE,
+    )
+    return transformers.Qwen2VLConfig(
+        text_config=mrope_text_config(),
+        vision_config=vision,
+        image_token_id=IMG,
+        video_token_id=VID,
+        vision_start_token_id=V_START,
+        vision_end_token_id=V_END,
+    )
 
 
 def _qwen2_5_vl() -> Any:
     import transformers
 
     # window 8 px = 2 merged tokens: grids wider than that run the window attention and its reordering
-    vision = dict(depth=2, hidden_size=32, out_hidden_size=32, intermediate_size=64, num_heads=2,
-                  patch_size=PATCH, temporal_patch_size=TEMPORAL, in_channels=CHANNELS, spatial_merge_size=MERGE,
-                  window_size=8, fullatt_block_indexes=[1], tokens_per_second=2)
-    return transformers.Qwen2_5_VLConfig(text_config=mrope_text_config(), vision_config=vision, image_token_id=IMG,
-                                         video_token_id=VID, vision_start_token_id=V_START,
-                                         vision_end_token_id=V_END)
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        out_hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        patch_size=PATCH,
+        temporal_patch_size=TEMPORAL,
+        in_channels=CHANNELS,
+        spatial_merge_size=MERGE,
+        window_size=8,
+        fullatt_block_indexes=[1],
+        tokens_per_second=2,
+    )
+    return transformers.Qwen2_5_VLConfig(
+        text_config=mrope_text_config(),
+        vision_config=vision,
+        image_token_id=IMG,
+        video_token_id=VID,
+        vision_start_token_id=V_START,
+        vision_end_token_id=V_END,
+    )
 
 
 def _internvl() -> Any:
     import transformers
 
-    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                  image_size=[TILE, TILE], patch_size=[4, 4])
-    return transformers.InternVLConfig(text_config={"model_type": "qwen2", **TEXT}, vision_config=vision,
-                                       image_token_id=IMG_CONTEXT, downsample_ratio=0.5)
+    vision = dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=[TILE, TILE],
+        patch_size=[4, 4],
+    )
+    return transformers.InternVLConfig(
+        text_config={"model_type": "qwen2", **TEXT},
+        vision_config=vision,
+        image_token_id=IMG_CONTEXT,
+        downsample_ratio=0.5,
+    )
 
 
 CONFIGS: dict[str, Callable[[], Any]] = {
-    "llama": _llama, "qwen2": _qwen2, "qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "internvl": _internvl,
+    "llama": _llama,
+    "qwen2": _qwen2,
+    "qwen2_vl": _qwen2_vl,
+    "qwen2_5_vl": _qwen2_5_vl,
+    "internvl": _internvl,
 }
 
 
@@ -93,8 +167,10 @@ def model_class(config: Any) -> Any:
     import transformers
     from transformers.models.auto import modeling_auto
 
-    name = (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(config.model_type)
-            or modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
+    name = (
+        modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(config.model_type)
+        or modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]
+    )
     return getattr(transformers, name)
 
 
@@ -110,9 +186,13 @@ def text_ids(rng: np.random.Generator, n: int) -> list[int]:
     return rng.integers(3, 100, n).tolist()
 
 
-def qwen_sample(rng: np.random.Generator, images: Sequence[tuple[int, int, int]],
-                videos: Sequence[tuple[int, int, int]] = (), seconds: list[float] | None = None,
-                dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+def qwen_sample(
+    rng: np.random.Generator,
+    images: Sequence[tuple[int, int, int]],
+    videos: Sequence[tuple[int, int, int]] = (),
+    seconds: list[float] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
     """Text around each image/video: <vision_start> placeholders <vision_end>, patches random; no labels on
     the placeholders."""
     ids = text_ids(rng, int(rng.integers(1, 5)))
@@ -180,14 +260,20 @@ def lengths_of(samples: list[dict[str, Any]], label: bool = True) -> Lengths:
     """The loads of ``samples`` as a length file holds them (:mod:`omnibal_kernels.packing.planned` counts), with
     label counts when ``label``."""
     loads = [sample_loads(s) for s in samples]
-    return Lengths(np.array([v for _, v in loads], np.int64), np.array([t for t, _ in loads], np.int64),
-                   label=np.array([label_tokens(s) for s in samples], np.int64) if label else None)
+    return Lengths(
+        np.array([v for _, v in loads], np.int64),
+        np.array([t for t, _ in loads], np.int64),
+        label=np.array([label_tokens(s) for s in samples], np.int64) if label else None,
+    )
 
 
 def alone(sample: dict[str, Any]) -> dict[str, Any]:
     """One sample as transformers takes it unpacked: batch dimension 1, the model computes its positions."""
-    inputs = {"input_ids": sample["input_ids"][None], "labels": sample.get("labels", sample["input_ids"])[None],
-              "use_cache": False}
+    inputs = {
+        "input_ids": sample["input_ids"][None],
+        "labels": sample.get("labels", sample["input_ids"])[None],
+        "use_cache": False,
+    }
     for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
         if key in sample:
             inputs[key] = sample[key]

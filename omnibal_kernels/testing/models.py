@@ -3,8 +3,8 @@
 The blocks run attention through :func:`omnibal_kernels.attention.varlen_attention` on packed batches, so a
 packed batch and the same samples one at a time can be compared exactly.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 from typing import Optional
 
@@ -104,9 +104,9 @@ class TinyBlock(nn.Module):
             ).transpose(1, 2)
         else:
             assert max_seqlen is not None
-            attn = varlen_attention(
-                q[0], k[0], v[0], cu_seqlens, max_seqlen, causal=True, backend=attention_backend
-            )[None]
+            attn = varlen_attention(q[0], k[0], v[0], cu_seqlens, max_seqlen, causal=True, backend=attention_backend)[
+                None
+            ]
         x = x + self.o_proj(attn.reshape(batch, seq, -1))
         h = self.mlp_norm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
@@ -140,9 +140,7 @@ class TinyCausalLM(nn.Module):
         if heads % kv_heads != 0:
             raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
         self.embed = nn.Embedding(vocab_size, hidden)
-        self.blocks = nn.ModuleList(
-            TinyBlock(hidden, heads, kv_heads, mlp_hidden, rope_base) for _ in range(layers)
-        )
+        self.blocks = nn.ModuleList(TinyBlock(hidden, heads, kv_heads, mlp_hidden, rope_base) for _ in range(layers))
         self.norm = RMSNorm(hidden)
         self.lm_head = nn.Linear(hidden, vocab_size, bias=False)
 
@@ -187,8 +185,16 @@ class RecordingLM(nn.Module):
         self.lm = TinyCausalLM(vocab_size=64, hidden=16, layers=1, heads=2, kv_heads=1, mlp_hidden=32)
         self.seen: list[list[int]] = []
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor,
-                cu_seqlens: torch.Tensor, max_seqlen: int, sample_id: torch.Tensor, **_: object) -> dict:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        sample_id: torch.Tensor,
+        **_: object,
+    ) -> dict:
         self.seen.append(sample_id.tolist())
         logits = self.lm(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
         return {"loss": causal_lm_loss(logits, labels)}

@@ -1,4 +1,5 @@
 """Helpers for runs that start several local processes (gloo process groups in tests, examples, benchmarks)."""
+
 from __future__ import annotations
 
 import socket

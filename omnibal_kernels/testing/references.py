@@ -4,11 +4,12 @@ One naming scheme: ``<what>_reference``. They favour clarity over speed (Python 
 and call none of the code they check; the grouping references reuse only the engine's seeded shuffle (the
 same random streams, ``_C.STREAMS``), so their outputs match the C++ engine exactly.
 """
+
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,8 +20,10 @@ from .. import _ext
 # Balance: grouping references (the C++ engine's shuffles are reused, so outputs match exactly)
 # ---------------------------------------------------------------------------------------------------------
 
-def next_fit_reference(order: Sequence[int] | np.ndarray, vit: np.ndarray, llm: np.ndarray, vit_capacity: int,
-                       llm_capacity: int) -> list[list[int]]:
+
+def next_fit_reference(
+    order: Sequence[int] | np.ndarray, vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_capacity: int
+) -> list[list[int]]:
     """Next-fit over ``order``: a new pack whenever the next sample would overflow a capacity."""
     packs: list[list[int]] = []
     current: list[int] = []
@@ -38,8 +41,17 @@ def next_fit_reference(order: Sequence[int] | np.ndarray, vit: np.ndarray, llm: 
     return packs
 
 
-def isf_reference(vit: np.ndarray, llm: np.ndarray, items: np.ndarray, vit_capacity: int, llm_capacity: int,
-                  vit_threshold: int, llm_threshold: int, iterations: int, seed: int) -> list[list[int]]:
+def isf_reference(
+    vit: np.ndarray,
+    llm: np.ndarray,
+    items: np.ndarray,
+    vit_capacity: int,
+    llm_capacity: int,
+    vit_threshold: int,
+    llm_threshold: int,
+    iterations: int,
+    seed: int,
+) -> list[list[int]]:
     """The OmniBal Iterative Sampling and Filtering, step by step, with the engine's shuffles."""
     C = _ext.load()
 
@@ -63,8 +75,9 @@ def isf_reference(vit: np.ndarray, llm: np.ndarray, items: np.ndarray, vit_capac
     return out
 
 
-def random_next_fit_reference(vit: np.ndarray, llm: np.ndarray, items: np.ndarray, vit_capacity: int,
-                              llm_capacity: int, seed: int) -> list[list[int]]:
+def random_next_fit_reference(
+    vit: np.ndarray, llm: np.ndarray, items: np.ndarray, vit_capacity: int, llm_capacity: int, seed: int
+) -> list[list[int]]:
     """Random next-fit with the engine's shuffle."""
     C = _ext.load()
     order = C.shuffle(np.asarray(items, dtype=np.int64), C.derive_seed(seed, C.STREAMS["next_fit"], 0))
@@ -165,8 +178,9 @@ def varlen_metadata_reference(
 # ------------------------------------------------------------------------------------------- vision
 
 
-def internvl_tiles_reference(width: int, height: int, min_num: int = 1, max_num: int = 12, image_size: int = 448,
-                       use_thumbnail: bool = True) -> tuple[int, int, int]:
+def internvl_tiles_reference(
+    width: int, height: int, min_num: int = 1, max_num: int = 12, image_size: int = 448, use_thumbnail: bool = True
+) -> tuple[int, int, int]:
     """``(cols, rows, num_tiles)`` of one image by InternVL's published dynamic-resolution scan."""
     if width <= 0 or height <= 0:
         raise ValueError("image sides must be positive")
@@ -194,8 +208,9 @@ def internvl_tiles_reference(width: int, height: int, min_num: int = 1, max_num:
     return best[0], best[1], tiles
 
 
-def smart_resize_reference(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
-                     max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+def smart_resize_reference(
+    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
+) -> tuple[int, int]:
     """Qwen2-VL ``smart_resize`` of one image, as transformers publishes it: ``(h, w)``."""
     if height <= 0 or width <= 0:
         raise ValueError("image sides must be positive")
@@ -214,9 +229,16 @@ def smart_resize_reference(height: int, width: int, factor: int = 28, min_pixels
     return h_bar, w_bar
 
 
-def qwen2vl_counts_reference(height: int, width: int, frames: int = 1, patch_size: int = 14, merge_size: int = 2,
-                       temporal_patch_size: int = 2, min_pixels: int = 56 * 56,
-                       max_pixels: int = 28 * 28 * 1280) -> tuple[tuple[int, int, int], int, int]:
+def qwen2vl_counts_reference(
+    height: int,
+    width: int,
+    frames: int = 1,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 1280,
+) -> tuple[tuple[int, int, int], int, int]:
     """``((t, h, w), num_patches, num_tokens)`` of one image or video for Qwen2-VL."""
     h, w = smart_resize_reference(height, width, patch_size * merge_size, min_pixels, max_pixels)
     t = -(-frames // temporal_patch_size)
@@ -235,12 +257,17 @@ def bucket_sort_reference(counts: Any, boundaries: Any) -> tuple[np.ndarray, np.
     return perm.astype(np.int64), offsets.astype(np.int64), bucket_ids.astype(np.int32)
 
 
-def mrope_positions_reference(input_ids: Sequence[int], image_grids: Sequence[Sequence[int]],
-                        video_grids: Sequence[Sequence[int]] = (), image_token_id: int = -1,
-                        video_token_id: int = -2, spatial_merge_size: int = 2,
-                        video_seconds: Sequence[float] | None = None,
-                        tokens_per_second: float | None = None,
-                        convention: str | None = None) -> list[tuple[int, int, int]]:
+def mrope_positions_reference(
+    input_ids: Sequence[int],
+    image_grids: Sequence[Sequence[int]],
+    video_grids: Sequence[Sequence[int]] = (),
+    image_token_id: int = -1,
+    video_token_id: int = -2,
+    spatial_merge_size: int = 2,
+    video_seconds: Sequence[float] | None = None,
+    tokens_per_second: float | None = None,
+    convention: str | None = None,
+) -> list[tuple[int, int, int]]:
     """One sample's Qwen2-VL mRoPE positions, token by token: ``[(t, h, w), ...]``.
 
     Video time steps are ``floor(k * (tokens_per_second * seconds))`` with every product rounded to float32
@@ -270,8 +297,11 @@ def mrope_positions_reference(input_ids: Sequence[int], image_grids: Sequence[Se
             gh, gw = h // spatial_merge_size, w // spatial_merge_size
             block = []
             for ti in range(t):
-                tv = ti if seconds is None else int(np.float32(ti) * (np.float32(tokens_per_second)
-                                                                     * np.float32(seconds)))
+                tv = (
+                    ti
+                    if seconds is None
+                    else int(np.float32(ti) * (np.float32(tokens_per_second) * np.float32(seconds)))
+                )
                 for hi in range(gh):
                     for wi in range(gw):
                         block.append((next_pos + tv, next_pos + hi, next_pos + wi))
@@ -299,8 +329,9 @@ def patchify_reference(image: Any, patch_size: int = 14, merge_size: int = 2, te
         frames = torch.cat([frames, frames[-1:].expand(pad, *frames.shape[1:])], dim=0)
     t_len, c, h, w = frames.shape
     gt, gh, gw = t_len // temporal_patch_size, h // patch_size, w // patch_size
-    x = frames.reshape(gt, temporal_patch_size, c, gh // merge_size, merge_size, patch_size,
-                       gw // merge_size, merge_size, patch_size)
+    x = frames.reshape(
+        gt, temporal_patch_size, c, gh // merge_size, merge_size, patch_size, gw // merge_size, merge_size, patch_size
+    )
     x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     patches = x.reshape(gt * gh * gw, c * temporal_patch_size * patch_size * patch_size)
     rows = torch.arange(gh).unsqueeze(1).expand(gh, gw)
@@ -342,9 +373,9 @@ def varlen_attention_reference(
     bounds_k = cu_seqlens_k.tolist()
     outputs = []
     for b in range(len(bounds_q) - 1):
-        qs = q[bounds_q[b]:bounds_q[b + 1]].double()
-        ks = k[bounds_k[b]:bounds_k[b + 1]].double().repeat_interleave(group, dim=1)
-        vs = v[bounds_k[b]:bounds_k[b + 1]].double().repeat_interleave(group, dim=1)
+        qs = q[bounds_q[b] : bounds_q[b + 1]].double()
+        ks = k[bounds_k[b] : bounds_k[b + 1]].double().repeat_interleave(group, dim=1)
+        vs = v[bounds_k[b] : bounds_k[b + 1]].double().repeat_interleave(group, dim=1)
         len_q, len_k = qs.shape[0], ks.shape[0]
         scores = torch.einsum("ihd,jhd->hij", qs, ks) * scale  # (heads, len_q, len_k)
         allowed = torch.ones(len_q, len_k, dtype=torch.bool, device=q.device)
@@ -357,7 +388,6 @@ def varlen_attention_reference(
         weights = torch.nan_to_num(weights, nan=0.0)  # rows with no allowed key: all -inf -> NaN -> 0
         outputs.append(torch.einsum("hij,jhd->ihd", weights, vs))
     return torch.cat(outputs).to(q.dtype)
-
 
 
 # ---------------------------------------------------------------------------------------------------------

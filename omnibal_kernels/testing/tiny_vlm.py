@@ -11,6 +11,7 @@ packed batch (``(1, T)`` with ``cu_seqlens``) or a dense padded one (``(B, S)``)
 ``vit_embed`` -> ``vit_0..`` -> ``projector`` -> ``llm_0..`` -> ``head``, every layer passing float tensors only
 (pipeline stages send and infer shapes of those), on dense batches with positions ``0..S-1``.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -26,8 +27,21 @@ from ..lengths import Lengths, default_lengths
 from ..pipeline.chain import Chain
 from .models import RMSNorm, TinyBlock
 
-__all__ = ["IMAGE_TOKEN", "PATCH", "PATCHES", "SCALE", "TILE", "VOCAB", "TinyVLM", "TinyViTBlock", "chain_kinds",
-           "dense_micro_batch", "make_sample", "pipeline_example", "scaled_lengths"]
+__all__ = [
+    "IMAGE_TOKEN",
+    "PATCH",
+    "PATCHES",
+    "SCALE",
+    "TILE",
+    "VOCAB",
+    "TinyVLM",
+    "TinyViTBlock",
+    "chain_kinds",
+    "dense_micro_batch",
+    "make_sample",
+    "pipeline_example",
+    "scaled_lengths",
+]
 
 TILE, PATCH = 16, 4  # tile side and patch side in pixels
 PATCHES = (TILE // PATCH) ** 2  # patches (and LLM tokens) per tile
@@ -85,8 +99,15 @@ class TinyVLM(nn.Module):
     (``omnibal_kernels.testing.TinyBlock``). Takes a packed batch (``(1, T)`` with ``cu_seqlens``) or a
     dense padded one (``(B, S)``, no ``cu_seqlens``)."""
 
-    def __init__(self, hidden: int = 128, vit_hidden: int = 64, layers: int = 2, *,
-                 vit_layers: Optional[int] = None, llm_layers: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        hidden: int = 128,
+        vit_hidden: int = 64,
+        layers: int = 2,
+        *,
+        vit_layers: Optional[int] = None,
+        llm_layers: Optional[int] = None,
+    ) -> None:
         super().__init__()
         self.vit_layers = layers if vit_layers is None else vit_layers
         self.llm_layers = layers if llm_layers is None else llm_layers
@@ -104,9 +125,16 @@ class TinyVLM(nn.Module):
         """This model's cost from its shapes (tiles attended alone; causal LM)."""
         vit = sum(p.numel() for p in (*self.vit_blocks.parameters(), *self.patch_embed.parameters()))
         llm = sum(p.numel() for p in (*self.blocks.parameters(), *self.lm_head.parameters()))
-        return CostModel.from_shapes(vit_params=vit, vit_layers=self.vit_layers, vit_hidden=self.vit_hidden,
-                                     vit_tokens_per_unit=PATCHES, vit_units_attend_jointly=False,
-                                     llm_params=llm, llm_layers=self.llm_layers, llm_hidden=self.hidden)
+        return CostModel.from_shapes(
+            vit_params=vit,
+            vit_layers=self.vit_layers,
+            vit_hidden=self.vit_hidden,
+            vit_tokens_per_unit=PATCHES,
+            vit_units_attend_jointly=False,
+            llm_params=llm,
+            llm_layers=self.llm_layers,
+            llm_hidden=self.hidden,
+        )
 
     def as_chain(self) -> Chain:
         """This model as a :class:`~omnibal_kernels.pipeline.chain.Chain` of named layers sharing its parameters.
@@ -122,9 +150,15 @@ class TinyVLM(nn.Module):
         layers += [("head", _Head(self))]
         return Chain(OrderedDict(layers))
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None,
-                max_seqlen: Optional[int] = None, pixel_values: Optional[torch.Tensor] = None,
-                **_: Any) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: Optional[torch.Tensor] = None,
+        max_seqlen: Optional[int] = None,
+        pixel_values: Optional[torch.Tensor] = None,
+        **_: Any,
+    ) -> torch.Tensor:
         """Logits ``(B, S, VOCAB)`` (``(1, T, VOCAB)`` packed)."""
         x = self.embed(input_ids)
         if pixel_values is not None and pixel_values.shape[0]:
@@ -210,8 +244,9 @@ def dense_micro_batch(samples: list[dict[str, torch.Tensor]], tokens: int, tiles
     spare = tiles - pixels.shape[0]
     pad = tokens - ids.numel() - spare * PATCHES
     if spare < 0 or pad < 0:
-        raise ValueError(f"samples: {pixels.shape[0]} tiles and {ids.numel()} tokens do not fit {tiles} tiles and "
-                         f"{tokens} tokens")
+        raise ValueError(
+            f"samples: {pixels.shape[0]} tiles and {ids.numel()} tokens do not fit {tiles} tiles and {tokens} tokens"
+        )
     ids = torch.cat([ids, torch.full((spare * PATCHES,), IMAGE_TOKEN), torch.zeros(pad, dtype=ids.dtype)])
     labels = torch.cat([labels, torch.full((spare * PATCHES + pad,), -100)])
     pixels = torch.cat([pixels, torch.zeros(spare, 3, TILE, TILE)])
@@ -224,6 +259,9 @@ def pipeline_example() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], li
     torch.manual_seed(0)
     chain = TinyVLM(hidden=128, vit_hidden=64, vit_layers=6, llm_layers=4).as_chain()
     lengths = scaled_lengths(4, seed=0)
-    batch = dense_micro_batch([make_sample(lengths, i, 0) for i in range(4)],
-                              tokens=int(lengths.llm.sum()) + 16 * PATCHES, tiles=int(lengths.vit.sum()) + 16)
+    batch = dense_micro_batch(
+        [make_sample(lengths, i, 0) for i in range(4)],
+        tokens=int(lengths.llm.sum()) + 16 * PATCHES,
+        tiles=int(lengths.vit.sum()) + 16,
+    )
     return chain, (batch["input_ids"], batch["pixel_values"]), chain_kinds(chain)

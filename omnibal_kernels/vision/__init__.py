@@ -12,6 +12,7 @@ of a packed batch.
 Patchifying images (images -> Qwen2-VL patches) is a kernel: :func:`omnibal_kernels.ops.patchify.patchify`.
 Names are imported from their modules on first use, so ``import omnibal_kernels.vision`` stays light.
 """
+
 from __future__ import annotations
 
 from .._lazy import lazy_exports

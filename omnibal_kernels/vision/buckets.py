@@ -1,4 +1,5 @@
 """Images grouped by patch count, so a ViT without varlen attention can run each group as one dense batch."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +12,9 @@ from .._contracts.bucket import PatchBuckets, device_bucket_args, host_bucket_ar
 __all__ = ["PatchBuckets", "bucket_by_patches"]
 
 
-def bucket_by_patches(counts: Any, boundaries: Any = None, *, num_buckets: int | None = None,
-                      backend: str = "auto") -> PatchBuckets:
+def bucket_by_patches(
+    counts: Any, boundaries: Any = None, *, num_buckets: int | None = None, backend: str = "auto"
+) -> PatchBuckets:
     """Group images by patch count with a stable counting sort (histogram, exclusive scan, scatter).
 
     A ViT without varlen attention can run each bucket as a dense batch; with the default (one bucket per

@@ -15,6 +15,7 @@ The counting itself is an op with two twins, routed by the one rule of the packa
 tensors, or ``backend="cpu"``) to the numpy twin in :mod:`omnibal_kernels.cpu.vision_counts`; both give the
 same integers.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -65,8 +66,16 @@ def internvl_target_ratios(min_num: int = 1, max_num: int = 12) -> list[tuple[in
     return sorted(grids, key=lambda g: g[0] * g[1])
 
 
-def internvl_tile_grid(widths: Any, heights: Any, *, min_num: int = 1, max_num: int = 12, image_size: int = 448,
-                       use_thumbnail: bool = True, backend: str = "auto") -> TileGrid:
+def internvl_tile_grid(
+    widths: Any,
+    heights: Any,
+    *,
+    min_num: int = 1,
+    max_num: int = 12,
+    image_size: int = 448,
+    use_thumbnail: bool = True,
+    backend: str = "auto",
+) -> TileGrid:
     """InternVL dynamic-resolution tiling of many images at once.
 
     Args:
@@ -93,11 +102,13 @@ def internvl_tile_grid(widths: Any, heights: Any, *, min_num: int = 1, max_num: 
     return count(widths, heights, ratios, image_size, bool(use_thumbnail))
 
 
-def internvl_num_tiles(widths: Any, heights: Any, *, min_num: int = 1, max_num: int = 12, image_size: int = 448,
-                       use_thumbnail: bool = True) -> Any:
+def internvl_num_tiles(
+    widths: Any, heights: Any, *, min_num: int = 1, max_num: int = 12, image_size: int = 448, use_thumbnail: bool = True
+) -> Any:
     """``(N,)`` int64 ViT tiles per image (thumbnail included); see :func:`internvl_tile_grid`."""
-    return internvl_tile_grid(widths, heights, min_num=min_num, max_num=max_num, image_size=image_size,
-                              use_thumbnail=use_thumbnail).num_tiles
+    return internvl_tile_grid(
+        widths, heights, min_num=min_num, max_num=max_num, image_size=image_size, use_thumbnail=use_thumbnail
+    ).num_tiles
 
 
 # --------------------------------------------------------------------------------------------- Qwen2-VL
@@ -127,8 +138,15 @@ def _check_pixels(factor: int, min_pixels: int, max_pixels: int) -> tuple[int, i
     return factor, min_pixels, max_pixels
 
 
-def qwen2vl_smart_resize(widths: Any, heights: Any, *, factor: int = 28, min_pixels: int = 56 * 56,
-                         max_pixels: int = 28 * 28 * 1280, backend: str = "auto") -> ResizedSize:
+def qwen2vl_smart_resize(
+    widths: Any,
+    heights: Any,
+    *,
+    factor: int = 28,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 1280,
+    backend: str = "auto",
+) -> ResizedSize:
     """Qwen2-VL ``smart_resize`` of many images: :class:`ResizedSize` ``(height, width)``, each ``(N,)`` int64.
 
     Both sides are rounded (half to even) to multiples of ``factor``; if the area then exceeds
@@ -153,9 +171,17 @@ def qwen2vl_smart_resize(widths: Any, heights: Any, *, factor: int = 28, min_pix
     return smart_resize(widths, heights, factor, min_pixels, max_pixels)
 
 
-def qwen2vl_grid(widths: Any, heights: Any, num_frames: Any = None, *, patch_size: int = 14, merge_size: int = 2,
-                 temporal_patch_size: int = 2, min_pixels: int = 56 * 56,
-                 max_pixels: int = 28 * 28 * 1280) -> ResizedGrid:
+def qwen2vl_grid(
+    widths: Any,
+    heights: Any,
+    num_frames: Any = None,
+    *,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 1280,
+) -> ResizedGrid:
     """Qwen2-VL / Qwen2.5-VL patch grid, ViT patches and LLM tokens of many images or videos.
 
     Args:
@@ -187,8 +213,9 @@ def qwen2vl_grid(widths: Any, heights: Any, num_frames: Any = None, *, patch_siz
                 raise ValueError(f"num_frames has shape {tuple(t.shape)}, expected {tuple(h_out.shape)}")
             if bool((t <= 0).any()):
                 raise ValueError(f"video {int(torch.nonzero(t <= 0)[0, 0])}: num_frames must be >= 1")
-        grid = torch.stack([(t + temporal_patch_size - 1) // temporal_patch_size, h_out // patch_size,
-                            w_out // patch_size], dim=1)
+        grid = torch.stack(
+            [(t + temporal_patch_size - 1) // temporal_patch_size, h_out // patch_size, w_out // patch_size], dim=1
+        )
     else:
         if num_frames is None:
             t = np.ones_like(h_out)
@@ -198,9 +225,8 @@ def qwen2vl_grid(widths: Any, heights: Any, num_frames: Any = None, *, patch_siz
                 raise ValueError(f"num_frames has shape {t.shape}, expected {h_out.shape}")
             if (t <= 0).any():
                 raise ValueError(f"video {int(np.flatnonzero(t <= 0)[0])}: num_frames must be >= 1")
-        grid = np.stack([(t + temporal_patch_size - 1) // temporal_patch_size, h_out // patch_size,
-                         w_out // patch_size], axis=1)
+        grid = np.stack(
+            [(t + temporal_patch_size - 1) // temporal_patch_size, h_out // patch_size, w_out // patch_size], axis=1
+        )
     patches = grid[:, 0] * grid[:, 1] * grid[:, 2]
     return ResizedGrid(h_out, w_out, grid, patches, patches // (merge_size * merge_size))
-
-

@@ -1,8 +1,10 @@
 """The multimodal fields of a packed batch: flat pixels with their ``vit_cu_seqlens``, image-to-sample maps,
 grids, and the hook :func:`omnibal_kernels.packing.pack_batch` calls for samples that carry images or videos."""
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -10,11 +12,19 @@ from .._checks import is_tensor
 from .._shared_memory import in_worker, shared_tensors
 from .mrope import grid_rows, mrope_position_ids
 
-__all__ = ["SAMPLE_KEYS", "VISION_KEYS", "pack_vision_fields", "unpack_vision_fields", "pack_batch_vision",
-           "unpack_batch_vision"]
+__all__ = [
+    "SAMPLE_KEYS",
+    "VISION_KEYS",
+    "pack_vision_fields",
+    "unpack_vision_fields",
+    "pack_batch_vision",
+    "unpack_batch_vision",
+]
 
-def _pixel_layout(samples: Sequence[Mapping[str, Any]], pixel_key: str = "pixel_values",
-                  grid_key: str = "image_grid_thw") -> tuple[list[int], str | None]:
+
+def _pixel_layout(
+    samples: Sequence[Mapping[str, Any]], pixel_key: str = "pixel_values", grid_key: str = "image_grid_thw"
+) -> tuple[list[int], str | None]:
     """Indices of samples with pixels and the common layout: ``"tiles"`` (n, C, H, W) or ``"patches"`` (n, D)."""
     import torch
 
@@ -38,22 +48,31 @@ def _pixel_layout(samples: Sequence[Mapping[str, Any]], pixel_key: str = "pixel_
         elif pv.dim() == 2:
             this = "patches"
         else:
-            raise ValueError(f"sample {i}: {pixel_key} must be (n, C, H, W) tiles or (n_patches, D) patches, "
-                             f"got shape {tuple(pv.shape)}")
+            raise ValueError(
+                f"sample {i}: {pixel_key} must be (n, C, H, W) tiles or (n_patches, D) patches, "
+                f"got shape {tuple(pv.shape)}"
+            )
         if layout is None:
             layout, ref_shape, ref_dtype = this, tuple(pv.shape[1:]), pv.dtype
         elif this != layout or tuple(pv.shape[1:]) != ref_shape:
-            raise ValueError(f"sample {i}: {pixel_key} shape {tuple(pv.shape)} does not match the batch's "
-                             f"(n, {', '.join(map(str, ref_shape))})")
+            raise ValueError(
+                f"sample {i}: {pixel_key} shape {tuple(pv.shape)} does not match the batch's "
+                f"(n, {', '.join(map(str, ref_shape))})"
+            )
         elif pv.dtype != ref_dtype:
             raise ValueError(f"sample {i}: {pixel_key} dtype {pv.dtype} differs from the batch's {ref_dtype}")
         with_pixels.append(i)
     return with_pixels, layout
 
 
-def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_size: int | None = None,
-                       shared: bool = False, pixel_key: str = "pixel_values",
-                       grid_key: str = "image_grid_thw") -> dict:
+def pack_vision_fields(
+    samples: Sequence[Mapping[str, Any]],
+    *,
+    spatial_merge_size: int | None = None,
+    shared: bool = False,
+    pixel_key: str = "pixel_values",
+    grid_key: str = "image_grid_thw",
+) -> dict:
     """Concatenate the vision fields of a batch of samples (the multimodal half of packing).
 
     A sample may carry ``pixel_values`` as InternVL-style tiles ``(n, C, H, W)`` (each tile one ViT sequence)
@@ -117,8 +136,7 @@ def pack_vision_fields(samples: Sequence[Mapping[str, Any]], *, spatial_merge_si
             raise ValueError(f"sample {i}: {grid_key} h/w must be multiples of {spatial_merge_size}")
         per_image = rows[:, 0] * rows[:, 1] * rows[:, 2]
         if int(per_image.sum()) != n:
-            raise ValueError(f"sample {i}: {grid_key} covers {int(per_image.sum())} patches but {pixel_key} "
-                             f"has {n}")
+            raise ValueError(f"sample {i}: {grid_key} covers {int(per_image.sum())} patches but {pixel_key} has {n}")
         num_images[i] = rows.shape[0]
         image_rows.append(per_image)
         segment_rows.append(np.repeat(rows[:, 1] * rows[:, 2], rows[:, 0]))
@@ -173,7 +191,7 @@ def unpack_vision_fields(fields: Mapping[str, Any], batch_size: int | None = Non
         if a == b:
             out.append({})
             continue
-        d = {"pixel_values": pv[int(row_cu[a]):int(row_cu[b])]}
+        d = {"pixel_values": pv[int(row_cu[a]) : int(row_cu[b])]}
         if grid is not None:
             d["image_grid_thw"] = grid[a:b]
         out.append(d)
@@ -196,8 +214,14 @@ _VIDEO_RENAME = {
     "num_images": "num_videos",
 }
 _PRODUCED = frozenset(
-    ("vit_cu_seqlens", "vit_max_seqlen", "image_to_sample", "num_images", "text_position_ids",
-     *(v for k, v in _VIDEO_RENAME.items() if k not in ("pixel_values", "image_grid_thw")))
+    (
+        "vit_cu_seqlens",
+        "vit_max_seqlen",
+        "image_to_sample",
+        "num_images",
+        "text_position_ids",
+        *(v for k, v in _VIDEO_RENAME.items() if k not in ("pixel_values", "image_grid_thw")),
+    )
 )
 
 
@@ -211,8 +235,10 @@ def _sample_seconds(samples: Sequence[Mapping[str, Any]], video_rows: list[np.nd
             continue
         arr = np.asarray(value.detach().cpu() if is_tensor(value) else value, dtype=np.float64).reshape(-1)
         if arr.shape[0] != rows.shape[0]:
-            raise ValueError(f"sample {i}: second_per_grid_ts has {arr.shape[0]} entries for {rows.shape[0]} "
-                             "videos (video_grid_thw rows)")
+            raise ValueError(
+                f"sample {i}: second_per_grid_ts has {arr.shape[0]} entries for {rows.shape[0]} "
+                "videos (video_grid_thw rows)"
+            )
         out.append(arr)
     return out
 
@@ -237,11 +263,11 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
     merge = mrope.spatial_merge_size if mrope.enabled else None
     images = pack_vision_fields(samples, spatial_merge_size=merge, shared=shared)
     fields.update(images)
-    has_videos = any(s.get("pixel_values_videos") is not None or s.get("video_grid_thw") is not None
-                     for s in samples)
+    has_videos = any(s.get("pixel_values_videos") is not None or s.get("video_grid_thw") is not None for s in samples)
     if has_videos:
-        videos = pack_vision_fields(samples, spatial_merge_size=merge, shared=shared,
-                                    pixel_key="pixel_values_videos", grid_key="video_grid_thw")
+        videos = pack_vision_fields(
+            samples, spatial_merge_size=merge, shared=shared, pixel_key="pixel_values_videos", grid_key="video_grid_thw"
+        )
         fields.update({_VIDEO_RENAME[k]: v for k, v in videos.items()})
     video_rows = [grid_rows(s.get("video_grid_thw"), f"sample {i}: video_grid_thw") for i, s in enumerate(samples)]
     if any("second_per_grid_ts" in s for s in samples):
@@ -249,9 +275,11 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
         fields["second_per_grid_ts"] = torch.from_numpy(np.concatenate(sample_seconds).astype(np.float32))
     if not mrope.enabled:
         if "image_grid_thw" in fields or "video_grid_thw" in fields:
-            warnings.warn("samples carry image_grid_thw/video_grid_thw but image_token_id is not set: "
-                          "position_ids stay 1-D text positions, not Qwen2-VL mRoPE (pass image_token_id)",
-                          stacklevel=5)
+            warnings.warn(
+                "samples carry image_grid_thw/video_grid_thw but image_token_id is not set: "
+                "position_ids stay 1-D text positions, not Qwen2-VL mRoPE (pass image_token_id)",
+                stacklevel=5,
+            )
         return
 
     num_samples = len(samples)
@@ -268,17 +296,21 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
     if mrope.tokens_per_second is not None and any(rows.shape[0] for rows in video_rows):
         seconds = np.concatenate(_sample_seconds(samples, video_rows))
     positions = mrope_position_ids(
-        ids, image_rows, video_rows if mrope.video_token_id is not None else None,
-        image_token_id=mrope.image_token_id, video_token_id=mrope.video_token_id,
-        spatial_merge_size=mrope.spatial_merge_size, second_per_grid_ts=seconds,
+        ids,
+        image_rows,
+        video_rows if mrope.video_token_id is not None else None,
+        image_token_id=mrope.image_token_id,
+        video_token_id=mrope.video_token_id,
+        spatial_merge_size=mrope.spatial_merge_size,
+        second_per_grid_ts=seconds,
         tokens_per_second=mrope.tokens_per_second if seconds is not None else None,
         convention=mrope.mrope_convention,
     )
     rows = 4 if mrope.mrope_text_row else 3
     padded = text_pos.shape[1]
     position_ids = torch.empty((rows, 1, padded), dtype=torch.int64)
-    position_ids[rows - 3:, 0, :total] = positions.position_ids[:, 0]
-    position_ids[rows - 3:, 0, total:] = text_pos[0, total:]  # padding: positions of its own segment
+    position_ids[rows - 3 :, 0, :total] = positions.position_ids[:, 0]
+    position_ids[rows - 3 :, 0, total:] = text_pos[0, total:]  # padding: positions of its own segment
     if rows == 4:
         position_ids[0] = text_pos
     fields["position_ids"] = position_ids
@@ -289,13 +321,15 @@ def unpack_batch_vision(batch: Mapping[str, Any], num_samples: int) -> list[dict
     """Per-sample vision fields of a packed batch (images, videos, ``second_per_grid_ts``); see ``unpack_batch``."""
     out: list[dict] = [{} for _ in range(num_samples)]
     if "num_images" in batch:
-        images = {k: batch[k] for k in ("pixel_values", "num_images", "image_grid_thw", "vit_cu_seqlens")
-                  if k in batch}
+        images = {k: batch[k] for k in ("pixel_values", "num_images", "image_grid_thw", "vit_cu_seqlens") if k in batch}
         for d, u in zip(out, unpack_vision_fields(images)):
             d.update(u)
     if "num_videos" in batch:
-        videos = {k: batch[v] for k, v in _VIDEO_RENAME.items()
-                  if k in ("pixel_values", "num_images", "image_grid_thw", "vit_cu_seqlens") and v in batch}
+        videos = {
+            k: batch[v]
+            for k, v in _VIDEO_RENAME.items()
+            if k in ("pixel_values", "num_images", "image_grid_thw", "vit_cu_seqlens") and v in batch
+        }
         for d, u in zip(out, unpack_vision_fields(videos)):
             d.update({_VIDEO_RENAME[k]: v for k, v in u.items()})
     if "second_per_grid_ts" in batch:
@@ -304,7 +338,5 @@ def unpack_batch_vision(batch: Mapping[str, Any], num_samples: int) -> list[dict
         seconds = batch["second_per_grid_ts"]
         for i, d in enumerate(out):
             if counts[i]:
-                d["second_per_grid_ts"] = seconds[int(bounds[i]):int(bounds[i + 1])]
+                d["second_per_grid_ts"] = seconds[int(bounds[i]) : int(bounds[i + 1])]
     return out
-
-

@@ -10,9 +10,11 @@ vision tower builds (and :func:`~omnibal_kernels.vision.pack_vision_fields` retu
 Qwen2.5-VL's window attention splits those sequences further in most layers; its full-attention layers, whose
 cost grows with the square, attend them whole.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -60,11 +62,25 @@ def flatten_image_sizes(image_sizes: Sequence[Any], progress: bool | None) -> tu
     return flat.astype(np.int64), np.asarray(owner, dtype=np.int64)
 
 
-def compute_loads(image_sizes: Any, text_tokens: Any, *, model: str = "internvl", image_to_sample: Any = None,
-                  num_frames: Any = None, num_image_token: int = 256, min_num: int = 1, max_num: int = 12,
-                  image_size: int = 448, use_thumbnail: bool = True, patch_size: int = 14, merge_size: int = 2,
-                  temporal_patch_size: int = 2, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280,
-                  progress: bool | None = None) -> Lengths:
+def compute_loads(
+    image_sizes: Any,
+    text_tokens: Any,
+    *,
+    model: str = "internvl",
+    image_to_sample: Any = None,
+    num_frames: Any = None,
+    num_image_token: int = 256,
+    min_num: int = 1,
+    max_num: int = 12,
+    image_size: int = 448,
+    use_thumbnail: bool = True,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 1280,
+    progress: bool | None = None,
+) -> Lengths:
     """Turn a dataset's image sizes and text lengths into the loads of a length file, ViT sequences included.
 
     Args:
@@ -99,8 +115,12 @@ def compute_loads(image_sizes: Any, text_tokens: Any, *, model: str = "internvl"
         raise ValueError(f"sample {i}: text_tokens = {int(text[i])} is negative")
     sizes, owner, frames = _image_rows(image_sizes, image_to_sample, num_frames, n, progress)
     if sizes.shape[0]:
-        check_image_sizes(as_int_array(sizes[:, 0], "image widths"), as_int_array(sizes[:, 1], "image heights"),
-                          max_ratio=None if model == "internvl" else QWEN2VL_MAX_RATIO, owner=owner)
+        check_image_sizes(
+            as_int_array(sizes[:, 0], "image widths"),
+            as_int_array(sizes[:, 1], "image heights"),
+            max_ratio=None if model == "internvl" else QWEN2VL_MAX_RATIO,
+            owner=owner,
+        )
     per_image = _ImageCounts(sizes.shape[0])
     bar = progress_bar(total=sizes.shape[0], desc=f"counting {model} images", enabled=progress)
     try:
@@ -109,23 +129,33 @@ def compute_loads(image_sizes: Any, text_tokens: Any, *, model: str = "internvl"
             w = as_int_array(sizes[lo:hi, 0], "widths")
             h = as_int_array(sizes[lo:hi, 1], "heights")
             if model == "internvl":
-                tiles = internvl_num_tiles(w, h, min_num=min_num, max_num=max_num, image_size=image_size,
-                                           use_thumbnail=use_thumbnail)
+                tiles = internvl_num_tiles(
+                    w, h, min_num=min_num, max_num=max_num, image_size=image_size, use_thumbnail=use_thumbnail
+                )
                 per_image.set(lo, hi, tiles, tiles * num_image_token, tiles, np.ones_like(tiles))
             else:
-                g = qwen2vl_grid(w, h, None if frames is None else frames[lo:hi], patch_size=patch_size,
-                                 merge_size=merge_size, temporal_patch_size=temporal_patch_size,
-                                 min_pixels=min_pixels, max_pixels=max_pixels)
-                per_image.set(lo, hi, g.num_patches, g.num_tokens, g.grid_thw[:, 0],
-                              g.grid_thw[:, 1] * g.grid_thw[:, 2])
+                g = qwen2vl_grid(
+                    w,
+                    h,
+                    None if frames is None else frames[lo:hi],
+                    patch_size=patch_size,
+                    merge_size=merge_size,
+                    temporal_patch_size=temporal_patch_size,
+                    min_pixels=min_pixels,
+                    max_pixels=max_pixels,
+                )
+                per_image.set(
+                    lo, hi, g.num_patches, g.num_tokens, g.grid_thw[:, 0], g.grid_thw[:, 1] * g.grid_thw[:, 2]
+                )
             bar.update(hi - lo)
     finally:
         bar.close()
     return per_image.lengths(owner, text)
 
 
-def _image_rows(image_sizes: Any, image_to_sample: Any, num_frames: Any, n: int,
-                progress: bool | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _image_rows(
+    image_sizes: Any, image_to_sample: Any, num_frames: Any, n: int, progress: bool | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``(M, 2)`` image sizes, ``(M,)`` owning sample and ``(M,)`` frames (or None) of either layout, checked."""
     if image_to_sample is None:
         if num_frames is not None:
@@ -151,8 +181,9 @@ def _image_rows(image_sizes: Any, image_to_sample: Any, num_frames: Any, n: int,
             raise ValueError(f"num_frames has {frames.shape[0]} entries for {sizes.shape[0]} images")
         if (frames <= 0).any():
             j = int(np.flatnonzero(frames <= 0)[0])
-            raise ValueError(f"sample {int(owner[j])}: num_frames[{j}] = {int(frames[j])}, a video needs at least "
-                             f"one frame")
+            raise ValueError(
+                f"sample {int(owner[j])}: num_frames[{j}] = {int(frames[j])}, a video needs at least one frame"
+            )
     return sizes, owner, frames
 
 
@@ -169,8 +200,9 @@ class _ImageCounts:
         """The per-sample loads of ``text`` plus the images, each image's row ``owner`` saying whose it is."""
         n = text.shape[0]
         # float sums are exact below 2**53, far above any load a Lengths accepts (it names a sample past 2**31)
-        vit, llm, counts = (np.bincount(owner, weights=x, minlength=n).astype(np.int64)
-                            for x in (self.vit, self.llm, self.count))
+        vit, llm, counts = (
+            np.bincount(owner, weights=x, minlength=n).astype(np.int64) for x in (self.vit, self.llm, self.count)
+        )
         # a sample's sequences in the order of its image rows
         order = np.argsort(owner, kind="stable")
         offsets = np.zeros(n + 1, dtype=np.int64)

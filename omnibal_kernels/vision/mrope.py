@@ -13,18 +13,26 @@ Two numberings of the text that follows an image or video are in use (``conventi
 
 The default (None) is the one the installed transformers computes (``"max_position"`` without transformers).
 """
+
 from __future__ import annotations
 
 import functools
 import re
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .._checks import check_positive_int, is_tensor
 
-__all__ = ["MROPE_CONVENTIONS", "MRopePositions", "check_mrope_convention", "installed_mrope_convention",
-           "mrope_position_ids", "video_time_positions"]
+__all__ = [
+    "MROPE_CONVENTIONS",
+    "MRopePositions",
+    "check_mrope_convention",
+    "installed_mrope_convention",
+    "mrope_position_ids",
+    "video_time_positions",
+]
 
 # The numberings of the text after an image or video (see the module docstring).
 MROPE_CONVENTIONS = ("max_hw", "max_position")
@@ -32,7 +40,7 @@ MROPE_CONVENTIONS = ("max_hw", "max_position")
 _MAX_HW_SINCE = (5, 3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def installed_mrope_convention() -> str:
     """The convention the installed transformers computes: ``"max_hw"`` from 5.3 on, else ``"max_position"``.
 
@@ -72,6 +80,7 @@ def video_time_positions(num_steps: int, second_per_grid_t: float, tokens_per_se
     interval = np.float32(tokens_per_second) * np.float32(second_per_grid_t)
     return (np.arange(num_steps, dtype=np.float32) * interval).astype(np.int64)
 
+
 class MRopePositions(NamedTuple):
     """Qwen2-VL multimodal rotary positions of a packed batch of ``B`` samples, ``T`` tokens in all."""
 
@@ -108,10 +117,18 @@ def _as_ids(x: Any, i: int) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, video_grid_thw: Any = None, *,
-                       image_token_id: int, video_token_id: int | None = None, spatial_merge_size: int = 2,
-                       second_per_grid_ts: Any = None, tokens_per_second: float | None = None,
-                       convention: str | None = None) -> MRopePositions:
+def mrope_position_ids(
+    input_ids: Sequence[Any],
+    image_grid_thw: Any = None,
+    video_grid_thw: Any = None,
+    *,
+    image_token_id: int,
+    video_token_id: int | None = None,
+    spatial_merge_size: int = 2,
+    second_per_grid_ts: Any = None,
+    tokens_per_second: float | None = None,
+    convention: str | None = None,
+) -> MRopePositions:
     """Qwen2-VL / Qwen2.5-VL mRoPE ``position_ids`` for samples packed into one row, restarting per sample.
 
     Each sample follows ``get_rope_index``: text tokens advance all three positions by one; an image or video
@@ -159,8 +176,9 @@ def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, vid
     grids = {kind: _rows_per_sample(kind, grid, token, ids_list, m) for kind, grid, token in kinds}
     seconds = None
     if second_per_grid_ts is not None:
-        seconds = np.asarray(second_per_grid_ts.detach().cpu() if is_tensor(second_per_grid_ts)
-                             else second_per_grid_ts, dtype=np.float32).reshape(-1)
+        seconds = np.asarray(
+            second_per_grid_ts.detach().cpu() if is_tensor(second_per_grid_ts) else second_per_grid_ts, dtype=np.float32
+        ).reshape(-1)
     clock = _VideoClock(seconds, tokens_per_second)
     pieces = []
     for i, ids in enumerate(ids_list):
@@ -170,16 +188,20 @@ def mrope_position_ids(input_ids: Sequence[Any], image_grid_thw: Any = None, vid
         raise ValueError(f"second_per_grid_ts has {seconds.shape[0]} entries for {clock.videos} videos")
     deltas = [(int(pos.max()) + 1 - pos.shape[1]) if pos.shape[1] else 0 for pos in pieces]
     position_ids = torch.from_numpy(np.concatenate(pieces, axis=1)).reshape(3, 1, -1)
-    text_position_ids = torch.from_numpy(np.concatenate([np.arange(ids.shape[0], dtype=np.int64)
-                                                         for ids in ids_list])).reshape(1, -1)
+    text_position_ids = torch.from_numpy(
+        np.concatenate([np.arange(ids.shape[0], dtype=np.int64) for ids in ids_list])
+    ).reshape(1, -1)
     return MRopePositions(position_ids, text_position_ids, torch.tensor(deltas, dtype=torch.int64))
 
 
 def _rows_per_sample(kind: str, grid: Any, token: int, ids_list: list[np.ndarray], m: int) -> list[np.ndarray]:
     """The ``(k_i, 3)`` grid rows of every sample: given per sample, or one table split by the samples'
     placeholder counts (each image or video takes ``t * (h / m) * (w / m)`` placeholders)."""
-    if isinstance(grid, (list, tuple)) and len(grid) == len(ids_list) and all(
-            g is None or np.ndim(g.detach().cpu() if is_tensor(g) else g) == 2 for g in grid):
+    if (
+        isinstance(grid, (list, tuple))
+        and len(grid) == len(ids_list)
+        and all(g is None or np.ndim(g.detach().cpu() if is_tensor(g) else g) == 2 for g in grid)
+    ):
         return [grid_rows(g, f"{kind}_grid_thw[{i}]") for i, g in enumerate(grid)]
     rows = grid_rows(grid, f"{kind}_grid_thw")
     tokens_per_item = rows[:, 0] * (rows[:, 1] // m) * (rows[:, 2] // m)
@@ -191,8 +213,10 @@ def _rows_per_sample(kind: str, grid: Any, token: int, ids_list: list[np.ndarray
             need -= int(tokens_per_item[k])
             k += 1
         if need != 0:
-            raise ValueError(f"sample {i}: its {kind} placeholder tokens do not add up to whole "
-                             f"{kind}_grid_thw rows (rows {start}..{k - 1})")
+            raise ValueError(
+                f"sample {i}: its {kind} placeholder tokens do not add up to whole "
+                f"{kind}_grid_thw rows (rows {start}..{k - 1})"
+            )
         splits.append(rows[start:k])
     if k != rows.shape[0]:
         raise ValueError(f"{kind}_grid_thw has {rows.shape[0]} rows but the samples use {k}")
@@ -218,8 +242,15 @@ class _VideoClock:
         return video_time_positions(t, self.seconds[video], self.tokens_per_second)  # type: ignore[arg-type]
 
 
-def _sample_positions(i: int, ids: np.ndarray, grids: dict[str, list[np.ndarray]], tokens: dict[str, int], m: int,
-                      clock: _VideoClock, convention: str) -> np.ndarray:
+def _sample_positions(
+    i: int,
+    ids: np.ndarray,
+    grids: dict[str, list[np.ndarray]],
+    tokens: dict[str, int],
+    m: int,
+    clock: _VideoClock,
+    convention: str,
+) -> np.ndarray:
     """``(3, n)`` positions of sample ``i``: text advances all three by one, each placeholder run gets its
     grid's ``start + (t, h, w)`` and moves the text after it on as ``convention`` says."""
     n = ids.shape[0]
@@ -246,23 +277,25 @@ def _sample_positions(i: int, ids: np.ndarray, grids: dict[str, list[np.ndarray]
             raise ValueError(f"sample {i}: {kind} grid {(t, h, w)} is not divisible by spatial_merge_size {m}")
         gh, gw = h // m, w // m
         length = t * gh * gw
-        if p + length > n or not (ids[p:p + length] == tokens[kind]).all():
-            raise ValueError(f"sample {i}: {kind} at token {p} needs {length} consecutive placeholders "
-                             f"for grid {(t, h, w)}")
+        if p + length > n or not (ids[p : p + length] == tokens[kind]).all():
+            raise ValueError(
+                f"sample {i}: {kind} at token {p} needs {length} consecutive placeholders for grid {(t, h, w)}"
+            )
         t_steps = clock.steps(t) if kind == "video" else np.arange(t, dtype=np.int64)
         start = p + acc
-        pos[0, p:p + length] = start + np.repeat(t_steps, gh * gw)
-        pos[1, p:p + length] = start + np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
-        pos[2, p:p + length] = start + np.tile(np.arange(gw, dtype=np.int64), t * gh)
+        pos[0, p : p + length] = start + np.repeat(t_steps, gh * gw)
+        pos[1, p : p + length] = start + np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
+        pos[2, p : p + length] = start + np.tile(np.arange(gw, dtype=np.int64), t * gh)
         span = max(gh, gw) if convention == "max_hw" else max(int(t_steps[-1]), gh - 1, gw - 1) + 1
         acc += span - length
         shift[p + length] += span - length
-        text_mask[p:p + length] = False
+        text_mask[p : p + length] = False
         st = p + length
     for kind in tokens:
         if used[kind] != len(grids[kind]):
-            raise ValueError(f"sample {i}: {len(grids[kind])} {kind}_grid_thw rows but {used[kind]} "
-                             f"{kind} placeholder runs")
+            raise ValueError(
+                f"sample {i}: {len(grids[kind])} {kind}_grid_thw rows but {used[kind]} {kind} placeholder runs"
+            )
     text_pos = np.arange(n, dtype=np.int64) + np.cumsum(shift)[:n]
     pos[:, text_mask] = text_pos[text_mask]
     return pos

@@ -1,5 +1,6 @@
 """Values at the edges: read-only loads (no stale statistics), capacities, epochs and seeds bounded before the
 C++ engine, with errors that name the argument."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,12 @@ def test_in_place_edits_after_a_plan_are_refused_and_cannot_overfill_packs():
     lengths = _text_lengths()
     first = ok.plan_packs(lengths, world_size=4, vit_capacity=0, llm_capacity=4096)
     assert _max_pack_load(first, lengths) <= 4096
-    for edit in (lambda L: L.llm.__iadd__(2000), lambda L: L.llm.__setitem__(0, 10**6),
-                 lambda L: L.vit.fill(3), lambda L: L.source.__setitem__(0, 5)):
+    for edit in (
+        lambda L: L.llm.__iadd__(2000),
+        lambda L: L.llm.__setitem__(0, 10**6),
+        lambda L: L.vit.fill(3),
+        lambda L: L.source.__setitem__(0, 5),
+    ):
         with pytest.raises(ValueError, match="read-only"):
             edit(lengths)
     # The loads and the cached statistics are unchanged, so a second plan holds the capacity too.
@@ -72,8 +77,14 @@ def test_capacities_at_the_bound_plan_exactly(method, drop_last):
     # crash, instead of 1).
     light = ok.Lengths(np.zeros(300, np.int64), np.arange(1, 301))
     for lengths, vit_capacity in ((heavy, MAX_CAPACITY), (light, 0)):
-        plan = ok.plan_packs(lengths, world_size=1, method=method, vit_capacity=vit_capacity,
-                             llm_capacity=MAX_CAPACITY, drop_last=drop_last)
+        plan = ok.plan_packs(
+            lengths,
+            world_size=1,
+            method=method,
+            vit_capacity=vit_capacity,
+            llm_capacity=MAX_CAPACITY,
+            drop_last=drop_last,
+        )
         assert plan.num_packs == 1 and sorted(plan.pack(0).tolist()) == list(range(300))
 
 
@@ -117,15 +128,18 @@ def test_epoch_seeds_in_range_are_distinct_per_epoch(epoch, seed):
     assert epoch_seed(seed, epoch) != epoch_seed(seed, epoch ^ 1)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda v: v.compute_loads([[(448, 448)]], [5], num_image_token=-1), "num_image_token must be >= 0"),
-    (lambda v: v.compute_loads([[(448, 448)]], [5], num_image_token=2**63), "num_image_token must be <="),
-    (lambda v: v.internvl_target_ratios(1, v.INTERNVL_MAX_TILES + 1), "max_num must be <= 256"),
-    (lambda v: v.internvl_num_tiles([448], [448], image_size=2**63), "image_size must be <="),
-    (lambda v: v.qwen2vl_grid([448], [448], patch_size=2**63), "patch_size must be <="),
-    (lambda v: v.qwen2vl_grid([448], [448], merge_size=v.MAX_IMAGE_SIDE + 1), "merge_size must be <="),
-    (lambda v: v.qwen2vl_grid([448], [448], temporal_patch_size=2**64), "temporal_patch_size must be <="),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda v: v.compute_loads([[(448, 448)]], [5], num_image_token=-1), "num_image_token must be >= 0"),
+        (lambda v: v.compute_loads([[(448, 448)]], [5], num_image_token=2**63), "num_image_token must be <="),
+        (lambda v: v.internvl_target_ratios(1, v.INTERNVL_MAX_TILES + 1), "max_num must be <= 256"),
+        (lambda v: v.internvl_num_tiles([448], [448], image_size=2**63), "image_size must be <="),
+        (lambda v: v.qwen2vl_grid([448], [448], patch_size=2**63), "patch_size must be <="),
+        (lambda v: v.qwen2vl_grid([448], [448], merge_size=v.MAX_IMAGE_SIDE + 1), "merge_size must be <="),
+        (lambda v: v.qwen2vl_grid([448], [448], temporal_patch_size=2**64), "temporal_patch_size must be <="),
+    ],
+)
 def test_vision_options_past_their_bounds_are_clear_errors(call, message):
     # Before: a negative token count per tile gave negative loads silently, huge sizes an OverflowError from
     # numpy, and max_num = 2**31 a candidate scan that never finished.

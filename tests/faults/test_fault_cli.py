@@ -1,5 +1,6 @@
 """The command line under bad files and flags: one line ``omnibal-kernels: error: ...`` and status 2, never a
 traceback; in process and through ``python -m omnibal_kernels``."""
+
 from __future__ import annotations
 
 import io
@@ -67,42 +68,53 @@ def files(tmp_path: Path) -> dict[str, Path]:
     return {p.name: p for p in tmp_path.iterdir()} | {"dir": tmp_path}
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["plan", "{folder.json}"], ["folder.json: is a directory"]),
-    (["plan", "{dir}"], ["is a directory"]),
-    (["plan", "{corrupt.npz}"], ["corrupt.npz: not a readable .npz file"]),
-    (["plan", "{two.json}"], ["two.json: ", "after the closing ']'"]),
-    (["plan", "{empty.json}"], ["empty.json: no samples"]),
-    (["plan", "{utf16.json}"], ["UTF-16"]),
-    (["plan", "{ok.npy}", "--out", "{regular}/plan.npz"], ["regular", "is not a directory"]),
-    (["plan", "{ok.npy}", "--out", "{dir}/missing/plan.npz"], ["missing", "does not exist"]),
-    (["plan", "{ok.npy}", "--out", "{folder.npz}"], ["Is a directory", "folder.npz"]),
-    (["plan", "{ok.npy}", "--vit-capacity", "1", "--llm-capacity", "9223372036854775808"],
-     ["llm_capacity must be at most 2**48"]),
-    (["plan", "{ok.npy}", "--vit-capacity", "9223372036854775807", "--llm-capacity", "1000"],
-     ["vit_capacity must be at most 2**48"]),
-    (["plan", "{ok.npy}", "--vit-capacity", "-1", "--llm-capacity", "1000"], ["vit_capacity"]),
-    (["plan", "{ok.npy}", "--epoch", str(2**64)], ["epoch must be a non-negative int below 2**63"]),
-    (["plan", "{ok.npy}", "--epoch", "-1"], ["epoch"]),
-    (["plan", "{ok.npy}", "--seed", str(2**64)], ["seed must be in"]),
-    (["plan", "{ok.npy}", "--world-size", "0"], ["world_size"]),
-    (["plan", "{ok.npy}", "--world-size", str(2**63)], ["world_size"]),
-    (["plan", "{ok.npy}", "--target-batch-size", "nan"], ["target_batch_size"]),
-    (["plan", "{ok.npy}", "--target-batch-size=-inf"], ["target_batch_size"]),
-    (["plan", "{ok.npy}", "--vit-capacity", "0", "--llm-capacity", "10"], ["exceed the capacities"]),
-    (["lengths", "{string_counts.json}", "-o", "{dir}/out.json"],
-     ["string_counts.json: record 1: 'text_tokens' must be a token count or a token list, got '12'"]),
-    (["lengths", "{bad.jsonl}", "-o", "{dir}/out.json"], ["bad.jsonl: line 2 is not a JSON record"]),
-    (["lengths", "{folder.json}", "-o", "{dir}/out.json"], ["folder.json: is a directory"]),
-    (["lengths", "{dir}/missing.json", "-o", "{dir}/out.json"], ["missing.json"]),
-    (["lengths", "{records.json}", "-o", "{regular}/out.json"], ["regular/out.json"]),
-    (["lengths", "{records.json}", "-o", "{dir}/out.txt"], ["out.txt", "use a .json, .jsonl or .npz suffix"]),
-    (["lengths", "{records.json}", "-o", "{dir}/out.json", "--num-image-token", str(2**63)], ["num_image_token"]),
-    (["lengths", "{records.json}", "-o", "{dir}/out.json", "--num-image-token", "-1"], ["num_image_token"]),
-    (["lengths", "{records.json}", "-o", "{dir}/out.json", "--max-num", str(2**31)], ["max_num must be <= 256"]),
-    (["lengths", "{records.json}", "-o", "{dir}/out.json", "--model", "qwen2vl", "--patch-size", str(2**63)],
-     ["patch_size"]),
-])
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["plan", "{folder.json}"], ["folder.json: is a directory"]),
+        (["plan", "{dir}"], ["is a directory"]),
+        (["plan", "{corrupt.npz}"], ["corrupt.npz: not a readable .npz file"]),
+        (["plan", "{two.json}"], ["two.json: ", "after the closing ']'"]),
+        (["plan", "{empty.json}"], ["empty.json: no samples"]),
+        (["plan", "{utf16.json}"], ["UTF-16"]),
+        (["plan", "{ok.npy}", "--out", "{regular}/plan.npz"], ["regular", "is not a directory"]),
+        (["plan", "{ok.npy}", "--out", "{dir}/missing/plan.npz"], ["missing", "does not exist"]),
+        (["plan", "{ok.npy}", "--out", "{folder.npz}"], ["Is a directory", "folder.npz"]),
+        (
+            ["plan", "{ok.npy}", "--vit-capacity", "1", "--llm-capacity", "9223372036854775808"],
+            ["llm_capacity must be at most 2**48"],
+        ),
+        (
+            ["plan", "{ok.npy}", "--vit-capacity", "9223372036854775807", "--llm-capacity", "1000"],
+            ["vit_capacity must be at most 2**48"],
+        ),
+        (["plan", "{ok.npy}", "--vit-capacity", "-1", "--llm-capacity", "1000"], ["vit_capacity"]),
+        (["plan", "{ok.npy}", "--epoch", str(2**64)], ["epoch must be a non-negative int below 2**63"]),
+        (["plan", "{ok.npy}", "--epoch", "-1"], ["epoch"]),
+        (["plan", "{ok.npy}", "--seed", str(2**64)], ["seed must be in"]),
+        (["plan", "{ok.npy}", "--world-size", "0"], ["world_size"]),
+        (["plan", "{ok.npy}", "--world-size", str(2**63)], ["world_size"]),
+        (["plan", "{ok.npy}", "--target-batch-size", "nan"], ["target_batch_size"]),
+        (["plan", "{ok.npy}", "--target-batch-size=-inf"], ["target_batch_size"]),
+        (["plan", "{ok.npy}", "--vit-capacity", "0", "--llm-capacity", "10"], ["exceed the capacities"]),
+        (
+            ["lengths", "{string_counts.json}", "-o", "{dir}/out.json"],
+            ["string_counts.json: record 1: 'text_tokens' must be a token count or a token list, got '12'"],
+        ),
+        (["lengths", "{bad.jsonl}", "-o", "{dir}/out.json"], ["bad.jsonl: line 2 is not a JSON record"]),
+        (["lengths", "{folder.json}", "-o", "{dir}/out.json"], ["folder.json: is a directory"]),
+        (["lengths", "{dir}/missing.json", "-o", "{dir}/out.json"], ["missing.json"]),
+        (["lengths", "{records.json}", "-o", "{regular}/out.json"], ["regular/out.json"]),
+        (["lengths", "{records.json}", "-o", "{dir}/out.txt"], ["out.txt", "use a .json, .jsonl or .npz suffix"]),
+        (["lengths", "{records.json}", "-o", "{dir}/out.json", "--num-image-token", str(2**63)], ["num_image_token"]),
+        (["lengths", "{records.json}", "-o", "{dir}/out.json", "--num-image-token", "-1"], ["num_image_token"]),
+        (["lengths", "{records.json}", "-o", "{dir}/out.json", "--max-num", str(2**31)], ["max_num must be <= 256"]),
+        (
+            ["lengths", "{records.json}", "-o", "{dir}/out.json", "--model", "qwen2vl", "--patch-size", str(2**63)],
+            ["patch_size"],
+        ),
+    ],
+)
 def test_bad_files_and_flags_print_one_line_and_exit_2(files, capsys, args, fragments):
     argv = _expand(args, files)
     status, out, err = _run([*argv, "--no-progress"] if argv[0] == "lengths" else argv, capsys)
@@ -130,9 +142,12 @@ _CAPACITIES = ["-1", "0", "1", "500", str(2**48), str(2**48 + 1), str(2**63 - 1)
 
 
 @settings(max_examples=80, deadline=None)
-@given(chosen=st.dictionaries(st.sampled_from(sorted(_PLAN_FLAG_VALUES)), st.integers(0, 10), max_size=3),
-       caps=st.none() | st.tuples(st.sampled_from(_CAPACITIES), st.sampled_from(_CAPACITIES)),
-       drop_last=st.booleans(), as_json=st.booleans())
+@given(
+    chosen=st.dictionaries(st.sampled_from(sorted(_PLAN_FLAG_VALUES)), st.integers(0, 10), max_size=3),
+    caps=st.none() | st.tuples(st.sampled_from(_CAPACITIES), st.sampled_from(_CAPACITIES)),
+    drop_last=st.booleans(),
+    as_json=st.booleans(),
+)
 def test_no_combination_of_plan_flags_gives_a_traceback(tmp_path_factory, chosen, caps, drop_last, as_json):
     folder = tmp_path_factory.mktemp("cli")
     np.save(folder / "l.npy", np.arange(1, 301))
@@ -160,14 +175,18 @@ def test_no_combination_of_plan_flags_gives_a_traceback(tmp_path_factory, chosen
         assert len(lines) == 1 and lines[0].startswith("omnibal-kernels: error: "), (argv, err.getvalue())
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["plan", "{folder.json}"], "is a directory"),
-    (["plan", "{ok.npy}", "--vit-capacity", "1", "--llm-capacity", "9223372036854775808"], "llm_capacity"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["plan", "{folder.json}"], "is a directory"),
+        (["plan", "{ok.npy}", "--vit-capacity", "1", "--llm-capacity", "9223372036854775808"], "llm_capacity"),
+    ],
+)
 def test_through_a_subprocess(files, args, fragment):
     argv = _expand(args, files)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-m", "omnibal_kernels", *argv], capture_output=True, text=True,
-                            env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "omnibal_kernels", *argv], capture_output=True, text=True, env=env, timeout=120
+    )
     _assert_one_line_error(result.returncode, result.stderr, fragment)
     assert result.stdout == ""

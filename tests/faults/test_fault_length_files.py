@@ -1,5 +1,6 @@
 """Malformed length files, generated here: each gives a clear ValueError naming the file (and the sample where
 there is one), never a wrong result, a raw library message or a silent loss."""
+
 from __future__ import annotations
 
 import io
@@ -84,16 +85,23 @@ CORPUS = [
     ("seqlens_null.json", b'[{"token_num": 9, "vit_seqlens": null}]', "expected a list", 0),
     ("seqlens_trailing_comma.json", b'[{"token_num": 9, "vit_seqlens": [4,]}]', "malformed value", 0),
     ("seqlens_unclosed.json", b'[{"token_num": 9, "vit_seqlens": [4 5]}]', "malformed list", 0),
-    ("seqlens_sum.json", b'[{"token_num": 9, "vit_num": 8, "vit_seqlens": [4, 5]}]', "sum to 9, but 'vit_num' is 8",
-     0),
-    ("seqlens_sum_zero.jsonl", b'{"token_num": 9, "vit_num": 0}\n{"token_num": 9, "vit_num": 0, "vit_seqlens": [1]}\n',
-     "sum to 1", 1),
+    ("seqlens_sum.json", b'[{"token_num": 9, "vit_num": 8, "vit_seqlens": [4, 5]}]', "sum to 9, but 'vit_num' is 8", 0),
+    (
+        "seqlens_sum_zero.jsonl",
+        b'{"token_num": 9, "vit_num": 0}\n{"token_num": 9, "vit_num": 0, "vit_seqlens": [1]}\n',
+        "sum to 1",
+        1,
+    ),
     ("seqlens_too_large.json", b'[{"token_num": 9, "vit_seqlens": [2147483647, 1]}]', "too large for a ViT load", 0),
     ("label_negative.json", b'[{"token_num": 9, "label_num": -2}]', "'label_num' is a negative value", 0),
     ("label_float.json", b'[{"token_num": 9, "label_num": 2.5}]', "'label_num' is a non-integer", 0),
     ("label_above_tokens.json", b'[{"token_num": 9, "label_num": 9}]', "more than 'token_num' - 1 (9 - 1)", 0),
-    ("label_missing.json", b'[{"token_num": 9, "label_num": 3}, {"token_num": 4}]', "'label_num' is missing, but sample 0",
-     1),
+    (
+        "label_missing.json",
+        b'[{"token_num": 9, "label_num": 3}, {"token_num": 4}]',
+        "'label_num' is missing, but sample 0",
+        1,
+    ),
     ("label_missing_first.jsonl", b'{"token_num": 4}\n{"token_num": 9, "label_num": 3}\n', "but sample 1 has it", 0),
     # wrong types and dtypes
     ("string_count.json", b'[{"token_num": 1}, {"token_num": "12"}]', "non-integer", 1),
@@ -157,8 +165,12 @@ def test_malformed_file_is_a_clear_error(tmp_path, name, data, message, sample):
 
 def test_empty_files_load_when_asked_and_never_vanish_beside_others(tmp_path):
     (tmp_path / "a.json").write_bytes(GOOD_LIST)
-    for name, data in (("e.json", b""), ("b.jsonl", b"\n\n"), ("l.json", b"[]"),
-                       ("n.npy", _npy(np.zeros(0, np.int64)))):
+    for name, data in (
+        ("e.json", b""),
+        ("b.jsonl", b"\n\n"),
+        ("l.json", b"[]"),
+        ("n.npy", _npy(np.zeros(0, np.int64))),
+    ):
         (tmp_path / name).write_bytes(data)
         with pytest.raises(ValueError, match="no samples"):
             load_lengths(tmp_path / "a.json", tmp_path / name)
@@ -167,8 +179,10 @@ def test_empty_files_load_when_asked_and_never_vanish_beside_others(tmp_path):
 
 
 def test_utf8_byte_order_mark_is_skipped(tmp_path):
-    for name, data in (("bom.json", b"\xef\xbb\xbf" + GOOD_LIST),
-                       ("bom.jsonl", b'\xef\xbb\xbf{"token_num": 4}\n{"token_num": 5}\n')):
+    for name, data in (
+        ("bom.json", b"\xef\xbb\xbf" + GOOD_LIST),
+        ("bom.jsonl", b'\xef\xbb\xbf{"token_num": 4}\n{"token_num": 5}\n'),
+    ):
         (tmp_path / name).write_bytes(data)
         assert len(load_lengths(tmp_path / name)) == 2
     meta = tmp_path / "meta.json"
@@ -178,8 +192,10 @@ def test_utf8_byte_order_mark_is_skipped(tmp_path):
 
 def test_escaped_keys_are_decoded_and_minus_zero_is_zero(tmp_path):
     path = tmp_path / "escaped.json"
-    path.write_bytes(b'[{"token\\u005fnum": 7, "vit\\u005Fnum": 2, "n\\u00f6te\\ud83d\\ude00": "\\"x\\\\"},'
-                     b' {"token_num": -0, "vit_num": -0}]')
+    path.write_bytes(
+        b'[{"token\\u005fnum": 7, "vit\\u005Fnum": 2, "n\\u00f6te\\ud83d\\ude00": "\\"x\\\\"},'
+        b' {"token_num": -0, "vit_num": -0}]'
+    )
     lengths = load_lengths(path)
     assert lengths.vit.tolist() == [2, 0] and lengths.llm.tolist() == [7, 0]
 
@@ -189,8 +205,10 @@ def test_meta_file_errors_name_the_meta_file_and_entry(tmp_path):
     cases = {
         "number.json": ({"a": {"token_lengths": 5}}, "entry 'a': 'token_lengths' must be a path string, got 5"),
         "list.json": ({"a": {"token_lengths": ["a.json"]}}, "'token_lengths' must be a path string"),
-        "missing_one.json": ({"a": {"token_lengths": "a.json"}, "b": {"root": "/img"}},
-                             "entry 'b' has no 'token_lengths'"),
+        "missing_one.json": (
+            {"a": {"token_lengths": "a.json"}, "b": {"root": "/img"}},
+            "entry 'b' has no 'token_lengths'",
+        ),
     }
     for name, (meta, message) in cases.items():
         (tmp_path / name).write_text(json.dumps(meta))
@@ -227,16 +245,28 @@ def test_corrupt_member_inside_a_valid_zip(tmp_path):
 
 # ------------------------------------------------------------------ the scanner against Python's json module
 
-_KEYS = st.sampled_from(["vit_num", "token_num", "vit_seqlens", "label_num", "image_flags", "other", "vit_numx",
-                         "token"])
-_SCALARS = st.one_of(st.integers(-(2**40), 2**40), st.floats(allow_nan=False, allow_infinity=False),
-                     st.text(max_size=5), st.booleans(), st.none())
-_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                       | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
+_KEYS = st.sampled_from(
+    ["vit_num", "token_num", "vit_seqlens", "label_num", "image_flags", "other", "vit_numx", "token"]
+)
+_SCALARS = st.one_of(
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+    st.booleans(),
+    st.none(),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
 _COUNTS = st.integers(-3, 2**31 + 3)
 # Long texts too: an error quotes at most 40 bytes of a value, and must not cut a character doing so.
-_ANY_RECORD = st.dictionaries(_KEYS, st.one_of(_COUNTS, st.lists(_COUNTS, max_size=3), _VALUES,
-                                               st.lists(st.text(min_size=1, max_size=30), max_size=2)), max_size=4)
+_ANY_RECORD = st.dictionaries(
+    _KEYS,
+    st.one_of(_COUNTS, st.lists(_COUNTS, max_size=3), _VALUES, st.lists(st.text(min_size=1, max_size=30), max_size=2)),
+    max_size=4,
+)
 
 
 @st.composite
@@ -290,8 +320,14 @@ def _reference(records: object) -> tuple | None:
         offsets.append(len(seqlens))
         given.append("vit_seqlens" in rec)
     has_seqlens = any(given)
-    return (vit, llm, seqlens if has_seqlens else None, offsets if has_seqlens else None,
-            given if has_seqlens else None, label if any(x >= 0 for x in label) else None)
+    return (
+        vit,
+        llm,
+        seqlens if has_seqlens else None,
+        offsets if has_seqlens else None,
+        given if has_seqlens else None,
+        label if any(x >= 0 for x in label) else None,
+    )
 
 
 def _json_reference(text: bytes, lines: bool = False) -> tuple | None:
@@ -312,8 +348,10 @@ def _scan(text: bytes) -> tuple | None:
     r = load_extension().parse_length_records(text, "vit_num", "token_num")
     if r.error:
         return None
-    return tuple(None if a is None else a.tolist()
-                 for a in (r.vit, r.llm, r.vit_seqlens, r.vit_seqlens_offsets, r.vit_seqlens_given, r.label))
+    return tuple(
+        None if a is None else a.tolist()
+        for a in (r.vit, r.llm, r.vit_seqlens, r.vit_seqlens_offsets, r.vit_seqlens_given, r.label)
+    )
 
 
 def _reads_what_json_reads(records: list, indent: int | None, ascii_only: bool, lines: bool) -> None:
@@ -335,10 +373,11 @@ def _never_accepts_what_json_rejects(records: list, data: st.DataObject) -> None
         if kind == "delete" and i < len(text):
             del text[i]
         elif kind == "insert":
-            text[i:i] = data.draw(st.sampled_from([b",", b"]", b"[", b"{", b"}", b'"', b":", b"-", b"0", b" ",
-                                                   b"\\", b"e", b"n"]))
+            text[i:i] = data.draw(
+                st.sampled_from([b",", b"]", b"[", b"{", b"}", b'"', b":", b"-", b"0", b" ", b"\\", b"e", b"n"])
+            )
         elif kind == "double" and i < len(text):
-            text[i:i] = text[i:i + 1]
+            text[i:i] = text[i : i + 1]
         elif kind == "cut":
             del text[i:]
     text = bytes(text)
@@ -348,8 +387,21 @@ def _never_accepts_what_json_rejects(records: list, data: st.DataObject) -> None
 
 # Whole characters, pieces of characters, and byte sequences that are never UTF-8 (an overlong form, an
 # encoded surrogate, a code point past U+10FFFF, bytes that never occur).
-_BYTES = [b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", b"\xc3", b"\xa9", b"\xe2\x82", b"\xf0\x9f\x98",
-          b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf8", b"\xff", b"\n"]
+_BYTES = [
+    b"\xc3\xa9",
+    b"\xe2\x82\xac",
+    b"\xf0\x9f\x98\x80",
+    b"\xc3",
+    b"\xa9",
+    b"\xe2\x82",
+    b"\xf0\x9f\x98",
+    b"\xc0\xaf",
+    b"\xed\xa0\x80",
+    b"\xf4\x90\x80\x80",
+    b"\xf8",
+    b"\xff",
+    b"\n",
+]
 
 
 def _line_column(text: bytes, offset: int) -> tuple[int, int]:
@@ -381,8 +433,12 @@ def _refuses_what_is_not_utf8(records: list, data: st.DataObject) -> None:
     assert (error == "") == (_json_reference(text) is not None), (text, error)
 
 
-_AGREEMENT = {"records": _RECORDS, "indent": st.sampled_from([None, 0, 2]), "ascii_only": st.booleans(),
-              "lines": st.booleans()}
+_AGREEMENT = {
+    "records": _RECORDS,
+    "indent": st.sampled_from([None, 0, 2]),
+    "ascii_only": st.booleans(),
+    "lines": st.booleans(),
+}
 _MUTATED = {"records": _RECORDS.filter(bool), "data": st.data()}
 
 
@@ -409,9 +465,14 @@ _CI_SEEDS = (1, 2, 3, 5, 8, 13)
 
 
 @pytest.mark.parametrize("seed_value", _CI_SEEDS)
-@pytest.mark.parametrize("check, strategies", [(_reads_what_json_reads, _AGREEMENT),
-                                               (_never_accepts_what_json_rejects, _MUTATED),
-                                               (_refuses_what_is_not_utf8, _MUTATED)],
-                         ids=["reads_what_json_reads", "never_accepts_what_json_rejects", "refuses_what_is_not_utf8"])
+@pytest.mark.parametrize(
+    "check, strategies",
+    [
+        (_reads_what_json_reads, _AGREEMENT),
+        (_never_accepts_what_json_rejects, _MUTATED),
+        (_refuses_what_is_not_utf8, _MUTATED),
+    ],
+    ids=["reads_what_json_reads", "never_accepts_what_json_rejects", "refuses_what_is_not_utf8"],
+)
 def test_scanner_properties_on_more_seeds(check, strategies, seed_value):
     seed(seed_value)(settings(max_examples=60, deadline=None, database=None)(given(**strategies)(check)))()

@@ -2,6 +2,7 @@
 own index (``skip`` / ``report``) or an error naming it (``error``); memory stays bounded whatever a record
 claims; JSON with a byte order mark, whitespace-only lines and in-memory PIL images are read as what they are.
 """
+
 from __future__ import annotations
 
 import io
@@ -16,14 +17,18 @@ import pytest
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
-from PIL import Image  # noqa: E402
+from PIL import Image
 
-from omnibal_kernels.cli import main  # noqa: E402
-from omnibal_kernels.raw_lengths import SampleError, lengths_from_raw  # noqa: E402
-from omnibal_kernels.raw_lengths.tiny import tiny_model_folder  # noqa: E402
+from omnibal_kernels.cli import main
+from omnibal_kernels.raw_lengths import SampleError, lengths_from_raw
+from omnibal_kernels.raw_lengths.tiny import tiny_model_folder
 
-TEXT = {"conversations": [{"from": "human", "value": "What is shown in the picture?"},
-                          {"from": "gpt", "value": "A small cat sits on a red mat."}]}
+TEXT = {
+    "conversations": [
+        {"from": "human", "value": "What is shown in the picture?"},
+        {"from": "gpt", "value": "A small cat sits on a red mat."},
+    ]
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +59,10 @@ def _image(ref, text="<image>\nWhat is it?"):
 
 
 def _video(ref):
-    return {"video": ref, "conversations": [{"from": "human", "value": "<video>\nWhat happens?"},
-                                            {"from": "gpt", "value": "A cat."}]}
+    return {
+        "video": ref,
+        "conversations": [{"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "A cat."}],
+    }
 
 
 def _frames(n, **extra):
@@ -63,8 +70,7 @@ def _frames(n, **extra):
 
 
 def _records_with(bad: dict, at: int, n: int) -> list:
-    records = [_image("ok.png") if i % 2 else _video(_frames(4 + i)) if i % 3 == 0 else dict(TEXT)
-               for i in range(n)]
+    records = [_image("ok.png") if i % 2 else _video(_frames(4 + i)) if i % 3 == 0 else dict(TEXT) for i in range(n)]
     records[at] = bad
     return records
 
@@ -72,8 +78,10 @@ def _records_with(bad: dict, at: int, n: int) -> list:
 # (record, expected kind); each is one bad sample among good ones
 BAD = {
     "png header 100000x100000": (_image("bomb.png"), "over_max_image_pixels"),
-    "given size over PIL's limit": (_image({"path": "x.png", "width": 20000, "height": 10000}),
-                                    "over_max_image_pixels"),
+    "given size over PIL's limit": (
+        _image({"path": "x.png", "width": 20000, "height": 10000}),
+        "over_max_image_pixels",
+    ),
     "undecodable png": (_image("garbage.png"), "unreadable_media"),
     "truncated jpeg": (_image("cut.jpg"), "unreadable_media"),
     "undecodable video": (_video("garbage.mp4"), "unreadable_media"),
@@ -107,15 +115,29 @@ def test_one_bad_sample_is_one_issue_of_its_kind_for_its_index(case, model, fold
 
 
 def test_json_infinity_and_nan_from_a_file_through_the_command_line(folders, media, tmp_path, capsys):
-    lines = [json.dumps(TEXT), '{"image": {"path": "x.png", "width": Infinity, "height": 10}, "conversations": '
-             '[{"from": "human", "value": "<image>hi"}]}', json.dumps(TEXT),
-             '{"video": {"path": "v.mp4", "num_frames": NaN, "width": 32, "height": 32}, "conversations": '
-             '[{"from": "human", "value": "<video>hi"}]}']
+    lines = [
+        json.dumps(TEXT),
+        '{"image": {"path": "x.png", "width": Infinity, "height": 10}, "conversations": '
+        '[{"from": "human", "value": "<image>hi"}]}',
+        json.dumps(TEXT),
+        '{"video": {"path": "v.mp4", "num_frames": NaN, "width": 32, "height": 32}, "conversations": '
+        '[{"from": "human", "value": "<video>hi"}]}',
+    ]
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(lines) + "\n")
     out = tmp_path / "lengths.json"
-    common = ["lengths", str(data), "--tokenizer", str(folders["qwen2vl"]), "--model", "qwen2vl", "--workers", "0",
-              "-o", str(out)]
+    common = [
+        "lengths",
+        str(data),
+        "--tokenizer",
+        str(folders["qwen2vl"]),
+        "--model",
+        "qwen2vl",
+        "--workers",
+        "0",
+        "-o",
+        str(out),
+    ]
     assert main(common) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [err.strip()] and "sample 1: bad_media_size" in err
@@ -126,16 +148,44 @@ def test_json_infinity_and_nan_from_a_file_through_the_command_line(folders, med
 
 def test_the_pixel_bound_is_an_option_and_can_pass_pils_limit(folders, media, tmp_path, capsys, monkeypatch):
     records = [_image("ok.png"), _image("bomb.png"), dict(TEXT)]
-    small = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", image_root=media, on_error="skip",
-                             num_workers=0, max_image_pixels=300 * 200 - 1)
-    assert [(d["index"], d["kind"]) for d in small.issues] == [(0, "over_max_image_pixels"),
-                                                             (1, "over_max_image_pixels")]
+    small = lengths_from_raw(
+        records,
+        folders["qwen2vl"],
+        "qwen2vl",
+        image_root=media,
+        on_error="skip",
+        num_workers=0,
+        max_image_pixels=300 * 200 - 1,
+    )
+    assert [(d["index"], d["kind"]) for d in small.issues] == [
+        (0, "over_max_image_pixels"),
+        (1, "over_max_image_pixels"),
+    ]
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # restored after the command line
     data = tmp_path / "data.json"
     data.write_text(json.dumps(records))
     out = tmp_path / "out.json"
-    assert main(["lengths", str(data), "--tokenizer", str(folders["qwen2vl"]), "--model", "qwen2vl",
-                 "--image-root", str(media), "--workers", "0", "--max-image-pixels", str(10**10), "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "lengths",
+                str(data),
+                "--tokenizer",
+                str(folders["qwen2vl"]),
+                "--model",
+                "qwen2vl",
+                "--image-root",
+                str(media),
+                "--workers",
+                "0",
+                "--max-image-pixels",
+                str(10**10),
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "out.report.json").read_text())
     assert report["kept"] == 3 and report["settings"]["options"]["max_image_pixels"] == 10**10
 
@@ -157,8 +207,9 @@ def test_absurd_frame_counts_do_not_grow_memory(folders):
 def test_a_load_out_of_range_names_its_own_sample_when_frames_are_unbounded(folders):
     # Without the frame bound, Qwen2-VL's ViT load of 10**9 frames passes 2**31: that one sample is reported.
     records = [dict(TEXT)] * 13 + [_video(_frames(10**9))] + [dict(TEXT)] * 6
-    got = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", on_error="skip", num_workers=0, chunk_size=8,
-                           max_frames=None)
+    got = lengths_from_raw(
+        records, folders["qwen2vl"], "qwen2vl", on_error="skip", num_workers=0, chunk_size=8, max_frames=None
+    )
     assert [(d["index"], d["kind"]) for d in got.issues] == [(13, "bad_media_size")]
     assert "too large" in got.issues[0]["message"] and got.index.shape[0] == 19
 
@@ -176,8 +227,7 @@ def test_a_json_list_with_a_byte_order_mark_is_a_list(folders, media, tmp_path):
     lines.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps(r).encode() + b"\n" for r in records))
     ref = lengths_from_raw(plain, folders["qwen2vl"], "qwen2vl", image_root=media, num_workers=0)
     for path in (marked, lines):
-        got = lengths_from_raw(path, folders["qwen2vl"], "qwen2vl", image_root=media, on_error="skip",
-                               num_workers=0)
+        got = lengths_from_raw(path, folders["qwen2vl"], "qwen2vl", image_root=media, on_error="skip", num_workers=0)
         assert got.issues == [] and got.index.tolist() == [0, 1, 2]
         assert np.array_equal(got.vit, ref.vit) and np.array_equal(got.llm, ref.llm)
 
@@ -194,16 +244,21 @@ def test_whitespace_only_lines_are_not_samples(folders, media, tmp_path):
     got = lengths_from_raw(data, folders["qwen2vl"], "qwen2vl", image_root=media, on_error="skip", num_workers=0)
     assert got.num_samples == 4
     assert [(d["index"], d["kind"]) for d in got.issues] == [(1, "missing_media")]
-    ref = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", image_root=media, on_error="skip",
-                           num_workers=0)
+    ref = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", image_root=media, on_error="skip", num_workers=0)
     assert np.array_equal(got.index, ref.index) and np.array_equal(got.llm, ref.llm)
 
 
 def test_records_holding_pil_images_resume(folders, tmp_path):
     def records():  # new image objects at new addresses on every call, the same images
-        return [{"images": [Image.new("RGB", (320 + 10 * i, 240))], "messages": [
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"picture {i}"}]}]}
-            for i in range(6)]
+        return [
+            {
+                "images": [Image.new("RGB", (320 + 10 * i, 240))],
+                "messages": [
+                    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"picture {i}"}]}
+                ],
+            }
+            for i in range(6)
+        ]
 
     work = tmp_path / "work"
     first = lengths_from_raw(records(), folders["qwen2vl"], "qwen2vl", num_workers=0, chunk_size=2, work_dir=work)

@@ -3,6 +3,7 @@ killer does) is seen at once and its chunk counted again, or the run stops namin
 merge in any order, from copies of the data anywhere, and a refusal says which setting differs or which file
 is damaged. Every test that runs workers has a deadline: a hang fails it instead of stopping the suite.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,12 +21,12 @@ import pytest
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
-from PIL import Image  # noqa: E402
+from PIL import Image
 
-from omnibal_kernels.cli import main  # noqa: E402
-from omnibal_kernels.raw_lengths import lengths_from_raw, merge_length_parts  # noqa: E402
-from omnibal_kernels.raw_lengths.count import ChunkCounter  # noqa: E402
-from omnibal_kernels.raw_lengths.tiny import tiny_model_folder  # noqa: E402
+from omnibal_kernels.cli import main
+from omnibal_kernels.raw_lengths import lengths_from_raw, merge_length_parts
+from omnibal_kernels.raw_lengths.count import ChunkCounter
+from omnibal_kernels.raw_lengths.tiny import tiny_model_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = sys.platform.startswith("linux")
@@ -49,9 +50,13 @@ def _records(n: int, frames: int = 0) -> list:
     (whose headers are all read: a slow sample)."""
     out = []
     for i in range(n):
-        rec = {"image": [f"{(i + j) % 8}.png" for j in range(i % 3)],
-               "conversations": [{"from": "human", "value": "<image>" * (i % 3) + f"What is in picture {i}?"},
-                                 {"from": "gpt", "value": "A cat " * (1 + i % 5)}]}
+        rec = {
+            "image": [f"{(i + j) % 8}.png" for j in range(i % 3)],
+            "conversations": [
+                {"from": "human", "value": "<image>" * (i % 3) + f"What is in picture {i}?"},
+                {"from": "gpt", "value": "A cat " * (1 + i % 5)},
+            ],
+        }
         if frames:
             rec["video"] = [[f"{i % 8}.png"] * frames]  # the frames of a video have one size
             rec["conversations"][0]["value"] += "<video>"
@@ -67,6 +72,7 @@ def _jsonl(path: Path, records: list) -> Path:
 @contextlib.contextmanager
 def deadline(seconds: int):
     """Fail (TimeoutError) instead of hanging."""
+
     def expired(signum, frame):
         raise TimeoutError(f"still running after {seconds} s")
 
@@ -119,15 +125,37 @@ def test_a_chunk_whose_worker_dies_twice_stops_the_run_naming_it(folder, images,
     marker = tmp_path / "deaths"
     monkeypatch.setattr(ChunkCounter, "count", _killing(8, marker, times=10))
     t0 = time.monotonic()
-    with deadline(120), pytest.raises(ChildProcessError, match=r"samples 8\.\.11: .*died 2 times \(killed by "
-                                                                r"SIGKILL.*kept in"):
+    with (
+        deadline(120),
+        pytest.raises(
+            ChildProcessError,
+            match=r"samples 8\.\.11: .*died 2 times \(killed by "
+            r"SIGKILL.*kept in",
+        ),
+    ):
         lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=2, chunk_size=4, work_dir=work)
     assert time.monotonic() - t0 < 60 and marker.read_text() == "2"
     finished = {p.name: p.stat().st_mtime_ns for p in work.glob("chunk-*.npz")}
     assert finished and "chunk-000000000008-000000000012.npz" not in finished
     marker.write_text("0")
-    args = ["lengths", str(data), "--tokenizer", str(folder), "--model", "qwen2vl", "--image-root", str(images),
-            "--workers", "2", "--chunk-size", "4", "--work-dir", str(tmp_path / "cli"), "-o", str(tmp_path / "o.json")]
+    args = [
+        "lengths",
+        str(data),
+        "--tokenizer",
+        str(folder),
+        "--model",
+        "qwen2vl",
+        "--image-root",
+        str(images),
+        "--workers",
+        "2",
+        "--chunk-size",
+        "4",
+        "--work-dir",
+        str(tmp_path / "cli"),
+        "-o",
+        str(tmp_path / "o.json"),
+    ]
     with deadline(120):
         assert main(args) == 2
     err = capsys.readouterr().err.strip()
@@ -160,9 +188,27 @@ def test_the_command_line_survives_a_worker_killed_from_outside(folder, images, 
     data = _jsonl(tmp_path / "data.jsonl", records)
     work = tmp_path / "work"
     out = tmp_path / "lengths.json"
-    cmd = [sys.executable, "-m", "omnibal_kernels", "lengths", str(data), "--tokenizer", str(folder), "--model",
-           "qwen2vl", "--image-root", str(images), "--workers", "2", "--chunk-size", "2", "--work-dir", str(work),
-           "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "omnibal_kernels",
+        "lengths",
+        str(data),
+        "--tokenizer",
+        str(folder),
+        "--model",
+        "qwen2vl",
+        "--image-root",
+        str(images),
+        "--workers",
+        "2",
+        "--chunk-size",
+        "2",
+        "--work-dir",
+        str(work),
+        "-o",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -188,8 +234,9 @@ def test_the_command_line_survives_a_worker_killed_from_outside(folder, images, 
 
 def _shards(data, folder, images, n, out_dir, **kw):
     for i in range(n):
-        lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(i, n),
-                         on_error="skip", **kw).save_part(out_dir / f"part_{i}.npz")
+        lengths_from_raw(
+            data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(i, n), on_error="skip", **kw
+        ).save_part(out_dir / f"part_{i}.npz")
     return sorted(out_dir.glob("part_*.npz"))  # the shell's order: part_0, part_1, part_10, part_2, ...
 
 
@@ -225,9 +272,11 @@ def test_parts_from_copies_of_the_data_elsewhere_merge(folder, images, tmp_path)
     other_folder = shutil.copytree(folder, there / "model")
     other_images = shutil.copytree(images, there / "images")
     lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(0, 2)).save_part(
-        tmp_path / "p0.npz")
-    lengths_from_raw(there / "train.jsonl", other_folder, "qwen2vl", image_root=other_images, num_workers=0,
-                     shard=(1, 2)).save_part(tmp_path / "p1.npz")
+        tmp_path / "p0.npz"
+    )
+    lengths_from_raw(
+        there / "train.jsonl", other_folder, "qwen2vl", image_root=other_images, num_workers=0, shard=(1, 2)
+    ).save_part(tmp_path / "p1.npz")
     merged = merge_length_parts([tmp_path / "p1.npz", tmp_path / "p0.npz"])
     whole = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0)
     assert np.array_equal(merged.vit, whole.vit) and np.array_equal(merged.llm, whole.llm)
@@ -245,15 +294,18 @@ def test_a_refused_merge_names_the_setting_that_differs(folder, images, tmp_path
     records = _records(10)
     data = _jsonl(tmp_path / "data.jsonl", records)
     lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(0, 2)).save_part(
-        tmp_path / "a0.npz")
-    lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(1, 2),
-                     max_length=4096).save_part(tmp_path / "a1.npz")
+        tmp_path / "a0.npz"
+    )
+    lengths_from_raw(
+        data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(1, 2), max_length=4096
+    ).save_part(tmp_path / "a1.npz")
     with pytest.raises(ValueError, match=r"options\.max_length: 4096 in a1\.npz, None in a0\.npz"):
         merge_length_parts([tmp_path / "a0.npz", tmp_path / "a1.npz"])
     records[7]["conversations"][1]["value"] = "another answer"
     other = _jsonl(tmp_path / "other.jsonl", records)
     lengths_from_raw(other, folder, "qwen2vl", image_root=images, num_workers=0, shard=(1, 2)).save_part(
-        tmp_path / "b1.npz")
+        tmp_path / "b1.npz"
+    )
     with pytest.raises(ValueError, match=r"another run than .*a0\.npz: data: 'sha256:"):
         merge_length_parts([tmp_path / "a0.npz", tmp_path / "b1.npz"])
 
@@ -263,8 +315,14 @@ def test_a_damaged_part_is_one_line(folder, images, tmp_path, capsys, damage):
     data = _jsonl(tmp_path / "data.jsonl", _records(6))
     parts = _shards(data, folder, images, 2, tmp_path)
     blob = parts[1].read_bytes()
-    parts[1].write_bytes({"empty": b"", "truncated": blob[:len(blob) // 2], "garbage": os.urandom(len(blob)),
-                          "not npz": b"just some text\n"}[damage])
+    parts[1].write_bytes(
+        {
+            "empty": b"",
+            "truncated": blob[: len(blob) // 2],
+            "garbage": os.urandom(len(blob)),
+            "not npz": b"just some text\n",
+        }[damage]
+    )
     with pytest.raises(ValueError, match=r"part_1\.npz is damaged"):
         merge_length_parts(parts)
     status = main(["lengths", "--merge", *map(str, parts), "-o", str(tmp_path / "out.json")])
@@ -276,11 +334,9 @@ def test_a_damaged_part_is_one_line(folder, images, tmp_path, capsys, damage):
 def test_a_damaged_chunk_in_the_work_folder_is_counted_again(folder, images, tmp_path, capsys):
     records = _records(12)
     work = tmp_path / "work"
-    first = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0, chunk_size=5,
-                             work_dir=work)
+    first = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0, chunk_size=5, work_dir=work)
     chunk = sorted(work.glob("chunk-*.npz"))[1]
     chunk.write_bytes(chunk.read_bytes()[:40])
-    again = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0, chunk_size=5,
-                             work_dir=work)
+    again = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0, chunk_size=5, work_dir=work)
     assert f"{chunk} is damaged" in capsys.readouterr().err
     assert np.array_equal(again.llm, first.llm) and np.array_equal(again.index, first.index)

@@ -1,4 +1,5 @@
 """Files the package writes: whole or not at all (atomic), and only what the reader accepts."""
+
 from __future__ import annotations
 
 import json
@@ -71,10 +72,12 @@ def test_write_lengths_interrupted_midway_keeps_the_old_file(tmp_path, monkeypat
         monkeypatch.setattr(np, "savez", _savez_that_fails_midway)
         loads = {"vit": np.array([3]), "llm": np.array([30])}
     else:
+
         class Failing(np.ndarray):  # the records run out midway, after the file has begun
             def tolist(self):
                 yield from (1, 2)
                 raise _Midway("interrupted")
+
         loads = {"vit": np.zeros(4, np.int64), "llm": np.arange(4).view(Failing)}
         monkeypatch.setattr("omnibal_kernels.lengths.write._as_load_array", lambda values, *a, **k: values)
     with pytest.raises(_Midway):
@@ -151,8 +154,13 @@ def test_a_process_killed_mid_write_leaves_the_old_file_or_none(tmp_path, how, o
         write_lengths(target, {"vit": np.array([1]), "llm": np.array([5])})
     before = target.read_bytes() if old else None
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(target), how], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(target), how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = child.stdout.readline()
         assert line == "writing\n", child.stderr.read()
@@ -173,14 +181,24 @@ def test_a_process_killed_mid_write_leaves_the_old_file_or_none(tmp_path, how, o
 
 # ------------------------------------------------------------------ the writer refuses what the reader refuses
 
-_LOADS = st.lists(st.one_of(st.integers(-5, 2**31 + 5), st.integers(-(2**70), 2**70),
-                            st.sampled_from([0, 2**31 - 1, 2**31, 2**63, -1, 1.0, 2.5, 1e30, float("nan")])),
-                  min_size=0, max_size=5)
+_LOADS = st.lists(
+    st.one_of(
+        st.integers(-5, 2**31 + 5),
+        st.integers(-(2**70), 2**70),
+        st.sampled_from([0, 2**31 - 1, 2**31, 2**63, -1, 1.0, 2.5, 1e30, float("nan")]),
+    ),
+    min_size=0,
+    max_size=5,
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(vit=_LOADS, llm=_LOADS, suffix=st.sampled_from(["json", "npz"]), dtype=st.sampled_from(
-    [None, np.int32, np.int64, np.uint64, np.float64]))
+@given(
+    vit=_LOADS,
+    llm=_LOADS,
+    suffix=st.sampled_from(["json", "npz"]),
+    dtype=st.sampled_from([None, np.int32, np.int64, np.uint64, np.float64]),
+)
 def test_what_write_lengths_writes_load_lengths_reads_back(tmp_path_factory, vit, llm, suffix, dtype):
     path = tmp_path_factory.mktemp("w") / f"l.{suffix}"
     try:
@@ -197,14 +215,17 @@ def test_what_write_lengths_writes_load_lengths_reads_back(tmp_path_factory, vit
     assert loaded.vit.tolist() == [int(x) for x in arrays[0]] and loaded.llm.tolist() == [int(x) for x in arrays[1]]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"vit": [1], "llm": [2**31]}, "sample 0: llm is too large"),
-    ({"vit": [-1, 0], "llm": [2, 3]}, "sample 0: vit is negative"),
-    ({"vit": [0, 0], "llm": [2, 2**63]}, "sample 1: llm is too large"),
-    ({"vit": [0], "llm": [1e30]}, "sample 0: llm is too large"),
-    ({"vit": [0], "llm": [1.5]}, "sample 0: llm is not an integer"),
-    ({"vit": [], "llm": []}, "no samples"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"vit": [1], "llm": [2**31]}, "sample 0: llm is too large"),
+        ({"vit": [-1, 0], "llm": [2, 3]}, "sample 0: vit is negative"),
+        ({"vit": [0, 0], "llm": [2, 2**63]}, "sample 1: llm is too large"),
+        ({"vit": [0], "llm": [1e30]}, "sample 0: llm is too large"),
+        ({"vit": [0], "llm": [1.5]}, "sample 0: llm is not an integer"),
+        ({"vit": [], "llm": []}, "no samples"),
+    ],
+)
 @pytest.mark.parametrize("suffix", ["json", "npz"])
 def test_write_lengths_refuses_values_the_reader_refuses(tmp_path, bad, message, suffix):
     path = tmp_path / f"l.{suffix}"
