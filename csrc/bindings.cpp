@@ -159,8 +159,8 @@ struct CostArray {
     if (!cost) throw py::error_already_set();
     const bool two = cost.ndim() == 2 && cost.shape(1) == 2;
     if (!(cost.ndim() == 1 || two) || cost.shape(0) != num_samples) {
-      throw std::invalid_argument("sample_costs must be (N,) or (N, 2) with one row per sample (N = " +
-                                  std::to_string(num_samples) + ")");
+      throw std::invalid_argument(
+          "sample_costs must be (N,) or (N, 2) with one row per sample (N = " + std::to_string(num_samples) + ")");
     }
     dims = two ? 2 : 1;
     const double* c = cost.data();

@@ -267,8 +267,7 @@ class Leftovers {
     llm_.push_back(t);
   }
 
-  void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, Packs& packs,
-             PackLoads& totals) {
+  void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, Packs& packs, PackLoads& totals) {
     const size_t n = vit_.size();
     if (n == 0) return;
     const LargeVector<int64_t>& primary = vit_binds ? vit_ : llm_;

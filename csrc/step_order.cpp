@@ -163,8 +163,8 @@ LargeVector<Index> cost_order(const PackLoads& totals, Index world_size) {
   const int first = spread[1] > spread[0] ? 1 : 0;
   const double steps = std::max(1.0, static_cast<double>(n / static_cast<size_t>(world_size)));
   const double blocks = spread[first] > 0.0 ? std::sqrt(steps * spread[1 - first] / spread[first]) : steps;
-  const size_t block = static_cast<size_t>(std::min(steps, std::max(1.0, std::round(blocks)))) *
-                       static_cast<size_t>(world_size);
+  const size_t block =
+      static_cast<size_t>(std::min(steps, std::max(1.0, std::round(blocks)))) * static_cast<size_t>(world_size);
   LargeVector<double> key(n);
   for (size_t p = 0; p < n; ++p) key[p] = totals.cost[2 * p + static_cast<size_t>(first)];
   LargeVector<Index> order = sorted_desc(key.data(), n);
