@@ -5,8 +5,10 @@
 and on 5,000 samples of every class at 8 ranks. Per row: step efficiency, ViT/LLM dist, packs against the
 volume lower bound ``ceil(max(sum vit / Qv, sum llm / Qt))`` and a tighter one (samples above half a capacity
 cannot share a pack), the load trend over the epoch, packs repeated between epochs 0 and 1, oversize samples.
-Targets: step efficiency >= 0.995 and both dists <= 0.005 up to 64 ranks, >= 0.99 and <= 0.01 above; packs
-within 3% of the bound; |trend| < 0.05; < 10% repeated; no oversize sample. Then the streaming packer
+Targets: packs within 3% of the bound; |trend| < 0.05; < 10% repeated; no oversize sample. Step efficiency
+and the dists are reported, not targeted: the planner balances each step's time under a cost model (the time
+targets of :mod:`.time_targets`, under the model each class resembles), and loads of two kinds trade off within
+a pack of equal time. Then the streaming packer
 (shuffled stream, buffer 4096) and the multi-group sampler (text-only / image groups) against the offline plan.
 ``--quick``: 8 ranks only, and the modes on 20k samples.
 """
@@ -75,14 +77,7 @@ def target_row(kind: str, lengths: Lengths, world_size: int) -> dict:
 
 def target_misses(row: dict) -> list[str]:
     """The targets ``row`` misses."""
-    small = row["world_size"] <= 64
-    eff, dist = (0.995, 0.005) if small else (0.99, 0.01)
     misses = []
-    if row["step_efficiency"] < eff:
-        misses.append(f"step efficiency {row['step_efficiency']:.4f} < {eff}")
-    for key in ("vit_dist", "llm_dist"):
-        if row[key] > dist:
-            misses.append(f"{key} {row[key]:.4f} > {dist}")
     if row["packs_over_bound"] > 1.03:
         proof = (
             ""
