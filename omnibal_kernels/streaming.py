@@ -29,7 +29,7 @@ offline plan's of the same data.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union, cast
 
 import numpy as np
 import torch.utils.data
@@ -58,8 +58,26 @@ def _stream_options(options: Optional[PlanOptions], **keywords: Any) -> PlanOpti
     return options
 
 
+# (payload, vit, llm, ViT sequence lengths or None) of one sample, in stream order.
+_Item = tuple[Any, int, int, Optional[tuple[int, ...]]]
+
+
+def _buffer_lengths(batch: list[_Item]) -> Lengths:
+    """The loads of a buffer, with its samples' ViT sequences where any sample gives them (a sample that gives
+    none is one sequence of its whole ViT load, the cost model's default)."""
+    vit = np.array([b[1] for b in batch], np.int64)
+    llm = np.array([b[2] for b in batch], np.int64)
+    if all(b[3] is None for b in batch):
+        return Lengths(vit, llm)
+    seqs = [b[3] if b[3] is not None else ((b[1],) if b[1] else ()) for b in batch]
+    offsets = np.zeros(len(batch) + 1, np.int64)
+    np.cumsum([len(q) for q in seqs], out=offsets[1:])
+    flat = np.fromiter((x for q in seqs for x in q), np.int64, count=int(offsets[-1]))
+    return Lengths(vit, llm, vit_seqlens=flat, vit_seqlens_offsets=offsets)
+
+
 def _plan_stream(
-    items: Iterable[tuple[Any, int, int]],
+    items: Iterable[_Item],
     options: PlanOptions,
     world_size: int,
     buffer_size: int,
@@ -69,18 +87,19 @@ def _plan_stream(
 ) -> Iterator[tuple[Plan, list[Any]]]:
     """``(plan, payloads)`` for each buffer that worker ``worker`` owns: ``plan``'s sample ids index ``payloads``.
 
-    ``items``: ``(payload, vit, llm)`` in stream order. Plans hold whole steps only; what a plan drops with
-    ``drop_last`` (other than samples dropped by ``oversize="drop"``) is carried into the worker's next buffer.
+    ``items``: ``(payload, vit, llm, vit_seqlens or None)`` in stream order. Plans hold whole steps only; what a
+    plan drops with ``drop_last`` (other than samples dropped by ``oversize="drop"``) is carried into the worker's
+    next buffer.
     """
-    carried: list[tuple[Any, int, int]] = []
-    current: list[tuple[Any, int, int]] = []
+    carried: list[_Item] = []
+    current: list[_Item] = []
     buffer_index = -1
     vit_capacity, llm_capacity = options.capacities()
 
-    def flush(batch: list[tuple[Any, int, int]], index: int, final: bool):
+    def flush(batch: list[_Item], index: int, final: bool):
         if not batch:
             return None, []
-        lengths = Lengths(np.array([b[1] for b in batch], np.int64), np.array([b[2] for b in batch], np.int64))
+        lengths = _buffer_lengths(batch)
         if options.oversize == "drop" and np.all((lengths.vit > vit_capacity) | (lengths.llm > llm_capacity)):
             return None, []  # nothing but oversize samples: all dropped (carried samples are never oversize)
         try:
@@ -122,6 +141,37 @@ def _plan_stream(
         yield plan, [b[0] for b in batch]
 
 
+def _checked_loads(position: int, loads: Any) -> tuple[int, int, Optional[tuple[int, ...]]]:
+    """``lengths_fn``'s answer for the sample at ``position`` as ``(vit, llm, vit_seqlens or None)``, checked."""
+    seqlens = None
+    try:
+        vit, llm, *rest = loads
+        whole = len(rest) <= 1 and int(vit) == vit and int(llm) == llm  # 3.0 is fine; 2.5 is not truncated
+        vit, llm = int(vit), int(llm)
+    except (TypeError, ValueError, OverflowError):
+        whole, rest = False, []
+    if not whole:
+        raise TypeError(
+            f"sample {position}: lengths_fn must return (vit, llm) or (vit, llm, vit_seqlens) integers, got {loads!r}"
+        )
+    if vit < 0 or llm < 0:
+        raise ValueError(f"sample {position}: negative load (vit {vit}, llm {llm})")
+    if rest:
+        try:
+            given = tuple(int(x) for x in rest[0])
+            whole = all(int(x) == x for x in rest[0])
+        except (TypeError, ValueError, OverflowError):
+            whole = False
+        if not whole:
+            raise TypeError(f"sample {position}: vit_seqlens must be a sequence of integers, got {rest[0]!r}")
+        if any(x < 0 for x in given) or sum(given) != vit:
+            raise ValueError(
+                f"sample {position}: vit_seqlens {list(given)} must be non-negative and sum to its ViT load {vit}"
+            )
+        seqlens = given
+    return vit, llm, seqlens
+
+
 class BalancedPacker(torch.utils.data.IterableDataset):
     """Yields this rank's packs (lists of samples) from a stream: ``DataLoader(packer, batch_size=None,
     collate_fn=pack_batch)``.
@@ -131,7 +181,9 @@ class BalancedPacker(torch.utils.data.IterableDataset):
             rank and worker each time it is iterated; do not shard it per worker or rank yourself. An iterator
             or generator (consumed by one pass) raises TypeError; a pass that sees another number of samples
             than the first one raises ValueError.
-        lengths_fn: ``sample -> (vit, llm)``, the sample's loads.
+        lengths_fn: ``sample -> (vit, llm)`` or ``(vit, llm, vit_seqlens)``, the sample's loads and, for a
+            cost model with a ViT attention term, its ViT sequence lengths (one per image, video frame group or
+            tile, summing to ``vit``; see :class:`~omnibal_kernels.lengths.Lengths`).
         options: a :class:`~omnibal_kernels.balance.options.PlanOptions` with capacities (a stream is not
             searched; ``target_batch_size`` is unused).
         vit_capacity, llm_capacity, method, seed, drop_last, oversize, cost_model: fields of ``PlanOptions``,
@@ -150,7 +202,7 @@ class BalancedPacker(torch.utils.data.IterableDataset):
     def __init__(
         self,
         source: Iterable[Any],
-        lengths_fn: Callable[[Any], tuple[int, int]],
+        lengths_fn: Callable[[Any], tuple[Any, ...]],
         *,
         options: Optional[PlanOptions] = None,
         vit_capacity: int = UNSET,
@@ -165,7 +217,7 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         cost_model: Optional[CostModel] = UNSET,
     ) -> None:
         if not callable(lengths_fn):
-            raise TypeError("lengths_fn must be a callable sample -> (vit, llm)")
+            raise TypeError("lengths_fn must be a callable sample -> (vit, llm) or (vit, llm, vit_seqlens)")
         if not hasattr(source, "__iter__"):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
         if isinstance(source, Iterator):
@@ -203,21 +255,11 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         included, plan the epoch set here when their next pass starts."""
         self._shared_epoch.fill_(check_epoch(epoch))  # below 2**63: fits the int64 slot
 
-    def _items(self) -> Iterator[tuple[Any, int, int]]:
+    def _items(self) -> Iterator[_Item]:
         position = -1
         for position, sample in enumerate(self.source):
             loads = self.lengths_fn(sample)
-            try:
-                vit, llm = loads
-                whole = int(vit) == vit and int(llm) == llm  # 3.0 is fine; 2.5 is not silently truncated
-                vit, llm = int(vit), int(llm)
-            except (TypeError, ValueError, OverflowError):
-                whole = False
-            if not whole:
-                raise TypeError(f"sample {position}: lengths_fn must return (vit, llm) integers, got {loads!r}")
-            if vit < 0 or llm < 0:
-                raise ValueError(f"sample {position}: negative load (vit {vit}, llm {llm})")
-            yield sample, vit, llm
+            yield (sample, *_checked_loads(position, loads))
         # Every pass must see the same stream: a source that is consumed by its first pass (a generator behind
         # __iter__, a shared file handle) would silently yield nothing in the next epoch or the next shard.
         count = position + 1
@@ -335,7 +377,12 @@ def streaming_report(
     epoch = check_epoch(epoch)
     lengths = as_lengths(lengths)
     n = len(lengths)
-    items = list(zip(range(n), lengths.vit.tolist(), lengths.llm.tolist()))
+    if lengths.vit_seqlens is None:
+        seqs: list[Optional[tuple[int, ...]]] = [None] * n
+    else:
+        flat, offsets = lengths.vit_seqlens.tolist(), cast(np.ndarray, lengths.vit_seqlens_offsets).tolist()
+        seqs = [tuple(flat[offsets[i] : offsets[i + 1]]) for i in range(n)]
+    items = list(zip(range(n), lengths.vit.tolist(), lengths.llm.tolist(), seqs))
     plans = [
         pp
         for w in range(num_workers)
