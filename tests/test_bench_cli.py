@@ -66,6 +66,10 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
     assert ddp["speedup_predicted"] > 0 and ddp["busy_error_max"] >= 0 and isinstance(ddp["misses"], list)
     assert ddp["calibration"]["packs"] > 0 and ddp["calibration"]["heldout_error"]["median"] >= 0
     assert report["planning"] and all({"method", "n", "seconds", "argsort_ratio"} <= set(r) for r in report["planning"])
+    sizes = report["planning_pack_sizes"]
+    assert [r["per_pack"] for r in sizes] == [4, 1_000]
+    assert all(0.9 * r["per_pack"] <= r["samples_per_pack"] <= 1.1 * r["per_pack"] for r in sizes)
+    assert all(r["argsort_ratio"] > 0 for r in sizes)
     assert report["collate"] and all(
         {"provider", "batch_size", "input", "seconds"} <= set(r) for r in report["collate"]
     )

@@ -188,6 +188,19 @@ def _planning(report: dict[str, Any]) -> list[str]:
         for m in methods
     ]
     out += _table(["method", *[f"{_n(n)} samples" for n in sizes]], table)
+    if report.get("planning_pack_sizes"):
+        out += [
+            "`balanced` on text-only loads at capacities of 4 to 10,000 samples per pack, 8 ranks, against "
+            "`numpy.argsort`:",
+            "",
+        ]
+        out += _table(
+            ["samples per pack", "samples", "ms", "ratio"],
+            [
+                [f"{r['samples_per_pack']:,.0f}", _n(r["n"]), f"{r['seconds'] * 1e3:.1f}", f"{r['argsort_ratio']:.1f}x"]
+                for r in report["planning_pack_sizes"]
+            ],
+        )
     s = report.get("sampler", {})
     if "seconds" in s:
         out += [

@@ -7,6 +7,10 @@ candidate; the baselines use the balanced capacities (16 / 5376) and micro-batch
 is timed after a warm-up call, best of a few runs, taking turns with ``argsort`` so both see the same
 machine.
 
+Pack size: text-only loads (log-normal tokens, median 900) planned at capacities that hold 4 to 10,000 samples
+per pack, 200k to 10M samples, against ``argsort`` the same way: the step refinement's work grows with the
+samples, not with the square of a pack's size.
+
 The sampler's construction (capacity search and the first epoch's plan) is measured in a fresh process:
 seconds and peak resident memory above what the process held with the loads already in memory.
 """
@@ -22,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..balance import plan_packs
+from ..lengths import Lengths
 from ..synthetic import synthetic_lengths
 from .baselines import ffd_tokens_plan, length_grouped_plan, random_padded_plan
 from .runner import Config, register
@@ -30,6 +35,9 @@ WORLD_SIZE = 8
 FULL_SIZES = (None, 1_200_000, 10_000_000)  # None: the 70,706 bundled samples as they are
 QUICK_SIZES = (None,)
 SAMPLER_FULL, SAMPLER_QUICK = 10_000_000, 200_000
+# (samples per pack, samples): at least 2 * WORLD_SIZE packs at every size
+PACK_SIZES_FULL = ((4, 1_200_000), (20, 1_200_000), (100, 1_200_000), (1_000, 2_000_000), (10_000, 10_000_000))
+PACK_SIZES_QUICK = ((4, 200_000), (1_000, 200_000))
 
 
 def _methods(lengths: Any, seed: int) -> dict[str, Callable[[], object]]:
@@ -101,6 +109,33 @@ def sampler_cost(n: int, seed: int) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def pack_size_row(per_pack: int, n: int, seed: int) -> dict[str, Any]:
+    """``balanced`` on ``n`` text samples at an LLM capacity of ``per_pack`` mean samples (longer samples in
+    packs of their own), against argsort."""
+    rng = np.random.default_rng([seed, per_pack])
+    tokens = np.clip(np.round(rng.lognormal(np.log(900), 1.0, n)), 16, 32_768).astype(np.int64)
+    lengths = Lengths(np.zeros(n, np.int64), tokens)
+    capacity = int(np.ceil(per_pack * tokens.mean()))
+    keywords: dict[str, Any] = dict(world_size=WORLD_SIZE, vit_capacity=0, llm_capacity=capacity, oversize="single")
+    funcs = {
+        "balanced": lambda: plan_packs(lengths, **keywords),
+        "argsort": lambda: np.argsort(tokens),
+    }
+    plan = plan_packs(lengths, **keywords)  # also the warm-up
+    funcs["argsort"]()
+    best = {name: float("inf") for name in funcs}
+    for _ in range(2):
+        for name, fn in funcs.items():
+            best[name] = min(best[name], _once(fn))
+    return {
+        "per_pack": per_pack,
+        "samples_per_pack": n / plan.num_packs,
+        "n": n,
+        "seconds": best["balanced"],
+        "argsort_ratio": best["balanced"] / best["argsort"],
+    }
+
+
 @register("planning")
 def run(config: Config) -> dict[str, Any]:
     """Planning seconds per method and N, their ratio to ``numpy.argsort``, and the sampler's cost."""
@@ -123,9 +158,13 @@ def run(config: Config) -> dict[str, Any]:
             f"  {len(lengths):,} samples: balanced {best['balanced'] * 1e3:.1f} ms, "
             f"argsort {best['argsort'] * 1e3:.1f} ms"
         )
+    pack_sizes = []
+    for per_pack, n in PACK_SIZES_QUICK if config.quick else PACK_SIZES_FULL:
+        pack_sizes.append(pack_size_row(per_pack, n, config.seed))
+        config.say(f"  {per_pack} samples per pack, {n:,} samples: {pack_sizes[-1]['argsort_ratio']:.1f}x argsort")
     sampler = sampler_cost(SAMPLER_QUICK if config.quick else SAMPLER_FULL, config.seed)
     if "seconds" in sampler:
         config.say(
             f"  sampler on {sampler['n']:,} samples: {sampler['seconds']:.2f} s, peak +{sampler['peak_mib']:.0f} MiB"
         )
-    return {"planning": rows, "sampler": sampler}
+    return {"planning": rows, "planning_pack_sizes": pack_sizes, "sampler": sampler}
