@@ -164,7 +164,8 @@ def balanced_train_dataloader(
             ``gradient_accumulation_steps``, ``seed``, ``dataloader_drop_last``, ``dataloader_num_workers``,
             ``dataloader_pin_memory``, ``dataloader_persistent_workers``, ``dataloader_prefetch_factor``).
         lengths: per-sample loads of ``train_dataset`` (see :class:`BalancedBatchSampler`).
-        collate_fn: default ``trainer.data_collator`` (pass ``data_collator=PackCollator()`` to the Trainer).
+        collate_fn: default ``trainer.data_collator`` (pass ``data_collator=PackCollator.for_model(model)`` to
+            the Trainer).
         check_loads: check every sample against its length entry (:meth:`BalancedBatchSampler.wrap`).
         **sampler_options: more :class:`BalancedBatchSampler` options (``options``, ``target_batch_size``,
             capacities, ``groups``, ``method``, ...); they override the values taken from ``args`` (a
