@@ -94,6 +94,20 @@ IntArray as_1d_int64(const py::handle& obj, const char* name) {
   return out;
 }
 
+// CSR offsets over `values` values: from 0, non-decreasing, ending at the number of values.
+void check_csr(const IntArray& offsets, py::ssize_t values) {
+  const int64_t* off = offsets.data();
+  if (offsets.size() < 1 || off[0] != 0) throw std::invalid_argument("offsets must start at 0");
+  for (py::ssize_t i = 1; i < offsets.size(); ++i) {
+    if (off[i] < off[i - 1]) {
+      throw std::invalid_argument("offsets must be non-decreasing, at row " + std::to_string(i - 1));
+    }
+  }
+  if (off[offsets.size() - 1] != static_cast<int64_t>(values)) {
+    throw std::invalid_argument("offsets must end at the number of values (" + std::to_string(values) + ")");
+  }
+}
+
 // The per-sample loads: two 1-D integer arrays of one length, kept alive while the engine reads them.
 struct LoadArrays {
   IntArray vit, llm;
@@ -364,6 +378,53 @@ void bind_lengths(py::module_& m) {
         return s;
       },
       py::arg("vit"), py::arg("llm"), py::arg("llm_bin"), "One pass over the loads; returns LoadStats.");
+
+  m.def(
+      "row_square_sums",
+      [](const py::object& offsets, const py::object& values) {
+        const IntArray o = as_1d_int64(offsets, "offsets");
+        const IntArray v = as_1d_int64(values, "values");
+        check_csr(o, v.size());
+        const Index rows = static_cast<Index>(o.size()) - 1;
+        std::vector<double> out(static_cast<size_t>(rows));
+        {
+          py::gil_scoped_release release;
+          omnibal::row_square_sums(o.data(), rows, v.data(), out.data());
+        }
+        return to_numpy(std::move(out));
+      },
+      py::arg("offsets"), py::arg("values"),
+      "(rows,) float64: every row's sum of squared values (as doubles, added in row order), rows given by CSR "
+      "offsets.");
+
+  m.def(
+      "sample_costs",
+      [](const py::object& vit, const py::object& llm, const py::object& seqlens_offsets, const py::object& seqlens,
+         const std::vector<double>& terms) {
+        const LoadArrays loads(vit, llm);
+        if (terms.size() != 5) throw std::invalid_argument("terms must have 5 entries");
+        const omnibal::CostTerms t{terms[0], terms[1], terms[2], terms[3], terms[4]};
+        IntArray o, v;
+        const bool per_sequence = !seqlens_offsets.is_none();
+        if (per_sequence) {
+          o = as_1d_int64(seqlens_offsets, "seqlens_offsets");
+          v = as_1d_int64(seqlens, "seqlens");
+          if (o.size() != loads.size() + 1) {
+            throw std::invalid_argument("seqlens_offsets must have one entry per sample, plus one");
+          }
+          check_csr(o, v.size());
+        }
+        std::vector<double> out(static_cast<size_t>(loads.size()));
+        {
+          py::gil_scoped_release release;
+          omnibal::sample_costs(loads.vit.data(), loads.llm.data(), loads.size(), per_sequence ? o.data() : nullptr,
+                                per_sequence ? v.data() : nullptr, t, out.data());
+        }
+        return to_numpy(std::move(out));
+      },
+      py::arg("vit"), py::arg("llm"), py::arg("seqlens_offsets"), py::arg("seqlens"), py::arg("terms"),
+      "(N,) float64 sample costs under terms [vit_linear, vit_quadratic, llm_linear, llm_quadratic, per_sample] "
+      "(CostModel.sample_costs); the ViT sequences in CSR, or None for one sequence per sample.");
 }
 
 void bind_random(py::module_& m) {

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rng.hpp"
@@ -19,6 +20,9 @@ namespace {
 // stay in L2 while they are packed and grouped; larger chunks give the same ViT fill (the planning and quality
 // parts of benchmarks/bench_balance.py measure the choice).
 constexpr size_t kChunkItems = size_t{1} << 14;
+// A chunk goes back to the pool for another best-fit round only if at least 1 / kMinFinalShare of its items
+// are in final packs (best_fit_packs).
+constexpr size_t kMinFinalShare = 4;
 // A pack's number within one chunk is an int32 in BestFitPass::pack_of: a chunk holds fewer packs than that.
 static_assert(kChunkItems <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), "pack_of is int32");
 
@@ -120,26 +124,22 @@ class BucketBits {
 // when the capacity is small (tiles, tokens), quantized ones when it is large (patches), where the exact
 // room is still checked before placing.
 struct BestFitPass {
-  std::vector<int32_t> pack_of;  // per position in `order`
-  std::vector<int64_t> room_primary, room_secondary;
+  std::vector<int32_t> pack_of;                       // per position in `order`
+  std::vector<int64_t> room_primary, room_secondary;  // per pack, as the pass leaves it
 };
 
-// An open pack, kept by value in its bucket so that a scan reads one contiguous array.
-struct OpenPack {
-  int64_t room_primary;
-  int64_t room_secondary;
-  int64_t pack;
-};
-
-// The buckets of open packs, allocated once per plan and left empty by every pass: a capacity of 32k tokens
-// has 32k buckets, more than a chunk has samples, so allocating them per chunk would cost more than packing it.
+// The buckets of open packs, allocated once per plan and left empty by every pass. Each bucket is a stack
+// threaded through the pass's packs (a head per bucket, a link per pack), most recently added first: a
+// placement reads two small arrays and the pack's rooms, where a vector per bucket costs a cache miss on
+// its header and another on its storage. A capacity of 32k tokens has 32k buckets, more than a chunk has
+// samples, so they are not allocated per chunk.
 class OpenPacks {
  public:
-  OpenPacks(int64_t primary_cap)
+  explicit OpenPacks(int64_t primary_cap)
       : primary_cap_(primary_cap),
         num_buckets_(std::min<int64_t>(primary_cap + 1, int64_t{1} << 16)),
         exact_(num_buckets_ == primary_cap + 1),
-        buckets_(static_cast<size_t>(num_buckets_)),
+        head_(static_cast<size_t>(num_buckets_), -1),
         nonempty_(num_buckets_) {}
 
   int64_t num_buckets() const { return num_buckets_; }
@@ -149,37 +149,46 @@ class OpenPacks {
                                          static_cast<double>(primary_cap_ + 1));
   }
   int64_t next_nonempty(int64_t b) const { return nonempty_.next(b); }
-  std::vector<OpenPack>& bucket(int64_t b) { return buckets_[static_cast<size_t>(b)]; }
-  void add(const OpenPack& o) {
-    const int64_t b = bucket_of(o.room_primary);
-    buckets_[static_cast<size_t>(b)].push_back(o);
+  int32_t head(int64_t b) const { return head_[static_cast<size_t>(b)]; }
+  int32_t next(int32_t pack) const { return next_[static_cast<size_t>(pack)]; }
+
+  // A new pack of the pass (numbered from 0 in every pass), not yet in a bucket.
+  void new_pack() { next_.push_back(-1); }
+  void push(int64_t b, int32_t pack) {
+    next_[static_cast<size_t>(pack)] = head_[static_cast<size_t>(b)];
+    head_[static_cast<size_t>(b)] = pack;
     nonempty_.set(b);
   }
-  void take(int64_t b, size_t slot) {
-    auto& bucket = buckets_[static_cast<size_t>(b)];
-    bucket[slot] = bucket.back();
-    bucket.pop_back();
-    if (bucket.empty()) nonempty_.clear(b);
+  // Takes `pack` out of bucket b; `prev` is the pack before it in the bucket (-1: it is the head).
+  void unlink(int64_t b, int32_t prev, int32_t pack) {
+    if (prev >= 0) {
+      next_[static_cast<size_t>(prev)] = next_[static_cast<size_t>(pack)];
+      return;
+    }
+    head_[static_cast<size_t>(b)] = next_[static_cast<size_t>(pack)];
+    if (head_[static_cast<size_t>(b)] < 0) nonempty_.clear(b);
   }
-  // Calls f on every open pack and empties all buckets.
-  template <typename F>
-  void drain(F f) {
+  // Empties every bucket, for the next pass.
+  void clear() {
     for (int64_t b = nonempty_.next(0); b < num_buckets_; b = nonempty_.next(b + 1)) {
-      for (const OpenPack& o : buckets_[static_cast<size_t>(b)]) f(o);
-      buckets_[static_cast<size_t>(b)].clear();
+      head_[static_cast<size_t>(b)] = -1;
       nonempty_.clear(b);
     }
+    next_.clear();
   }
 
  private:
   int64_t primary_cap_;
   int64_t num_buckets_;
   bool exact_;
-  std::vector<std::vector<OpenPack>> buckets_;
+  std::vector<int32_t> head_;
+  std::vector<int32_t> next_;
   BucketBits nonempty_;
 };
 
-BestFitPass best_fit_pass(const Item* order, size_t count, bool vit_binds, Capacity cap, int64_t min_primary,
+// T: anything with `vit` and `llm` loads (a sample, or a part of a pack in the merge of leftovers).
+template <typename T>
+BestFitPass best_fit_pass(const T* order, size_t count, bool vit_binds, Capacity cap, int64_t min_primary,
                           int64_t min_secondary, OpenPacks& open) {
   const int64_t primary_cap = vit_binds ? cap.vit : cap.llm;
   const int64_t secondary_cap = vit_binds ? cap.llm : cap.vit;
@@ -192,48 +201,45 @@ BestFitPass best_fit_pass(const Item* order, size_t count, bool vit_binds, Capac
   res.pack_of.resize(count);
   res.room_primary.reserve(count / 2 + 1);
   res.room_secondary.reserve(count / 2 + 1);
-  int64_t num_packs = 0;
-  auto close = [&](const OpenPack& o) {
-    res.room_primary[static_cast<size_t>(o.pack)] = o.room_primary;
-    res.room_secondary[static_cast<size_t>(o.pack)] = o.room_secondary;
-  };
+  int64_t* room1 = nullptr;
+  int64_t* room2 = nullptr;
   const int64_t num_buckets = open.num_buckets();
 
   for (size_t k = 0; k < count; ++k) {
     const int64_t need = vit_binds ? order[k].vit : order[k].llm;
     const int64_t need2 = vit_binds ? order[k].llm : order[k].vit;
-    OpenPack chosen{primary_cap, secondary_cap, -1};
+    int32_t chosen = -1;
     int64_t tries = 0;
     for (int64_t b = open.next_nonempty(open.bucket_of(need)); b < num_buckets && tries < kTriesPerItem;
          b = open.next_nonempty(b + 1)) {
-      auto& bucket = open.bucket(b);
-      const int64_t stop = std::max<int64_t>(0, static_cast<int64_t>(bucket.size()) - kTriesPerBucket);
-      for (int64_t s = static_cast<int64_t>(bucket.size()) - 1; s >= stop; --s, ++tries) {
-        const OpenPack& o = bucket[static_cast<size_t>(s)];
-        if (o.room_primary >= need && o.room_secondary >= need2) {
-          chosen = o;
-          open.take(b, static_cast<size_t>(s));
+      int32_t prev = -1;
+      int64_t in_bucket = 0;
+      for (int32_t p = open.head(b); p >= 0 && in_bucket < kTriesPerBucket; prev = p, p = open.next(p)) {
+        ++in_bucket, ++tries;
+        if (room1[p] >= need && room2[p] >= need2) {
+          chosen = p;
+          open.unlink(b, prev, p);
           break;
         }
       }
-      if (chosen.pack >= 0) break;
+      if (chosen >= 0) break;
     }
-    if (chosen.pack < 0) {
-      chosen.pack = num_packs++;
-      res.room_primary.push_back(0);
-      res.room_secondary.push_back(0);
+    if (chosen < 0) {
+      chosen = static_cast<int32_t>(res.room_primary.size());
+      res.room_primary.push_back(primary_cap);
+      res.room_secondary.push_back(secondary_cap);
+      room1 = res.room_primary.data();
+      room2 = res.room_secondary.data();
+      open.new_pack();
     }
-    chosen.room_primary -= need;
-    chosen.room_secondary -= need2;
-    res.pack_of[k] = static_cast<int32_t>(chosen.pack);
+    room1[chosen] -= need;
+    room2[chosen] -= need2;
+    res.pack_of[k] = chosen;
     // A pack that no sample can join any more leaves the buckets for good.
-    if (chosen.room_primary < min_primary || chosen.room_secondary < min_secondary) {
-      close(chosen);
-      continue;
-    }
-    open.add(chosen);
+    if (room1[chosen] >= min_primary && room2[chosen] >= min_secondary)
+      open.push(open.bucket_of(room1[chosen]), chosen);
   }
-  open.drain(close);
+  open.clear();
   return res;
 }
 
@@ -251,10 +257,14 @@ void append_pack_with_totals(Packs& packs, const Item* first, const Item* last, 
 
 // Packs that best fit left with room for more samples, each formed within one chunk of the pool. With a
 // capacity far above a chunk's total load every chunk leaves one such pack, where one pack would hold them
-// all, so they are merged: first fit decreasing by the binding load, each into one of the kMergeScan most
-// recently opened merged packs that holds it in both loads.
+// all, so they are merged as parts: best fit decreasing, the parts by decreasing binding load (a stable
+// counting sort on their bucket), each into the open merged pack of least room that holds it in both loads.
 class Leftovers {
  public:
+  // Room for `items` items reserved up front: growing by copies would touch (and have the system zero) about
+  // twice the memory; reserved pages that are never written cost nothing.
+  explicit Leftovers(size_t items) { items_.reserve(items); }
+
   void add(const Item* first, const Item* last) {
     int64_t v = 0, t = 0;
     for (const Item* it = first; it != last; ++it) {
@@ -263,63 +273,66 @@ class Leftovers {
       t += it->llm;
     }
     offsets_.push_back(static_cast<Index>(items_.size()));
-    vit_.push_back(v);
-    llm_.push_back(t);
+    parts_.push_back(Part{v, t});
   }
 
-  void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, Packs& packs, PackLoads& totals) {
-    const size_t n = vit_.size();
+  void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, OpenPacks& open, Packs& packs,
+             PackLoads& totals) {
+    const size_t n = parts_.size();
     if (n == 0) return;
-    const LargeVector<int64_t>& primary = vit_binds ? vit_ : llm_;
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return primary[a] != primary[b] ? primary[a] > primary[b] : a < b; });
-    struct Merged {
-      int64_t vit = 0, llm = 0;
-      std::vector<size_t> parts;
+    std::vector<size_t> by_bucket(static_cast<size_t>(open.num_buckets()) + 1, 0);
+    auto bucket = [&](const Part& part) {
+      return static_cast<size_t>(open.bucket_of(vit_binds ? part.vit : part.llm));
     };
-    std::vector<Merged> merged;
-    std::vector<size_t> open;  // merged packs that may still take a part, oldest first
-    for (const size_t u : order) {
-      size_t target = merged.size();
-      const size_t scan_from = open.size() > kMergeScan ? open.size() - kMergeScan : 0;
-      for (size_t k = scan_from; k < open.size(); ++k) {
-        const Merged& m = merged[open[k]];
-        if (m.vit + vit_[u] <= cap.vit && m.llm + llm_[u] <= cap.llm) {
-          target = open[k];
-          break;
-        }
-      }
-      if (target == merged.size()) {
-        merged.emplace_back();
-        open.push_back(target);
-      }
-      Merged& m = merged[target];
-      m.vit += vit_[u];
-      m.llm += llm_[u];
-      m.parts.push_back(u);
-      if (cap.vit - m.vit < min_vit || cap.llm - m.llm < min_llm) {
-        // target is among the last kMergeScan + 1 entries: search there only
-        const auto from = open.begin() + static_cast<std::ptrdiff_t>(scan_from);
-        open.erase(std::find(from, open.end(), target));
-      }
+    for (const Part& part : parts_) ++by_bucket[bucket(part)];
+    // Starts of the buckets in decreasing order: bucket b's parts come after those of every larger bucket.
+    size_t at = 0;
+    for (size_t b = by_bucket.size(); b-- > 0;) {
+      const size_t count = by_bucket[b];
+      by_bucket[b] = at;
+      at += count;
     }
-    ItemVector buffer;
-    for (const Merged& m : merged) {
-      buffer.clear();
-      for (const size_t u : m.parts) {
-        buffer.insert(buffer.end(), items_.begin() + offsets_[u], items_.begin() + offsets_[u + 1]);
+    std::vector<size_t> order(n);
+    for (size_t u = 0; u < n; ++u) order[by_bucket[bucket(parts_[u])]++] = u;
+    std::vector<Part> sorted(n);
+    for (size_t k = 0; k < n; ++k) sorted[k] = parts_[order[k]];
+    // Pack numbers of one pass are int32: more parts than that are merged in blocks.
+    constexpr size_t kBlock = static_cast<size_t>(std::numeric_limits<int32_t>::max() / 2);
+    for (size_t from = 0; from < n; from += kBlock) {
+      const size_t count = std::min(kBlock, n - from);
+      const BestFitPass pass = best_fit_pass(sorted.data() + from, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
+                                             vit_binds ? min_llm : min_vit, open);
+      // Every merged pack's parts, in the order they joined it (a counting sort on the pack).
+      const size_t num_packs = pass.room_primary.size();
+      std::vector<size_t> start(num_packs + 1, 0);
+      for (const int32_t p : pass.pack_of) ++start[static_cast<size_t>(p) + 1];
+      for (size_t p = 0; p < num_packs; ++p) start[p + 1] += start[p];
+      std::vector<size_t> members(count);
+      for (size_t k = 0; k < count; ++k) members[start[static_cast<size_t>(pass.pack_of[k])]++] = order[from + k];
+      size_t k = 0;
+      for (size_t p = 0; p < num_packs; ++p) {
+        int64_t v = 0, t = 0;
+        for (; k < start[p]; ++k) {
+          const size_t u = members[k];
+          for (Index i = offsets_[u]; i < offsets_[u + 1]; ++i)
+            packs.samples.push_back(items_[static_cast<size_t>(i)].id);
+          v += parts_[u].vit;
+          t += parts_[u].llm;
+        }
+        packs.close_pack();
+        totals.vit.push_back(v);
+        totals.llm.push_back(t);
       }
-      append_pack_with_totals(packs, buffer.data(), buffer.data() + buffer.size(), totals);
     }
   }
 
  private:
-  static constexpr size_t kMergeScan = 64;  // bounds the work per leftover like kTriesPerItem in best_fit_pass
+  struct Part {
+    int64_t vit, llm;
+  };
   ItemVector items_;
   LargeVector<Index> offsets_{0};
-  LargeVector<int64_t> vit_, llm_;
+  std::vector<Part> parts_;
 };
 
 }  // namespace
@@ -328,6 +341,10 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
   if (rounds < 1) throw std::invalid_argument("rounds must be >= 1, got " + std::to_string(rounds));
   Packs packs;
   packs.samples.reserve(static_cast<size_t>(items.count));
+  // Every pack holds a sample: at most one pack per item (never-written reserved pages cost nothing).
+  packs.offsets.reserve(static_cast<size_t>(items.count) + 1);
+  totals.vit.reserve(static_cast<size_t>(items.count));
+  totals.llm.reserve(static_cast<size_t>(items.count));
   if (items.count == 0) return packs;
   double vit_total = 0.0, llm_total = 0.0;
   int64_t min_vit = INT64_MAX, min_llm = INT64_MAX;
@@ -342,7 +359,7 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
   const bool vit_binds =
       cap.vit > 0 && vit_total * static_cast<double>(cap.llm) >= llm_total * static_cast<double>(cap.vit);
   ItemVector pool, scratch;  // scratch: shuffle and grouping buffer, reused by every round
-  Leftovers leftovers;
+  Leftovers leftovers(static_cast<size_t>(items.count));
   std::vector<int64_t> start, fill;
   OpenPacks open(vit_binds ? cap.vit : cap.llm);
   for (int r = 0; r < rounds && (r == 0 || !pool.empty()); ++r) {
@@ -361,25 +378,28 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
       const BestFitPass pass = best_fit_pass(chunk_items, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
                                              vit_binds ? min_llm : min_vit, open);
       const size_t num_packs = pass.room_primary.size();
-      // A pack no sample could join is final; the others go back to the pool, unless this is the last
-      // round or no pack at all became final (then more rounds would not help).
+      // A pack no sample could join is final; the others go back to the pool or stay as leftovers (below).
       auto is_final = [&](size_t p) {
         const int64_t room_vit = vit_binds ? pass.room_primary[p] : pass.room_secondary[p];
         const int64_t room_llm = vit_binds ? pass.room_secondary[p] : pass.room_primary[p];
         return room_vit < min_vit || room_llm < min_llm;
       };
-      // Packs kept while not final (last round, or no pack of the chunk became final) are leftovers: a
-      // chunk is only a part of the pool, so they are merged across chunks at the end (Leftovers::merge).
-      bool keep_all = r + 1 == rounds;
-      if (!keep_all) {
-        keep_all = true;
-        for (size_t p = 0; p < num_packs && keep_all; ++p) keep_all = !is_final(p);
-      }
       // Group the chunk's items by pack (counting sort on pack id) into scratch, then keep each pack or
       // return its items to the front of the pool, which holds nothing unread before this chunk's end.
       start.assign(num_packs + 1, 0);
       for (const int32_t p : pass.pack_of) ++start[static_cast<size_t>(p) + 1];
-      for (size_t p = 0; p < num_packs; ++p) start[p + 1] += start[p];
+      size_t final_items = 0;
+      for (size_t p = 0; p < num_packs; ++p) {
+        if (is_final(p)) final_items += static_cast<size_t>(start[p + 1]);
+        start[p + 1] += start[p];
+      }
+      // Packs kept while not final are leftovers, merged across chunks at the end (Leftovers::merge): in the
+      // last round, and in a chunk where under 1 / kMinFinalShare of the items are in final packs. Re-packing
+      // such a chunk would shrink the pool by less than that share per round, each round a shuffle and a
+      // pass over what is left: with this floor an item is packed about kMinFinalShare times at most. Data
+      // where few packs can ever be final (text-only samples that fit beside any image) go to the merge
+      // after one pass.
+      const bool keep_all = r + 1 == rounds || final_items * kMinFinalShare < count;
       scratch.resize(count);
       fill.assign(start.begin(), start.end() - 1);
       for (size_t k = 0; k < count; ++k) scratch[static_cast<size_t>(fill[pass.pack_of[k]]++)] = chunk_items[k];
@@ -399,7 +419,7 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
     }
     pool.resize(pooled);
   }
-  leftovers.merge(cap, vit_binds, min_vit, min_llm, packs, totals);
+  leftovers.merge(cap, vit_binds, min_vit, min_llm, open, packs, totals);
   return packs;
 }
 

@@ -1,7 +1,9 @@
-// One pass of statistics over per-sample loads (Lengths.stats on the Python side).
+// One pass of statistics over per-sample loads (Lengths.stats on the Python side), and the per-sample sums
+// of squared ViT sequence lengths that cost models read.
 #include "loads.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace omnibal {
 
@@ -16,6 +18,39 @@ LoadStats load_stats(const int64_t* vit, const int64_t* llm, Index n, int64_t ll
   }
   s.llm_sum_binned *= llm_bin;
   return s;
+}
+
+namespace {
+
+double square_sum(const int64_t* values, int64_t from, int64_t to) {
+  double sum = 0.0;
+  for (int64_t j = from; j < to; ++j) {
+    const double v = static_cast<double>(values[j]);
+    sum += v * v;
+  }
+  return sum;
+}
+
+}  // namespace
+
+void row_square_sums(const int64_t* offsets, Index rows, const int64_t* values, double* out) {
+  for (Index i = 0; i < rows; ++i) out[i] = square_sum(values, offsets[i], offsets[i + 1]);
+}
+
+void sample_costs(const int64_t* vit, const int64_t* llm, Index n, const int64_t* offsets, const int64_t* values,
+                  const CostTerms& terms, double* out) {
+  for (Index i = 0; i < n; ++i) {
+    const double v = static_cast<double>(vit[i]), t = static_cast<double>(llm[i]);
+    double c = 0.0;
+    if (terms.vit_linear != 0.0) c += v * terms.vit_linear;
+    if (terms.vit_quadratic != 0.0) {
+      c += (offsets != nullptr ? square_sum(values, offsets[i], offsets[i + 1]) : v * v) * terms.vit_quadratic;
+    }
+    if (terms.llm_linear != 0.0) c += t * terms.llm_linear;
+    if (terms.llm_quadratic != 0.0) c += t * t * terms.llm_quadratic;
+    if (terms.per_sample != 0.0) c += terms.per_sample;
+    out[i] = c;
+  }
 }
 
 }  // namespace omnibal

@@ -55,4 +55,21 @@ struct LoadStats {
 };
 LoadStats load_stats(const int64_t* vit, const int64_t* llm, Index n, int64_t llm_bin);
 
+// out[i] = the sum of values[offsets[i] : offsets[i + 1]] squared, each value taken as a double and the squares
+// added in row order (a sample's sum_j s_j**2 over its ViT sequences). `offsets` has rows + 1 entries, from
+// 0, non-decreasing, ending at the number of values (checked by the caller).
+void row_square_sums(const int64_t* offsets, Index rows, const int64_t* values, double* out);
+
+// The terms of a cost model (CostModel on the Python side, per_pack aside), in its order.
+struct CostTerms {
+  double vit_linear = 0.0, vit_quadratic = 0.0, llm_linear = 0.0, llm_quadratic = 0.0, per_sample = 0.0;
+};
+
+// out[i] = vit_linear * v + vit_quadratic * sum_j s_j**2 + llm_linear * t + llm_quadratic * t**2 + per_sample
+// for sample i, each load taken as a double and the terms added in this order, a zero term skipped (what
+// CostModel.sample_costs computes one array at a time, to the bit). The s_j are the sample's ViT sequences,
+// values[offsets[i] : offsets[i + 1]] (checked by the caller), or its whole ViT load when offsets is null.
+void sample_costs(const int64_t* vit, const int64_t* llm, Index n, const int64_t* offsets, const int64_t* values,
+                  const CostTerms& terms, double* out);
+
 }  // namespace omnibal

@@ -16,7 +16,7 @@ namespace {
 // only: below kRadixMin packs a comparison sort costs less than the passes' counts.
 constexpr int kRadixBits = 16;
 constexpr uint64_t kRadixMask = (uint64_t{1} << kRadixBits) - 1;
-constexpr size_t kRadixMin = size_t{1} << 16;
+constexpr size_t kRadixMin = size_t{1} << 13;
 
 // Ids 0 .. n - 1 by decreasing key (finite, >= 0), ties by id.
 LargeVector<Index> sorted_desc(const double* cost, size_t n) {
@@ -28,47 +28,52 @@ LargeVector<Index> sorted_desc(const double* cost, size_t n) {
     return order;
   }
   // Keys are finite and >= 0, so their bit patterns order as they do; complemented, an increasing stable
-  // radix sort from the ids in order gives decreasing keys, ties by id.
-  LargeVector<uint64_t> key(n), key_out(n);
+  // radix sort from the ids in order gives decreasing keys, ties by id. Key and id travel together, so that
+  // each pass scatters one stream rather than two.
+  struct Keyed {
+    uint64_t key;
+    Index id;
+  };
+  LargeVector<Keyed> keyed(n), keyed_out(n);
   for (size_t p = 0; p < n; ++p) {
     uint64_t bits;
     std::memcpy(&bits, cost + p, sizeof bits);
-    key[p] = ~bits;
+    keyed[p] = Keyed{~bits, static_cast<Index>(p)};
   }
-  LargeVector<Index> out(n);
   std::vector<size_t> start(size_t{1} << kRadixBits);
   for (int shift = 0; shift < 64; shift += kRadixBits) {
     std::fill(start.begin(), start.end(), 0);
-    for (size_t k = 0; k < n; ++k) ++start[(key[k] >> shift) & kRadixMask];
+    for (size_t k = 0; k < n; ++k) ++start[(keyed[k].key >> shift) & kRadixMask];
+    // A digit that all keys share leaves the order as it is.
+    if (start[(keyed[0].key >> shift) & kRadixMask] == n) continue;
     size_t sum = 0;
     for (size_t& s : start) sum += std::exchange(s, sum);
-    for (size_t k = 0; k < n; ++k) {
-      const size_t to = start[(key[k] >> shift) & kRadixMask]++;
-      out[to] = order[k];
-      key_out[to] = key[k];
-    }
-    order.swap(out);
-    key.swap(key_out);
+    for (size_t k = 0; k < n; ++k) keyed_out[start[(keyed[k].key >> shift) & kRadixMask]++] = keyed[k];
+    keyed.swap(keyed_out);
   }
+  for (size_t k = 0; k < n; ++k) order[k] = keyed[k].id;
   return order;
+}
+
+// Pack p's cost parts: its samples' costs in pack order, plus costs.per_pack in the last part.
+void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackLoads& totals) {
+  const int dims = costs.dims;
+  for (int d = 0; d < dims; ++d) {
+    double c = 0.0;
+    for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
+      c += costs.cost[packs.samples[static_cast<size_t>(i)] * dims + d];
+    }
+    totals.cost[static_cast<size_t>(p * dims + d)] = d + 1 == dims ? c + costs.per_pack : c;
+  }
 }
 
 }  // namespace
 
 void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals) {
   const Index n = packs.size();
-  const int dims = costs.dims;
-  totals.cost_dims = dims;
-  totals.cost.resize(static_cast<size_t>(n * dims));
-  for (Index p = 0; p < n; ++p) {
-    for (int d = 0; d < dims; ++d) {
-      double c = 0.0;
-      for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
-        c += costs.cost[packs.samples[static_cast<size_t>(i)] * dims + d];
-      }
-      totals.cost[static_cast<size_t>(p * dims + d)] = d + 1 == dims ? c + costs.per_pack : c;
-    }
-  }
+  totals.cost_dims = costs.dims;
+  totals.cost.resize(static_cast<size_t>(n * costs.dims));
+  for (Index p = 0; p < n; ++p) fill_pack_cost(packs, costs, p, totals);
 }
 
 Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs,
@@ -128,6 +133,7 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
   packs = std::move(out);
   totals.vit.resize(static_cast<size_t>(n + need));
   totals.llm.resize(static_cast<size_t>(n + need));
+  totals.cost.resize(static_cast<size_t>((n + need) * costs.dims));
   for (Index k = 0; k < need; ++k) {
     for (const Index p : {candidates[static_cast<size_t>(k)], n + k}) {
       int64_t v = 0, t = 0;
@@ -137,9 +143,9 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
       }
       totals.vit[static_cast<size_t>(p)] = v;
       totals.llm[static_cast<size_t>(p)] = t;
+      fill_pack_cost(packs, costs, p, totals);
     }
   }
-  fill_pack_costs(packs, costs, totals);
   return need;
 }
 

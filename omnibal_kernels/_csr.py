@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_offsets", "row_ids", "row_sums", "row_square_sums", "take_rows"]
+__all__ = ["check_offsets", "row_ids", "row_sums", "take_rows"]
 
 
 def check_offsets(name: str, offsets: Any, rows: int, total: int, where: str = "", row: str = "sample") -> np.ndarray:
@@ -47,13 +47,6 @@ def row_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``(rows,)`` int64 sum of every row (0 for an empty row)."""
     totals = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
     return totals[offsets[1:]] - totals[offsets[:-1]]
-
-
-def row_square_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """``(rows,)`` float64 sum of the squares of every row's values (float: squares can pass 2**63)."""
-    v = np.asarray(values, dtype=np.float64)
-    # bincount sums each row on its own, so a small row after large ones keeps its low bits
-    return np.bincount(row_ids(offsets), weights=v * v, minlength=offsets.shape[0] - 1)
 
 
 def row_ids(offsets: np.ndarray) -> np.ndarray:

@@ -111,6 +111,59 @@ def test_default_without_sequences_is_one_sequence_per_sample():
     assert (m.sample_costs(split)[[0, 2]] < m.sample_costs(without)[[0, 2]]).all()
 
 
+def _numpy_sample_costs(m: CostModel, lengths: Lengths) -> np.ndarray:
+    """Reference: the cost formula one numpy array at a time, in the engine's order of operations."""
+    v, t = lengths.vit.astype(np.float64), lengths.llm.astype(np.float64)
+    if lengths.vit_seqlens is None:
+        squares = v * v
+    else:
+        s = lengths.vit_seqlens.astype(np.float64)
+        rows = np.repeat(np.arange(len(lengths)), np.diff(lengths.vit_seqlens_offsets))
+        squares = np.bincount(rows, weights=s * s, minlength=len(lengths))  # each row summed in order
+    out = np.zeros(len(lengths))
+    for term, values in ((m.vit_linear, v), (m.vit_quadratic, squares), (m.llm_linear, t), (m.llm_quadratic, t * t)):
+        if term != 0.0:
+            out += values * term
+    if m.per_sample != 0.0:
+        out += m.per_sample
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seqlens=st.lists(st.lists(st.integers(0, 2**28), max_size=6), min_size=1, max_size=40),  # loads < 2**31
+    tokens=st.integers(0, 2**31 - 1),
+    terms=st.lists(st.sampled_from([0.0, 1e-9, 0.5, 3.0, 1e6]), min_size=5, max_size=5),
+    with_sequences=st.booleans(),
+)
+def test_sample_costs_match_the_numpy_formula_to_the_bit(seqlens, tokens, terms, with_sequences):
+    vit = [sum(row) for row in seqlens]
+    llm = [(tokens * (i + 1)) % 2**31 for i in range(len(seqlens))]
+    offsets = np.concatenate([[0], np.cumsum([len(row) for row in seqlens])])
+    flat = [x for row in seqlens for x in row]
+    lengths = Lengths(vit, llm, vit_seqlens=flat, vit_seqlens_offsets=offsets) if with_sequences else Lengths(vit, llm)
+    m = CostModel(**dict(zip(TERMS[:5], terms)))
+    np.testing.assert_array_equal(m.sample_costs(lengths), _numpy_sample_costs(m, lengths))
+
+
+def test_sample_costs_refuse_malformed_sequences_in_the_engine():
+    from omnibal_kernels import _ext
+
+    C = _ext.load()
+    terms = [1.0, 1.0, 1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="one entry per sample"):
+        C.sample_costs([1, 2], [3, 4], [0, 2], [1, 1], terms)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        C.sample_costs([1, 2], [3, 4], [0, 2, 1], [1, 1], terms)
+    with pytest.raises(ValueError, match="end at the number of values"):
+        C.sample_costs([1, 2], [3, 4], [0, 1, 3], [1, 1], terms)
+    with pytest.raises(TypeError, match="seqlens must be an integer array"):
+        C.sample_costs([1, 2], [3, 4], [0, 1, 2], [1.0, 1.0], terms)
+    with pytest.raises(ValueError, match="5 entries"):
+        C.sample_costs([1, 2], [3, 4], None, None, [1.0])
+    np.testing.assert_array_equal(C.row_square_sums([0, 2, 2, 3], [3, 4, 5]), [25.0, 0.0, 25.0])
+
+
 def test_tile_models_do_not_depend_on_the_default():
     tiles = CostModel.internvl_7b()
     without = Lengths(TILE_LENGTHS.vit, TILE_LENGTHS.llm)

@@ -36,7 +36,7 @@ def test_trainer_recipe(tmp_path):
         use_cpu=True,
         remove_unused_columns=False,
         dataloader_num_workers=0,
-        seed=5,
+        seed=13,  # a seed whose plan epoch 1 is shorter than epoch 0 (asserted below)
     )
     model = RecordingLM()
     options = {"vit_capacity": 8, "llm_capacity": 160}
@@ -52,11 +52,13 @@ def test_trainer_recipe(tmp_path):
     )
     trainer.train()
 
-    reference = BalancedBatchSampler(Lengths(vit, llm), world_size=1, rank=0, micro_steps_per_step=2, seed=5, **options)
+    reference = BalancedBatchSampler(
+        Lengths(vit, llm), world_size=1, rank=0, micro_steps_per_step=2, seed=13, **options
+    )
     plans = [reference.rank_batches(epoch=e) for e in range(3)]
-    assert [len(p) for p in plans] == [28, 26, 28]
+    assert len(plans[0]) > len(plans[1])
     # the Trainer's epochs have the length of plan epoch 0 and run over the plans back to back: epoch 1 ends
-    # with the first planned step of plan epoch 2, nothing of plan epoch 1 is lost or repeated
-    expected = plans[0] + plans[1] + plans[2][:2]
+    # in plan epoch 2, nothing of plan epoch 1 is lost or repeated
+    expected = (plans[0] + plans[1] + plans[2])[: 2 * len(plans[0])]
     assert model.seen == expected  # every micro-step one balanced pack; every epoch re-planned
     assert trainer.state.global_step == len(expected) // 2

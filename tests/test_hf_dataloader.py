@@ -93,7 +93,7 @@ def test_epochs_keep_the_length_of_plan_epoch_zero():
     rng = np.random.default_rng(0)
     llm = rng.integers(4, 60, 120)
     lengths = Lengths(rng.integers(0, 4, 120), llm)
-    options = {"vit_capacity": 8, "llm_capacity": 160, "seed": 5}
+    options = {"vit_capacity": 8, "llm_capacity": 160, "seed": 13}
     reference = BalancedBatchSampler(lengths, world_size=1, rank=0, micro_steps_per_step=2, **options)
     plans = [reference.rank_batches(epoch=e) for e in range(4)]
     assert [len(p) for p in plans] == [28, 26, 28, 28]

@@ -35,7 +35,8 @@ from typing import Any, NamedTuple, Optional, Union, cast
 
 import numpy as np
 
-from .._csr import check_offsets, row_ids, row_square_sums
+from .. import _ext
+from .._csr import check_offsets, row_ids
 from ..lengths import Lengths
 from .nnls import FitErrors, fit_relative, relative_errors, summarize_errors
 
@@ -95,7 +96,8 @@ def _vit_square_sums(lengths: Lengths) -> np.ndarray:
     if lengths.vit_seqlens is None:
         v = lengths.vit.astype(np.float64)
         return v * v
-    return row_square_sums(cast(np.ndarray, lengths.vit_seqlens_offsets), lengths.vit_seqlens)  # set with vit_seqlens
+    offsets = cast(np.ndarray, lengths.vit_seqlens_offsets)  # set with vit_seqlens
+    return _ext.load().row_square_sums(offsets, lengths.vit_seqlens)
 
 
 def sample_features(lengths: Lengths) -> np.ndarray:
@@ -256,12 +258,15 @@ class CostModel:
                 loads, each one sequence.
             llm: ``(N,)`` LLM loads, when ``lengths`` is the ViT loads.
         """
-        if llm is not None:
-            v, t = np.asarray(lengths), np.asarray(llm)
-        else:
+        if llm is None:
             if not isinstance(lengths, Lengths):
                 raise TypeError(f"lengths must be a Lengths, got {type(lengths).__name__}")
-            v, t = lengths.vit, lengths.llm
+            # One pass in the engine, the same operations in the same order as below.
+            terms = [float(getattr(self, name)) for name in TERMS[:5]]
+            return _ext.load().sample_costs(
+                lengths.vit, lengths.llm, lengths.vit_seqlens_offsets, lengths.vit_seqlens, terms
+            )
+        v, t = np.asarray(lengths), np.asarray(llm)
         # One elementwise operation at a time, in a fixed order, every load taken as float64 (no matrix
         # product, whose summation order and fused multiply-adds vary with the BLAS): the same costs, to the
         # bit, on every rank and platform. A zero term adds exactly 0 to every (finite) cost and is skipped.
@@ -271,8 +276,7 @@ class CostModel:
         if self.vit_linear != 0.0:
             out += np.multiply(v, self.vit_linear, out=scratch, dtype=f64)
         if self.vit_quadratic != 0.0:
-            squares = np.multiply(v, v, dtype=f64) if llm is not None else _vit_square_sums(cast(Lengths, lengths))
-            out += np.multiply(squares, self.vit_quadratic, out=scratch)
+            out += np.multiply(np.multiply(v, v, dtype=f64), self.vit_quadratic, out=scratch)
         if self.llm_linear != 0.0:
             out += np.multiply(t, self.llm_linear, out=scratch, dtype=f64)
         if self.llm_quadratic != 0.0:

@@ -35,8 +35,14 @@ WORLD_SIZE = 8
 FULL_SIZES = (None, 1_200_000, 10_000_000)  # None: the 70,706 bundled samples as they are
 QUICK_SIZES = (None,)
 SAMPLER_FULL, SAMPLER_QUICK = 10_000_000, 200_000
-# (samples per pack, samples): at least 2 * WORLD_SIZE packs at every size
-PACK_SIZES_FULL = ((4, 1_200_000), (20, 1_200_000), (100, 1_200_000), (1_000, 2_000_000), (10_000, 10_000_000))
+# (samples per pack, samples): at least 2 * WORLD_SIZE packs at every size; 200k samples at every pack size
+PACK_SIZES_FULL = tuple((per_pack, 200_000) for per_pack in (4, 20, 100, 1_000, 10_000)) + (
+    (4, 1_200_000),
+    (20, 1_200_000),
+    (100, 1_200_000),
+    (1_000, 2_000_000),
+    (10_000, 10_000_000),
+)
 PACK_SIZES_QUICK = ((4, 200_000), (1_000, 200_000))
 
 
