@@ -26,6 +26,8 @@ constexpr double kRefineTolerance = 1e-3;
 
 // Every pack's cost parts: the costs of its samples, summed in pack order, plus costs.per_pack in the last.
 void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals);
+// The same for pack p alone (totals.cost already sized for it).
+void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackLoads& totals);
 
 // Raises the number of packs to a multiple of world_size, so that no slot repeats a pack and none is dropped:
 // the costliest packs of two or more samples are each split in two halves of near-equal cost (samples by

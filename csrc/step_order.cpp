@@ -36,8 +36,9 @@ LargeVector<Index> sorted_desc(const double* cost, size_t n) {
   };
   LargeVector<Keyed> keyed(n), keyed_out(n);
   for (size_t p = 0; p < n; ++p) {
+    const double c = cost[p] + 0.0;  // -0.0 as +0.0
     uint64_t bits;
-    std::memcpy(&bits, cost + p, sizeof bits);
+    std::memcpy(&bits, &c, sizeof bits);
     keyed[p] = Keyed{~bits, static_cast<Index>(p)};
   }
   std::vector<size_t> start(size_t{1} << kRadixBits);
@@ -55,7 +56,8 @@ LargeVector<Index> sorted_desc(const double* cost, size_t n) {
   return order;
 }
 
-// Pack p's cost parts: its samples' costs in pack order, plus costs.per_pack in the last part.
+}  // namespace
+
 void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackLoads& totals) {
   const int dims = costs.dims;
   for (int d = 0; d < dims; ++d) {
@@ -66,8 +68,6 @@ void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackL
     totals.cost[static_cast<size_t>(p * dims + d)] = d + 1 == dims ? c + costs.per_pack : c;
   }
 }
-
-}  // namespace
 
 void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals) {
   const Index n = packs.size();
@@ -115,17 +115,23 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
   Packs out;
   out.samples.reserve(packs.samples.size());
   out.offsets.reserve(static_cast<size_t>(n + need) + 1);
-  size_t next = 0;
-  for (Index p = 0; p < n; ++p) {
-    if (next < candidates.size() && candidates[next] == p) {
-      out.samples.insert(out.samples.end(), first[next].begin(), first[next].end());
-      ++next;
-    } else {
-      out.samples.insert(out.samples.end(), packs.samples.begin() + packs.offsets[static_cast<size_t>(p)],
-                         packs.samples.begin() + packs.offsets[static_cast<size_t>(p) + 1]);
-    }
-    out.close_pack();
+  // The packs between two split ones are copied as one run, their offsets shifted by the samples taken out
+  // so far (the second halves, appended at the end).
+  Index removed = 0, from = 0;
+  auto copy_unchanged = [&](Index to) {  // packs [from, to)
+    out.samples.insert(out.samples.end(), packs.samples.begin() + packs.offsets[static_cast<size_t>(from)],
+                       packs.samples.begin() + packs.offsets[static_cast<size_t>(to)]);
+    for (Index q = from + 1; q <= to; ++q) out.offsets.push_back(packs.offsets[static_cast<size_t>(q)] - removed);
+  };
+  for (Index k = 0; k < need; ++k) {
+    const Index p = candidates[static_cast<size_t>(k)];
+    copy_unchanged(p);
+    out.samples.insert(out.samples.end(), first[static_cast<size_t>(k)].begin(), first[static_cast<size_t>(k)].end());
+    removed += static_cast<Index>(second[static_cast<size_t>(k)].size());
+    out.offsets.push_back(packs.offsets[static_cast<size_t>(p) + 1] - removed);
+    from = p + 1;
   }
+  copy_unchanged(n);
   for (const std::vector<Index>& half : second) {
     out.samples.insert(out.samples.end(), half.begin(), half.end());
     out.close_pack();

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -120,18 +122,29 @@ class StepRefiner {
     lightest_.reset(w);
     for (int64_t k = 0; k < w; ++k) {
       if (frozen[static_cast<size_t>(k)]) continue;
-      std::vector<Entry>& e = content_[static_cast<size_t>(k)][0];
-      e.clear();
+      // Sorted by part 0 as (cost, id) pairs of integers, a third of an entry's size, then the entries filled in
+      // order. Costs are finite and >= 0, so their bit patterns order as they do.
       const size_t p = static_cast<size_t>(ids[k]);
+      keys_.clear();
       for (Index i = packs.offsets[p]; i < packs.offsets[p + 1]; ++i) {
         const Index id = packs.samples[static_cast<size_t>(i)];
+        const double cost = costs_.cost[id * dims_] + 0.0;  // -0.0 as +0.0
+        uint64_t bits;
+        std::memcpy(&bits, &cost, sizeof bits);
+        keys_.push_back({bits, id});
+      }
+      std::sort(keys_.begin(), keys_.end());
+      std::vector<Entry>& e = content_[static_cast<size_t>(k)][0];
+      e.clear();
+      for (const auto& key : keys_) {
+        const Index id = key.second;
         Entry x{{0.0, 0.0}, loads_.vit[id], loads_.llm[id], id};
         for (int d = 0; d < dims_; ++d) x.cost[d] = costs_.cost[id * dims_ + d];
         e.push_back(x);
       }
-      for (int d = 0; d < dims_; ++d) {
+      for (int d = 1; d < dims_; ++d) {
         std::vector<Entry>& sorted = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
-        if (d > 0) sorted = e;
+        sorted = e;
         std::sort(sorted.begin(), sorted.end(), Cheaper{d});
       }
       update(k);
@@ -308,6 +321,7 @@ class StepRefiner {
   ArgMin heaviest_, lightest_;
   std::vector<std::array<std::vector<Entry>, kMaxDims>> content_;
   std::vector<int64_t> tried_;
+  std::vector<std::pair<uint64_t, Index>> keys_;
 };
 
 // The packs with the samples of the refined ones (moved_start[p] >= 0: moved[start : start + size]) replaced.
@@ -372,8 +386,10 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
   }
   if (exchanges > 0) {
     packs = rebuild(packs, moved_start, moved_size, moved);
-    // Costs summed afresh in pack order: the same sums a caller recomputes from the plan.
-    fill_pack_costs(packs, costs, totals);
+    // The changed packs' costs summed afresh in pack order: the same sums a caller recomputes from the plan.
+    for (Index p = 0; p < packs.size(); ++p) {
+      if (moved_start[static_cast<size_t>(p)] >= 0) fill_pack_cost(packs, costs, p, totals);
+    }
   }
   return exchanges;
 }
