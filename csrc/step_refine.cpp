@@ -358,8 +358,22 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
   std::vector<Index> moved_start, moved_size, moved;
   int64_t exchanges = 0;
   const int64_t num_steps = static_cast<int64_t>(order.size()) / world_size;
+  const int dims = totals.cost_dims;
   for (int64_t s = 0; s < num_steps; ++s) {
     const Index* ids = order.data() + s * world_size;
+    // A step whose costliest pack is within tolerance of the mean, in every part, has nothing to gain (refine
+    // would return at once): told from the costs alone, without reading the packs.
+    bool balanced = true;
+    for (int d = 0; d < dims && balanced; ++d) {
+      double sum = 0.0, top = 0.0;
+      for (int64_t k = 0; k < world_size; ++k) {
+        const double c = totals.cost[static_cast<size_t>(ids[k] * dims + d)];
+        sum += c;
+        top = std::max(top, c);
+      }
+      balanced = top * static_cast<double>(world_size) <= (1.0 + kRefineTolerance) * sum;
+    }
+    if (balanced) continue;
     int64_t samples = 0;
     for (int64_t k = 0; k < world_size; ++k) {
       const size_t p = static_cast<size_t>(ids[k]);

@@ -393,7 +393,7 @@ def _time_targets(report: dict[str, Any]) -> list[str]:
         )
     out += [
         "Planning speed (balanced with its capacity search, 8 ranks) against `numpy.argsort` of the token "
-        "counts, best of 2 taking turns; target <= 5x.",
+        "counts, best of 5 taking turns; target <= 5x.",
         "",
     ]
     out += _table(
