@@ -84,6 +84,39 @@ int64_t log2_ceil(size_t n) {
   return k;
 }
 
+// Sorts (key, id) pairs by key, ties by id (ids >= 0): at this many pairs and more, a stable radix sort in
+// 11-bit digits, on the id and then on the key, skipping the digits every pair shares; below, std::sort.
+constexpr size_t kRadixPairs = 2048;
+using KeyedId = std::pair<uint64_t, Index>;
+
+void sort_keyed(std::vector<KeyedId>& v, std::vector<KeyedId>& scratch) {
+  if (v.size() < kRadixPairs) {
+    std::sort(v.begin(), v.end());
+    return;
+  }
+  constexpr int kBits = 11;
+  constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
+  std::vector<size_t> count(size_t{1} << kBits);
+  scratch.resize(v.size());
+  auto pass = [&](auto digit) {
+    std::fill(count.begin(), count.end(), 0);
+    for (const KeyedId& e : v) ++count[digit(e)];
+    if (count[digit(v[0])] == v.size()) return;
+    size_t sum = 0;
+    for (size_t& c : count) sum += std::exchange(c, sum);
+    for (const KeyedId& e : v) scratch[count[digit(e)]++] = e;
+    v.swap(scratch);
+  };
+  uint64_t max_id = 0;
+  for (const KeyedId& e : v) max_id = std::max(max_id, static_cast<uint64_t>(e.second));
+  for (int shift = 0; shift < 64 && (max_id >> shift) != 0; shift += kBits) {
+    pass([shift](const KeyedId& e) { return static_cast<size_t>((static_cast<uint64_t>(e.second) >> shift) & kMask); });
+  }
+  for (int shift = 0; shift < 64; shift += kBits) {
+    pass([shift](const KeyedId& e) { return static_cast<size_t>((e.first >> shift) & kMask); });
+  }
+}
+
 // The exchange chosen for the heavy pack: `x` leaves it for pack `other`, `y` (unless has_y) comes back.
 struct Exchange {
   double top = kInf;    // the larger score of the two packs after it
@@ -133,7 +166,7 @@ class StepRefiner {
         std::memcpy(&bits, &cost, sizeof bits);
         keys_.push_back({bits, id});
       }
-      std::sort(keys_.begin(), keys_.end());
+      sort_keyed(keys_, keys_scratch_);
       std::vector<Entry>& e = content_[static_cast<size_t>(k)][0];
       e.clear();
       for (const auto& key : keys_) {
@@ -321,7 +354,7 @@ class StepRefiner {
   ArgMin heaviest_, lightest_;
   std::vector<std::array<std::vector<Entry>, kMaxDims>> content_;
   std::vector<int64_t> tried_;
-  std::vector<std::pair<uint64_t, Index>> keys_;
+  std::vector<KeyedId> keys_, keys_scratch_;
 };
 
 // The packs with the samples of the refined ones (moved_start[p] >= 0: moved[start : start + size]) replaced.

@@ -205,3 +205,28 @@ def test_stages_balance_each_stage():
         per_stage[objective] = [x.max(axis=1).sum() / (x.sum() / world_size) for x in (vit, llm)]
     assert max(per_stage["stages"]) <= 1.025
     assert all(s < t for s, t in zip(per_stage["stages"], per_stage["time"]))
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    distinct=st.sampled_from([3, 50, 5000]),
+    world_size=st.sampled_from([2, 8]),
+    seed=st.integers(0, 2**64 - 1),
+    data_seed=st.integers(0, 2**32 - 1),
+)
+def test_exchanges_in_packs_of_thousands_of_samples_keep_invariants(distinct, world_size, seed, data_seed):
+    # a pack's samples sorted by (cost, id) with a radix sort from 2,048 samples: many equal costs (few
+    # distinct lengths) must still be ordered by id, or the exchanges would take out the wrong sample
+    rng = np.random.default_rng(data_seed)
+    n = 40_000
+    llm = rng.choice(rng.integers(16, 4000, distinct), n)
+    lengths = Lengths(np.zeros(n, np.int64), llm)
+    kwargs = dict(world_size=world_size, vit_capacity=0, llm_capacity=int(llm.sum() // (2 * world_size)) + 4000)
+    plan = plan_packs(lengths, seed=seed, **kwargs)
+    assert plan.pack_sizes().min() >= 2048
+    _check_exactly_once_within_capacities(plan, lengths)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
+        cost_sorted = plan_packs(lengths, seed=seed, **kwargs)
+    cost = CostModel.internvl_7b()
+    assert _epoch_cost(plan, lengths, cost) <= _epoch_cost(cost_sorted, lengths, cost) * (1 + 1e-12)
