@@ -126,6 +126,15 @@ class BucketBits {
 struct BestFitPass {
   std::vector<int32_t> pack_of;                       // per position in `order`
   std::vector<int64_t> room_primary, room_secondary;  // per pack, as the pass leaves it
+
+  size_t num_packs() const { return room_primary.size(); }
+  // Where each pack's members start when the pass's items are grouped by pack (a counting sort), and the end.
+  std::vector<size_t> pack_starts() const {
+    std::vector<size_t> start(num_packs() + 1, 0);
+    for (const int32_t p : pack_of) ++start[static_cast<size_t>(p) + 1];
+    for (size_t p = 0; p < num_packs(); ++p) start[p + 1] += start[p];
+    return start;
+  }
 };
 
 // The buckets of open packs, allocated once per plan and left empty by every pass. Each bucket is a stack
@@ -302,17 +311,13 @@ class Leftovers {
       const size_t count = std::min(kBlock, n - from);
       const BestFitPass pass = best_fit_pass(sorted.data() + from, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
                                              vit_binds ? min_llm : min_vit, open);
-      // Every merged pack's parts, in the order they joined it (a counting sort on the pack).
-      const size_t num_packs = pass.room_primary.size();
-      std::vector<size_t> start(num_packs + 1, 0);
-      for (const int32_t p : pass.pack_of) ++start[static_cast<size_t>(p) + 1];
-      for (size_t p = 0; p < num_packs; ++p) start[p + 1] += start[p];
-      std::vector<size_t> members(count);
-      for (size_t k = 0; k < count; ++k) members[start[static_cast<size_t>(pass.pack_of[k])]++] = order[from + k];
-      size_t k = 0;
-      for (size_t p = 0; p < num_packs; ++p) {
+      // Every merged pack's parts, in the order they joined it.
+      const std::vector<size_t> start = pass.pack_starts();
+      std::vector<size_t> fill(start.begin(), start.end() - 1), members(count);
+      for (size_t k = 0; k < count; ++k) members[fill[static_cast<size_t>(pass.pack_of[k])]++] = order[from + k];
+      for (size_t p = 0; p < pass.num_packs(); ++p) {
         int64_t v = 0, t = 0;
-        for (; k < start[p]; ++k) {
+        for (size_t k = start[p]; k < start[p + 1]; ++k) {
           const size_t u = members[k];
           for (Index i = offsets_[u]; i < offsets_[u + 1]; ++i)
             packs.samples.push_back(items_[static_cast<size_t>(i)].id);
@@ -360,7 +365,7 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
       cap.vit > 0 && vit_total * static_cast<double>(cap.llm) >= llm_total * static_cast<double>(cap.vit);
   ItemVector pool, scratch;  // scratch: shuffle and grouping buffer, reused by every round
   Leftovers leftovers(static_cast<size_t>(items.count));
-  std::vector<int64_t> start, fill;
+  std::vector<size_t> fill;
   OpenPacks open(vit_binds ? cap.vit : cap.llm);
   for (int r = 0; r < rounds && (r == 0 || !pool.empty()); ++r) {
     Rng rng(derive_seed(seed, kStreamBestFit, static_cast<uint64_t>(r)));
@@ -377,21 +382,19 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
       const Item* chunk_items = pool.data() + chunk;
       const BestFitPass pass = best_fit_pass(chunk_items, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
                                              vit_binds ? min_llm : min_vit, open);
-      const size_t num_packs = pass.room_primary.size();
+      const size_t num_packs = pass.num_packs();
       // A pack no sample could join is final; the others go back to the pool or stay as leftovers (below).
       auto is_final = [&](size_t p) {
         const int64_t room_vit = vit_binds ? pass.room_primary[p] : pass.room_secondary[p];
         const int64_t room_llm = vit_binds ? pass.room_secondary[p] : pass.room_primary[p];
         return room_vit < min_vit || room_llm < min_llm;
       };
-      // Group the chunk's items by pack (counting sort on pack id) into scratch, then keep each pack or
-      // return its items to the front of the pool, which holds nothing unread before this chunk's end.
-      start.assign(num_packs + 1, 0);
-      for (const int32_t p : pass.pack_of) ++start[static_cast<size_t>(p) + 1];
+      // Group the chunk's items by pack into scratch, then keep each pack or return its items to the front
+      // of the pool, which holds nothing unread before this chunk's end.
+      const std::vector<size_t> start = pass.pack_starts();
       size_t final_items = 0;
       for (size_t p = 0; p < num_packs; ++p) {
-        if (is_final(p)) final_items += static_cast<size_t>(start[p + 1]);
-        start[p + 1] += start[p];
+        if (is_final(p)) final_items += start[p + 1] - start[p];
       }
       // Packs kept while not final are leftovers, merged across chunks at the end (Leftovers::merge): in the
       // last round, and in a chunk where under 1 / kMinFinalShare of the items are in final packs. Re-packing
@@ -402,7 +405,7 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
       const bool keep_all = r + 1 == rounds || final_items * kMinFinalShare < count;
       scratch.resize(count);
       fill.assign(start.begin(), start.end() - 1);
-      for (size_t k = 0; k < count; ++k) scratch[static_cast<size_t>(fill[pass.pack_of[k]]++)] = chunk_items[k];
+      for (size_t k = 0; k < count; ++k) scratch[fill[static_cast<size_t>(pass.pack_of[k])]++] = chunk_items[k];
       for (size_t p = 0; p < num_packs; ++p) {
         const Item* first = scratch.data() + start[p];
         const Item* last = scratch.data() + start[p + 1];

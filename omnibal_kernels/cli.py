@@ -42,6 +42,17 @@ _REPORT_ROWS = (
 )
 
 
+def _add_no_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no progress bar (default: one when stderr is a terminal)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .balance.options import METHODS, OVERSIZE_POLICIES
     from .bench.cli import add_bench_parser
@@ -291,14 +302,7 @@ def add_lengths_parser(subparsers: Any) -> None:
     p.add_argument("--temporal-patch-size", type=int, default=2, help="qwen2vl: frames per temporal patch")
     p.add_argument("--min-pixels", type=int, default=56 * 56, help="qwen2vl: smart_resize min_pixels")
     p.add_argument("--max-pixels", type=int, default=28 * 28 * 1280, help="qwen2vl: smart_resize max_pixels")
-    p.add_argument(
-        "--no-progress",
-        dest="progress",
-        action="store_const",
-        const=False,
-        default=None,
-        help="no progress bar (default: one when stderr is a terminal)",
-    )
+    _add_no_progress(p)
     p.set_defaults(func=_run_lengths)
     add_raw_arguments(p)
 
@@ -404,14 +408,7 @@ def add_calibrate_parser(subparsers: Any) -> None:
     p.add_argument("--holdout", type=float, default=0.5, help="share of packs predicted, not fitted (default 0.5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the fit and the timing as one JSON object")
-    p.add_argument(
-        "--no-progress",
-        dest="progress",
-        action="store_const",
-        const=False,
-        default=None,
-        help="no progress bar (default: one when stderr is a terminal)",
-    )
+    _add_no_progress(p)
     p.set_defaults(func=_run_calibrate)
 
 

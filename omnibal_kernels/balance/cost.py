@@ -262,7 +262,7 @@ class CostModel:
             if not isinstance(lengths, Lengths):
                 raise TypeError(f"lengths must be a Lengths, got {type(lengths).__name__}")
             # One pass in the engine, the same operations in the same order as below.
-            terms = [float(getattr(self, name)) for name in TERMS[:5]]
+            terms = self.coefficients()[:5].tolist()  # per_pack aside
             return _ext.load().sample_costs(
                 lengths.vit, lengths.llm, lengths.vit_seqlens_offsets, lengths.vit_seqlens, terms
             )
