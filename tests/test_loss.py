@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnibal_kernels import BalancedBatchSampler, PackCollator, pack_batch, step_batches, step_loss
+from omnibal_kernels import BalancedBatchSampler, PackCollator, PackOptions, pack_batch, step_batches, step_loss
 from omnibal_kernels.testing.hf_models import label_tokens, lengths_of, training_samples
 from omnibal_kernels.testing.models import TinyCausalLM
 
@@ -84,7 +84,7 @@ def test_every_batch_gets_its_steps_count_in_any_worker(workers, context, persis
     lengths = lengths_of(data)
     # random packs: the ragged last step reuses packs (the balanced method splits packs into whole steps here)
     sampler = _sampler(lengths, method="random")
-    assert sampler.balance_report().duplicated_samples.size > 0
+    assert sampler.report().duplicated_samples.size > 0
     loader = _loader(sampler, data, workers, context, persistent)
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
@@ -225,7 +225,7 @@ def test_label_counts_need_the_first_label_masked():
     data = _data(24)
     sampler = _sampler(lengths_of(data))
     loader = torch.utils.data.DataLoader(
-        sampler.wrap(data), batch_sampler=sampler, collate_fn=PackCollator(mask_first_label=False)
+        sampler.wrap(data), batch_sampler=sampler, collate_fn=PackCollator(PackOptions(mask_first_label=False))
     )
     with pytest.raises(ValueError, match="label counts need mask_first_label=True"):
         next(iter(loader))

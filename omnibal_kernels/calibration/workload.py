@@ -27,6 +27,7 @@ import numpy as np
 from .._checks import check_positive_int
 from .._csr import row_sums
 from ..balance import plan_packs
+from ..balance.options import PlanOptions
 from ..lengths import Lengths, default_lengths
 from .samples import SampleMaker
 
@@ -137,12 +138,14 @@ def calibration_packs(
     for k, scale in enumerate(capacity_scales):
         plan = plan_packs(
             lengths,
+            PlanOptions(
+                method="random",
+                vit_capacity=int(np.ceil(scale * mean_vit)),
+                llm_capacity=max(1, int(np.ceil(scale * mean_llm))),
+                oversize="single",
+                seed=seed + k,
+            ),
             world_size=1,
-            method="random",
-            vit_capacity=int(np.ceil(scale * mean_vit)),
-            llm_capacity=max(1, int(np.ceil(scale * mean_llm))),
-            oversize="single",
-            seed=seed + k,
         )
         plans.append([plan.pack_samples[a:b] for a, b in zip(plan.pack_offsets[:-1], plan.pack_offsets[1:])])
     packs: list[np.ndarray] = []
