@@ -148,7 +148,7 @@ def test_oversize_samples_are_never_silently_lost(n, method, policy, seed, data_
     report = balance_report(plan, lengths)
     if policy == "drop":
         assert set(plan.dropped_samples.tolist()) >= set(np.flatnonzero(over).tolist())
-        assert report.dropped == plan.dropped_samples.size
+        assert report.num_dropped == plan.dropped_samples.size
     else:
         assert set(np.flatnonzero(over).tolist()) <= set(plan.pack_samples.tolist())
         assert report.num_samples == n
@@ -243,12 +243,12 @@ def test_ragged_tail_reused_or_dropped_and_reported():
         lengths, PlanOptions(method="random", vit_capacity=1, llm_capacity=100), world_size=4
     )  # 10 packs of 1
     assert dup.num_steps == 3 and dup.duplicated_slots == 2
-    assert balance_report(dup, lengths).duplicated == 2
+    assert balance_report(dup, lengths).num_duplicated == 2
     drop = plan_packs(
         lengths, PlanOptions(method="random", vit_capacity=1, llm_capacity=100, drop_last=True), world_size=4
     )
     assert drop.num_steps == 2 and drop.dropped_samples.size == 2
-    assert balance_report(drop, lengths).dropped == 2
+    assert balance_report(drop, lengths).num_dropped == 2
     with pytest.raises(TooFewPacksError, match="no step is left"):
         plan_packs(
             Lengths(np.ones(3, np.int64), np.full(3, 100)),

@@ -32,7 +32,7 @@ def test_default_capacities_hold_every_sample_at_the_data_ratio(small_class):
     plan = plan_packs(lengths, world_size=8)  # oversize="error": would raise on an oversize sample
     assert plan.oversize_samples.size == 0 and (plan.vit_capacity, plan.llm_capacity) == caps[:2]
     report = balance_report(plan, lengths)
-    assert report.oversize == 0 and report.num_samples == len(lengths)
+    assert report.num_oversize == 0 and report.num_samples == len(lengths)
     if lengths.vit.sum() == 0:
         assert caps.vit_capacity == 0
         return
@@ -53,7 +53,7 @@ def test_user_capacities_are_honoured_and_the_oversize_policy_applies():
     assert over.size > 0 and np.array_equal(plan.oversize_samples, over)
     report = balance_report(plan, lengths)
     # fills count only packs within the capacity; the oversize singles are reported on their own
-    assert report.llm_fill <= 1.0 and report.oversize == over.size
+    assert report.llm_fill <= 1.0 and report.num_oversize == over.size
     assert report.num_samples == len(lengths)
 
 
@@ -134,21 +134,14 @@ def test_swaps_keep_every_sample_once_and_capacities(n, world_size, drop_last, o
     if oversize:  # a few samples over the LLM capacity, as singles (_check_plan takes dropped oversize
         llm_cap = int(np.quantile(llm, 0.97))  # samples for oversize="drop": no drop_last with them)
         drop_last = False
-    kwargs = dict(
-        world_size=world_size,
-        vit_capacity=vit_cap,
-        llm_capacity=llm_cap,
-        drop_last=drop_last,
-        oversize="single",
-        seed=seed,
-    )
+    options = PlanOptions(vit_capacity=vit_cap, llm_capacity=llm_cap, drop_last=drop_last, oversize="single", seed=seed)
     try:
-        plan = plan_packs(lengths, **kwargs)
+        plan = plan_packs(lengths, options, world_size=world_size)
     except ValueError as exc:
         assert drop_last and "no step is left" in str(exc)
         return
     _check_plan(plan, lengths)
-    assert plan_packs(lengths, **kwargs).fingerprint() == plan.fingerprint()
+    assert plan_packs(lengths, options, world_size=world_size).fingerprint() == plan.fingerprint()
 
 
 # --- leftover packs of one chunk merged with the others' ----------------------------------------------------
@@ -183,4 +176,4 @@ def test_groups_get_the_same_balance(kind):
     report = sampler.report()
     assert report.step_efficiency >= 0.995
     assert report.micro_vit_dist <= 0.005
-    assert all(group.oversize == 0 for group in report.groups)
+    assert all(group.num_oversize == 0 for group in report.groups)

@@ -48,7 +48,7 @@ def test_balanced_meets_the_targets_and_beats_isf(lengths, capacities):
     assert report.vit_dist <= 0.002
     assert report.step_efficiency >= 0.999
     assert max(report.vit_fill, report.llm_fill) >= 0.98
-    assert report.dropped == 0 and report.duplicated < 8 * 6  # only the ragged tail
+    assert report.num_dropped == 0 and report.num_duplicated < 8 * 6  # only the ragged tail
     isf = balance_report(
         plan_packs(
             lengths,

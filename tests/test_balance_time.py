@@ -63,17 +63,17 @@ def test_exchanges_keep_invariants_and_never_raise_the_epoch_cost(
     lengths = Lengths(vit, llm, vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
     cost = CostModel(*terms)
     caps = dict(vit_capacity=int(max(vit.max(), 1) * pack_room), llm_capacity=int(llm.max() * pack_room))
-    kwargs = dict(world_size=world_size, cost_model=cost, drop_last=drop_last, seed=seed, **caps)
+    options = PlanOptions(cost_model=cost, drop_last=drop_last, seed=seed, **caps)
     try:
-        plan = plan_packs(lengths, **kwargs)
+        plan = plan_packs(lengths, options, world_size=world_size)
     except ValueError as exc:
         assert drop_last and "no step is left" in str(exc)
         return
-    again = plan_packs(lengths, **kwargs)
+    again = plan_packs(lengths, options, world_size=world_size)
     assert plan.fingerprint() == again.fingerprint()
     with pytest.MonkeyPatch.context() as mp:  # the same packs sorted by cost, no exchange
         mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
-        cost_sorted = plan_packs(lengths, **kwargs)
+        cost_sorted = plan_packs(lengths, options, world_size=world_size)
     assert plan.num_packs == cost_sorted.num_packs and plan.duplicated_slots == cost_sorted.duplicated_slots
     if plan.dropped_samples.size == 0 and plan.duplicated_slots == 0:
         _check_exactly_once_within_capacities(plan, lengths)
@@ -172,19 +172,18 @@ def test_stage_exchanges_keep_invariants_and_never_raise_a_step(n, world_size, t
     vit = np.where(rng.random(n) < 0.3, 0, rng.integers(1, 2000, n))
     lengths = Lengths(vit, vit // 4 + rng.integers(1, 3000, n))
     cost = CostModel(*terms)
-    kwargs = dict(
-        world_size=world_size,
+    options = PlanOptions(
         cost_model=cost,
         objective="stages",
         seed=seed,
         vit_capacity=int(max(vit.max(), 1) * pack_room),
         llm_capacity=int(lengths.llm.max() * pack_room),
     )
-    plan = plan_packs(lengths, **kwargs)
-    assert plan.fingerprint() == plan_packs(lengths, **kwargs).fingerprint()
+    plan = plan_packs(lengths, options, world_size=world_size)
+    assert plan.fingerprint() == plan_packs(lengths, options, world_size=world_size).fingerprint()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
-        unrefined = plan_packs(lengths, **kwargs)
+        unrefined = plan_packs(lengths, options, world_size=world_size)
     if plan.duplicated_slots == 0:
         _check_exactly_once_within_capacities(plan, lengths)
 

@@ -177,7 +177,7 @@ def test_for_model_shards_keep_what_the_model_and_the_attention_take():
     } <= set(batch)
     assert batch["use_cache"] is False
     assert not {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q"} & set(batch)
-    assert "context_parallel_size=2" in repr(collator)
+    assert "ContextParallelOptions(size=2" in repr(collator) and "context_parallel_rank=1" in repr(collator)
     with pytest.raises(ValueError, match="context_parallel.size"):
         ok.PackCollator.for_model(
             config("internvl"), context_parallel=ContextParallelOptions(size=2), context_parallel_rank=0
@@ -326,7 +326,10 @@ def test_the_readme_loop_trains_the_gradient_of_the_packs():
             }
             exec(code, scope)
             size = scope["cp"].size
-            assert scope["report"].times.shape[1:] == (world_size // size, size)
+            if size > 1:
+                assert scope["report"].times.shape[1:] == (world_size // size, size)
+            else:
+                assert scope["report"] is None  # whole packs: nothing priced per CP rank
         return torch.cat([p.grad.reshape(-1) for p in model.parameters()]) / world_size
 
     code = _readme_loop()
@@ -337,7 +340,6 @@ def test_the_readme_loop_trains_the_gradient_of_the_packs():
     # a collator told to be CP rank 0 on every rank: refused, never both ranks training shard 0
     with pytest.raises(ValueError, match="context_parallel_rank 0 but the sampler's batches are for CP rank 1"):
         run(code.replace("ok.PackCollator()", "ok.PackCollator(context_parallel=cp, context_parallel_rank=0)"), 4)
-    # the dataset not wrapped: the batches carry no plan, every CP rank trains the whole pack; said, and wrong
-    with pytest.warns(UserWarning, match=r"sampler.wrap\(dataset\)"):
-        same = run(code.replace("sampler.wrap(dataset)", "dataset"), 4)
-    assert float((same - want).abs().max()) > 1e-6
+    # the dataset not wrapped: the batches carry no plan, so no shard and no step count: said, then refused
+    with pytest.warns(UserWarning, match=r"sampler.wrap\(dataset\)"), pytest.raises(ValueError, match="no count"):
+        run(code.replace("sampler.wrap(dataset)", "dataset"), 4)

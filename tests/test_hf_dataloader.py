@@ -96,12 +96,12 @@ def test_epochs_keep_the_length_of_plan_epoch_zero():
     rng = np.random.default_rng(0)
     llm = rng.integers(4, 60, 120)
     lengths = Lengths(rng.integers(0, 4, 120), llm)
-    options = {"vit_capacity": 8, "llm_capacity": 160, "seed": 13}
-    reference = BalancedBatchSampler(lengths, world_size=1, rank=0, micro_steps_per_step=2, **options)
+    options = PlanOptions(vit_capacity=8, llm_capacity=160, seed=13)
+    reference = BalancedBatchSampler(lengths, options, world_size=1, rank=0, micro_steps_per_step=2)
     plans = [reference.rank_batches(epoch=e) for e in range(4)]
     assert [len(p) for p in plans] == [28, 26, 28, 28]
     stream = [batch for plan in plans for batch in plan]
-    loader = balanced_train_dataloader(_trainer(120, world_size=1, process_index=0), lengths, **options)
+    loader = balanced_train_dataloader(_trainer(120, world_size=1, process_index=0, seed=13), lengths, options)
     seen = []
     for epoch in (2, 0, 1, 2):  # any order: epoch e is always the same batches (what a resume relies on)
         loader.set_epoch(epoch)
@@ -116,10 +116,10 @@ def test_epochs_keep_the_length_of_plan_epoch_zero():
 
 def test_checkpoint_sampler_state_is_checked(tmp_path):
     identity = balanced_train_dataloader(
-        _trainer(50), _lengths(50), vit_capacity=8, llm_capacity=160
+        _trainer(50), _lengths(50), PlanOptions(vit_capacity=8, llm_capacity=160)
     ).batch_sampler.identity()
     other = balanced_train_dataloader(
-        _trainer(50, seed=4), _lengths(50), vit_capacity=8, llm_capacity=160
+        _trainer(50, seed=4), _lengths(50), PlanOptions(vit_capacity=8, llm_capacity=160)
     ).batch_sampler.identity()
     path = tmp_path / SAMPLER_STATE_FILE
     _check_sampler_state(path, identity)  # a checkpoint without one: nothing to check

@@ -16,7 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnibal_kernels import BalancedBatchSampler, PackCollator, PackOptions, pack_batch, step_batches, step_loss
+from omnibal_kernels import (
+    BalancedBatchSampler,
+    PackCollator,
+    PackOptions,
+    PlanOptions,
+    pack_batch,
+    step_batches,
+    step_loss,
+)
 from omnibal_kernels.testing.hf_models import label_tokens, lengths_of, training_samples
 from omnibal_kernels.testing.models import TinyCausalLM
 
@@ -28,8 +36,8 @@ def _data(n: int = 48) -> list[dict[str, Any]]:
 
 
 def _sampler(lengths: Any, rank: int = 0, **options: Any) -> BalancedBatchSampler:
-    options = {"vit_capacity": 0, "llm_capacity": 40, "seed": 2, **options}
-    return BalancedBatchSampler(lengths, world_size=WORLD, rank=rank, micro_steps_per_step=MICRO_STEPS, **options)
+    plan = PlanOptions(**{"vit_capacity": 0, "llm_capacity": 40, "seed": 2, **options})
+    return BalancedBatchSampler(lengths, plan, world_size=WORLD, rank=rank, micro_steps_per_step=MICRO_STEPS)
 
 
 def _true_counts(data: list[dict[str, Any]], lengths: Any, epoch: int, **options: Any) -> list[tuple[int, int]]:

@@ -84,8 +84,8 @@ def _assert_equal(got: Any, want: Any, what: str) -> None:
 @pytest.mark.parametrize("pad", [None, 16])
 def test_unpack_gives_back_every_sample(seed: int, pad: int | None) -> None:
     samples = _batch(seed)
-    opts = dict(image_token_id=IMG, video_token_id=VID, mask_first_label=False, pad_to_multiple_of=pad)
-    batch = pack_batch(samples, **opts)
+    opts = PackOptions(image_token_id=IMG, video_token_id=VID, mask_first_label=False, pad_to_multiple_of=pad)
+    batch = pack_batch(samples, opts)
     back = unpack_batch(batch, num_samples=len(samples))
     assert len(back) == len(samples)
     for i, (sample, got) in enumerate(zip(samples, back)):
@@ -93,7 +93,7 @@ def test_unpack_gives_back_every_sample(seed: int, pad: int | None) -> None:
             _assert_equal(got[key], value, f"sample {i} {key}")
         assert set(got) - set(sample) == {"position_ids", "text_position_ids"}, i
         # packed positions are what the sample gets when packed alone, and the reference's
-        alone = pack_batch([sample], **{**opts, "pad_to_multiple_of": None})
+        alone = pack_batch([sample], opts.replace(pad_to_multiple_of=None))
         _assert_equal(got["position_ids"], alone["position_ids"], f"sample {i} positions")
         _assert_equal(got["position_ids"], _ref_positions(sample), f"sample {i} reference")
         _assert_equal(got["text_position_ids"], torch.arange(len(sample["input_ids"]))[None], f"sample {i}")

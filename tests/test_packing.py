@@ -349,7 +349,7 @@ def test_static_limits() -> None:
 )
 def test_bad_options(options: dict[str, Any], error: type) -> None:
     with pytest.raises(error):
-        pack_batch(_samples([2]), **options)
+        pack_batch(_samples([2]), PackOptions(**options))
 
 
 def test_unknown_option() -> None:

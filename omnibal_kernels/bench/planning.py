@@ -126,12 +126,12 @@ def pack_size_row(per_pack: int, n: int, seed: int) -> dict[str, Any]:
     tokens = np.clip(np.round(rng.lognormal(np.log(900), 1.0, n)), 16, 32_768).astype(np.int64)
     lengths = Lengths(np.zeros(n, np.int64), tokens)
     capacity = int(np.ceil(per_pack * tokens.mean()))
-    keywords: dict[str, Any] = dict(world_size=WORLD_SIZE, vit_capacity=0, llm_capacity=capacity, oversize="single")
+    options = PlanOptions(vit_capacity=0, llm_capacity=capacity, oversize="single")
     funcs = {
-        "balanced": lambda: plan_packs(lengths, **keywords),
+        "balanced": lambda: plan_packs(lengths, options, world_size=WORLD_SIZE),
         "argsort": lambda: np.argsort(tokens),
     }
-    plan = plan_packs(lengths, **keywords)  # also the warm-up
+    plan = plan_packs(lengths, options, world_size=WORLD_SIZE)  # also the warm-up
     funcs["argsort"]()
     best = {name: float("inf") for name in funcs}
     for _ in range(2 if n >= 5_000_000 else 5):

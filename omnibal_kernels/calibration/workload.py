@@ -13,7 +13,7 @@ ones, few and many images of small and large size. ``calibration_lengths`` draws
 - InternVL tiles: the bundled samples' tiles with their text, the model's placeholders per tile, one ViT
   sequence per tile.
 
-``calibration_packs`` plans them with ``plan_packs(method="random")`` under capacities of 1 to 4 mean samples
+``calibration_packs`` plans them with ``plan_packs`` with ``method="random"`` under capacities of 1 to 4 mean samples
 and takes packs from every plan in turn, so the packs range from one sample to several.
 """
 
@@ -124,9 +124,9 @@ def calibration_lengths(config: Any, num_samples: int = 2000, *, seed: int = 0, 
 def calibration_packs(
     lengths: Lengths, num_packs: int, *, seed: int = 0, capacity_scales: Sequence[float] = CAPACITY_SCALES
 ) -> list[np.ndarray]:
-    """``num_packs`` packs of ``lengths``: random next-fit plans (``plan_packs(method="random")``) whose capacities
-    are ``scale`` times the mean sample's loads, for every scale, their packs taken in turn (each plan's in its
-    own order). Samples above a plan's capacities get a pack of their own (``oversize="single"``), so the packs
+    """``num_packs`` packs of ``lengths``: random next-fit plans (``plan_packs`` with ``method="random"``) whose
+    capacities are ``scale`` times the mean sample's loads, for every scale, their packs taken in turn (each plan's
+    in its own order). Samples above a plan's capacities get a pack of their own (``oversize="single"``), so the packs
     range from one short sample to many.
 
     Raises:

@@ -134,15 +134,18 @@ def slot_rank_times(
 def context_parallel_report(
     plan: Plan,
     lengths: Union[Lengths, tuple, np.ndarray],
+    options: Optional[ContextParallelOptions] = None,
     *,
     progress: Optional[bool] = None,
 ) -> ContextParallelReport:
-    """Every CP rank's predicted time for every step of ``plan``, under the context-parallel options it was
-    planned with (``plan.context_parallel``: the size, the strategy the collator shards with, the cost terms).
+    """Every CP rank's predicted time for every step of ``plan``.
 
     Args:
         plan: a plan of :func:`~omnibal_kernels.balance.plan_packs`.
         lengths: the loads it was planned from.
+        options: the context-parallel options to price with (the size, the strategy the collator shards with,
+            the cost terms); None: those the plan was made with (``plan.context_parallel``). Pricing one plan
+            under several strategies compares them on the same packs.
         progress: a progress bar over the packs (default: when stderr is a terminal).
 
     Returns:
@@ -158,6 +161,7 @@ def context_parallel_report(
     lengths = as_lengths(lengths)
     if len(lengths) != plan.num_input_samples:
         raise ValueError(f"plan was made for {plan.num_input_samples} samples, lengths has {len(lengths)}")
+    options = plan.context_parallel if options is None else check_options(options, "options")
     return slot_rank_times(
-        plan.pack_offsets, plan.pack_samples, plan.step_packs, lengths.llm, plan.context_parallel, progress=progress
+        plan.pack_offsets, plan.pack_samples, plan.step_packs, lengths.llm, options, progress=progress
     )

@@ -43,7 +43,7 @@ class SamplerGroups:
         return _where(g, len(self))
 
     def seed(self, g: int) -> int:
-        """Group ``g``'s plan seed: one group plans exactly as ``plan_packs(..., seed=seed)``; several get
+        """Group ``g``'s plan seed: one group plans exactly as ``plan_packs`` with the options' seed; several get
         independent seeds."""
         seed = self.options[0].seed
         return seed if len(self) == 1 else epoch_seed(seed, g)

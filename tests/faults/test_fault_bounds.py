@@ -90,7 +90,7 @@ def test_capacities_at_the_bound_plan_exactly(method, drop_last):
 def test_capacities_past_the_bound_are_clear_errors(cap, which):
     caps = {"vit_capacity": 0, "llm_capacity": 4096, which: cap}
     with pytest.raises(ValueError, match=f"{which} must be at most 2\\*\\*48"):
-        ok.plan_packs(_text_lengths(), world_size=2, **caps)
+        ok.plan_packs(_text_lengths(), ok.PlanOptions(**caps), world_size=2)
 
 
 @pytest.mark.parametrize("epoch", [2**63, 2**64, 2**64 + 1, -1])
