@@ -25,6 +25,7 @@ import pytest
 if __name__ == "__main__":  # run as a script from a checkout: import the package next to this folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from omnibal_kernels import PlanOptions
 from omnibal_kernels.bench import environment, run_suite
 from omnibal_kernels.bench.markdown import to_markdown
 from omnibal_kernels.bench.planning import WORLD_SIZE, _methods
@@ -73,7 +74,11 @@ def test_isf_70k(benchmark, provider: str) -> None:
     items = np.arange(len(real), dtype=np.int64)
     benchmark.group = "isf 70k samples at 18 / 6016"
     if provider == "ours":
-        benchmark(lambda: plan_packs(real, world_size=WORLD_SIZE, method="isf", vit_capacity=18, llm_capacity=6016))
+        benchmark(
+            lambda: plan_packs(
+                real, PlanOptions(method="isf", vit_capacity=18, llm_capacity=6016), world_size=WORLD_SIZE
+            )
+        )
     else:
         benchmark.pedantic(lambda: isf_reference(real.vit, real.llm, items, 18, 6016, 18, 5888, 50, 0), rounds=1)
 
@@ -90,7 +95,7 @@ def test_best_fit_rounds(benchmark, monkeypatch, rounds: int) -> None:
     monkeypatch.setattr(engine, "BEST_FIT_ROUNDS", rounds)
 
     def plan():
-        return plan_packs(real, world_size=WORLD_SIZE, vit_capacity=18, llm_capacity=6016, seed=SEED)
+        return plan_packs(real, PlanOptions(vit_capacity=18, llm_capacity=6016, seed=SEED), world_size=WORLD_SIZE)
 
     report = balance_report(plan(), real).to_dict()
     benchmark.group = "choice: best-fit rounds, bundled data at 18 / 6016"
@@ -112,7 +117,7 @@ def test_refine_work(benchmark, monkeypatch, work: int, world_size: int) -> None
     monkeypatch.setattr(engine, "REFINE_WORK_PER_SAMPLE", work)
 
     def plan():
-        return plan_packs(lengths, world_size=world_size, cost_model=cost, seed=SEED)
+        return plan_packs(lengths, PlanOptions(cost_model=cost, seed=SEED), world_size=world_size)
 
     p = plan()
     pack_cost = cost.pack_costs(lengths, p)
@@ -135,7 +140,9 @@ def test_headroom_sigmas(benchmark, monkeypatch, sigmas: float, data: str, world
     monkeypatch.setattr(search, "HEADROOM_SIGMAS", sigmas)
 
     def plan():
-        return plan_packs(lengths, world_size=world_size, target_batch_size=TARGET, cost_model=cost, seed=SEED)
+        return plan_packs(
+            lengths, PlanOptions(target_batch_size=TARGET, cost_model=cost, seed=SEED), world_size=world_size
+        )
 
     first = plan()
     report = balance_report(first, lengths, cost).to_dict()

@@ -22,20 +22,27 @@ if __name__ == "__main__":  # run as a script from a checkout: import the packag
 from omnibal_kernels.bench import environment, run_suite
 from omnibal_kernels.bench.context_parallel import CP_SIZES, MIXES, STRATEGIES, cp_rows, mix_packs
 from omnibal_kernels.bench.markdown import to_markdown
-from omnibal_kernels.context_parallel import context_parallel_rank_times
+from omnibal_kernels.context_parallel import ContextParallelOptions, context_parallel_rank_times
 
 
-@pytest.mark.parametrize("cp_size", CP_SIZES)
+@pytest.mark.parametrize("context_parallel_size", CP_SIZES)
 @pytest.mark.parametrize("mix", list(MIXES))
 @pytest.mark.parametrize("name", list(STRATEGIES))
-def test_layout(benchmark, mix: str, cp_size: int, name: str) -> None:
+def test_layout(benchmark, mix: str, context_parallel_size: int, name: str) -> None:
     packs = mix_packs(mix, 1)
     strategy, pad, slack = STRATEGIES[name]
-    cap = None if slack is None else int(np.ceil(slack * int(packs[0].sum()) / cp_size))
-    row = next(r for r in cp_rows(mix, packs, cp_size) if r["strategy"] == name)
-    benchmark.group = f"cp layout {mix}, CP {cp_size}"
+    cap = None if slack is None else int(np.ceil(slack * int(packs[0].sum()) / context_parallel_size))
+    row = next(r for r in cp_rows(mix, packs, context_parallel_size) if r["strategy"] == name)
+    benchmark.group = f"cp layout {mix}, CP {context_parallel_size}"
     benchmark.extra_info.update(row, sequences=len(packs[0]), **environment()["versions"])
-    benchmark(lambda: context_parallel_rank_times(packs[0], cp_size, strategy, pad_sequences=pad, max_rank_tokens=cap))
+    benchmark(
+        lambda: context_parallel_rank_times(
+            packs[0],
+            ContextParallelOptions(
+                size=context_parallel_size, strategy=strategy, pad_sequences=pad, max_rank_tokens=cap
+            ),
+        )
+    )
 
 
 def main(argv: list[str]) -> int:

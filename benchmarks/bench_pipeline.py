@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from omnibal_kernels import PlanOptions
 from omnibal_kernels.balance import plan_packs
 from omnibal_kernels.lengths import default_lengths
 from omnibal_kernels.pipeline import (
@@ -70,7 +71,9 @@ DATA_STEPS = 8  # optimizer steps simulated per pack method
 
 def _plans(method: str):
     lengths = default_lengths()
-    plan = plan_packs(lengths, world_size=WORLD_SIZE, method=method, vit_capacity=16, llm_capacity=5376, seed=0)
+    plan = plan_packs(
+        lengths, PlanOptions(method=method, vit_capacity=16, llm_capacity=5376, seed=0), world_size=WORLD_SIZE
+    )
     return lengths, plan
 
 

@@ -30,7 +30,7 @@ import numpy as np
 if __name__ == "__main__":  # run as a script from a checkout: import the package next to this folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omnibal_kernels.raw_lengths import lengths_from_raw
+from omnibal_kernels.raw_lengths import CountOptions, lengths_from_raw
 from omnibal_kernels.raw_lengths.tiny import tiny_model_folder
 
 NUM_SAMPLES = 4000
@@ -111,8 +111,7 @@ def ours(folder: Path, workers: int) -> tuple[np.ndarray, np.ndarray]:
     r = lengths_from_raw(
         folder / "data.jsonl",
         folder / "model",
-        "qwen2vl",
-        image_root=folder / "images",
+        CountOptions(model="qwen2vl", image_root=folder / "images"),
         num_workers=workers,
         progress=False,
     )

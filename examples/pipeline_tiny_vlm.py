@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from omnibal_kernels import PlanOptions
 from omnibal_kernels.balance import plan_packs
 from omnibal_kernels.pipeline import (
     TORCH_SCHEDULES,
@@ -71,7 +72,7 @@ RANKS = 2
 def make_batches(micro_batches: int, steps: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """``steps * micro_batches`` balanced packs as fixed-shape micro-batches, stacked along dim 0."""
     lengths = scaled_lengths(4000, seed)
-    plan = plan_packs(lengths, world_size=1, vit_capacity=TILES, llm_capacity=TEXT, seed=seed)
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=TILES, llm_capacity=TEXT, seed=seed), world_size=1)
     n = steps * micro_batches
     if plan.num_packs < n:
         raise ValueError(f"only {plan.num_packs} packs for {n} micro-batches")

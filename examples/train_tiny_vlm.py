@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from omnibal_kernels import BalancedBatchSampler, PackCollator, step_loss
+from omnibal_kernels import BalancedBatchSampler, PackCollator, PlanOptions, step_loss
 from omnibal_kernels.lengths import Lengths
 from omnibal_kernels.testing.tiny_vlm import TinyVLM, make_sample, scaled_lengths
 
@@ -82,8 +82,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     dataset = SyntheticVLMData(lengths, args.seed)
     sampler = BalancedBatchSampler(
         lengths,
-        target_batch_size=args.target_batch_size,
-        seed=args.seed,
+        PlanOptions(target_batch_size=args.target_batch_size, seed=args.seed),
         micro_steps_per_step=args.micro_steps,
         dataset=dataset,
     )
@@ -142,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     total_tokens = torch.tensor([tokens_done], dtype=torch.int64)
     if distributed:
         dist.all_reduce(total_tokens)
-    report = sampler.balance_report()
+    report = sampler.report()
     if rank == 0:
         print(
             f"{step} steps, {int(total_tokens)} tokens in {seconds:.2f} s: "

@@ -35,9 +35,9 @@ _REPORT_ROWS = (
     ("epoch_bound", "epoch lower bound", "{:.4g}"),
     ("epoch_over_ideal", "epoch / ideal", "{:.4f}"),
     ("epoch_over_bound", "epoch / bound", "{:.4f}"),
-    ("dropped", "dropped samples", "{:,d}"),
-    ("duplicated", "duplicated samples", "{:,d}"),
-    ("oversize", "oversize singles", "{:,d}"),
+    ("num_dropped", "dropped samples", "{:,d}"),
+    ("num_duplicated", "duplicated samples", "{:,d}"),
+    ("num_oversize", "oversize singles", "{:,d}"),
     ("seconds", "planning seconds", "{:.4f}"),
 )
 
@@ -148,7 +148,7 @@ def _run_plan(args: argparse.Namespace) -> int:
 
     rows, plans = [], {}
     for method in methods:
-        plan = plan_packs(lengths, options=options, method=method, world_size=args.world_size, epoch=args.epoch)
+        plan = plan_packs(lengths, options.replace(method=method), world_size=args.world_size, epoch=args.epoch)
         report = balance_report(plan, lengths, cost_model).to_dict()
         report.update(
             method=method,
@@ -168,7 +168,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         check_plot_dependency()
         drawn = {
             m: plans.get(m)
-            or plan_packs(lengths, options=options, method=m, world_size=args.world_size, epoch=args.epoch)
+            or plan_packs(lengths, options.replace(method=m), world_size=args.world_size, epoch=args.epoch)
             for m in ("random", "balanced")
         }
         print(f"picture written to {plot_plans(drawn, lengths, args.plot)}", file=sys.stderr)

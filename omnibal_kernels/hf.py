@@ -3,7 +3,7 @@
 Recipe::
 
     from transformers import Trainer
-    from omnibal_kernels import PackCollator
+    from omnibal_kernels import PackCollator, PlanOptions
     from omnibal_kernels.hf import BalancedTrainerMixin
 
     class BalancedTrainer(BalancedTrainerMixin, Trainer):
@@ -11,15 +11,16 @@ Recipe::
 
     trainer = BalancedTrainer(model=model, args=args, train_dataset=dataset,
                               data_collator=PackCollator.for_model(model), train_lengths=lengths,
-                              sampler_options={"target_batch_size": 4})
+                              plan_options=PlanOptions(target_batch_size=4))
     trainer.train()
 
 The model receives packed batches (``input_ids (1, T)``, ``position_ids``, ``cu_seqlens``/``cu_seq_lens_q``,
 ``max_seqlen``/``max_length_q``, ...): use a model whose attention reads them (flash-attention varlen, or
 :func:`omnibal_kernels.varlen_attention`). ``per_device_train_batch_size`` is ignored (a pack is one batch);
 ``gradient_accumulation_steps`` becomes ``micro_steps_per_step``, so each optimizer step is balanced; world
-size, rank, seed and ``dataloader_drop_last`` (the sampler's ``drop_last``) come from the
-``TrainingArguments`` (``WORLD_SIZE > 1`` in the environment without an initialized process group is an error).
+size, rank, seed and ``dataloader_drop_last`` (the plan's ``drop_last``) come from the ``TrainingArguments``
+(a ``plan_options`` whose own seed or ``drop_last`` says otherwise is an error, never silently overridden;
+``WORLD_SIZE > 1`` in the environment without an initialized process group is an error too).
 The DataLoader is not passed through ``accelerator.prepare`` (that would shard the already per-rank batches
 again); the Trainer moves batches to the device itself, and its ``set_epoch`` call reaches the sampler.
 
@@ -41,10 +42,10 @@ dropped or repeated at an epoch boundary, every optimizer step is one planned st
 exactly the batches of an uninterrupted one. When every plan has ``L`` micro-steps (as on the bundled data) the
 Trainer's epochs are the plan epochs; otherwise training ends after ``num_train_epochs * L`` micro-steps, a few
 short of or into the next plan epoch, as ``max_steps`` would. ``DataLoader.batch_sampler.sampler`` is the
-:class:`BalancedBatchSampler` (for its ``balance_report``).
+:class:`BalancedBatchSampler` (for its ``report``).
 
 Checkpoints: every checkpoint the Trainer saves under ``output_dir`` gets ``balanced_sampler.json``, the
-fingerprints of the lengths, the sampler options, the plan of epoch 0 and the epoch length (hyperparameter
+fingerprints of the lengths, the plan options, the plan of epoch 0 and the epoch length (hyperparameter
 search trials, which save elsewhere, get none). Resuming from a checkpoint that has
 one with other lengths, options, seed or world size raises ``ValueError`` (the Trainer's step arithmetic
 would otherwise skip into a different plan).
@@ -56,13 +57,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, Optional, Union, cast
 
 import torch.utils.data
 
 from ._checks import check_epoch
+from .balance.options import PlanOptions, check_options
 from .sampler import BalancedBatchSampler
 
 __all__ = ["SAMPLER_STATE_FILE", "BalancedTrainerMixin", "balanced_train_dataloader"]
@@ -133,6 +135,29 @@ class _EpochDataLoader(torch.utils.data.DataLoader):
         self.batch_sampler.set_epoch(epoch)
 
 
+def _with_trainer_arguments(
+    options: Union[PlanOptions, Sequence[PlanOptions], None], args: Any
+) -> Union[PlanOptions, list[PlanOptions]]:
+    """``options`` (one, or one per group) with the Trainer's seed and ``drop_last``; options that set either to
+    another value than the ``TrainingArguments`` are a ``ValueError`` (two sources, one setting)."""
+    defaults = PlanOptions()
+    wanted = {"seed": int(args.seed), "drop_last": bool(args.dataloader_drop_last)}
+    many = isinstance(options, Sequence) and not isinstance(options, str)
+    out = []
+    for opts in options if many else [options]:  # type: ignore[union-attr]
+        opts = check_options(opts)
+        for name, value in wanted.items():
+            own = getattr(opts, name)
+            if own != getattr(defaults, name) and own != value:
+                flag = "seed" if name == "seed" else "dataloader_drop_last"
+                raise ValueError(
+                    f"plan_options.{name}={own!r} but the TrainingArguments' {flag} is {value!r}: the Trainer's "
+                    f"{flag} is the plan's; set it there (or leave plan_options.{name} at its default)"
+                )
+        out.append(opts.replace(**wanted))
+    return out if many else out[0]
+
+
 def _trainer_world(args: Any) -> tuple[int, int]:
     """``(world_size, rank)`` of the Trainer's arguments; an error where the environment says more processes
     run than a process group connects."""
@@ -152,10 +177,11 @@ def _trainer_world(args: Any) -> tuple[int, int]:
 def balanced_train_dataloader(
     trainer: Any,
     lengths: Any,
+    plan_options: Union[PlanOptions, Sequence[PlanOptions], None] = None,
     *,
+    groups: Any = None,
     collate_fn: Optional[Callable[..., Any]] = None,
     check_loads: bool = True,
-    **sampler_options: Any,
 ) -> torch.utils.data.DataLoader:
     """The training DataLoader of ``trainer`` (a ``transformers.Trainer``) over a :class:`BalancedBatchSampler`.
 
@@ -164,12 +190,13 @@ def balanced_train_dataloader(
             ``gradient_accumulation_steps``, ``seed``, ``dataloader_drop_last``, ``dataloader_num_workers``,
             ``dataloader_pin_memory``, ``dataloader_persistent_workers``, ``dataloader_prefetch_factor``).
         lengths: per-sample loads of ``train_dataset`` (see :class:`BalancedBatchSampler`).
+        plan_options: how to plan (a :class:`~omnibal_kernels.PlanOptions`, or one per group); its ``seed`` and
+            ``drop_last`` are the Trainer's (``args.seed``, ``args.dataloader_drop_last``): options that set
+            them to other values are a ``ValueError``.
+        groups: the sampler's groups (:class:`BalancedBatchSampler`).
         collate_fn: default ``trainer.data_collator`` (pass ``data_collator=PackCollator.for_model(model)`` to
             the Trainer).
         check_loads: check every sample against its length entry (:meth:`BalancedBatchSampler.wrap`).
-        **sampler_options: more :class:`BalancedBatchSampler` options (``options``, ``target_batch_size``,
-            capacities, ``groups``, ``method``, ...); they override the values taken from ``args`` (a
-            ``PlanOptions`` as ``options`` those of ``seed`` and ``drop_last``).
 
     Returns:
         A DataLoader over ``sampler.wrap(train_dataset)`` yielding one packed batch per micro-step, with
@@ -185,19 +212,15 @@ def balanced_train_dataloader(
     if dataset is None:
         raise ValueError("the Trainer has no train_dataset")
     world_size, rank = _trainer_world(args)
-    options = {
-        "world_size": world_size,
-        "rank": rank,
-        "micro_steps_per_step": args.gradient_accumulation_steps,
-        "seed": args.seed,
-        "drop_last": args.dataloader_drop_last,
-        "dataset": dataset,
-    }
-    if "options" in sampler_options:
-        # a PlanOptions holds its own seed and drop_last, and sampler options override the arguments
-        del options["seed"], options["drop_last"]
-    options.update(sampler_options)
-    sampler = BalancedBatchSampler(lengths, **options)
+    sampler = BalancedBatchSampler(
+        lengths,
+        _with_trainer_arguments(plan_options, args),
+        world_size=world_size,
+        rank=rank,
+        micro_steps_per_step=args.gradient_accumulation_steps,
+        groups=groups,
+        dataset=dataset,
+    )
     workers = args.dataloader_num_workers
     extra: dict[str, Any] = {}
     if workers > 0:
@@ -264,21 +287,24 @@ class BalancedTrainerMixin:
     """Put before ``transformers.Trainer`` in the bases: ``class T(BalancedTrainerMixin, Trainer)``.
 
     Extra constructor arguments: ``train_lengths`` (per-sample loads of ``train_dataset``, required),
-    ``sampler_options`` (a dict of :class:`BalancedBatchSampler` options) and ``check_loads`` (check every sample
-    against its length entry, default True).
+    ``plan_options`` (a :class:`~omnibal_kernels.PlanOptions`, or one per group; seed and ``drop_last`` are the
+    ``TrainingArguments``'), ``groups`` (the sampler's groups) and ``check_loads`` (check every sample against
+    its length entry, default True).
     """
 
     def __init__(
         self,
         *args: Any,
         train_lengths: Any,
-        sampler_options: Optional[dict[str, Any]] = None,
+        plan_options: Union[PlanOptions, Sequence[PlanOptions], None] = None,
+        groups: Any = None,
         check_loads: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.train_lengths = train_lengths
-        self.sampler_options = dict(sampler_options or {})
+        self.plan_options = plan_options
+        self.groups = groups
         self.check_loads = check_loads
         self._sampler_identity: Optional[dict[str, Any]] = None
         self._resume_checkpoint: Optional[Path] = None
@@ -327,7 +353,7 @@ class BalancedTrainerMixin:
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         loader = balanced_train_dataloader(
-            self, self.train_lengths, check_loads=self.check_loads, **self.sampler_options
+            self, self.train_lengths, self.plan_options, groups=self.groups, check_loads=self.check_loads
         )
         self._sampler_identity = cast(_FixedLengthEpochs, loader.batch_sampler).identity()
         if self._resume_checkpoint is not None:

@@ -20,13 +20,13 @@ For models that return logits (not a transformers loss) :func:`step_loss` comput
 ``(logits, batch)``, in the token mode or the sample mode (every sample weighted equally, whatever its
 length: each sample's mean token loss, averaged over the step's samples that have targets).
 
-Context parallelism: a batch of ``PackCollator(context_parallel_size=C)`` is one CP rank's shard of a pack,
-with the pack's counts. :func:`step_loss` pairs each held token with its target in ``shift_labels`` (never
-with its local neighbour, which may belong to another chunk) and weights samples by their targets over the
-whole pack; :func:`step_batches` counts each shard's own targets (summed over all ranks, CP ranks included,
-they are the step's) and each labelled sample once (on CP rank 0). The ``world_size`` to multiply by is then
-every rank the gradient average spans, data- and context-parallel (Megatron and torchtitan reduce gradients
-over both).
+Context parallelism: a batch of a sharding ``PackCollator`` (``context_parallel.size = C``) is one CP rank's
+shard of a pack, with the pack's counts. :func:`step_loss` pairs each held token with its target in
+``shift_labels`` (never with its local neighbour, which may belong to another chunk) and weights samples by
+their targets over the whole pack; :func:`step_batches` counts each shard's own targets (summed over all
+ranks, CP ranks included, they are the step's) and each labelled sample once (on CP rank 0). The
+``world_size`` to multiply by is then every rank the gradient average spans, data- and context-parallel
+(Megatron and torchtitan reduce gradients over both).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def step_loss(
         if counts.sample_targets is None:
             raise ValueError(
                 "a context-parallel shard needs its samples' targets over the whole pack "
-                "(LossCounts.sample_targets, which PackCollator(context_parallel_size=...) sets)"
+                "(LossCounts.sample_targets, which a sharding PackCollator sets)"
             )
         segments = _shard_segments(counts.sample_lens, shard.indices.to(flat.device))
         per_sample = torch.tensor([*(counts.sample_targets or ()), 0], dtype=torch.int64, device=flat.device)

@@ -35,8 +35,7 @@ import numpy as np
 import torch.utils.data
 
 from ._checks import check_epoch, check_int, check_positive_int, default_world
-from .balance.cost import CostModel
-from .balance.options import UNSET, Method, OversizePolicy, PlanOptions, check_world_size, plan_options
+from .balance.options import PlanOptions, check_options, check_world_size
 from .balance.packs import Plan, TooFewPacksError, as_lengths
 from .balance.plan import plan_packs
 from .balance.report import BalanceReport, balance_report
@@ -47,9 +46,14 @@ from .lengths import Lengths
 __all__ = ["BalancedPacker", "StreamingReport", "streaming_report"]
 
 
-def _stream_options(options: Optional[PlanOptions], **keywords: Any) -> PlanOptions:
+def _stream_options(options: object) -> PlanOptions:
     """The options of a stream: capacities are needed (a stream cannot be searched before it is read)."""
-    options = plan_options(options, **keywords)
+    options = check_options(options)
+    if options.context_parallel.enabled:
+        raise ValueError(
+            "BalancedPacker plans whole packs per rank; context parallelism (options.context_parallel.size > 1) "
+            "needs the BalancedBatchSampler, whose batches tell the collator each rank's shard"
+        )
     if not options.has_capacities:
         raise ValueError(
             "a stream needs vit_capacity and llm_capacity: capacities cannot be searched before the "
@@ -105,10 +109,8 @@ def _plan_stream(
         try:
             plan = plan_packs(
                 lengths,
-                options=options,
+                options.replace(drop_last=options.drop_last if final else True, seed=epoch_seed(options.seed, index)),
                 world_size=world_size,
-                drop_last=options.drop_last if final else True,
-                seed=epoch_seed(options.seed, index),
                 epoch=epoch,
             )
         except TooFewPacksError:
@@ -185,12 +187,10 @@ class BalancedPacker(torch.utils.data.IterableDataset):
             cost model with a ViT attention term, its ViT sequence lengths (one per image, video frame group or
             tile, summing to ``vit``; see :class:`~omnibal_kernels.lengths.Lengths`).
         options: a :class:`~omnibal_kernels.balance.options.PlanOptions` with capacities (a stream is not
-            searched; ``target_batch_size`` is unused).
-        vit_capacity, llm_capacity, method, seed, drop_last, oversize, cost_model: fields of ``PlanOptions``,
-            replacing those of ``options``. Plans depend only on the buffers' loads, the options, the buffer
-            index and the epoch. ``drop_last`` acts at the end of the stream (a ragged last step dropped, as
-            :func:`streaming_report` reports); ragged steps inside the stream are never dropped: their samples
-            (oversize singles included) are carried into the next buffer.
+            searched; ``target_batch_size`` is unused; no context parallelism). Plans depend only on the
+            buffers' loads, the options, the buffer index and the epoch. ``drop_last`` acts at the end of the
+            stream (a ragged last step dropped, as :func:`streaming_report` reports); ragged steps inside the
+            stream are never dropped: their samples (oversize singles included) are carried into the next buffer.
         buffer_size: samples per buffer (memory bound: a worker holds at most one buffer plus fewer than
             ``world_size`` packs carried over).
         world_size, rank: default torch.distributed's when initialized, else 1 and 0.
@@ -203,18 +203,11 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         self,
         source: Iterable[Any],
         lengths_fn: Callable[[Any], tuple[Any, ...]],
+        options: PlanOptions,
         *,
-        options: Optional[PlanOptions] = None,
-        vit_capacity: int = UNSET,
-        llm_capacity: int = UNSET,
         buffer_size: int = 4096,
         world_size: Optional[int] = None,
         rank: Optional[int] = None,
-        method: Method = UNSET,
-        seed: int = UNSET,
-        drop_last: bool = UNSET,
-        oversize: OversizePolicy = UNSET,
-        cost_model: Optional[CostModel] = UNSET,
     ) -> None:
         if not callable(lengths_fn):
             raise TypeError("lengths_fn must be a callable sample -> (vit, llm) or (vit, llm, vit_seqlens)")
@@ -229,16 +222,7 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         self.source = source
         self.lengths_fn = lengths_fn
         self.world_size, self.rank = default_world(world_size, rank, owner="BalancedPacker")
-        self.options = _stream_options(
-            options,
-            vit_capacity=vit_capacity,
-            llm_capacity=llm_capacity,
-            method=method,
-            seed=seed,
-            drop_last=drop_last,
-            oversize=oversize,
-            cost_model=cost_model,
-        )
+        self.options = _stream_options(options)
         self.buffer_size = check_positive_int("buffer_size", buffer_size)
         # The epoch lives in shared memory: DataLoader workers hold copies of the packer (persistent ones for
         # the whole run), and set_epoch in the main process must reach them.
@@ -334,24 +318,17 @@ def _merge(plans: list[tuple[Plan, list[int]]], options: PlanOptions, world_size
 
 def streaming_report(
     lengths: Union[Lengths, tuple, np.ndarray],
+    options: PlanOptions,
     *,
-    options: Optional[PlanOptions] = None,
-    vit_capacity: int = UNSET,
-    llm_capacity: int = UNSET,
     buffer_size: int = 4096,
     world_size: int = 8,
     num_workers: int = 1,
-    method: Method = UNSET,
-    seed: int = UNSET,
     epoch: int = 0,
-    drop_last: bool = UNSET,
-    oversize: OversizePolicy = UNSET,
-    cost_model: Optional[CostModel] = UNSET,
 ) -> StreamingReport:
     """Plans ``lengths`` as a stream (in order, ``buffer_size`` at a time, over ``num_workers`` workers) and
     offline (all at once), and reports both with :func:`balance_report` (fill, dist ratios, efficiency).
 
-    ``options`` and the keywords of its fields are those of :class:`BalancedPacker`.
+    ``options`` and ``buffer_size`` are those of :class:`BalancedPacker`.
 
     Returns:
         ``StreamingReport(streaming, offline, num_buffers)``; ``offline`` is None where :func:`plan_packs`
@@ -361,16 +338,7 @@ def streaming_report(
     Raises:
         The streaming packer's errors (e.g. ``OversizeError`` with ``oversize="error"``, bad options).
     """
-    options = _stream_options(
-        options,
-        vit_capacity=vit_capacity,
-        llm_capacity=llm_capacity,
-        method=method,
-        seed=seed,
-        drop_last=drop_last,
-        oversize=oversize,
-        cost_model=cost_model,
-    )
+    options = _stream_options(options)
     buffer_size = check_positive_int("buffer_size", buffer_size)
     world_size = check_world_size(world_size)
     num_workers = check_positive_int("num_workers", num_workers)
@@ -391,7 +359,7 @@ def streaming_report(
     streaming = balance_report(_merge(plans, options, world_size, n), lengths, options.cost_model)
     try:
         offline: Optional[BalanceReport] = balance_report(
-            plan_packs(lengths, options=options, world_size=world_size, epoch=epoch), lengths, options.cost_model
+            plan_packs(lengths, options, world_size=world_size, epoch=epoch), lengths, options.cost_model
         )
     except TooFewPacksError:  # drop_last and fewer packs than ranks: the stream dropped (and reported) them
         offline = None

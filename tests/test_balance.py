@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels import Lengths, OversizeError, balance_report, plan_packs
+from omnibal_kernels import IsfOptions, Lengths, OversizeError, PlanOptions, balance_report, plan_packs
 from omnibal_kernels._ext import load as load_ext
 from omnibal_kernels.balance import CostModel, Plan, TooFewPacksError, epoch_seed
 from omnibal_kernels.balance.report import dist_ratio
@@ -107,12 +107,8 @@ def test_plan_invariants(n, world_size, method, drop_last, seed, data_seed):
     try:
         plan = plan_packs(
             lengths,
+            PlanOptions(method=method, vit_capacity=vit_cap, llm_capacity=llm_cap, drop_last=drop_last, seed=seed),
             world_size=world_size,
-            method=method,
-            vit_capacity=vit_cap,
-            llm_capacity=llm_cap,
-            drop_last=drop_last,
-            seed=seed,
         )
     except ValueError as exc:  # only allowed when drop_last leaves no step at all
         assert drop_last and "no step is left" in str(exc)
@@ -120,12 +116,8 @@ def test_plan_invariants(n, world_size, method, drop_last, seed, data_seed):
     _check_plan(plan, lengths)
     again = plan_packs(
         lengths,
+        PlanOptions(method=method, vit_capacity=vit_cap, llm_capacity=llm_cap, drop_last=drop_last, seed=seed),
         world_size=world_size,
-        method=method,
-        vit_capacity=vit_cap,
-        llm_capacity=llm_cap,
-        drop_last=drop_last,
-        seed=seed,
     )
     assert again.fingerprint() == plan.fingerprint()
 
@@ -149,14 +141,14 @@ def test_oversize_samples_are_never_silently_lost(n, method, policy, seed, data_
     llm[over] = 5000
     lengths = Lengths(lengths.vit, llm)
     plan = plan_packs(
-        lengths, world_size=3, method=method, vit_capacity=8, llm_capacity=2000, oversize=policy, seed=seed
+        lengths, PlanOptions(method=method, vit_capacity=8, llm_capacity=2000, oversize=policy, seed=seed), world_size=3
     )
     assert sorted(plan.oversize_samples.tolist()) == np.flatnonzero(over).tolist()
     _check_plan(plan, lengths)
     report = balance_report(plan, lengths)
     if policy == "drop":
         assert set(plan.dropped_samples.tolist()) >= set(np.flatnonzero(over).tolist())
-        assert report.dropped == plan.dropped_samples.size
+        assert report.num_dropped == plan.dropped_samples.size
     else:
         assert set(np.flatnonzero(over).tolist()) <= set(plan.pack_samples.tolist())
         assert report.num_samples == n
@@ -165,13 +157,13 @@ def test_oversize_samples_are_never_silently_lost(n, method, policy, seed, data_
 def test_all_samples_dropped_is_an_error():
     lengths = Lengths(np.array([9, 9]), np.array([10, 10]))
     with pytest.raises(ValueError, match="all 2 samples"):
-        plan_packs(lengths, world_size=2, vit_capacity=4, llm_capacity=100, oversize="drop")
+        plan_packs(lengths, PlanOptions(vit_capacity=4, llm_capacity=100, oversize="drop"), world_size=2)
 
 
 def test_oversize_error_gives_count_and_first_indices():
     lengths = Lengths(np.array([1, 9, 1, 9]), np.array([10, 10, 10, 10]))
     with pytest.raises(OversizeError, match=r"2 sample\(s\).*first: 1, 3"):
-        plan_packs(lengths, world_size=2, vit_capacity=4, llm_capacity=100)
+        plan_packs(lengths, PlanOptions(vit_capacity=4, llm_capacity=100), world_size=2)
     assert issubclass(OversizeError, ValueError)
 
 
@@ -182,7 +174,7 @@ def test_no_global_rng_touched_and_nothing_printed(capsys):
     torch.manual_seed(123)
     states = (np.random.get_state()[1].copy(), random.getstate(), torch.get_rng_state().clone())
     for method in METHODS:
-        plan_packs(lengths, world_size=4, method=method, target_batch_size=3)
+        plan_packs(lengths, PlanOptions(method=method, target_batch_size=3), world_size=4)
     assert np.array_equal(np.random.get_state()[1], states[0])
     assert random.getstate() == states[1]
     assert torch.equal(torch.get_rng_state(), states[2])
@@ -192,7 +184,11 @@ def test_no_global_rng_touched_and_nothing_printed(capsys):
 
 def test_isf_keeps_only_threshold_packs_before_the_last_round():
     lengths = _random_lengths(np.random.default_rng(5), 2000, max_vit=5, max_llm=1500)
-    plan = plan_packs(lengths, world_size=8, method="isf", vit_capacity=18, llm_capacity=6000, iterations=30)
+    plan = plan_packs(
+        lengths,
+        PlanOptions(method="isf", vit_capacity=18, llm_capacity=6000, isf=IsfOptions(iterations=30)),
+        world_size=8,
+    )
     pv = np.array([lengths.vit[plan.pack(p)].sum() for p in range(plan.num_packs)])
     pt = np.array([lengths.llm[plan.pack(p)].sum() for p in range(plan.num_packs)])
     below = ~((pv >= plan.vit_threshold) | (pt >= plan.llm_threshold))
@@ -215,11 +211,11 @@ def test_isf_with_one_iteration_is_random_next_fit_of_round_zero():
 
 def test_same_seed_same_plan_on_every_rank_and_new_plan_per_epoch():
     lengths = _random_lengths(np.random.default_rng(1), 3000)
-    kwargs = dict(world_size=8, vit_capacity=20, llm_capacity=8000)
-    a = plan_packs(lengths, seed=11, epoch=2, **kwargs)
-    b = plan_packs(lengths, seed=11, epoch=2, **kwargs)
-    c = plan_packs(lengths, seed=11, epoch=3, **kwargs)
-    d = plan_packs(lengths, seed=12, epoch=2, **kwargs)
+    options = PlanOptions(vit_capacity=20, llm_capacity=8000, seed=11)
+    a = plan_packs(lengths, options, world_size=8, epoch=2)
+    b = plan_packs(lengths, options, world_size=8, epoch=2)
+    c = plan_packs(lengths, options, world_size=8, epoch=3)
+    d = plan_packs(lengths, options.replace(seed=12), world_size=8, epoch=2)
     assert a.fingerprint() == b.fingerprint()
     assert len({a.fingerprint(), c.fingerprint(), d.fingerprint()}) == 3
     assert epoch_seed(11, 2) != epoch_seed(11, 3) != epoch_seed(12, 2)
@@ -230,7 +226,9 @@ def test_plan_is_bit_identical_to_the_recorded_one():
     # same on every platform. Changing the engine's randomness on purpose means updating this hash.
     lengths = Lengths(np.arange(200) % 6, 100 + (np.arange(200) * 37) % 1900)
     fingerprints = [
-        plan_packs(lengths, world_size=4, method=m, vit_capacity=12, llm_capacity=5000, seed=3).fingerprint()
+        plan_packs(
+            lengths, PlanOptions(method=m, vit_capacity=12, llm_capacity=5000, seed=3), world_size=4
+        ).fingerprint()
         for m in METHODS
     ]
     assert fingerprints == RECORDED_FINGERPRINTS
@@ -241,58 +239,68 @@ RECORDED_FINGERPRINTS = ["33dceb86a174a2b6", "a79773806ba305ed", "5935cc84cf837b
 
 def test_ragged_tail_reused_or_dropped_and_reported():
     lengths = Lengths(np.ones(10, np.int64), np.full(10, 100))
-    dup = plan_packs(lengths, world_size=4, method="random", vit_capacity=1, llm_capacity=100)  # 10 packs of 1
+    dup = plan_packs(
+        lengths, PlanOptions(method="random", vit_capacity=1, llm_capacity=100), world_size=4
+    )  # 10 packs of 1
     assert dup.num_steps == 3 and dup.duplicated_slots == 2
-    assert balance_report(dup, lengths).duplicated == 2
-    drop = plan_packs(lengths, world_size=4, method="random", vit_capacity=1, llm_capacity=100, drop_last=True)
+    assert balance_report(dup, lengths).num_duplicated == 2
+    drop = plan_packs(
+        lengths, PlanOptions(method="random", vit_capacity=1, llm_capacity=100, drop_last=True), world_size=4
+    )
     assert drop.num_steps == 2 and drop.dropped_samples.size == 2
-    assert balance_report(drop, lengths).dropped == 2
+    assert balance_report(drop, lengths).num_dropped == 2
     with pytest.raises(TooFewPacksError, match="no step is left"):
         plan_packs(
             Lengths(np.ones(3, np.int64), np.full(3, 100)),
+            PlanOptions(vit_capacity=1, llm_capacity=100, drop_last=True),
             world_size=4,
-            vit_capacity=1,
-            llm_capacity=100,
-            drop_last=True,
         )
 
 
 def test_fewer_samples_than_ranks_fills_by_reuse():
     lengths = Lengths(np.array([1, 2]), np.array([10, 20]))
-    plan = plan_packs(lengths, world_size=5, vit_capacity=1, llm_capacity=10, oversize="single")
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=1, llm_capacity=10, oversize="single"), world_size=5)
     assert plan.step_packs.shape == (1, 5) and plan.duplicated_slots >= 3
 
 
 def test_bad_arguments():
     lengths = Lengths(np.array([1, 2]), np.array([10, 20]))
     with pytest.raises(ValueError, match="method"):
-        plan_packs(lengths, world_size=2, method="greedy")
+        plan_packs(lengths, PlanOptions(method="greedy"), world_size=2)
     with pytest.raises(ValueError, match="oversize"):
-        plan_packs(lengths, world_size=2, oversize="ignore")
+        plan_packs(lengths, PlanOptions(oversize="ignore"), world_size=2)
     with pytest.raises(ValueError, match="world_size"):
         plan_packs(lengths, world_size=0)
     with pytest.raises(TypeError, match="world_size"):
         plan_packs(lengths, world_size=2.0)
     with pytest.raises(ValueError, match="must not exceed the capacities"):
-        plan_packs(lengths, world_size=2, method="isf", vit_capacity=4, llm_capacity=40, llm_threshold=41)
+        plan_packs(
+            lengths,
+            PlanOptions(method="isf", vit_capacity=4, llm_capacity=40, isf=IsfOptions(llm_threshold=41)),
+            world_size=2,
+        )
     with pytest.raises(ValueError, match="iterations must be at most"):
-        plan_packs(lengths, world_size=2, method="isf", vit_capacity=4, llm_capacity=40, iterations=10**7)
+        plan_packs(
+            lengths,
+            PlanOptions(method="isf", vit_capacity=4, llm_capacity=40, isf=IsfOptions(iterations=10**7)),
+            world_size=2,
+        )
     with pytest.raises(ValueError, match="world_size must be at most"):
-        plan_packs(lengths, world_size=10**9, vit_capacity=4, llm_capacity=40)
+        plan_packs(lengths, PlanOptions(vit_capacity=4, llm_capacity=40), world_size=10**9)
     with pytest.raises(ValueError, match="both"):
-        plan_packs(lengths, world_size=2, vit_capacity=4)
+        plan_packs(lengths, PlanOptions(vit_capacity=4), world_size=2)
     with pytest.raises(ValueError, match="empty"):
         plan_packs(Lengths(np.zeros(0, np.int64), np.zeros(0, np.int64)), world_size=2)
     with pytest.raises(ValueError, match="isf"):
-        plan_packs(lengths, world_size=2, vit_capacity=4, llm_capacity=40, vit_threshold=3)
+        plan_packs(lengths, PlanOptions(vit_capacity=4, llm_capacity=40, isf=IsfOptions(vit_threshold=3)), world_size=2)
     with pytest.raises(ValueError, match="target_batch_size"):
-        plan_packs(lengths, world_size=2, target_batch_size=0)
+        plan_packs(lengths, PlanOptions(target_batch_size=0), world_size=2)
 
 
 def test_text_only_data_and_token_array_input():
     rng = np.random.default_rng(0)
     tokens = rng.integers(10, 4000, 5000)
-    plan = plan_packs(tokens, world_size=8, target_batch_size=4)
+    plan = plan_packs(tokens, PlanOptions(target_batch_size=4), world_size=8)
     report = balance_report(plan, Lengths(np.zeros_like(tokens), tokens))
     assert plan.vit_capacity == 0
     # the capacity holds 4 mean samples; packs are 99% full, so slightly fewer samples per pack
@@ -301,7 +309,7 @@ def test_text_only_data_and_token_array_input():
 
 def test_plan_save_load_and_rank_views(tmp_path):
     lengths = _random_lengths(np.random.default_rng(4), 500)
-    plan = plan_packs(lengths, world_size=4, method="isf", vit_capacity=12, llm_capacity=6000)
+    plan = plan_packs(lengths, PlanOptions(method="isf", vit_capacity=12, llm_capacity=6000), world_size=4)
     plan.save(tmp_path / "plan.npz")
     back = Plan.load(tmp_path / "plan.npz")
     assert back.fingerprint() == plan.fingerprint()
@@ -335,7 +343,14 @@ def test_capacity_search_terminates_and_fits_every_sample(n, target, method, tex
     from omnibal_kernels import search_capacity
 
     lengths = _random_lengths(np.random.default_rng(data_seed), n, max_vit=0 if text_only else 6)
-    caps = search_capacity(lengths, target, method=method, world_size=2)
+    caps = search_capacity(
+        lengths,
+        PlanOptions(
+            target_batch_size=target,
+            method=method,
+        ),
+        world_size=2,
+    )
     assert caps.llm_capacity >= lengths.llm.max() and caps.vit_capacity >= lengths.vit.max()
     assert caps.predicted_batch_size >= min(target, n) * (1 - 1e-9)
 
@@ -352,7 +367,9 @@ def test_patch_scale_capacities(n, method, seed, data_seed):
     # exact buckets of the best fit and its quantized buckets are used.
     rng = np.random.default_rng(data_seed)
     lengths = Lengths(rng.integers(0, 30_000, n), rng.integers(50, 9_000, n))
-    plan = plan_packs(lengths, world_size=4, method=method, vit_capacity=120_000, llm_capacity=40_000, seed=seed)
+    plan = plan_packs(
+        lengths, PlanOptions(method=method, vit_capacity=120_000, llm_capacity=40_000, seed=seed), world_size=4
+    )
     _check_plan(plan, lengths)
 
 
@@ -360,7 +377,7 @@ def test_patch_scale_balanced_quality():
     rng = np.random.default_rng(0)
     patches = rng.integers(256, 16_384, 20_000)
     lengths = Lengths(patches, patches // 4 + rng.integers(20, 800, 20_000))
-    plan = plan_packs(lengths, world_size=8, vit_capacity=80_000, llm_capacity=30_000)
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=80_000, llm_capacity=30_000), world_size=8)
     report = balance_report(plan, lengths)
     assert max(report.vit_fill, report.llm_fill) > 0.97
     # steps balance cost, what they wait for; the LLM load follows the ViT load only in part

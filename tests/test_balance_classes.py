@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_balance import _check_plan
 
-from omnibal_kernels import Lengths, OversizeError, balance_report, plan_packs, search_capacity
+from omnibal_kernels import Lengths, OversizeError, PlanOptions, balance_report, plan_packs, search_capacity
 from omnibal_kernels.balance import CostModel, load_trend, pack_lower_bounds, repeated_pack_share
 from omnibal_kernels.synthetic import DISTRIBUTIONS, synthetic_lengths
 
@@ -24,12 +24,15 @@ def small_class(request):
 
 def test_default_capacities_hold_every_sample_at_the_data_ratio(small_class):
     kind, lengths = small_class
-    caps = search_capacity(lengths, 4)
+    caps = search_capacity(
+        lengths,
+        PlanOptions(target_batch_size=4),
+    )
     assert caps.vit_capacity >= lengths.vit.max() and caps.llm_capacity >= lengths.llm.max()
     plan = plan_packs(lengths, world_size=8)  # oversize="error": would raise on an oversize sample
     assert plan.oversize_samples.size == 0 and (plan.vit_capacity, plan.llm_capacity) == caps[:2]
     report = balance_report(plan, lengths)
-    assert report.oversize == 0 and report.num_samples == len(lengths)
+    assert report.num_oversize == 0 and report.num_samples == len(lengths)
     if lengths.vit.sum() == 0:
         assert caps.vit_capacity == 0
         return
@@ -43,14 +46,14 @@ def test_default_capacities_hold_every_sample_at_the_data_ratio(small_class):
 def test_user_capacities_are_honoured_and_the_oversize_policy_applies():
     lengths = synthetic_lengths("text_long_tail", 5_000, seed=1)
     with pytest.raises(OversizeError):
-        plan_packs(lengths, world_size=8, vit_capacity=0, llm_capacity=4096)
-    plan = plan_packs(lengths, world_size=8, vit_capacity=0, llm_capacity=4096, oversize="single")
+        plan_packs(lengths, PlanOptions(vit_capacity=0, llm_capacity=4096), world_size=8)
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=0, llm_capacity=4096, oversize="single"), world_size=8)
     assert plan.llm_capacity == 4096
     over = np.flatnonzero(lengths.llm > 4096)
     assert over.size > 0 and np.array_equal(plan.oversize_samples, over)
     report = balance_report(plan, lengths)
     # fills count only packs within the capacity; the oversize singles are reported on their own
-    assert report.llm_fill <= 1.0 and report.oversize == over.size
+    assert report.llm_fill <= 1.0 and report.num_oversize == over.size
     assert report.num_samples == len(lengths)
 
 
@@ -60,7 +63,10 @@ def test_fitted_capacities_hold_every_sample(n, target, data_seed, text_share):
     rng = np.random.default_rng(data_seed)
     vit = np.where(rng.random(n) < text_share, 0, rng.integers(1, 3000, n))
     llm = vit // 4 + rng.integers(1, 5000, n)
-    caps = search_capacity(Lengths(vit, llm), target)
+    caps = search_capacity(
+        Lengths(vit, llm),
+        PlanOptions(target_batch_size=target),
+    )
     assert caps.vit_capacity >= vit.max() and caps.llm_capacity >= llm.max()
     assert (caps.vit_capacity == 0) == (vit.sum() == 0)
 
@@ -94,7 +100,7 @@ def test_steps_balance_cost(kind, world_size, n):
 def test_long_text_steps_balance_attention_cost():
     # Packs of equal tokens differ in cost by the attention term: one 30k-token sample against thirty 1k ones.
     lengths = synthetic_lengths("text_long_tail", 30_000, seed=3)
-    plan = plan_packs(lengths, world_size=8, vit_capacity=0, llm_capacity=65_536)
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=0, llm_capacity=65_536), world_size=8)
     report = balance_report(plan, lengths)
     assert report.step_efficiency >= 0.995  # 0.965 before
     tokens_only = balance_report(plan, lengths, CostModel.tokens_only())
@@ -128,21 +134,14 @@ def test_swaps_keep_every_sample_once_and_capacities(n, world_size, drop_last, o
     if oversize:  # a few samples over the LLM capacity, as singles (_check_plan takes dropped oversize
         llm_cap = int(np.quantile(llm, 0.97))  # samples for oversize="drop": no drop_last with them)
         drop_last = False
-    kwargs = dict(
-        world_size=world_size,
-        vit_capacity=vit_cap,
-        llm_capacity=llm_cap,
-        drop_last=drop_last,
-        oversize="single",
-        seed=seed,
-    )
+    options = PlanOptions(vit_capacity=vit_cap, llm_capacity=llm_cap, drop_last=drop_last, oversize="single", seed=seed)
     try:
-        plan = plan_packs(lengths, **kwargs)
+        plan = plan_packs(lengths, options, world_size=world_size)
     except ValueError as exc:
         assert drop_last and "no step is left" in str(exc)
         return
     _check_plan(plan, lengths)
-    assert plan_packs(lengths, **kwargs).fingerprint() == plan.fingerprint()
+    assert plan_packs(lengths, options, world_size=world_size).fingerprint() == plan.fingerprint()
 
 
 # --- leftover packs of one chunk merged with the others' ----------------------------------------------------
@@ -153,12 +152,14 @@ def test_capacity_far_above_a_chunk_gives_full_packs():
     # to leave one pack of its own (10M one-token samples at 2**30 gave 611 packs).
     n = 200_000
     plan = plan_packs(
-        Lengths(np.zeros(n, np.int64), np.ones(n, np.int64)), world_size=1, vit_capacity=0, llm_capacity=2**30
+        Lengths(np.zeros(n, np.int64), np.ones(n, np.int64)),
+        PlanOptions(vit_capacity=0, llm_capacity=2**30),
+        world_size=1,
     )
     assert plan.num_packs == 1 and plan.pack_sizes()[0] == n
     # two capacities: a merged pack must hold both loads
     lengths = Lengths(np.ones(n, np.int64), np.full(n, 3, np.int64))
-    plan = plan_packs(lengths, world_size=1, vit_capacity=60_000, llm_capacity=2**30)
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=60_000, llm_capacity=2**30), world_size=1)
     assert plan.num_packs == pack_lower_bounds(lengths, 60_000, 2**30).volume == 4
     _check_plan(plan, lengths)
 
@@ -170,9 +171,9 @@ def test_groups_get_the_same_balance(kind):
 
     lengths = synthetic_lengths(kind, 20_000, seed=5)
     sampler = BalancedBatchSampler(
-        lengths, world_size=8, rank=0, groups=(lengths.vit > 0).astype(np.int64), oversize="single"
+        lengths, PlanOptions(oversize="single"), world_size=8, rank=0, groups=(lengths.vit > 0).astype(np.int64)
     )
-    report = sampler.balance_report()
+    report = sampler.report()
     assert report.step_efficiency >= 0.995
     assert report.micro_vit_dist <= 0.005
-    assert all(group.oversize == 0 for group in report.groups)
+    assert all(group.num_oversize == 0 for group in report.groups)

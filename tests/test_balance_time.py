@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels import Lengths, plan_packs
+from omnibal_kernels import Lengths, PlanOptions, plan_packs
 from omnibal_kernels.balance import CostModel, engine
 from omnibal_kernels.bench.quality import qwen2vl_7b_cost
 from omnibal_kernels.synthetic import synthetic_samples
@@ -63,17 +63,17 @@ def test_exchanges_keep_invariants_and_never_raise_the_epoch_cost(
     lengths = Lengths(vit, llm, vit_seqlens=seqlens, vit_seqlens_offsets=offsets)
     cost = CostModel(*terms)
     caps = dict(vit_capacity=int(max(vit.max(), 1) * pack_room), llm_capacity=int(llm.max() * pack_room))
-    kwargs = dict(world_size=world_size, cost_model=cost, drop_last=drop_last, seed=seed, **caps)
+    options = PlanOptions(cost_model=cost, drop_last=drop_last, seed=seed, **caps)
     try:
-        plan = plan_packs(lengths, **kwargs)
+        plan = plan_packs(lengths, options, world_size=world_size)
     except ValueError as exc:
         assert drop_last and "no step is left" in str(exc)
         return
-    again = plan_packs(lengths, **kwargs)
+    again = plan_packs(lengths, options, world_size=world_size)
     assert plan.fingerprint() == again.fingerprint()
     with pytest.MonkeyPatch.context() as mp:  # the same packs sorted by cost, no exchange
         mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
-        cost_sorted = plan_packs(lengths, **kwargs)
+        cost_sorted = plan_packs(lengths, options, world_size=world_size)
     assert plan.num_packs == cost_sorted.num_packs and plan.duplicated_slots == cost_sorted.duplicated_slots
     if plan.dropped_samples.size == 0 and plan.duplicated_slots == 0:
         _check_exactly_once_within_capacities(plan, lengths)
@@ -95,7 +95,9 @@ def test_costliest_packs_split_into_whole_steps(n, world_size, drop_last, seed, 
     lengths = Lengths(rng.integers(0, 5, n), rng.integers(1, 500, n))
     try:
         plan = plan_packs(
-            lengths, world_size=world_size, vit_capacity=12, llm_capacity=1500, drop_last=drop_last, seed=seed
+            lengths,
+            PlanOptions(vit_capacity=12, llm_capacity=1500, drop_last=drop_last, seed=seed),
+            world_size=world_size,
         )
     except ValueError as exc:  # fewer packs than ranks and nothing to split them into a whole step
         assert drop_last and "no step is left" in str(exc)
@@ -109,11 +111,13 @@ def test_costliest_packs_split_into_whole_steps(n, world_size, drop_last, seed, 
 
 def test_split_packs_fill_a_step_that_best_fit_leaves_ragged():
     lengths = Lengths(np.zeros(30, np.int64), np.full(30, 10, np.int64))
-    plan = plan_packs(lengths, world_size=4, vit_capacity=0, llm_capacity=100)  # 3 packs of 10 from best fit
+    plan = plan_packs(
+        lengths, PlanOptions(vit_capacity=0, llm_capacity=100), world_size=4
+    )  # 3 packs of 10 from best fit
     assert plan.num_packs == 4 and plan.duplicated_slots == 0 and plan.dropped_samples.size == 0
     # the costliest pack split in halves of 5, then samples moved until no pack holds more than 8 (ceil 30 / 4)
     assert sorted(plan.pack_sizes().tolist()) == [7, 7, 8, 8]
-    free = plan_packs(lengths, world_size=4, vit_capacity=0, llm_capacity=100, cost_model=CostModel())
+    free = plan_packs(lengths, PlanOptions(vit_capacity=0, llm_capacity=100, cost_model=CostModel()), world_size=4)
     assert sorted(free.pack_sizes().tolist()) == [5, 5, 10, 10]  # all costs 0: split by count, nothing to move
 
 
@@ -128,7 +132,7 @@ def test_split_packs_fill_a_step_that_best_fit_leaves_ragged():
 )
 def test_epoch_cost_near_the_ideal(kind, cost, world_size, n, bound):
     lengths = _with_seqlens(kind, n, seed=1)
-    plan = plan_packs(lengths, world_size=world_size, cost_model=cost)
+    plan = plan_packs(lengths, PlanOptions(cost_model=cost), world_size=world_size)
     assert plan.num_steps >= 50
     ideal = (cost.sample_costs(lengths).sum() + cost.per_pack * plan.num_packs) / world_size
     assert _epoch_cost(plan, lengths, cost) / ideal <= bound
@@ -149,9 +153,9 @@ def _stage_costs(plan, lengths: Lengths, cost: CostModel) -> tuple[np.ndarray, n
 def test_stages_is_checked():
     lengths = Lengths(np.ones(40, np.int64), np.full(40, 10, np.int64))
     with pytest.raises(ValueError, match="objective must be one of"):
-        plan_packs(lengths, world_size=2, objective="speed")
+        plan_packs(lengths, PlanOptions(objective="speed"), world_size=2)
     with pytest.raises(ValueError, match="objective='stages' applies to method='balanced' only"):
-        plan_packs(lengths, world_size=2, method="isf", objective="stages")
+        plan_packs(lengths, PlanOptions(method="isf", objective="stages"), world_size=2)
 
 
 @settings(max_examples=40, deadline=None)
@@ -168,19 +172,18 @@ def test_stage_exchanges_keep_invariants_and_never_raise_a_step(n, world_size, t
     vit = np.where(rng.random(n) < 0.3, 0, rng.integers(1, 2000, n))
     lengths = Lengths(vit, vit // 4 + rng.integers(1, 3000, n))
     cost = CostModel(*terms)
-    kwargs = dict(
-        world_size=world_size,
+    options = PlanOptions(
         cost_model=cost,
         objective="stages",
         seed=seed,
         vit_capacity=int(max(vit.max(), 1) * pack_room),
         llm_capacity=int(lengths.llm.max() * pack_room),
     )
-    plan = plan_packs(lengths, **kwargs)
-    assert plan.fingerprint() == plan_packs(lengths, **kwargs).fingerprint()
+    plan = plan_packs(lengths, options, world_size=world_size)
+    assert plan.fingerprint() == plan_packs(lengths, options, world_size=world_size).fingerprint()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
-        unrefined = plan_packs(lengths, **kwargs)
+        unrefined = plan_packs(lengths, options, world_size=world_size)
     if plan.duplicated_slots == 0:
         _check_exactly_once_within_capacities(plan, lengths)
 
@@ -200,7 +203,7 @@ def test_stages_balance_each_stage():
     per_stage = {}
     for objective in ("time", "stages"):
         vit, llm = _stage_costs(
-            plan_packs(lengths, world_size=world_size, cost_model=cost, objective=objective), lengths, cost
+            plan_packs(lengths, PlanOptions(cost_model=cost, objective=objective), world_size=world_size), lengths, cost
         )
         per_stage[objective] = [x.max(axis=1).sum() / (x.sum() / world_size) for x in (vit, llm)]
     assert max(per_stage["stages"]) <= 1.025
@@ -221,12 +224,12 @@ def test_exchanges_in_packs_of_thousands_of_samples_keep_invariants(distinct, wo
     n = 40_000
     llm = rng.choice(rng.integers(16, 4000, distinct), n)
     lengths = Lengths(np.zeros(n, np.int64), llm)
-    kwargs = dict(world_size=world_size, vit_capacity=0, llm_capacity=int(llm.sum() // (2 * world_size)) + 4000)
-    plan = plan_packs(lengths, seed=seed, **kwargs)
+    options = PlanOptions(vit_capacity=0, llm_capacity=int(llm.sum() // (2 * world_size)) + 4000, seed=seed)
+    plan = plan_packs(lengths, options, world_size=world_size)
     assert plan.pack_sizes().min() >= 2048
     _check_exactly_once_within_capacities(plan, lengths)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
-        cost_sorted = plan_packs(lengths, seed=seed, **kwargs)
+        cost_sorted = plan_packs(lengths, options, world_size=world_size)
     cost = CostModel.internvl_7b()
     assert _epoch_cost(plan, lengths, cost) <= _epoch_cost(cost_sorted, lengths, cost) * (1 + 1e-12)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels import plan_packs
+from omnibal_kernels import PlanOptions, plan_packs
 from omnibal_kernels.balance import CostModel
 from omnibal_kernels.bench.baselines import (
     _kk_parts,
@@ -268,7 +268,9 @@ def test_no_method_beats_the_limit(data, world_size: int, method: str) -> None:
     cost = CostModel.internvl_7b()
     if method in ("balanced", "random"):
         plan = plan_packs(
-            lengths, world_size=world_size, method=method, vit_capacity=9, llm_capacity=500, cost_model=cost
+            lengths,
+            PlanOptions(method=method, vit_capacity=9, llm_capacity=500, cost_model=cost),
+            world_size=world_size,
         )
     elif method == "random_padded":
         plan = random_padded_plan(lengths, world_size=world_size, batch_size=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from omnibal_kernels.bench.context_parallel import MIXES, STRATEGIES, _misses, cp_rows, mix_packs
-from omnibal_kernels.context_parallel import context_parallel_rank_times
+from omnibal_kernels.context_parallel import ContextParallelOptions, context_parallel_rank_times
 
 
 def test_packs_are_full_and_rows_cover_every_strategy():
@@ -27,7 +27,8 @@ def test_misses_are_reported():
     """Negative control: rows over the targets are listed as misses."""
     packs = [np.array([60_000, 3_000, 2_000])]
     times = {
-        name: [context_parallel_rank_times(packs[0], 2, s, pad_sequences=p)] for name, (s, p, _) in STRATEGIES.items()
+        name: [context_parallel_rank_times(packs[0], ContextParallelOptions(size=2, strategy=s, pad_sequences=p))]
+        for name, (s, p, _) in STRATEGIES.items()
     }
     rows = [dict(strategy=name, worst_imbalance=1.0, kv_vs_zigzag=0.1) for name in STRATEGIES]
     assert _misses("long_and_short_128k", 2, times, rows) == {}

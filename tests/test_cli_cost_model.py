@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from omnibal_kernels import CostModel, Lengths, balance_report, plan_packs, write_lengths
+from omnibal_kernels import CostModel, Lengths, PlanOptions, balance_report, plan_packs, write_lengths
 from omnibal_kernels.balance.cost_models import NAMED_COST_MODELS, cost_model_from_spec, named_cost_model
 from omnibal_kernels.cli import main
 from omnibal_kernels.synthetic import synthetic_lengths
@@ -33,7 +33,7 @@ def test_json_reports_the_epoch_against_its_ideal_and_bound(capsys, length_file)
     model = named_cost_model("qwen2_vl_7b")
     assert out["cost_model"] == model.to_dict()
     lengths = synthetic_lengths("patch_multires", 3_000, seed=0)
-    plan = plan_packs(lengths, world_size=16, cost_model=model)
+    plan = plan_packs(lengths, PlanOptions(cost_model=model), world_size=16)
     report = balance_report(plan, lengths, model)
     for key in EPOCH_KEYS:
         assert out[key] == pytest.approx(getattr(report, key), rel=1e-12)
@@ -151,8 +151,8 @@ def test_sampler_and_streaming_report_under_the_given_cost_model() -> None:
     lengths = synthetic_lengths("video_mix", 4_000, seed=0)
     model = CostModel(**{**named_cost_model("qwen2_5_vl_7b").to_dict(), "per_pack": 1e4})
     groups = (lengths.vit > 10_000).astype(np.int64)
-    sampler = BalancedBatchSampler(lengths, world_size=8, rank=0, groups=groups, cost_model=model)
-    report = sampler.balance_report()
+    sampler = BalancedBatchSampler(lengths, PlanOptions(cost_model=model), world_size=8, rank=0, groups=groups)
+    report = sampler.report()
     costs = model.sample_costs(lengths)
     # every micro-step's pack: its samples' costs (with their ViT sequences) plus per_pack
     assert report.epoch_ideal * 8 == pytest.approx(
@@ -161,7 +161,7 @@ def test_sampler_and_streaming_report_under_the_given_cost_model() -> None:
     )
     assert report.epoch_cost >= report.epoch_ideal
     stream = streaming_report(
-        lengths, vit_capacity=30_000, llm_capacity=12_000, buffer_size=512, world_size=8, cost_model=model
+        lengths, PlanOptions(vit_capacity=30_000, llm_capacity=12_000, cost_model=model), buffer_size=512, world_size=8
     )
     plan_cost = stream.streaming.epoch_cost
     assert stream.streaming.epoch_bound <= plan_cost
@@ -174,7 +174,7 @@ def test_report_uses_the_vit_sequences_and_per_pack() -> None:
         np.array([10, 4]), np.array([5, 5]), vit_seqlens=np.array([6, 4, 4]), vit_seqlens_offsets=np.array([0, 2, 3])
     )
     model = CostModel(vit_quadratic=1.0, per_pack=100.0)
-    plan = plan_packs(lengths, world_size=1, vit_capacity=10, llm_capacity=5, cost_model=model)
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=10, llm_capacity=5, cost_model=model), world_size=1)
     report = balance_report(plan, lengths, model)
     assert report.epoch_cost == pytest.approx(36 + 16 + 16 + 2 * 100)
     assert report.epoch_bound == pytest.approx(report.epoch_cost)

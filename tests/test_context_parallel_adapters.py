@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 
 from omnibal_kernels.attention import varlen_attention
 from omnibal_kernels.context_parallel import (
+    ContextParallelOptions,
     megatron_thd_params,
     ring_flash_attn_inputs,
     shard_for_context_parallel,
@@ -39,7 +40,9 @@ def _batch(lengths, seed=0):
 
 @pytest.mark.parametrize("cp", [1, 2, 4])
 def test_megatron_thd_params(cp):
-    shards = shard_for_context_parallel(_batch(LENGTHS), cp, "zigzag", pad_sequences=True)
+    shards = shard_for_context_parallel(
+        _batch(LENGTHS), ContextParallelOptions(size=cp, strategy="zigzag", pad_sequences=True)
+    )
     params = megatron_thd_params(shards)
     padded = [-(-n // (2 * cp)) * 2 * cp for n in LENGTHS]
     assert params["qkv_format"] == "thd"
@@ -63,12 +66,16 @@ def test_megatron_thd_params(cp):
 
 def test_adapters_need_megatron_padded_zigzag():
     for strategy, pad in (("zigzag", False), ("hybrid", False)):
-        shards = shard_for_context_parallel(_batch(LENGTHS), 2, strategy, pad_sequences=pad)
+        shards = shard_for_context_parallel(
+            _batch(LENGTHS), ContextParallelOptions(size=2, strategy=strategy, pad_sequences=pad)
+        )
         with pytest.raises(ValueError, match="pad_sequences=True"):
             megatron_thd_params(shards)
         with pytest.raises(ValueError, match="pad_sequences=True"):
             ring_flash_attn_inputs(shards, 0)
-    shards = shard_for_context_parallel(_batch(LENGTHS), 2, "zigzag", pad_sequences=True)
+    shards = shard_for_context_parallel(
+        _batch(LENGTHS), ContextParallelOptions(size=2, strategy="zigzag", pad_sequences=True)
+    )
     with pytest.raises(ValueError, match="rank"):
         ring_flash_attn_inputs(shards, 2)
 
@@ -108,7 +115,7 @@ def test_ring_flash_attn_inputs_follow_its_convention(cp):
         torch.randn(total, 2, 8, generator=g),
         torch.randn(total, 2, 8, generator=g),
     )
-    shards = shard_for_context_parallel(batch, cp, "zigzag", pad_sequences=True)
+    shards = shard_for_context_parallel(batch, ContextParallelOptions(size=cp, strategy="zigzag", pad_sequences=True))
     inputs = [ring_flash_attn_inputs(shards, r) for r in range(cp)]
     local_cu = inputs[0]["cu_seqlens"].tolist()
     assert all(x["cu_seqlens"].tolist() == local_cu and x["causal"] is True for x in inputs)
@@ -161,7 +168,7 @@ def _llama_worker(rank: int, init: str, out_dir: str) -> None:
         batch = _batch(SAMPLES, seed=3)
         results = {}
         for strategy in ("zigzag", "hybrid"):
-            shards = shard_for_context_parallel(batch, 2, strategy)
+            shards = shard_for_context_parallel(batch, ContextParallelOptions(size=2, strategy=strategy))
             shard = shards[rank]
             model.zero_grad()
             out = model(**shard.batch, context_parallel_shard=shard, num_items_in_batch=shards.num_items_in_batch)
@@ -204,7 +211,7 @@ def test_transformers_llama_on_two_ranks_equals_unsharded():
     loss = loss.detach()
     ref_grads, ref_logits = _grads(model), torch.cat(logits).detach()
     for strategy in ("zigzag", "hybrid"):
-        shards = shard_for_context_parallel(batch, 2, strategy)
+        shards = shard_for_context_parallel(batch, ContextParallelOptions(size=2, strategy=strategy))
         assert shards.num_items_in_batch == items
         assert (np.bincount(shards.layout.seq) > 1).any()
         got_loss, _, got_grads, control, _ = ranks[0][strategy]

@@ -1,4 +1,4 @@
-"""PackCollator(context_parallel_size=C): every CP rank's shard, against the unsharded batch of the same samples.
+"""PackCollator with context_parallel.size = C: every CP rank's shard, against the unsharded batch of the same samples.
 
 The union of the ranks' shards is the batch (every token once, with its ids, labels, targets and positions),
 vision fields reach every rank unchanged, and the loss of the shards adds up to the loss of the batch in both
@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import omnibal_kernels as ok
+from omnibal_kernels.context_parallel import ContextParallelOptions
 from omnibal_kernels.loss import _local_counts, step_loss
 from omnibal_kernels.testing.hf_models import config, internvl_sample, lengths_of, training_samples
 
@@ -39,15 +40,11 @@ def _samples(lengths: list[int], seed: int = 0) -> list[dict]:
     return out
 
 
-def _shards(samples: list[dict], cp: int, strategy: str = "auto", pad: bool = False, **keywords) -> list:
+def _shards(samples: list[dict], cp: int, strategy: str = "auto", pad: bool = False, **options) -> list:
+    context_parallel = ok.ContextParallelOptions(size=cp, strategy=strategy, pad_sequences=pad)
     return [
         ok.PackCollator(
-            context_parallel_size=cp,
-            context_parallel_rank=r,
-            strategy=strategy,
-            pad_sequences=pad,
-            warmup=False,
-            **keywords,
+            ok.PackOptions(**options), context_parallel=context_parallel, context_parallel_rank=r, warmup=False
         )(samples)
         for r in range(cp)
     ]
@@ -68,7 +65,7 @@ def _with_step(batch, items: int = 1000, labelled: int = 9):
 def test_the_union_of_the_shards_is_the_batch(lengths, cp, which, multiple):
     strategy, pad = which
     samples = _samples(lengths, seed=len(lengths))
-    full = ok.PackCollator(pad_to_multiple_of=multiple, warmup=False)(samples)
+    full = ok.PackCollator(ok.PackOptions(pad_to_multiple_of=multiple), warmup=False)(samples)
     shards = _shards(samples, cp, strategy, pad, pad_to_multiple_of=multiple)
     total = full["input_ids"].shape[1]
     cu = full["cu_seqlens"].tolist()
@@ -79,7 +76,7 @@ def test_the_union_of_the_shards_is_the_batch(lengths, cp, which, multiple):
     assert targets == int((full["labels"][0, 1:] != -100).sum())  # each sample's first label is masked
     for r, s in enumerate(shards):
         shard = s["context_parallel_shard"]
-        assert shard.rank == r and shard.cp_size == cp
+        assert shard.rank == r and shard.context_parallel_size == cp
         idx = shard.indices
         real = idx >= 0
         src = idx.clamp(min=0)
@@ -128,7 +125,7 @@ def test_the_shards_losses_add_up_to_the_batchs(lengths, cp, which):
 
 def test_a_group_of_one_is_the_whole_batch():
     samples = _samples([30, 4])
-    one = ok.PackCollator(context_parallel_size=1, warmup=False)(samples)
+    one = ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=1), warmup=False)(samples)
     assert one.to_dict().keys() == ok.pack_batch(samples).to_dict().keys()
     assert torch.equal(one["input_ids"], ok.pack_batch(samples)["input_ids"])
 
@@ -167,7 +164,7 @@ def test_shards_move_with_their_batch():
 def test_for_model_shards_keep_what_the_model_and_the_attention_take():
     samples = training_samples("llama", 4, seed=0)
     collator = ok.PackCollator.for_model(
-        config("llama"), context_parallel_size=2, context_parallel_rank=1, warmup=False
+        config("llama"), context_parallel=ContextParallelOptions(size=2), context_parallel_rank=1, warmup=False
     )
     batch = collator(samples)
     assert {
@@ -180,9 +177,11 @@ def test_for_model_shards_keep_what_the_model_and_the_attention_take():
     } <= set(batch)
     assert batch["use_cache"] is False
     assert not {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q"} & set(batch)
-    assert "context_parallel_size=2" in repr(collator)
-    with pytest.raises(ValueError, match="context_parallel_size"):
-        ok.PackCollator.for_model(config("internvl"), context_parallel_size=2, context_parallel_rank=0)
+    assert "ContextParallelOptions(size=2" in repr(collator) and "context_parallel_rank=1" in repr(collator)
+    with pytest.raises(ValueError, match="context_parallel.size"):
+        ok.PackCollator.for_model(
+            config("internvl"), context_parallel=ContextParallelOptions(size=2), context_parallel_rank=0
+        )
 
 
 def test_sampler_and_collator_give_a_cp_group_one_pack_and_each_rank_its_shard():
@@ -193,21 +192,21 @@ def test_sampler_and_collator_give_a_cp_group_one_pack_and_each_rank_its_shard()
     for rank in range(world):
         sampler = ok.BalancedBatchSampler(
             lengths,
+            ok.PlanOptions(target_batch_size=4, drop_last=True, context_parallel=ok.ContextParallelOptions(size=cp)),
             world_size=world,
             rank=rank,
-            context_parallel_size=cp,
-            target_batch_size=4,
             micro_steps_per_step=2,
-            drop_last=True,
         )
         assert (sampler.world_size, sampler.rank, sampler.context_parallel_rank) == (2, rank // cp, rank % cp)
-        collator = ok.PackCollator(context_parallel_size=cp, context_parallel_rank=rank % cp, warmup=False)
+        collator = ok.PackCollator(
+            context_parallel=ok.ContextParallelOptions(size=cp), context_parallel_rank=rank % cp, warmup=False
+        )
         loader = torch.utils.data.DataLoader(
             sampler.wrap(samples), batch_sampler=sampler, collate_fn=collator, num_workers=1 if rank == 3 else 0
         )
         batches.append(list(loader))
     plain = ok.BalancedBatchSampler(
-        lengths, world_size=2, rank=0, target_batch_size=4, micro_steps_per_step=2, drop_last=True
+        lengths, ok.PlanOptions(target_batch_size=4, drop_last=True), world_size=2, rank=0, micro_steps_per_step=2
     )
     whole = list(
         torch.utils.data.DataLoader(plain.wrap(samples), batch_sampler=plain, collate_fn=ok.PackCollator(warmup=False))
@@ -232,42 +231,50 @@ def test_sampler_and_collator_give_a_cp_group_one_pack_and_each_rank_its_shard()
 def test_context_parallel_arguments_are_named(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(ValueError, match="context_parallel_size"):
-        ok.PackCollator(context_parallel_size=0)
-    with pytest.raises(TypeError, match="context_parallel_size"):
-        ok.PackCollator(context_parallel_size=2.0)
+    with pytest.raises(ValueError, match="context_parallel.size"):
+        ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=0))
+    with pytest.raises(TypeError, match="context_parallel.size"):
+        ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=2.0))
     with pytest.raises(ValueError, match="context_parallel_rank"):
-        ok.PackCollator(context_parallel_size=2, context_parallel_rank=2)
+        ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=2), context_parallel_rank=2)
     with pytest.raises(ValueError, match="context_parallel_rank"):
-        ok.PackCollator(context_parallel_size=1, context_parallel_rank=1)
+        ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=1), context_parallel_rank=1)
     with pytest.raises(TypeError, match="context_parallel_rank"):
-        ok.PackCollator(context_parallel_size=2, context_parallel_rank="1")
+        ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=2), context_parallel_rank="1")
     with pytest.raises(ValueError, match="strategy"):
-        ok.PackCollator(context_parallel_size=2, context_parallel_rank=0, strategy="ring")
+        ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=2, strategy="ring"), context_parallel_rank=0)
     with pytest.raises(ValueError, match="not both"):
-        ok.PackCollator(context_parallel_size=2, context_parallel_rank=0, context_parallel_group=object())
+        ok.PackCollator(
+            context_parallel=ok.ContextParallelOptions(size=2), context_parallel_rank=0, context_parallel_group=object()
+        )
     # no rank known: an error naming the ways to give it, never rank 0
     with pytest.raises(ValueError, match="context_parallel_rank="):
-        ok.PackCollator(context_parallel_size=2)
+        ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=2))
     monkeypatch.setenv("WORLD_SIZE", "6")
     monkeypatch.setenv("RANK", "5")
-    assert ok.PackCollator(context_parallel_size=3, warmup=False).context_parallel.rank == 2
-    with pytest.raises(ValueError, match="context_parallel_size=4 does not divide"):
-        ok.PackCollator(context_parallel_size=4)
+    assert ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=3), warmup=False).context_parallel_rank == 2
+    with pytest.raises(ValueError, match="context_parallel.size=4 does not divide"):
+        ok.PackCollator(context_parallel=ok.ContextParallelOptions(size=4))
 
 
 def test_sampler_context_parallel_arguments_are_named():
     lengths = np.full(64, 100)
-    with pytest.raises(ValueError, match="context_parallel_size=3 does not divide world_size=4"):
-        ok.BalancedBatchSampler(lengths, world_size=4, rank=0, context_parallel_size=3)
-    with pytest.raises(ValueError, match="context_parallel_size"):
-        ok.BalancedBatchSampler(lengths, world_size=4, rank=0, context_parallel_size=0)
-    with pytest.raises(TypeError, match="context_parallel_size"):
-        ok.BalancedBatchSampler(lengths, world_size=4, rank=0, context_parallel_size=True)
-    with pytest.raises(TypeError, match="context_parallel_size"):
-        ok.plan_packs(lengths, world_size=2, context_parallel_size=1.5)
-    with pytest.raises(ValueError, match="context_parallel_size"):
-        ok.PlanOptions(context_parallel_size=-1)
+    with pytest.raises(ValueError, match="context_parallel.size=3 does not divide world_size=4"):
+        ok.BalancedBatchSampler(
+            lengths, ok.PlanOptions(context_parallel=ok.ContextParallelOptions(size=3)), world_size=4, rank=0
+        )
+    with pytest.raises(ValueError, match="context_parallel.size"):
+        ok.BalancedBatchSampler(
+            lengths, ok.PlanOptions(context_parallel=ok.ContextParallelOptions(size=0)), world_size=4, rank=0
+        )
+    with pytest.raises(TypeError, match="context_parallel.size"):
+        ok.BalancedBatchSampler(
+            lengths, ok.PlanOptions(context_parallel=ok.ContextParallelOptions(size=True)), world_size=4, rank=0
+        )
+    with pytest.raises(TypeError, match="context_parallel.size"):
+        ok.plan_packs(lengths, ok.PlanOptions(context_parallel=ok.ContextParallelOptions(size=1.5)), world_size=2)
+    with pytest.raises(TypeError, match="context_parallel must be a ContextParallelOptions, got int"):
+        ok.PlanOptions(context_parallel=2)  # type: ignore[arg-type]
 
 
 def _readme_loop() -> str:
@@ -318,13 +325,21 @@ def test_the_readme_loop_trains_the_gradient_of_the_packs():
                 "cp_group": None,
             }
             exec(code, scope)
-            assert scope["report"].times.shape[1:] == (world_size // scope["cp"], scope["cp"])
+            size = scope["cp"].size
+            if size > 1:
+                assert scope["report"].times.shape[1:] == (world_size // size, size)
+            else:
+                assert scope["report"] is None  # whole packs: nothing priced per CP rank
         return torch.cat([p.grad.reshape(-1) for p in model.parameters()]) / world_size
 
     code = _readme_loop()
     got = run(code, 4)
-    want = run(code.replace("cp = 2 ", "cp = 1 "), 2)
+    want = run(code.replace("ContextParallelOptions(size=2)", "ContextParallelOptions(size=1)"), 2)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert float(got.abs().max()) > 0
-    same = run(code.replace("context_parallel_rank=sampler.context_parallel_rank", "context_parallel_rank=0"), 4)
-    assert float((same - want).abs().max()) > 1e-6
+    # a collator told to be CP rank 0 on every rank: refused, never both ranks training shard 0
+    with pytest.raises(ValueError, match="context_parallel_rank 0 but the sampler's batches are for CP rank 1"):
+        run(code.replace("ok.PackCollator()", "ok.PackCollator(context_parallel=cp, context_parallel_rank=0)"), 4)
+    # the dataset not wrapped: the batches carry no plan, so no shard and no step count: said, then refused
+    with pytest.warns(UserWarning, match=r"sampler.wrap\(dataset\)"), pytest.raises(ValueError, match="no count"):
+        run(code.replace("sampler.wrap(dataset)", "dataset"), 4)

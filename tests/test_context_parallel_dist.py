@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from omnibal_kernels.context_parallel import ContextParallelOptions
+
 LENGTHS = [700, 3, 1, 150, 45, 1200, 17, 2, 380]
 HEADS, KV_HEADS, DIM = 4, 2, 8
 CASES = [
@@ -45,13 +47,15 @@ def _inputs():
     return batch, q, k, v, dout
 
 
-def _attend(batch, q, k, v, dout, cp_size: int, cp_rank: int, group, device) -> dict:
-    """Every case's outputs and q/k/v gradients on this rank of a CP group of ``cp_size``."""
+def _attend(batch, q, k, v, dout, context_parallel_size: int, cp_rank: int, group, device) -> dict:
+    """Every case's outputs and q/k/v gradients on this rank of a CP group of ``context_parallel_size``."""
     from omnibal_kernels.context_parallel import context_parallel_attention, shard_for_context_parallel
 
     results = {}
     for strategy, pad in CASES:
-        shard = shard_for_context_parallel(batch, cp_size, strategy, pad_sequences=pad)[cp_rank].to(device)
+        shard = shard_for_context_parallel(
+            batch, ContextParallelOptions(size=context_parallel_size, strategy=strategy, pad_sequences=pad)
+        )[cp_rank].to(device)
         rows = shard.indices.clamp(min=0)
         real = (shard.indices >= 0).to(q.dtype)[:, None, None]
         ql, kl, vl = (x.to(device).index_select(0, rows).requires_grad_() for x in (q, k, v))
@@ -95,12 +99,14 @@ def _run(world: int, backend: str = "gloo") -> None:
     (ref * dout).sum().backward()
     expected = [ref.detach(), q.grad, k.grad, v.grad]
     groups = [(world, [list(range(world))])] + ([(2, [[r, r + 1] for r in range(0, world, 2)])] if world > 2 else [])
-    for cp_size, members in groups:
+    for context_parallel_size, members in groups:
         for case in CASES:
-            shards = shard_for_context_parallel(batch, cp_size, case[0], pad_sequences=case[1])
+            shards = shard_for_context_parallel(
+                batch, ContextParallelOptions(size=context_parallel_size, strategy=case[0], pad_sequences=case[1])
+            )
             for group in members:
                 for i, name in enumerate(("out", "dq", "dk", "dv")):
-                    got = shards.restore([ranks[r][cp_size][case][i] for r in group])
+                    got = shards.restore([ranks[r][context_parallel_size][case][i] for r in group])
                     where = f"ranks {group}, {case} {name}"
                     torch.testing.assert_close(
                         got, expected[i], rtol=1e-5, atol=1e-5, msg=lambda m, where=where: f"{where}: {m}"
@@ -127,7 +133,7 @@ def test_wrong_group_is_an_error():
     from omnibal_kernels.context_parallel import context_parallel_attention, shard_for_context_parallel
 
     batch, q, k, v, _ = _inputs()
-    shard = shard_for_context_parallel(batch, 2, "zigzag")[0]
+    shard = shard_for_context_parallel(batch, ContextParallelOptions(size=2, strategy="zigzag"))[0]
     n = shard.num_tokens
     with pytest.raises(ValueError, match="not initialized"):
         context_parallel_attention(q[:n], k[:n], v[:n], shard)

@@ -13,9 +13,11 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from omnibal_kernels import PackOptions
 from omnibal_kernels.attention import varlen_attention
 from omnibal_kernels.context_parallel import (
     ContextParallelCost,
+    ContextParallelOptions,
     context_parallel_rank_times,
     shard_for_context_parallel,
 )
@@ -39,7 +41,7 @@ lengths_st = st.lists(st.one_of(st.integers(0, 40), st.integers(1, 400)), min_si
 def _batch(lengths: list[int], seed: int = 0, allow_empty: bool = True):
     g = torch.Generator().manual_seed(seed)
     samples = [{"input_ids": torch.randint(1, 1000, (n,), generator=g)} for n in lengths]
-    return pack_batch(samples, allow_empty=allow_empty)
+    return pack_batch(samples, PackOptions(allow_empty=allow_empty))
 
 
 def emulate(shards, q, k, v):
@@ -67,13 +69,15 @@ def emulate(shards, q, k, v):
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=lengths_st, cp_size=st.integers(1, 8), which=st.sampled_from(STRATEGIES))
-def test_every_token_once_labels_positions_restore(lengths, cp_size, which):
+@given(lengths=lengths_st, context_parallel_size=st.integers(1, 8), which=st.sampled_from(STRATEGIES))
+def test_every_token_once_labels_positions_restore(lengths, context_parallel_size, which):
     strategy, pad = which
     batch = _batch(lengths)
     total = batch["input_ids"].shape[1]
-    shards = shard_for_context_parallel(batch, cp_size, strategy, pad_sequences=pad)
-    assert len(shards) == cp_size
+    shards = shard_for_context_parallel(
+        batch, ContextParallelOptions(size=context_parallel_size, strategy=strategy, pad_sequences=pad)
+    )
+    assert len(shards) == context_parallel_size
     held = torch.cat([s.indices for s in shards])
     real = held[held >= 0]
     # every token exactly once; padding only with Megatron padding
@@ -108,8 +112,13 @@ def test_every_token_once_labels_positions_restore(lengths, cp_size, which):
 
 
 @settings(max_examples=40, deadline=None)
-@given(lengths=lengths_st, cp_size=st.integers(1, 8), which=st.sampled_from(STRATEGIES), gqa=st.sampled_from([1, 2]))
-def test_emulated_exchange_gives_unsharded_attention(lengths, cp_size, which, gqa):
+@given(
+    lengths=lengths_st,
+    context_parallel_size=st.integers(1, 8),
+    which=st.sampled_from(STRATEGIES),
+    gqa=st.sampled_from([1, 2]),
+)
+def test_emulated_exchange_gives_unsharded_attention(lengths, context_parallel_size, which, gqa):
     strategy, pad = which
     batch = _batch(lengths)
     total = batch["input_ids"].shape[1]
@@ -118,7 +127,9 @@ def test_emulated_exchange_gives_unsharded_attention(lengths, cp_size, which, gq
     k = torch.randn(total, 4 // gqa, 8, generator=g)
     v = torch.randn(total, 4 // gqa, 8, generator=g)
     ref = varlen_attention(q, k, v, batch["cu_seqlens"], batch["max_seqlen"])
-    shards = shard_for_context_parallel(batch, cp_size, strategy, pad_sequences=pad)
+    shards = shard_for_context_parallel(
+        batch, ContextParallelOptions(size=context_parallel_size, strategy=strategy, pad_sequences=pad)
+    )
     outs = emulate(shards, q, k, v)
     torch.testing.assert_close(shards.restore(outs), ref, rtol=1e-5, atol=1e-5)
     # the predicted exchange is what the plan exchanges
@@ -133,17 +144,22 @@ def test_emulation_catches_a_wrong_key_index():
     total = batch["input_ids"].shape[1]
     q, k, v = (torch.randn(total, 2, 4) for _ in range(3))
     ref = varlen_attention(q, k, v, batch["cu_seqlens"], batch["max_seqlen"])
-    shards = shard_for_context_parallel(batch, 2, "zigzag")
+    shards = shard_for_context_parallel(batch, ContextParallelOptions(size=2, strategy="zigzag"))
     shards[1].key_index[3] = shards[1].key_index[4]
     assert not torch.allclose(shards.restore(emulate(shards, q, k, v)), ref, atol=1e-4)
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(0, 3000), min_size=1, max_size=30), cp_size=st.integers(1, 8))
-def test_auto_is_never_predicted_slower_than_a_fixed_strategy(lengths, cp_size):
-    auto = context_parallel_rank_times(lengths, cp_size, "auto")
+@given(lengths=st.lists(st.integers(0, 3000), min_size=1, max_size=30), context_parallel_size=st.integers(1, 8))
+def test_auto_is_never_predicted_slower_than_a_fixed_strategy(lengths, context_parallel_size):
+    auto = context_parallel_rank_times(lengths, ContextParallelOptions(size=context_parallel_size, strategy="auto"))
     for name in ("zigzag", "per_document", "hybrid", "contiguous"):
-        assert auto.step_time <= context_parallel_rank_times(lengths, cp_size, name).step_time
+        assert (
+            auto.step_time
+            <= context_parallel_rank_times(
+                lengths, ContextParallelOptions(size=context_parallel_size, strategy=name)
+            ).step_time
+        )
     assert auto.strategy in ("zigzag", "per_document", "hybrid", "contiguous")
     assert int(auto.tokens.sum()) == sum(lengths)
 
@@ -151,20 +167,20 @@ def test_auto_is_never_predicted_slower_than_a_fixed_strategy(lengths, cp_size):
 def test_hybrid_keeps_short_sequences_whole_and_balances():
     lengths = [65536] + [1000 + 37 * i for i in range(40)]
     cp = 4
-    shards = shard_for_context_parallel(_batch(lengths), cp, "hybrid")
+    shards = shard_for_context_parallel(_batch(lengths), ContextParallelOptions(size=cp, strategy="hybrid"))
     pieces = np.bincount(shards.layout.seq, minlength=len(lengths))
     assert pieces[0] > 1  # the long sequence is cut
     # short ones are cut only where one rank's share of the cut sequences ends: at most cp - 1 of them
     assert int((pieces[1:] > 1).sum()) <= cp - 1
     assert shards.times.imbalance <= 1.02
-    zigzag = context_parallel_rank_times(lengths, cp, "zigzag")
+    zigzag = context_parallel_rank_times(lengths, ContextParallelOptions(size=cp, strategy="zigzag"))
     assert shards.times.kv_exchanged <= zigzag.kv_exchanged / 2
     assert shards.times.step_time < zigzag.step_time
 
 
 def test_hybrid_exchanges_nothing_when_whole_sequences_balance():
     lengths = [1000] * 16
-    times = context_parallel_rank_times(lengths, 4, "hybrid")
+    times = context_parallel_rank_times(lengths, ContextParallelOptions(size=4, strategy="hybrid"))
     assert times.kv_exchanged == 0 and times.imbalance == 1.0
 
 
@@ -172,7 +188,7 @@ def test_zigzag_megatron_padding_matches_the_convention():
     """Rank r holds chunk r, then chunk 2P-1-r of every sequence padded to a multiple of 2P (plain reference)."""
     lengths, cp = [7, 11, 5, 16], 2
     batch = _batch(lengths)
-    shards = shard_for_context_parallel(batch, cp, "zigzag", pad_sequences=True)
+    shards = shard_for_context_parallel(batch, ContextParallelOptions(size=cp, strategy="zigzag", pad_sequences=True))
     cu = np.r_[0, np.cumsum(lengths)]
     for r in range(cp):
         expect = []
@@ -186,7 +202,7 @@ def test_zigzag_megatron_padding_matches_the_convention():
 
 
 def test_zigzag_without_padding_deals_the_remainder_evenly():
-    times = context_parallel_rank_times([1001] * 8, 4, "zigzag")
+    times = context_parallel_rank_times([1001] * 8, ContextParallelOptions(size=4, strategy="zigzag"))
     assert times.padding == 0
     assert int(times.tokens.max() - times.tokens.min()) <= 2
 
@@ -208,8 +224,8 @@ def test_tiled_pairs_against_brute_force(lq, lk, tile):
 
 def test_same_batch_same_shards():
     batch = _batch([900, 33, 4000, 12, 250])
-    a = shard_for_context_parallel(batch, 4)
-    b = shard_for_context_parallel(batch, 4)
+    a = shard_for_context_parallel(batch, ContextParallelOptions(size=4))
+    b = shard_for_context_parallel(batch, ContextParallelOptions(size=4))
     assert a.strategy == b.strategy
     for x, y in zip(a, b):
         assert torch.equal(x.indices, y.indices) and torch.equal(x.key_index, y.key_index)
@@ -221,44 +237,46 @@ def test_mrope_positions_and_token_fields_are_sharded():
     total = batch["input_ids"].shape[1]
     batch["position_ids"] = torch.arange(3 * total).reshape(3, 1, total)
     batch["extra"] = torch.arange(total).reshape(1, total) * 2
-    shards = shard_for_context_parallel(batch, 2, "zigzag")
+    shards = shard_for_context_parallel(batch, ContextParallelOptions(size=2, strategy="zigzag"))
     for s in shards:
         assert torch.equal(s.batch["position_ids"], batch["position_ids"][..., s.indices])
         assert torch.equal(s.batch["extra"][0], s.indices * 2)
         assert isinstance(s.batch, dict)
     with pytest.raises(ValueError, match="mRoPE"):
-        shard_for_context_parallel(batch, 2, "zigzag", pad_sequences=True)
+        shard_for_context_parallel(batch, ContextParallelOptions(size=2, strategy="zigzag", pad_sequences=True))
 
 
 def test_bad_arguments_are_named():
     batch = _batch([10, 20])
     with pytest.raises(ValueError, match="strategy"):
-        shard_for_context_parallel(batch, 2, "ring")
-    with pytest.raises(ValueError, match="cp_size"):
-        shard_for_context_parallel(batch, 0)
-    with pytest.raises(TypeError, match="cp_size"):
-        shard_for_context_parallel(batch, 2.0)
+        shard_for_context_parallel(batch, ContextParallelOptions(size=2, strategy="ring"))
+    with pytest.raises(ValueError, match="context_parallel.size"):
+        shard_for_context_parallel(batch, ContextParallelOptions(size=0))
+    with pytest.raises(TypeError, match="context_parallel.size"):
+        shard_for_context_parallel(batch, ContextParallelOptions(size=2.0))
     with pytest.raises(ValueError, match="pad_sequences"):
-        shard_for_context_parallel(batch, 2, "hybrid", pad_sequences=True)
+        shard_for_context_parallel(batch, ContextParallelOptions(size=2, strategy="hybrid", pad_sequences=True))
     with pytest.raises(TypeError, match="batch"):
-        shard_for_context_parallel([1, 2], 2)
+        shard_for_context_parallel([1, 2], ContextParallelOptions(size=2))
     with pytest.raises(ValueError, match="per_sample"):
-        shard_for_context_parallel({**batch, "per_sample": [1, 2]}, 2)
-    assert shard_for_context_parallel({**batch, "per_sample": [1, 2]}, 2, replicate=["per_sample"])[1].batch[
-        "per_sample"
-    ] == [1, 2]
+        shard_for_context_parallel({**batch, "per_sample": [1, 2]}, ContextParallelOptions(size=2))
+    assert shard_for_context_parallel(
+        {**batch, "per_sample": [1, 2]}, ContextParallelOptions(size=2), replicate=["per_sample"]
+    )[1].batch["per_sample"] == [1, 2]
     with pytest.raises(ValueError, match="cu_seqlens"):
-        shard_for_context_parallel({**batch, "cu_seqlens": torch.tensor([0, 5, 29], dtype=torch.int32)}, 2)
+        shard_for_context_parallel(
+            {**batch, "cu_seqlens": torch.tensor([0, 5, 29], dtype=torch.int32)}, ContextParallelOptions(size=2)
+        )
     with pytest.raises(TypeError, match="cost"):
-        context_parallel_rank_times([10], 2, cost="fast")
+        context_parallel_rank_times([10], ContextParallelOptions(size=2, cost="fast"))
     with pytest.raises(ValueError, match="seqlens"):
-        context_parallel_rank_times([10, -1], 2)
+        context_parallel_rank_times([10, -1], ContextParallelOptions(size=2))
     with pytest.raises(ValueError, match="pair"):
         ContextParallelCost(1.0, -1.0, 0.0)
 
 
 def test_empty_ranks_keep_valid_shapes():
-    shards = shard_for_context_parallel(_batch([3]), 8, "zigzag")
+    shards = shard_for_context_parallel(_batch([3]), ContextParallelOptions(size=8, strategy="zigzag"))
     empty = [s for s in shards if s.num_tokens == 0]
     assert empty
     for s in empty:
@@ -271,8 +289,8 @@ def test_for_model_batches_are_sharded():
     for key in ("cu_seqlens", "seq_lens", "max_seqlen"):
         batch.pop(key)
     batch["use_cache"] = False
-    shards = shard_for_context_parallel(batch, 2, "zigzag")
-    reference = shard_for_context_parallel(_batch([30, 9, 14]), 2, "zigzag")
+    shards = shard_for_context_parallel(batch, ContextParallelOptions(size=2, strategy="zigzag"))
+    reference = shard_for_context_parallel(_batch([30, 9, 14]), ContextParallelOptions(size=2, strategy="zigzag"))
     for s, r in zip(shards, reference):
         assert torch.equal(s.indices, r.indices) and s.batch["use_cache"] is False
 
@@ -280,17 +298,21 @@ def test_for_model_batches_are_sharded():
 @settings(max_examples=300, deadline=None)
 @given(
     lengths=st.lists(st.one_of(st.integers(0, 300), st.integers(1, 5000)), min_size=1, max_size=12),
-    cp_size=st.integers(1, 8),
+    context_parallel_size=st.integers(1, 8),
     which=st.sampled_from(STRATEGIES),
 )
-@example(lengths=[266], cp_size=6, which=("hybrid", False))  # a sequence of two kernel tiles over six ranks
-def test_layout_chunks_cover_every_sequence_once(lengths, cp_size, which):
+@example(
+    lengths=[266], context_parallel_size=6, which=("hybrid", False)
+)  # a sequence of two kernel tiles over six ranks
+def test_layout_chunks_cover_every_sequence_once(lengths, context_parallel_size, which):
     """Layouts alone (cheap, so many more examples): chunks inside their sequence, disjoint, covering it."""
     from omnibal_kernels.context_parallel import plan_layout
 
-    layout, times = plan_layout(lengths, cp_size, which[0], pad_sequences=which[1])
+    layout, times = plan_layout(
+        lengths, ContextParallelOptions(size=context_parallel_size, strategy=which[0], pad_sequences=which[1])
+    )
     assert ((layout.start >= 0) & (layout.start < layout.stop) & (layout.stop <= layout.padded[layout.seq])).all()
-    assert ((layout.rank >= 0) & (layout.rank < cp_size)).all()
+    assert ((layout.rank >= 0) & (layout.rank < context_parallel_size)).all()
     for s, n in enumerate(layout.padded.tolist()):
         mine = np.flatnonzero(layout.seq == s)
         order = mine[np.argsort(layout.start[mine])]
@@ -302,18 +324,22 @@ def test_layout_chunks_cover_every_sequence_once(lengths, cp_size, which):
 @settings(max_examples=40, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 20_000), min_size=1, max_size=20),
-    cp_size=st.integers(2, 8),
+    context_parallel_size=st.integers(2, 8),
     slack=st.sampled_from([1.0, 1.1, 1.5]),
 )
-def test_max_rank_tokens_is_held(lengths, cp_size, slack):
+def test_max_rank_tokens_is_held(lengths, context_parallel_size, slack):
     total = sum(lengths)
-    cap = max(1, int(np.ceil(slack * total / cp_size)))
-    auto = context_parallel_rank_times(lengths, cp_size, "auto", max_rank_tokens=cap)
+    cap = max(1, int(np.ceil(slack * total / context_parallel_size)))
+    auto = context_parallel_rank_times(
+        lengths, ContextParallelOptions(size=context_parallel_size, strategy="auto", max_rank_tokens=cap)
+    )
     assert int(auto.tokens.max()) <= cap
     # within the cap auto is still no slower than any fixed strategy that keeps to it
     for name in ("zigzag", "per_document", "contiguous", "hybrid"):
         try:
-            fixed = context_parallel_rank_times(lengths, cp_size, name, max_rank_tokens=cap)
+            fixed = context_parallel_rank_times(
+                lengths, ContextParallelOptions(size=context_parallel_size, strategy=name, max_rank_tokens=cap)
+            )
         except ValueError:
             continue
         assert int(fixed.tokens.max()) <= cap and auto.step_time <= fixed.step_time
@@ -322,11 +348,15 @@ def test_max_rank_tokens_is_held(lengths, cp_size, slack):
 def test_max_rank_tokens_errors_name_it():
     lengths = [50_000, 2_000, 1_000]
     with pytest.raises(ValueError, match="max_rank_tokens"):
-        context_parallel_rank_times(lengths, 4, "auto", max_rank_tokens=10_000)  # under T / P
+        context_parallel_rank_times(
+            lengths, ContextParallelOptions(size=4, strategy="auto", max_rank_tokens=10_000)
+        )  # under T / P
     # Megatron padding puts 1254 tokens on every rank of [5001, 3] at CP 4, more than the 1251 of the real ones
     with pytest.raises(ValueError, match="1254 tokens, more than max_rank_tokens=1251"):
-        context_parallel_rank_times([5001, 3], 4, "zigzag", pad_sequences=True, max_rank_tokens=1251)
+        context_parallel_rank_times(
+            [5001, 3], ContextParallelOptions(size=4, strategy="zigzag", pad_sequences=True, max_rank_tokens=1251)
+        )
     with pytest.raises(ValueError, match="max_rank_tokens"):
-        context_parallel_rank_times(lengths, 4, "zigzag", max_rank_tokens=0)
-    shards = shard_for_context_parallel(_batch([3000, 200, 100]), 4, max_rank_tokens=900)
+        context_parallel_rank_times(lengths, ContextParallelOptions(size=4, strategy="zigzag", max_rank_tokens=0))
+    shards = shard_for_context_parallel(_batch([3000, 200, 100]), ContextParallelOptions(size=4, max_rank_tokens=900))
     assert max(s.num_tokens for s in shards) <= 900

@@ -179,7 +179,7 @@ def test_pack_costs_from_lists_csr_and_plans():
     np.testing.assert_allclose(m.pack_costs(lengths, packs), want, rtol=1e-12)
     rows = PackRows(np.array([0, 2, 3, 6]), np.array([0, 2, 1, 3, 1, 0]))
     np.testing.assert_allclose(m.pack_costs(lengths, rows), want, rtol=1e-12)
-    plan = plan_packs(lengths, world_size=1, vit_capacity=10, llm_capacity=200, method="random")
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=10, llm_capacity=200, method="random"), world_size=1)
     by_plan = [plan.pack_samples[a:b] for a, b in zip(plan.pack_offsets[:-1], plan.pack_offsets[1:])]
     np.testing.assert_allclose(m.pack_costs(lengths, plan), m.pack_costs(lengths, by_plan), rtol=1e-12)
     with pytest.raises(ValueError, match="pack 1: sample id 4 is not in"):
@@ -318,6 +318,8 @@ def test_fit_checks_its_inputs():
 transformers = pytest.importorskip("transformers")
 from test_for_model import CONFIGS  # noqa: E402
 from test_for_model import _model as _tiny_model  # noqa: E402
+
+from omnibal_kernels import PlanOptions  # noqa: E402
 
 # Forward FLOPs per unit of each term, worked out by hand for the tiny configs (hidden 32, 1 text layer,
 # 2 heads of 16, 1 kv head, intermediate 64, vocabulary 128):

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from omnibal_kernels import PlanOptions
 from omnibal_kernels.testing.processes import free_port
 
 WORLD_SIZE = 4
@@ -34,7 +35,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
         lengths = _subset()
         # world_size and rank come from torch.distributed
-        sampler = BalancedBatchSampler(lengths, micro_steps_per_step=2, seed=11)
+        sampler = BalancedBatchSampler(lengths, PlanOptions(seed=11), micro_steps_per_step=2)
         assert (sampler.world_size, sampler.rank) == (WORLD_SIZE, rank)
         sampler.set_epoch(1)
         prints = [None] * WORLD_SIZE
@@ -42,17 +43,17 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         batches = list(sampler)
         gathered = [None] * WORLD_SIZE
         dist.all_gather_object(gathered, batches)
-        report = sampler.balance_report()
+        report = sampler.report()
 
         # resume: a fresh sampler (as after a restart) continues from a state saved mid-epoch
-        run = BalancedBatchSampler(lengths, micro_steps_per_step=2, seed=11)
+        run = BalancedBatchSampler(lengths, PlanOptions(seed=11), micro_steps_per_step=2)
         run.set_epoch(1)
         it = iter(run)
         head = [next(it) for _ in range(STOP_AT)]
         state = run.state_dict()
         states = [None] * WORLD_SIZE
         dist.all_gather_object(states, state)
-        restarted = BalancedBatchSampler(lengths, micro_steps_per_step=2, seed=11)
+        restarted = BalancedBatchSampler(lengths, PlanOptions(seed=11), micro_steps_per_step=2)
         restarted.load_state_dict(states[0])  # rank 0's checkpoint serves every rank
         restarted.set_epoch(1)
         tail = list(restarted)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels import Lengths, plan_packs
+from omnibal_kernels import Lengths, PlanOptions, plan_packs
 from omnibal_kernels.balance import CostModel, balance_report
 from omnibal_kernels.balance.bound import costs_epoch_bound, epoch_bound, min_packs
 from omnibal_kernels.balance.report import epoch_cost
@@ -151,13 +151,10 @@ def test_epoch_bound_never_exceeds_a_plan(case) -> None:
     qt = max(int(lengths.llm.max()) // (2 if tight else 1), 1)
     plan = plan_packs(
         lengths,
+        PlanOptions(
+            method=method, vit_capacity=qv if qv else 0, llm_capacity=qt, oversize="single", seed=seed, cost_model=model
+        ),
         world_size=world_size,
-        method=method,
-        vit_capacity=qv if qv else 0,
-        llm_capacity=qt,
-        oversize="single",
-        seed=seed,
-        cost_model=model,
     )
     achieved = epoch_cost(plan, lengths, model)
     for steps in (None, plan.num_steps):

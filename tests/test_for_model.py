@@ -21,6 +21,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from omnibal_kernels import PackOptions  # noqa: E402
 from omnibal_kernels.model_inputs import forward_keys, model_inputs  # noqa: E402
 from omnibal_kernels.packing import PackCollator  # noqa: E402
 from omnibal_kernels.testing.hf_models import (  # noqa: E402
@@ -142,7 +143,7 @@ def test_batches_from_dataloader_workers() -> None:
 def test_padding_segment_changes_nothing() -> None:
     model = _model("qwen2_vl", "sdpa")
     samples = _samples("qwen2_vl")
-    batch = PackCollator.for_model(model, warmup=False, pad_to_multiple_of=64)(samples)
+    batch = PackCollator.for_model(model, PackOptions(pad_to_multiple_of=64), warmup=False)(samples)
     assert batch["input_ids"].shape[1] % 64 == 0 and batch["position_ids"].shape[0] == 4
     _assert_same_training(model, dict(batch), "qwen2_vl", "sdpa")
 
@@ -223,7 +224,7 @@ def test_mrope_convention_numberings() -> None:
     first, last = int(torch.nonzero(ids == VID).min()), int(torch.nonzero(ids == VID).max())
     positions = {}
     for convention in (None, "max_hw", "max_position"):
-        collator = PackCollator.for_model(model, warmup=False, mrope_convention=convention)
+        collator = PackCollator.for_model(model, PackOptions(mrope_convention=convention), warmup=False)
         assert collator.options.mrope_convention == (convention or installed_mrope_convention())
         positions[convention] = collator([sample])["position_ids"][1:]
     assert torch.equal(positions[None], _rope_index(model, sample))
@@ -232,7 +233,7 @@ def test_mrope_convention_numberings() -> None:
     assert after_hw == first + 2
     assert after_max == int(positions["max_position"][:, 0, : last + 1].max()) + 1 == first + 7
     with pytest.raises(ValueError, match="mrope_convention"):
-        PackCollator.for_model(model, warmup=False, mrope_convention="qwen")
+        PackCollator.for_model(model, PackOptions(mrope_convention="qwen"), warmup=False)
 
 
 def test_an_mrope_config_without_vision_config_is_refused() -> None:
@@ -293,7 +294,7 @@ def test_forward_keys_reads_unpacked_kwargs() -> None:
 def test_internvl_placeholders_checked_per_sample() -> None:
     spec = model_inputs(_internvl())
     assert (spec.tile_token_id, spec.tokens_per_tile) == (IMG_CONTEXT, TILE_TOKENS)
-    collator = PackCollator.for_model(_internvl(), warmup=False, pad_to_multiple_of=32)
+    collator = PackCollator.for_model(_internvl(), PackOptions(pad_to_multiple_of=32), warmup=False)
     samples = _samples("internvl")
     assert collator(samples)["pixel_values"].shape[0] == 6
     samples[2] = {**samples[2], "pixel_values": samples[0]["pixel_values"]}  # 2 tiles, placeholders for 1

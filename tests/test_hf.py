@@ -9,6 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from omnibal_kernels.balance import PlanOptions  # noqa: E402
 from omnibal_kernels.hf import BalancedTrainerMixin  # noqa: E402
 from omnibal_kernels.lengths import Lengths  # noqa: E402
 from omnibal_kernels.packing import PackCollator  # noqa: E402
@@ -39,7 +40,7 @@ def test_trainer_recipe(tmp_path):
         seed=13,  # a seed whose plan epoch 1 is shorter than epoch 0 (asserted below)
     )
     model = RecordingLM()
-    options = {"vit_capacity": 8, "llm_capacity": 160}
+    options = PlanOptions(vit_capacity=8, llm_capacity=160)
     # the ViT loads are made up (the samples carry no pixels), so the samples are not checked against them
     trainer = BalancedTrainer(
         model=model,
@@ -47,13 +48,13 @@ def test_trainer_recipe(tmp_path):
         train_dataset=data,
         data_collator=PackCollator(),
         train_lengths=Lengths(vit, llm),
-        sampler_options=options,
+        plan_options=options,
         check_loads=False,
     )
     trainer.train()
 
     reference = BalancedBatchSampler(
-        Lengths(vit, llm), world_size=1, rank=0, micro_steps_per_step=2, seed=13, **options
+        Lengths(vit, llm), options.replace(seed=13), world_size=1, rank=0, micro_steps_per_step=2
     )
     plans = [reference.rank_batches(epoch=e) for e in range(3)]
     assert len(plans[0]) > len(plans[1])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from omnibal_kernels._files import write_json
+from omnibal_kernels.balance import PlanOptions
 from omnibal_kernels.hf import SAMPLER_STATE_FILE, _check_sampler_state, balanced_train_dataloader
 from omnibal_kernels.lengths import Lengths
 from omnibal_kernels.sampler import BalancedBatchSampler
@@ -38,7 +39,7 @@ def _lengths(n: int) -> Lengths:
 def test_options_come_from_the_training_arguments(drop_last):
     lengths = _lengths(101)
     loader = balanced_train_dataloader(
-        _trainer(101, dataloader_drop_last=drop_last), lengths, vit_capacity=8, llm_capacity=160
+        _trainer(101, dataloader_drop_last=drop_last), lengths, PlanOptions(vit_capacity=8, llm_capacity=160)
     )
     sampler = loader.batch_sampler.sampler
     assert (sampler.world_size, sampler.rank, sampler.micro_steps_per_step, sampler.seed, sampler.drop_last) == (
@@ -50,42 +51,44 @@ def test_options_come_from_the_training_arguments(drop_last):
     )
     reference = BalancedBatchSampler(
         lengths,
+        PlanOptions(seed=3, drop_last=drop_last, vit_capacity=8, llm_capacity=160),
         world_size=2,
         rank=1,
         micro_steps_per_step=2,
-        seed=3,
-        drop_last=drop_last,
-        vit_capacity=8,
-        llm_capacity=160,
     )
     assert list(loader) == reference.rank_batches(epoch=0)
     loader.set_epoch(1)
     assert list(loader) == reference.rank_batches(epoch=1)
 
 
-def test_sampler_options_override_and_dataset_size_is_checked():
-    loader = balanced_train_dataloader(_trainer(50), _lengths(50), vit_capacity=8, llm_capacity=160, rank=0, seed=9)
+def test_the_dataset_size_is_checked():
+    caps = PlanOptions(vit_capacity=8, llm_capacity=160)
+    loader = balanced_train_dataloader(_trainer(50, process_index=0, seed=9), _lengths(50), caps)
     assert (loader.batch_sampler.sampler.rank, loader.batch_sampler.sampler.seed) == (0, 9)
     with pytest.raises(ValueError, match="lengths has 49 samples but the dataset has 50"):
-        balanced_train_dataloader(_trainer(50), _lengths(49), vit_capacity=8, llm_capacity=160)
+        balanced_train_dataloader(_trainer(50), _lengths(49), caps)
     trainer = _trainer(50)
     trainer.train_dataset = None
     with pytest.raises(ValueError, match="no train_dataset"):
         balanced_train_dataloader(trainer, _lengths(50))
 
 
-def test_plan_options_override_the_training_arguments():
-    from omnibal_kernels.balance import PlanOptions
-
+def test_plan_options_never_silently_override_the_training_arguments():
     options = PlanOptions(vit_capacity=8, llm_capacity=160, seed=9, drop_last=True)
-    loader = balanced_train_dataloader(_trainer(101), _lengths(101), options=options)
+    loader = balanced_train_dataloader(_trainer(101, seed=9, dataloader_drop_last=True), _lengths(101), options)
     sampler = loader.batch_sampler.sampler
     assert (sampler.seed, sampler.drop_last, sampler.micro_steps_per_step) == (9, True, 2)
-    reference = BalancedBatchSampler(_lengths(101), options=options, world_size=2, rank=1, micro_steps_per_step=2)
+    reference = BalancedBatchSampler(_lengths(101), options, world_size=2, rank=1, micro_steps_per_step=2)
     assert list(loader) == reference.rank_batches(epoch=0)
-    # a keyword beside the options still replaces its field
-    reseeded = balanced_train_dataloader(_trainer(101), _lengths(101), options=options, seed=4)
-    assert reseeded.batch_sampler.sampler.seed == 4
+    with pytest.raises(ValueError, match=r"plan_options.seed=9 but the TrainingArguments' seed is 3"):
+        balanced_train_dataloader(_trainer(101), _lengths(101), options)
+    with pytest.raises(ValueError, match=r"plan_options.drop_last=True but .* dataloader_drop_last is False"):
+        balanced_train_dataloader(_trainer(101), _lengths(101), options.replace(seed=3))
+    # one per group, each given the Trainer's seed
+    groups = np.arange(101) % 2
+    caps = PlanOptions(vit_capacity=8, llm_capacity=160)
+    grouped = balanced_train_dataloader(_trainer(101), _lengths(101), [caps, caps], groups=groups)
+    assert grouped.batch_sampler.sampler.options == (caps.replace(seed=3), caps.replace(seed=3))
 
 
 def test_epochs_keep_the_length_of_plan_epoch_zero():
@@ -93,12 +96,12 @@ def test_epochs_keep_the_length_of_plan_epoch_zero():
     rng = np.random.default_rng(0)
     llm = rng.integers(4, 60, 120)
     lengths = Lengths(rng.integers(0, 4, 120), llm)
-    options = {"vit_capacity": 8, "llm_capacity": 160, "seed": 13}
-    reference = BalancedBatchSampler(lengths, world_size=1, rank=0, micro_steps_per_step=2, **options)
+    options = PlanOptions(vit_capacity=8, llm_capacity=160, seed=13)
+    reference = BalancedBatchSampler(lengths, options, world_size=1, rank=0, micro_steps_per_step=2)
     plans = [reference.rank_batches(epoch=e) for e in range(4)]
     assert [len(p) for p in plans] == [28, 26, 28, 28]
     stream = [batch for plan in plans for batch in plan]
-    loader = balanced_train_dataloader(_trainer(120, world_size=1, process_index=0), lengths, **options)
+    loader = balanced_train_dataloader(_trainer(120, world_size=1, process_index=0, seed=13), lengths, options)
     seen = []
     for epoch in (2, 0, 1, 2):  # any order: epoch e is always the same batches (what a resume relies on)
         loader.set_epoch(epoch)
@@ -113,10 +116,10 @@ def test_epochs_keep_the_length_of_plan_epoch_zero():
 
 def test_checkpoint_sampler_state_is_checked(tmp_path):
     identity = balanced_train_dataloader(
-        _trainer(50), _lengths(50), vit_capacity=8, llm_capacity=160
+        _trainer(50), _lengths(50), PlanOptions(vit_capacity=8, llm_capacity=160)
     ).batch_sampler.identity()
     other = balanced_train_dataloader(
-        _trainer(50, seed=4), _lengths(50), vit_capacity=8, llm_capacity=160
+        _trainer(50, seed=4), _lengths(50), PlanOptions(vit_capacity=8, llm_capacity=160)
     ).batch_sampler.identity()
     path = tmp_path / SAMPLER_STATE_FILE
     _check_sampler_state(path, identity)  # a checkpoint without one: nothing to check

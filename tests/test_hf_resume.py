@@ -20,6 +20,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from omnibal_kernels.balance import PlanOptions  # noqa: E402
 from omnibal_kernels.hf import SAMPLER_STATE_FILE, BalancedTrainerMixin  # noqa: E402
 from omnibal_kernels.lengths import Lengths  # noqa: E402
 from omnibal_kernels.packing import PackCollator  # noqa: E402
@@ -29,7 +30,7 @@ from omnibal_kernels.testing.models import RecordingLM  # noqa: E402
 NUM_SAMPLES = 120
 EPOCHS = 3
 ACCUMULATION = 2
-OPTIONS = {"vit_capacity": 8, "llm_capacity": 160}
+OPTIONS = PlanOptions(vit_capacity=8, llm_capacity=160)
 
 
 class BalancedTrainer(BalancedTrainerMixin, transformers.Trainer):
@@ -92,7 +93,7 @@ def _train(
         train_dataset=data,
         data_collator=PackCollator(),
         train_lengths=lengths,
-        sampler_options=OPTIONS,
+        plan_options=OPTIONS,
         callbacks=[SaveAt(save_at)],
         check_loads=False,
     )
@@ -102,7 +103,7 @@ def _train(
 
 def _plans(seed: int) -> list[list[list[int]]]:
     sampler = BalancedBatchSampler(
-        _data()[1], world_size=1, rank=0, micro_steps_per_step=ACCUMULATION, seed=seed, **OPTIONS
+        _data()[1], OPTIONS.replace(seed=seed), world_size=1, rank=0, micro_steps_per_step=ACCUMULATION
     )
     return [sampler.rank_batches(epoch=e) for e in range(EPOCHS + 1)]
 
@@ -135,14 +136,14 @@ def test_uninterrupted_run_takes_the_plans_back_to_back(full_runs: dict[int, Any
     assert trainer.state.global_step == EPOCHS * length // ACCUMULATION
     # every whole plan epoch seen gives each sample once, plus only the reuses its plan reports
     sampler = BalancedBatchSampler(
-        _data()[1], world_size=1, rank=0, micro_steps_per_step=ACCUMULATION, seed=seed, **OPTIONS
+        _data()[1], OPTIONS.replace(seed=seed), world_size=1, rank=0, micro_steps_per_step=ACCUMULATION
     )
     start, whole = 0, 0
     for epoch, plan in enumerate(plans[:EPOCHS]):
         if start + len(plan) > len(model.seen):
             break
         counts = Counter(i for batch in model.seen[start : start + len(plan)] for i in batch)
-        expected = Counter(range(NUM_SAMPLES)) + Counter(sampler.balance_report(epoch).duplicated_samples.tolist())
+        expected = Counter(range(NUM_SAMPLES)) + Counter(sampler.report(epoch).duplicated_samples.tolist())
         assert counts == expected, epoch
         start += len(plan)
         whole += 1

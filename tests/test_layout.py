@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("lengths",),  # per-sample loads
     ("vision", "model_inputs"),  # counts, loads, buckets, mrope, batch fields; what a transformers model reads
     ("balance",),  # planning
+    ("context_parallel.report",),  # a plan's packs priced per CP rank (the CP package's one module above planning)
     ("synthetic", "pipeline"),  # load distributions; model and memory balance (pipeline partitions)
     ("sampler", "streaming"),  # samplers over plans
     ("packing",),  # pack_batch (calls vision.fields and cpu.varlen_metadata)
@@ -38,8 +39,15 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 
+# Modules of a package that sit on a layer of their own, above the rest of their package.
+_OWN_LAYER = ("context_parallel.report",)
+
+
 def _unit(module: str) -> str:
     """The layer unit of a dotted module name relative to the package (``balance.plan`` -> ``balance``)."""
+    for own in _OWN_LAYER:
+        if module == own or module.startswith(own + "."):
+            return own
     return module.split(".")[0]
 
 

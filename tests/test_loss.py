@@ -16,7 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnibal_kernels import BalancedBatchSampler, PackCollator, pack_batch, step_batches, step_loss
+from omnibal_kernels import (
+    BalancedBatchSampler,
+    PackCollator,
+    PackOptions,
+    PlanOptions,
+    pack_batch,
+    step_batches,
+    step_loss,
+)
 from omnibal_kernels.testing.hf_models import label_tokens, lengths_of, training_samples
 from omnibal_kernels.testing.models import TinyCausalLM
 
@@ -28,8 +36,8 @@ def _data(n: int = 48) -> list[dict[str, Any]]:
 
 
 def _sampler(lengths: Any, rank: int = 0, **options: Any) -> BalancedBatchSampler:
-    options = {"vit_capacity": 0, "llm_capacity": 40, "seed": 2, **options}
-    return BalancedBatchSampler(lengths, world_size=WORLD, rank=rank, micro_steps_per_step=MICRO_STEPS, **options)
+    plan = PlanOptions(**{"vit_capacity": 0, "llm_capacity": 40, "seed": 2, **options})
+    return BalancedBatchSampler(lengths, plan, world_size=WORLD, rank=rank, micro_steps_per_step=MICRO_STEPS)
 
 
 def _true_counts(data: list[dict[str, Any]], lengths: Any, epoch: int, **options: Any) -> list[tuple[int, int]]:
@@ -84,7 +92,7 @@ def test_every_batch_gets_its_steps_count_in_any_worker(workers, context, persis
     lengths = lengths_of(data)
     # random packs: the ragged last step reuses packs (the balanced method splits packs into whole steps here)
     sampler = _sampler(lengths, method="random")
-    assert sampler.balance_report().duplicated_samples.size > 0
+    assert sampler.report().duplicated_samples.size > 0
     loader = _loader(sampler, data, workers, context, persistent)
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
@@ -225,7 +233,7 @@ def test_label_counts_need_the_first_label_masked():
     data = _data(24)
     sampler = _sampler(lengths_of(data))
     loader = torch.utils.data.DataLoader(
-        sampler.wrap(data), batch_sampler=sampler, collate_fn=PackCollator(mask_first_label=False)
+        sampler.wrap(data), batch_sampler=sampler, collate_fn=PackCollator(PackOptions(mask_first_label=False))
     )
     with pytest.raises(ValueError, match="label counts need mask_first_label=True"):
         next(iter(loader))

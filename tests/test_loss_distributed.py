@@ -49,12 +49,11 @@ def _setup(name: str, with_label: bool, world: int) -> tuple[list[dict], Any]:
 
 
 def _sampler(lengths: Any, name: str, **world: int) -> Any:
-    from omnibal_kernels import BalancedBatchSampler
+    from omnibal_kernels import BalancedBatchSampler, PlanOptions
 
     qv, qt = CAPACITIES[name]
-    return BalancedBatchSampler(
-        lengths, micro_steps_per_step=MICRO_STEPS, vit_capacity=qv, llm_capacity=qt, seed=SEED, method="random", **world
-    )
+    options = PlanOptions(vit_capacity=qv, llm_capacity=qt, seed=SEED, method="random")
+    return BalancedBatchSampler(lengths, options, micro_steps_per_step=MICRO_STEPS, **world)
 
 
 @contextlib.contextmanager
@@ -218,7 +217,7 @@ def _trainer_grads(with_label: bool, world: int) -> tuple[dict[str, torch.Tensor
     """The gradients of the first optimizer step of the Trainer mixin, and the Trainer's gathers meanwhile."""
     import transformers
 
-    from omnibal_kernels import PackCollator
+    from omnibal_kernels import PackCollator, PlanOptions
     from omnibal_kernels.hf import BalancedTrainerMixin
     from omnibal_kernels.testing.hf_models import tiny_model
 
@@ -255,7 +254,7 @@ def _trainer_grads(with_label: bool, world: int) -> tuple[dict[str, torch.Tensor
         train_dataset=data,
         data_collator=PackCollator.for_model(model),
         train_lengths=lengths,
-        sampler_options={"vit_capacity": qv, "llm_capacity": qt, "method": "random"},
+        plan_options=PlanOptions(vit_capacity=qv, llm_capacity=qt, method="random"),
         callbacks=[Capture()],
     )
     gathers = []

@@ -84,8 +84,8 @@ def _assert_equal(got: Any, want: Any, what: str) -> None:
 @pytest.mark.parametrize("pad", [None, 16])
 def test_unpack_gives_back_every_sample(seed: int, pad: int | None) -> None:
     samples = _batch(seed)
-    opts = dict(image_token_id=IMG, video_token_id=VID, mask_first_label=False, pad_to_multiple_of=pad)
-    batch = pack_batch(samples, **opts)
+    opts = PackOptions(image_token_id=IMG, video_token_id=VID, mask_first_label=False, pad_to_multiple_of=pad)
+    batch = pack_batch(samples, opts)
     back = unpack_batch(batch, num_samples=len(samples))
     assert len(back) == len(samples)
     for i, (sample, got) in enumerate(zip(samples, back)):
@@ -93,7 +93,7 @@ def test_unpack_gives_back_every_sample(seed: int, pad: int | None) -> None:
             _assert_equal(got[key], value, f"sample {i} {key}")
         assert set(got) - set(sample) == {"position_ids", "text_position_ids"}, i
         # packed positions are what the sample gets when packed alone, and the reference's
-        alone = pack_batch([sample], **{**opts, "pad_to_multiple_of": None})
+        alone = pack_batch([sample], opts.replace(pad_to_multiple_of=None))
         _assert_equal(got["position_ids"], alone["position_ids"], f"sample {i} positions")
         _assert_equal(got["position_ids"], _ref_positions(sample), f"sample {i} reference")
         _assert_equal(got["text_position_ids"], torch.arange(len(sample["input_ids"]))[None], f"sample {i}")
@@ -119,7 +119,7 @@ def test_unpack_gives_back_every_sample(seed: int, pad: int | None) -> None:
 def test_vision_fields_of_a_mixed_batch() -> None:
     samples = _batch(3, n=6, videos=True)
     samples[2] = {"input_ids": torch.arange(9), "labels": torch.arange(9)}
-    batch = pack_batch(samples, image_token_id=IMG, video_token_id=VID)
+    batch = pack_batch(samples, PackOptions(image_token_id=IMG, video_token_id=VID))
     has_img = [int(s["image_grid_thw"].shape[0]) if "image_grid_thw" in s else 0 for s in samples]
     assert batch["num_images"].dtype == torch.int32 and batch["num_images"].tolist() == has_img
     assert batch["image_to_sample"].dtype == torch.int32
@@ -144,7 +144,7 @@ def test_vision_fields_of_a_mixed_batch() -> None:
 def test_text_only_batch_with_mrope_keeps_the_shape() -> None:
     gen = torch.Generator().manual_seed(5)
     samples = [{"input_ids": torch.randint(0, 1000, (n,), generator=gen)} for n in (5, 1, 12)]
-    batch = pack_batch(samples, image_token_id=IMG, pad_to_multiple_of=8)
+    batch = pack_batch(samples, PackOptions(image_token_id=IMG, pad_to_multiple_of=8))
     total = batch["input_ids"].shape[1]
     assert batch["position_ids"].shape == (3, 1, total)
     text = pack_batch_reference(samples, pad_to_multiple_of=8)["position_ids"]
@@ -157,8 +157,8 @@ def test_text_only_batch_with_mrope_keeps_the_shape() -> None:
 
 def test_text_row_layout() -> None:
     samples = _batch(7, n=4, videos=False)
-    three = pack_batch(samples, image_token_id=IMG, pad_to_multiple_of=32)
-    four = pack_batch(samples, image_token_id=IMG, pad_to_multiple_of=32, mrope_text_row=True)
+    three = pack_batch(samples, PackOptions(image_token_id=IMG, pad_to_multiple_of=32))
+    four = pack_batch(samples, PackOptions(image_token_id=IMG, pad_to_multiple_of=32, mrope_text_row=True))
     assert four["position_ids"].shape[0] == 4
     assert torch.equal(four["position_ids"][0], four["text_position_ids"])
     assert torch.equal(four["position_ids"][1:], three["position_ids"])
@@ -168,11 +168,11 @@ def test_qwen25_video_seconds() -> None:
     samples = [s for seed in range(40) for s in _batch(seed, n=1) if "video_grid_thw" in s][:3]
     assert len(samples) == 3
     del samples[1]["second_per_grid_ts"]  # counts as 1.0 per video
-    batch = pack_batch(samples, image_token_id=IMG, video_token_id=VID, tokens_per_second=2)
+    batch = pack_batch(samples, PackOptions(image_token_id=IMG, video_token_id=VID, tokens_per_second=2))
     for sample, got in zip(samples, unpack_batch(batch)):
         _assert_equal(got["position_ids"], _ref_positions(sample, tokens_per_second=2), "positions")
     # Qwen2-VL (no tokens_per_second) numbers frames 0..t-1 whatever the seconds say
-    plain = pack_batch(samples, image_token_id=IMG, video_token_id=VID)
+    plain = pack_batch(samples, PackOptions(image_token_id=IMG, video_token_id=VID))
     for sample, got in zip(samples, unpack_batch(plain)):
         _assert_equal(got["position_ids"], _ref_positions(sample), "positions")
     assert (
@@ -226,18 +226,18 @@ def test_errors_name_the_sample() -> None:
     good = _sample([1, IMG, IMG, 2], [[1, 2, 4]])
     # placeholder count does not match the grid
     with pytest.raises(ValueError, match="sample 1: image at token 1 needs 2 consecutive"):
-        pack_batch([good, _sample([1, IMG, 2], [[1, 2, 4]])], image_token_id=IMG)
+        pack_batch([good, _sample([1, IMG, 2], [[1, 2, 4]])], PackOptions(image_token_id=IMG))
     with pytest.raises(ValueError, match="sample 2: 2 image_grid_thw rows but 1 image"):
-        pack_batch([good, good, _sample([IMG, IMG, 5], [[1, 2, 4], [1, 2, 2]])], image_token_id=IMG)
+        pack_batch([good, good, _sample([IMG, IMG, 5], [[1, 2, 4], [1, 2, 2]])], PackOptions(image_token_id=IMG))
     with pytest.raises(ValueError, match="sample 1: more image placeholders"):
-        pack_batch([good, _sample([3, IMG, 4])], image_token_id=IMG)
+        pack_batch([good, _sample([3, IMG, 4])], PackOptions(image_token_id=IMG))
     # pixels that the grid does not cover
     bad = _sample([1, IMG, IMG, 2], [[1, 2, 4]])
     bad["pixel_values"] = bad["pixel_values"][:-1]
     with pytest.raises(ValueError, match="sample 1: image_grid_thw covers 8 patches but pixel_values has 7"):
-        pack_batch([good, bad], image_token_id=IMG)
+        pack_batch([good, bad], PackOptions(image_token_id=IMG))
     with pytest.raises(ValueError, match="sample 0: image_grid_thw h/w must be multiples of 2"):
-        pack_batch([_sample([1, 2], [[1, 3, 4]])], image_token_id=IMG)
+        pack_batch([_sample([1, 2], [[1, 3, 4]])], PackOptions(image_token_id=IMG))
     with pytest.raises(ValueError, match="sample 1: image_grid_thw must be"):
         pack_batch([good, {"input_ids": torch.tensor([IMG]), "pixel_values": torch.randn(4, PATCH_DIM)}])
     with pytest.raises(ValueError, match="sample 1: pixel_values shape"):
@@ -247,13 +247,13 @@ def test_errors_name_the_sample() -> None:
     # videos
     video = _sample([VID, 1], video_grid_thw=torch.tensor([[1, 2, 2]]), pixel_values_videos=torch.randn(4, PATCH_DIM))
     with pytest.raises(ValueError, match="sample 1: has video_grid_thw but video_token_id is not set"):
-        pack_batch([good, video], image_token_id=IMG)
+        pack_batch([good, video], PackOptions(image_token_id=IMG))
     video["second_per_grid_ts"] = torch.tensor([1.0, 2.0])
     with pytest.raises(ValueError, match="sample 0: second_per_grid_ts has 2 entries for 1 videos"):
-        pack_batch([video], image_token_id=IMG, video_token_id=VID, tokens_per_second=2)
+        pack_batch([video], PackOptions(image_token_id=IMG, video_token_id=VID, tokens_per_second=2))
     # a field pack_batch produces
     with pytest.raises(ValueError, match="sample 1 has a 'vit_cu_seqlens' field"):
-        pack_batch([good, {**good, "vit_cu_seqlens": torch.zeros(2)}], image_token_id=IMG)
+        pack_batch([good, {**good, "vit_cu_seqlens": torch.zeros(2)}], PackOptions(image_token_id=IMG))
     # grids without image_token_id: packed, but the positions are only 1-D text positions
     with pytest.warns(UserWarning, match="image_token_id is not set"):
         batch = pack_batch([good])
@@ -277,7 +277,7 @@ def test_options_are_checked() -> None:
 
 def test_pickle_and_to() -> None:
     samples = _batch(11, n=5)
-    batch = pack_batch(samples, image_token_id=IMG, video_token_id=VID)
+    batch = pack_batch(samples, PackOptions(image_token_id=IMG, video_token_id=VID))
     data = pickle.dumps(batch)
     back = pickle.loads(data)
     assert isinstance(back, PackedBatch) and list(back) == list(batch)
@@ -310,7 +310,7 @@ class _Dataset(torch.utils.data.Dataset):
 
 def test_dataloader_workers() -> None:
     data = _Dataset()
-    collate = PackCollator(image_token_id=IMG, video_token_id=VID, pad_to_multiple_of=8, warmup=False)
+    collate = PackCollator(PackOptions(image_token_id=IMG, video_token_id=VID, pad_to_multiple_of=8), warmup=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pin_memory without an accelerator only warns
         loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, pin_memory=True, collate_fn=collate)
@@ -329,7 +329,7 @@ def test_dataloader_workers() -> None:
 
 @pytest.mark.gpu
 def test_to_cuda() -> None:
-    batch = pack_batch(_batch(12, n=4), image_token_id=IMG, video_token_id=VID).pin_memory()
+    batch = pack_batch(_batch(12, n=4), PackOptions(image_token_id=IMG, video_token_id=VID)).pin_memory()
     moved = batch.to("cuda", non_blocking=True)
     for key, value in batch.items():
         if isinstance(value, torch.Tensor):

@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from omnibal_kernels import BalancedBatchSampler, BalancedPacker, Lengths, PackCollator, search_capacity, step_batches
+from omnibal_kernels import (
+    BalancedBatchSampler,
+    BalancedPacker,
+    Lengths,
+    PackCollator,
+    PlanOptions,
+    search_capacity,
+    step_batches,
+)
 from omnibal_kernels.hf import balanced_train_dataloader
 from omnibal_kernels.testing.hf_models import lengths_of, training_samples
 
@@ -48,9 +56,11 @@ def test_world_size_in_the_environment_needs_a_process_group(monkeypatch):
     ):
         BalancedBatchSampler(lengths)
     with pytest.raises(ValueError, match=r"BalancedPacker: WORLD_SIZE=2 .*init_process_group"):
-        BalancedPacker(list(range(10)), lambda s: (0, 1), vit_capacity=1, llm_capacity=4)
+        BalancedPacker(list(range(10)), lambda s: (0, 1), options=PlanOptions(vit_capacity=1, llm_capacity=4))
     with pytest.raises(ValueError, match=r"BalancedTrainerMixin: WORLD_SIZE=2 .*init_process_group"):
-        balanced_train_dataloader(_stand_in_trainer(len(lengths)), lengths, vit_capacity=40, llm_capacity=4000)
+        balanced_train_dataloader(
+            _stand_in_trainer(len(lengths)), lengths, PlanOptions(vit_capacity=40, llm_capacity=4000)
+        )
     with pytest.raises(ValueError, match=r"step_batches: WORLD_SIZE=2 .*init_process_group"):
         next(step_batches([], micro_steps_per_step=1))
     # an explicit world is the caller's: planning for other ranks needs no process group
@@ -66,13 +76,13 @@ def test_half_a_world_is_an_error(given):
     with pytest.raises(ValueError, match=f"BalancedBatchSampler: {given_name} was given without {missing}"):
         BalancedBatchSampler(_lengths(), **given)
     with pytest.raises(ValueError, match=f"BalancedPacker: {given_name} was given without {missing}"):
-        BalancedPacker(list(range(10)), lambda s: (0, 1), vit_capacity=1, llm_capacity=4, **given)
+        BalancedPacker(list(range(10)), lambda s: (0, 1), PlanOptions(vit_capacity=1, llm_capacity=4), **given)
 
 
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_a_batch_sampler_passed_as_sampler_is_a_clear_error(wrapped):
     data = training_samples("llama", 40, seed=0)
-    sampler = BalancedBatchSampler(lengths_of(data), world_size=1, rank=0, vit_capacity=0, llm_capacity=60)
+    sampler = BalancedBatchSampler(lengths_of(data), PlanOptions(vit_capacity=0, llm_capacity=60), world_size=1, rank=0)
     dataset = sampler.wrap(data) if wrapped else data
     for loader in (
         torch.utils.data.DataLoader(dataset, sampler=sampler, collate_fn=PackCollator()),
@@ -111,24 +121,40 @@ def test_capacities_raised_past_the_target_warn_and_are_reported():
             r"sample \(ViT load 60, 20000 tokens\), so they were raised .* packs "
             r"hold about [\d.]+ samples on average \(predicted_batch_size\)",
         ):
-            caps = search_capacity(big, 4, method=method, world_size=2)
+            caps = search_capacity(
+                big,
+                PlanOptions(
+                    target_batch_size=4,
+                    method=method,
+                ),
+                world_size=2,
+            )
         assert caps.raised and caps.predicted_batch_size > 8
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*were raised")
-        assert not search_capacity(lengths, 4).raised
+        assert not search_capacity(
+            lengths,
+            PlanOptions(target_batch_size=4),
+        ).raised
         text = Lengths(np.zeros(200, np.int64), lengths.llm)
-        assert not search_capacity(text, 4).raised
+        assert not search_capacity(
+            text,
+            PlanOptions(target_batch_size=4),
+        ).raised
     with pytest.warns(UserWarning, match="were raised"):
-        assert search_capacity(Lengths(text.vit[:11], np.append(text.llm[:10], 100_000)), 4).raised
+        assert search_capacity(
+            Lengths(text.vit[:11], np.append(text.llm[:10], 100_000)),
+            PlanOptions(target_batch_size=4),
+        ).raised
     with pytest.warns(UserWarning, match="were raised"):
         sampler = BalancedBatchSampler(big, world_size=1, rank=0)
-    report = sampler.balance_report()
+    report = sampler.report()
     assert report.capacities_raised == (True,) and report.predicted_batch_sizes[0] > 8
     assert report.to_dict()["capacities_raised"] == [True]
-    plain = BalancedBatchSampler(lengths, world_size=1, rank=0).balance_report()
+    plain = BalancedBatchSampler(lengths, world_size=1, rank=0).report()
     assert plain.capacities_raised == (False,) and plain.predicted_batch_sizes[0] == pytest.approx(4, rel=0.1)
-    given = BalancedBatchSampler(lengths, world_size=1, rank=0, vit_capacity=30, llm_capacity=5000)
-    assert given.balance_report().predicted_batch_sizes == (None,)
+    given = BalancedBatchSampler(lengths, PlanOptions(vit_capacity=30, llm_capacity=5000), world_size=1, rank=0)
+    assert given.report().predicted_batch_sizes == (None,)
 
 
 def test_reused_packs_above_five_percent_warn_once_and_are_reported():
@@ -140,8 +166,8 @@ def test_reused_packs_above_five_percent_warn_once_and_are_reported():
         r"drop_last=True",
     ):
         # random packs: the balanced method splits packs into whole steps where it can, and reuses none here
-        sampler = BalancedBatchSampler(lengths, world_size=8, rank=0, target_batch_size=4, method="random")
-    report = sampler.balance_report()
+        sampler = BalancedBatchSampler(lengths, PlanOptions(target_batch_size=4, method="random"), world_size=8, rank=0)
+    report = sampler.report()
     assert report.duplicated_fraction == report.duplicated_samples.size / report.num_samples > 0.05
     assert report.groups[0].duplicated_fraction == report.duplicated_fraction
     with warnings.catch_warnings():
@@ -149,7 +175,7 @@ def test_reused_packs_above_five_percent_warn_once_and_are_reported():
         for epoch in range(1, 4):  # once per sampler
             sampler.set_epoch(epoch)
             list(sampler)
-        dropped = BalancedBatchSampler(lengths, world_size=8, rank=0, target_batch_size=4, drop_last=True)
-        assert dropped.balance_report().duplicated_fraction == 0.0
-        few = BalancedBatchSampler(_lengths(4000), world_size=2, rank=0, target_batch_size=4)
-        assert few.balance_report().duplicated_fraction <= 0.05
+        dropped = BalancedBatchSampler(lengths, PlanOptions(target_batch_size=4, drop_last=True), world_size=8, rank=0)
+        assert dropped.report().duplicated_fraction == 0.0
+        few = BalancedBatchSampler(_lengths(4000), PlanOptions(target_batch_size=4), world_size=2, rank=0)
+        assert few.report().duplicated_fraction <= 0.05

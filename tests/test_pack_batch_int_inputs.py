@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from omnibal_kernels import PackOptions
 from omnibal_kernels.packing import PackCollator, pack_batch, pack_sequences
 
 BIG = 2**63 + 5
@@ -52,13 +53,15 @@ def test_reversed_numpy_arrays_are_copied():
     ids = np.arange(10, 15)[::-1]
     labels = np.arange(20, 25)[::2][::-1]  # stride -2 elements
     assert ids.strides[0] < 0 and labels.strides[0] < 0
-    batch = pack_batch([{"input_ids": [1, 2, 3]}, {"input_ids": ids[:3], "labels": labels}], mask_first_label=False)
+    batch = pack_batch(
+        [{"input_ids": [1, 2, 3]}, {"input_ids": ids[:3], "labels": labels}], PackOptions(mask_first_label=False)
+    )
     assert batch["input_ids"][0].tolist() == [1, 2, 3, 14, 13, 12]
     assert batch["labels"][0].tolist() == [1, 2, 3, 24, 22, 20]
     for fields in _both_paths([ids, np.arange(3)]):
         assert fields["input_ids"][0].tolist() == [14, 13, 12, 11, 10, 0, 1, 2]
     weights = np.arange(3)[::-1]
-    out = pack_batch([{"input_ids": [1, 2, 3], "w": weights}], token_fields=("w",))
+    out = pack_batch([{"input_ids": [1, 2, 3], "w": weights}], PackOptions(token_fields=("w",)))
     assert out["w"][0].tolist() == [2, 1, 0]
 
 

@@ -1,15 +1,16 @@
-"""PackOptions built from its parts or from flat keywords, the one merge rule of ``options=`` beside keywords,
-and the one ``backend`` vocabulary of the package."""
+"""PackOptions: one flat frozen object checked where it is built, the one way options reach pack_batch and the
+collator, and the one ``backend`` vocabulary of the package."""
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
+import typing
 
 import pytest
 import torch
 
-from omnibal_kernels import LabelOptions, MRopeOptions, PackCollator, PackOptions, StaticShapes, pack_batch
+from omnibal_kernels import PackCollator, PackOptions, pack_batch
 from omnibal_kernels._checks import BACKENDS, backends, check_backend
 from omnibal_kernels.vision.mrope import installed_mrope_convention
 
@@ -27,66 +28,54 @@ def _same_batch(a, b) -> None:
             assert a[key] == b[key], key
 
 
-def test_parts_and_flat_keywords_build_the_same_options() -> None:
-    flat = PackOptions(pad_to_length=16, max_num_seqs=4, ignore_index=-1, image_token_id=9, backend="torch")
-    parts = PackOptions(
-        static=StaticShapes(pad_to_length=16, max_num_seqs=4),
-        labels=LabelOptions(ignore_index=-1),
-        mrope=MRopeOptions(image_token_id=9),
-        backend="torch",
-    )
-    assert flat == parts and hash(flat) == hash(parts)
-    assert flat.static.pad_to_length == flat.pad_to_length == 16
-    assert flat.labels.ignore_index == flat.ignore_index == -1
-    assert flat.mrope.enabled and flat.mrope_convention == installed_mrope_convention()
-    assert not PackOptions().mrope.enabled
-    assert pickle.loads(pickle.dumps(flat)) == flat
+def test_options_are_one_frozen_checked_object() -> None:
+    opts = PackOptions(pad_to_length=16, max_num_seqs=4, ignore_index=-1, image_token_id=9, backend="torch")
+    assert opts == PackOptions(pad_to_length=16, max_num_seqs=4, ignore_index=-1, image_token_id=9, backend="torch")
+    assert hash(opts) == hash(PackOptions(**{f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}))
+    assert opts.mrope_enabled and opts.mrope_convention == installed_mrope_convention()
+    assert not PackOptions().mrope_enabled
+    assert pickle.loads(pickle.dumps(opts)) == opts
     with pytest.raises(dataclasses.FrozenInstanceError):
-        flat.backend = "numba"  # type: ignore[misc]
-    # every field of every part reads flat
-    for part in (LabelOptions, StaticShapes, MRopeOptions):
-        for field in dataclasses.fields(part):
-            assert getattr(PackOptions(), field.name) == field.default
+        opts.backend = "numba"  # type: ignore[misc]
+    # every field is a real dataclass field with a type a checker sees (no attribute made at import time)
+    hints = typing.get_type_hints(PackOptions)
+    assert {f.name for f in dataclasses.fields(PackOptions)} == set(hints)
+    assert opts.replace(pad_to_length=32, allow_empty=True) == dataclasses.replace(
+        opts, pad_to_length=32, allow_empty=True
+    )
 
 
-def test_a_flat_keyword_replaces_that_field_of_the_part_given_beside_it() -> None:
-    opts = PackOptions(static=StaticShapes(pad_to_length=16, pad_token_id=3), pad_token_id=5)
-    assert opts.static == StaticShapes(pad_to_length=16, pad_token_id=5)
-    assert opts.replace(pad_to_length=32, allow_empty=True).static == StaticShapes(pad_to_length=32, pad_token_id=5)
-    assert opts.replace(static=None) == PackOptions()
-
-
-def test_parts_are_checked_where_they_are_built() -> None:
+def test_fields_are_checked_where_they_are_built() -> None:
     with pytest.raises(ValueError, match="pad_to_length=10 is not a multiple of pad_to_multiple_of=4"):
-        StaticShapes(pad_to_length=10, pad_to_multiple_of=4)
+        PackOptions(pad_to_length=10, pad_to_multiple_of=4)
     with pytest.raises(ValueError, match="is not a multiple"):
-        PackOptions(static=StaticShapes(pad_to_length=10), pad_to_multiple_of=4)
+        PackOptions(pad_to_length=16).replace(pad_to_multiple_of=5)
     with pytest.raises(TypeError, match="mask_first_label must be a bool"):
-        LabelOptions(mask_first_label=1)  # type: ignore[arg-type]
+        PackOptions(mask_first_label=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="video_token_id needs image_token_id"):
-        MRopeOptions(video_token_id=3)
-    with pytest.raises(TypeError, match="static must be a StaticShapes or None, got LabelOptions"):
-        PackOptions(static=LabelOptions())  # type: ignore[arg-type]
+        PackOptions(video_token_id=3)
     with pytest.raises(TypeError, match="unexpected keyword argument 'pad_to'"):
-        PackOptions(pad_to=8)
+        PackOptions(pad_to=8)  # type: ignore[call-arg]
 
 
-def test_options_beside_keywords_in_pack_batch_and_the_collator() -> None:
+def test_options_reach_pack_batch_and_the_collator_one_way() -> None:
     samples = _samples()
     opts = PackOptions(pad_to_multiple_of=8, ignore_index=-1)
-    _same_batch(pack_batch(samples, options=opts), pack_batch(samples, pad_to_multiple_of=8, ignore_index=-1))
-    _same_batch(pack_batch(samples, opts), pack_batch(samples, pad_to_multiple_of=8, ignore_index=-1))
-    # keywords replace the fields of options they name, the others stay
-    merged = pack_batch(samples, options=opts, pad_to_multiple_of=16)
-    _same_batch(merged, pack_batch(samples, pad_to_multiple_of=16, ignore_index=-1))
+    _same_batch(
+        pack_batch(samples, options=opts), pack_batch(samples, PackOptions(pad_to_multiple_of=8, ignore_index=-1))
+    )
+    merged = pack_batch(samples, opts.replace(pad_to_multiple_of=16))
+    _same_batch(merged, pack_batch(samples, PackOptions(pad_to_multiple_of=16, ignore_index=-1)))
     assert merged["input_ids"].shape == (1, 16) and merged["labels"][0, 0] == -1
-    collator = PackCollator(opts, warmup=False, max_num_seqs=4)
+    collator = PackCollator(opts.replace(max_num_seqs=4), warmup=False)
     assert collator.options == PackOptions(pad_to_multiple_of=8, ignore_index=-1, max_num_seqs=4)
     assert opts == PackOptions(pad_to_multiple_of=8, ignore_index=-1)  # options are never changed in place
     with pytest.raises(TypeError, match="pack_batch: options must be a PackOptions or None, got dict"):
         pack_batch(samples, options={"pad_to_multiple_of": 8})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="PackCollator: options must be a PackOptions"):
-        PackCollator(StaticShapes(pad_to_length=8), warmup=False)  # type: ignore[arg-type]
+        PackCollator({"pad_to_length": 8}, warmup=False)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'pad_to_multiple_of'"):
+        PackCollator(pad_to_multiple_of=8)  # type: ignore[call-arg]
 
 
 def test_one_backend_vocabulary() -> None:
@@ -113,7 +102,7 @@ def test_every_stage_checks_its_backend_with_the_one_message() -> None:
     from omnibal_kernels.vision import bucket_by_patches
 
     calls = {
-        "packing": lambda: pack_batch(_samples(), backend="cpu"),
+        "packing": lambda: pack_batch(_samples(), PackOptions(backend="cpu")),
         "ops": lambda: unpad(torch.zeros(1, 2), [1], backend="numba"),
         "attention": lambda: varlen_attention(
             torch.zeros(2, 1, 4),

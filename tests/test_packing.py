@@ -115,7 +115,7 @@ def test_int32_and_mixed_labels() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_boundary_mask(backend: str) -> None:
     samples = _samples([3, 4], seed=5)
-    batch = pack_batch(samples, mask_first_label=False, ignore_index=-1, backend=backend)
+    batch = pack_batch(samples, PackOptions(mask_first_label=False, ignore_index=-1, backend=backend))
     _assert_same(batch, pack_batch_reference(samples, mask_first_label=False, ignore_index=-1))
     assert batch["labels"][0, 0] == samples[0]["labels"][0]
 
@@ -123,7 +123,7 @@ def test_no_boundary_mask(backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_padding_is_its_own_segment(backend: str) -> None:
     samples = _samples([5, 6], seed=6)
-    batch = pack_batch(samples, pad_to_multiple_of=8, pad_token_id=7, backend=backend)
+    batch = pack_batch(samples, PackOptions(pad_to_multiple_of=8, pad_token_id=7, backend=backend))
     assert batch["input_ids"].shape == (1, 16)
     assert batch["cu_seqlens"].tolist() == [0, 5, 11, 16]
     assert batch["input_ids"][0, 11:].tolist() == [7] * 5
@@ -131,7 +131,7 @@ def test_padding_is_its_own_segment(backend: str) -> None:
     assert batch["position_ids"][0, 11:].tolist() == [0, 1, 2, 3, 4]
     assert batch["seq_idx"][0, 11:].tolist() == [2] * 5
     # no padding segment when the total is already a multiple
-    assert pack_batch(samples, pad_to_multiple_of=11, backend=backend)["cu_seqlens"].tolist() == [0, 5, 11]
+    assert pack_batch(samples, PackOptions(pad_to_multiple_of=11, backend=backend))["cu_seqlens"].tolist() == [0, 5, 11]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -140,12 +140,12 @@ def test_static_shapes(backend: str) -> None:
     shapes: set = set()
     for lens in ([5, 6], [10, 20, 3], [1, 1, 1, 1, 1]):
         samples = _samples(lens, seed=len(lens))
-        batch = pack_batch(samples, backend=backend, **opts)
+        batch = pack_batch(samples, PackOptions(backend=backend, **opts))
         _assert_same(batch, pack_batch_reference(samples, **opts))
         shapes.add(tuple((k, tuple(v.shape)) for k, v in batch.items() if isinstance(v, torch.Tensor)))
         assert batch["max_seqlen"] in (16, 32, 64)
     assert len(shapes) == 1
-    batch = pack_batch(_samples([5, 6]), max_num_seqs=4, max_seqlen_buckets=8, backend=backend)
+    batch = pack_batch(_samples([5, 6]), PackOptions(max_num_seqs=4, max_seqlen_buckets=8, backend=backend))
     assert batch["cu_seqlens"].tolist() == [0, 5, 11, 11, 11]
     assert batch["seq_lens"].tolist() == [5, 6, 0, 0]
     assert batch["max_seqlen"] == 8
@@ -154,10 +154,10 @@ def test_static_shapes(backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_allow_empty(backend: str) -> None:
     samples = _samples([0, 3, 0, 2, 0], seed=7)
-    batch = pack_batch(samples, allow_empty=True, backend=backend)
+    batch = pack_batch(samples, PackOptions(allow_empty=True, backend=backend))
     _assert_same(batch, pack_batch_reference(samples))
     assert batch["cu_seqlens"].tolist() == [0, 0, 3, 3, 5, 5]
-    all_empty = pack_batch(_samples([0, 0]), allow_empty=True, pad_to_multiple_of=4, backend=backend)
+    all_empty = pack_batch(_samples([0, 0]), PackOptions(allow_empty=True, pad_to_multiple_of=4, backend=backend))
     assert all_empty["input_ids"].shape == (1, 0) and all_empty["max_seqlen"] == 0
 
 
@@ -298,7 +298,7 @@ def test_non_cpu_tensors(backend: str, field: str, which: list[int]) -> None:
     for i in which:
         samples[i][field] = samples[i][field].to("meta")
     with pytest.raises(ValueError, match=f"sample {which[0]}: {field} is on meta"):
-        pack_batch(samples, backend=backend)
+        pack_batch(samples, PackOptions(backend=backend))
     with pytest.raises(ValueError, match=f"sample {which[0]}: {field} is on meta"):
         pack_sequences([s["input_ids"] for s in samples], [s["labels"] for s in samples], shared=True)
 
@@ -318,16 +318,16 @@ def test_int32_overflow() -> None:
     with pytest.raises(ValueError, match="int32 cu_seqlens"):
         pack_batch([{"input_ids": big}, {"input_ids": big}])
     with pytest.raises(ValueError, match="int32 cu_seqlens"):
-        pack_batch([{"input_ids": big}, {"input_ids": big[: 2**30 - 1]}], pad_to_multiple_of=64)
+        pack_batch([{"input_ids": big}, {"input_ids": big[: 2**30 - 1]}], PackOptions(pad_to_multiple_of=64))
 
 
 def test_static_limits() -> None:
     with pytest.raises(ValueError, match="more than pad_to_length=8"):
-        pack_batch(_samples([5, 6]), pad_to_length=8)
+        pack_batch(_samples([5, 6]), PackOptions(pad_to_length=8))
     with pytest.raises(ValueError, match=r"3 segments \(2 samples \+ padding\), more than max_num_seqs=2"):
-        pack_batch(_samples([5, 6]), pad_to_multiple_of=4, max_num_seqs=2)
+        pack_batch(_samples([5, 6]), PackOptions(pad_to_multiple_of=4, max_num_seqs=2))
     with pytest.raises(ValueError, match="longer than the largest of max_seqlen_buckets"):
-        pack_batch(_samples([50]), max_seqlen_buckets=(16, 32))
+        pack_batch(_samples([50]), PackOptions(max_seqlen_buckets=(16, 32)))
 
 
 @pytest.mark.parametrize(
@@ -349,7 +349,7 @@ def test_static_limits() -> None:
 )
 def test_bad_options(options: dict[str, Any], error: type) -> None:
     with pytest.raises(error):
-        pack_batch(_samples([2]), **options)
+        pack_batch(_samples([2]), PackOptions(**options))
 
 
 def test_unknown_option() -> None:
@@ -369,7 +369,7 @@ def test_extra_fields() -> None:
         sample["attention_mask"] = torch.ones(len(sample["input_ids"]), dtype=torch.int64)
         sample["loss_weight"] = torch.full((len(sample["input_ids"]),), float(i + 1))
     samples[1]["only_here"] = [1, 2]
-    batch = pack_batch(samples, token_fields=("loss_weight",), pad_to_multiple_of=4)
+    batch = pack_batch(samples, PackOptions(token_fields=("loss_weight",), pad_to_multiple_of=4))
     _assert_same(batch, pack_batch_reference(samples, pad_to_multiple_of=4))
     assert torch.equal(batch["weight"], torch.tensor([0.0, 0.5, 1.0]))
     assert torch.equal(batch["score"], torch.tensor([0, 1, 2]))
@@ -391,10 +391,10 @@ def test_extra_field_errors() -> None:
     samples = _samples([3, 2])
     samples[0]["w"] = [1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="sample 1 has no 'w' field"):
-        pack_batch(samples, token_fields=("w",))
+        pack_batch(samples, PackOptions(token_fields=("w",)))
     samples[1]["w"] = [1.0]
     with pytest.raises(ValueError, match="sample 1: token field 'w' must be 1-D with 2 values"):
-        pack_batch(samples, token_fields=("w",))
+        pack_batch(samples, PackOptions(token_fields=("w",)))
 
 
 def _count_images(samples: list, fields: dict, options: PackOptions) -> None:
@@ -496,13 +496,13 @@ def test_dataloader_workers() -> None:
 
 
 def test_collator() -> None:
-    collate = PackCollator(pad_to_multiple_of=8, warmup=False)
+    collate = PackCollator(PackOptions(pad_to_multiple_of=8), warmup=False)
     samples = _samples([3, 6])
     _assert_same(collate(samples), pack_batch_reference(samples, pad_to_multiple_of=8))
     again = pickle.loads(pickle.dumps(collate))
     assert again.options == collate.options
     with pytest.raises(ValueError):
-        PackCollator(pad_to_multiple_of=-1)
+        PackCollator(PackOptions(pad_to_multiple_of=-1))
 
 
 def test_import_is_light() -> None:

@@ -54,7 +54,8 @@ def test_lists_give_the_tensor_batch(backend: str, labels: str, padding: dict[st
         del tensors[2]["labels"]
     lists = _as_lists(tensors)
     assert all(type(v) is list for s in lists for v in s.values())
-    _assert_identical(pack_batch(lists, backend=backend, **padding), pack_batch(tensors, backend=backend, **padding))
+    options = PackOptions(backend=backend, **padding)
+    _assert_identical(pack_batch(lists, options), pack_batch(tensors, options))
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -84,7 +85,7 @@ def test_other_integer_sequences() -> None:
     ids = [tuple(abs(int(v)) % INT64_MAX for v in case) for case in cases]
     samples = [{"input_ids": i, "labels": case} for i, case in zip(ids, cases)]
     samples.append({"input_ids": [np.int64(INT64_MAX), torch.tensor(0), True]})
-    batch = pack_batch(samples, mask_first_label=False)
+    batch = pack_batch(samples, PackOptions(mask_first_label=False))
     flat = [int(v) for case in cases for v in case]
     assert batch["input_ids"].dtype == torch.int64 and batch["labels"].dtype == torch.int64
     assert batch["input_ids"][0].tolist() == [v for i in ids for v in i] + [INT64_MAX, 0, 1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from omnibal_kernels import PlanOptions
 from omnibal_kernels.balance import CostModel, plan_packs
 from omnibal_kernels.lengths import default_lengths
 from omnibal_kernels.pipeline import (
@@ -75,7 +76,7 @@ def test_simulate_packs_runs_the_plan_per_micro_batch():
 
 def test_interleaved_plans_and_balanced_packs():
     lengths = default_lengths()
-    balanced = plan_packs(lengths, world_size=1, vit_capacity=16, llm_capacity=5376, seed=0)
+    balanced = plan_packs(lengths, PlanOptions(vit_capacity=16, llm_capacity=5376, seed=0), world_size=1)
     packs = packs_from_plan(balanced, lengths, limit=16)
     prof = _profile(packs)
     plan = partition(prof, 2, micro_batches=16, schedule="interleaved", virtual_stages=2)

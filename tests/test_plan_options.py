@@ -1,9 +1,10 @@
-"""PlanOptions: checked once where built, taken by every planning entry beside keywords (keywords replace
-fields), the sampler's per-group forms, and the per-epoch seed of the engine."""
+"""PlanOptions: checked once where built, the one way every planning entry takes its settings, the sampler's
+per-group options, and the per-epoch seed of the engine."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import numpy as np
 import pytest
@@ -12,7 +13,6 @@ from hypothesis import strategies as st
 
 import omnibal_kernels as ok
 from omnibal_kernels.balance import CostModel, IsfOptions, PlanOptions, epoch_seed, plan_packs, search_capacity
-from omnibal_kernels.balance.options import UNSET, plan_options
 from omnibal_kernels.lengths import Lengths, default_lengths
 from omnibal_kernels.sampler import BalancedBatchSampler
 from omnibal_kernels.streaming import BalancedPacker, streaming_report
@@ -105,34 +105,36 @@ def test_values_are_normalized_and_replace_checks_again():
     assert PlanOptions(method="isf", vit_capacity=18, llm_capacity=6016).isf_thresholds() == (18, 6016 - 128)
 
 
-# ------------------------------------------------------------------------------------------- the rule
+# ------------------------------------------------------------------------------------------- one way in
 
 
-def test_keywords_build_the_options_and_replace_fields_of_given_options():
-    base = PlanOptions(method="isf", seed=4, isf=IsfOptions(iterations=20))
-    assert plan_options(None, method="random", seed=UNSET) == PlanOptions(method="random")
-    assert plan_options(base) is base
-    assert plan_options(base, seed=UNSET, method=UNSET) is base
-    assert plan_options(base, seed=9) == dataclasses.replace(base, seed=9)
-    assert plan_options(base, iterations=7) == dataclasses.replace(base, isf=IsfOptions(iterations=7))
-    assert plan_options(base, llm_threshold=100).isf == IsfOptions(llm_threshold=100, iterations=20)
-    with pytest.raises(ValueError, match="apply to method='isf' only"):
-        plan_options(base, method="balanced", vit_threshold=3)
-    with pytest.raises(TypeError, match="options must be a PlanOptions"):
-        plan_options({"seed": 1})
+ENTRIES = {
+    "plan_packs": plan_packs,
+    "search_capacity": search_capacity,
+    "BalancedBatchSampler": BalancedBatchSampler,
+    "BalancedPacker": BalancedPacker,
+    "streaming_report": streaming_report,
+}
 
 
-def test_plan_packs_takes_options_and_keywords_alike(real):
-    fields = dict(
-        method="isf",
-        vit_capacity=16,
-        llm_capacity=5000,
-        oversize="single",
-        drop_last=True,
-        seed=5,
-        iterations=30,
-        llm_threshold=4500,
-    )
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_planning_entries_take_the_options_object_and_no_copy_of_its_fields(name):
+    params = set(inspect.signature(ENTRIES[name]).parameters)
+    fields = {f.name for f in dataclasses.fields(PlanOptions)} | {f.name for f in dataclasses.fields(IsfOptions)}
+    assert "options" in params
+    assert not params & (fields | {"context_parallel_size"}), f"{name} copies planning fields as keywords"
+
+
+def test_a_field_given_as_a_keyword_is_a_type_error_naming_it(real):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'seed'"):
+        plan_packs(real, world_size=4, seed=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'target_batch_size'"):
+        BalancedBatchSampler(real, world_size=1, rank=0, target_batch_size=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="options must be a PlanOptions, got dict"):
+        plan_packs(real, {"seed": 1}, world_size=4)  # type: ignore[arg-type]
+
+
+def test_plan_packs_plans_with_the_options_it_is_given(real):
     options = PlanOptions(
         method="isf",
         vit_capacity=16,
@@ -142,62 +144,51 @@ def test_plan_packs_takes_options_and_keywords_alike(real):
         seed=5,
         isf=IsfOptions(iterations=30, llm_threshold=4500),
     )
-    by_keywords = plan_packs(real, world_size=4, epoch=2, **fields)
-    by_options = plan_packs(real, options=options, world_size=4, epoch=2)
-    assert by_options.fingerprint() == by_keywords.fingerprint()
-    assert (by_options.method, by_options.llm_threshold) == ("isf", 4500)
-    # a keyword beside the options replaces that field: the same plan as options that hold it
-    reseeded = plan_packs(real, options=options, seed=6, world_size=4, epoch=2)
-    assert (
-        reseeded.fingerprint() == plan_packs(real, options=options.replace(seed=6), world_size=4, epoch=2).fingerprint()
-    )
-    assert reseeded.fingerprint() != by_options.fingerprint()
-    searched = plan_packs(real, options=PlanOptions(target_batch_size=3), world_size=4)
-    assert (searched.vit_capacity, searched.llm_capacity) == search_capacity(real, 3)[:2]
+    plan = plan_packs(real, options, world_size=4, epoch=2)
+    assert plan.fingerprint() == plan_packs(real, options=options, world_size=4, epoch=2).fingerprint()
+    assert (plan.method, plan.llm_threshold, plan.seed, plan.epoch) == ("isf", 4500, 5, 2)
+    reseeded = plan_packs(real, options.replace(seed=6), world_size=4, epoch=2)
+    assert reseeded.seed == 6 and reseeded.fingerprint() != plan.fingerprint()
+    searched = plan_packs(real, PlanOptions(target_batch_size=3), world_size=4)
+    caps = search_capacity(real, PlanOptions(target_batch_size=3))
+    assert (searched.vit_capacity, searched.llm_capacity) == (caps.vit_capacity, caps.llm_capacity)
 
 
 def test_search_capacity_takes_options(real):
     options = PlanOptions(method="isf", target_batch_size=3, seed=2, isf=IsfOptions(iterations=20))
-    expected = search_capacity(real, 3, method="isf", seed=2, iterations=20, world_size=4)
-    assert search_capacity(real, options=options, world_size=4) == expected
-    assert search_capacity(real, 5, options=options, world_size=4) == search_capacity(
-        real, options=options.replace(target_batch_size=5), world_size=4
-    )
+    caps = search_capacity(real, options, world_size=4)
+    assert caps == search_capacity(real, options=options, world_size=4)
+    assert caps != search_capacity(real, options.replace(target_batch_size=5), world_size=4)
     with pytest.raises(ValueError, match="nothing to search"):
-        search_capacity(real, options=PlanOptions(vit_capacity=16, llm_capacity=5000))
+        search_capacity(real, PlanOptions(vit_capacity=16, llm_capacity=5000))
 
 
 def test_sampler_packer_and_report_take_options(real):
     options = PlanOptions(vit_capacity=16, llm_capacity=5376, drop_last=True, seed=3)
-    keywords = dict(vit_capacity=16, llm_capacity=5376, drop_last=True, seed=3)
-    a = BalancedBatchSampler(real, options=options, world_size=2, rank=1, micro_steps_per_step=2)
-    b = BalancedBatchSampler(real, world_size=2, rank=1, micro_steps_per_step=2, **keywords)
-    assert a.fingerprint() == b.fingerprint() and a.state_dict() == b.state_dict()
+    a = BalancedBatchSampler(real, options, world_size=2, rank=1, micro_steps_per_step=2)
     assert a.options == (options,) and (a.seed, a.drop_last) == (3, True)
-    c = BalancedBatchSampler(real, options=options, seed=4, world_size=2, rank=1, micro_steps_per_step=2)
+    c = BalancedBatchSampler(real, options.replace(seed=4), world_size=2, rank=1, micro_steps_per_step=2)
     assert c.seed == 4 and c.fingerprint() != a.fingerprint()
 
     source = [(int(v), int(t)) for v, t in zip(real.vit, real.llm)]
-    by_options = list(BalancedPacker(source, lambda s: s, options=options, buffer_size=500, world_size=2, rank=0))
-    by_keywords = list(BalancedPacker(source, lambda s: s, **keywords, buffer_size=500, world_size=2, rank=0))
-    assert by_options == by_keywords
-    reports = [
-        streaming_report(real, options=options, buffer_size=500, world_size=2),
-        streaming_report(real, **keywords, buffer_size=500, world_size=2),
-    ]
-    rows = [{k: v for k, v in r.streaming.to_dict().items() if k != "seconds"} for r in reports]
-    assert rows[0] == rows[1] and rows[0]["num_samples"] > 0
+    packs = list(BalancedPacker(source, lambda s: s, options, buffer_size=500, world_size=2, rank=0))
+    assert sum(len(p) for p in packs) > 0
+    report = streaming_report(real, options, buffer_size=500, world_size=2)
+    assert report.streaming.num_samples > 0
     with pytest.raises(ValueError, match="a stream needs vit_capacity and llm_capacity"):
-        BalancedPacker(source, lambda s: s, options=PlanOptions(), world_size=2, rank=0)
+        BalancedPacker(source, lambda s: s, PlanOptions(), world_size=2, rank=0)
     with pytest.raises(ValueError, match="a stream needs vit_capacity and llm_capacity"):
-        streaming_report(real, world_size=2)
+        streaming_report(real, PlanOptions(), world_size=2)
 
 
 def test_isf_options_reach_the_sampler_and_its_state(real):
-    caps = dict(method="isf", vit_capacity=16, llm_capacity=5376)
-    default = BalancedBatchSampler(real, world_size=2, rank=0, **caps)
-    fewer = BalancedBatchSampler(real, options=PlanOptions(**caps, isf=IsfOptions(iterations=3)), world_size=2, rank=0)
-    assert fewer.plans()[0].fingerprint() == plan_packs(real, world_size=2, iterations=3, **caps).fingerprint()
+    caps = PlanOptions(method="isf", vit_capacity=16, llm_capacity=5376)
+    default = BalancedBatchSampler(real, caps, world_size=2, rank=0)
+    fewer = BalancedBatchSampler(real, caps.replace(isf=IsfOptions(iterations=3)), world_size=2, rank=0)
+    assert (
+        fewer.plans()[0].fingerprint()
+        == plan_packs(real, caps.replace(isf=IsfOptions(iterations=3)), world_size=2).fingerprint()
+    )
     assert fewer.fingerprint() != default.fingerprint()
     with pytest.raises(ValueError, match="other lengths or options"):
         fewer.load_state_dict(default.state_dict())
@@ -206,24 +197,21 @@ def test_isf_options_reach_the_sampler_and_its_state(real):
 # ------------------------------------------------------------------------------------------- per group
 
 
-def test_per_group_options_as_a_sequence_equal_per_group_keywords(real):
+def test_per_group_options_as_a_sequence(real):
     groups = (real.llm > np.median(real.llm)).astype(np.int64)
-    by_keywords = BalancedBatchSampler(
-        real, world_size=2, rank=0, groups=groups, seed=1, vit_capacity=[12, 18], llm_capacity=[3000, 6016]
-    )
     shared = PlanOptions(seed=1)
     per_group = [shared.replace(vit_capacity=12, llm_capacity=3000), shared.replace(vit_capacity=18, llm_capacity=6016)]
-    by_options = BalancedBatchSampler(real, options=per_group, world_size=2, rank=0, groups=groups)
-    assert by_options.capacities == by_keywords.capacities == [(12, 3000), (18, 6016)]
-    assert by_options.fingerprint() == by_keywords.fingerprint()
-    assert by_options.state_dict() == by_keywords.state_dict()
+    sampler = BalancedBatchSampler(real, per_group, world_size=2, rank=0, groups=groups)
+    assert sampler.capacities == [(12, 3000), (18, 6016)]
+    for g, plan in enumerate(sampler.plans()):
+        assert (plan.vit_capacity, plan.llm_capacity) == sampler.capacities[g]
     # searched per group, one target each
     targets = BalancedBatchSampler(
-        real, options=[shared.replace(target_batch_size=2), shared], world_size=2, rank=0, groups=groups
+        real, [shared.replace(target_batch_size=2), shared], world_size=2, rank=0, groups=groups
     )
     assert targets.capacities == [
-        search_capacity(real[targets.groups[0]], 2)[:2],
-        search_capacity(real[targets.groups[1]], 4)[:2],
+        search_capacity(real[targets.groups[0]], PlanOptions(target_batch_size=2))[:2],
+        search_capacity(real[targets.groups[1]], PlanOptions(target_batch_size=4))[:2],
     ]
 
 
@@ -231,17 +219,15 @@ def test_per_group_options_must_agree_on_the_shared_fields(real):
     groups = np.arange(len(real)) % 2
     caps = PlanOptions(vit_capacity=18, llm_capacity=6016)
     with pytest.raises(ValueError, match=r"options has 3 entries for 2 groups"):
-        BalancedBatchSampler(real, options=[caps] * 3, world_size=1, rank=0, groups=groups)
+        BalancedBatchSampler(real, [caps] * 3, world_size=1, rank=0, groups=groups)
     with pytest.raises(ValueError, match=r"group 1 differ from group 0's in seed"):
-        BalancedBatchSampler(real, options=[caps, caps.replace(seed=1)], world_size=1, rank=0, groups=groups)
+        BalancedBatchSampler(real, [caps, caps.replace(seed=1)], world_size=1, rank=0, groups=groups)
     with pytest.raises(ValueError, match=r"group 1 differ from group 0's in method"):
-        BalancedBatchSampler(real, options=[caps, caps.replace(method="random")], world_size=1, rank=0, groups=groups)
-    with pytest.raises(ValueError, match=r"group 1: give both vit_capacity and llm_capacity"):
-        BalancedBatchSampler(
-            real, world_size=1, rank=0, groups=groups, vit_capacity=[18, None], llm_capacity=[6016, 6016]
-        )
+        BalancedBatchSampler(real, [caps, caps.replace(method="random")], world_size=1, rank=0, groups=groups)
+    with pytest.raises(TypeError, match=r"group 1: options must be a PlanOptions, got dict"):
+        BalancedBatchSampler(real, [caps, {"seed": 1}], world_size=1, rank=0, groups=groups)  # type: ignore[list-item]
     with pytest.raises(TypeError, match="options must be a PlanOptions or a sequence"):
-        BalancedBatchSampler(real, options={"seed": 1}, world_size=1, rank=0)
+        BalancedBatchSampler(real, {"seed": 1}, world_size=1, rank=0)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------- the seed

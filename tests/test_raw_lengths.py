@@ -28,7 +28,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from omnibal_kernels.cli import main  # noqa: E402
 from omnibal_kernels.lengths import load_lengths  # noqa: E402
-from omnibal_kernels.raw_lengths import SampleError, lengths_from_raw, load_model_spec, merge_length_parts  # noqa: E402
+from omnibal_kernels.raw_lengths import CountOptions, SampleError, lengths_from_raw, load_model_spec, merge_length_parts  # noqa: E402
 from omnibal_kernels.raw_lengths.media import MediaError, image_size, video_info  # noqa: E402
 from omnibal_kernels.raw_lengths.tiny import tiny_model_folder  # noqa: E402
 
@@ -172,7 +172,7 @@ def test_qwen2vl_loads_equal_the_processor(samples, folders, image_dir):
     )
     records = [_record(turns, layout, image_dir) for turns, layout in samples]
     for model in ("qwen2vl", "qwen2.5vl"):
-        got = lengths_from_raw(records, folder, model, image_root=image_dir, num_workers=0)
+        got = lengths_from_raw(records, folder, CountOptions(model=model, image_root=image_dir), num_workers=0)
         assert got.index.tolist() == list(range(len(samples))) and got.issues == []
         for s, (turns, _) in enumerate(samples):
             images = _pil_images(turns, image_dir)
@@ -196,7 +196,7 @@ def test_internvl_loads_equal_the_processor(samples, folders, image_dir):
         chat_template=tok.chat_template,
     )
     records = [_record(turns, layout, image_dir) for turns, layout in samples]
-    got = lengths_from_raw(records, folder, "internvl", image_root=image_dir, num_workers=0)
+    got = lengths_from_raw(records, folder, CountOptions(model="internvl", image_root=image_dir), num_workers=0)
     assert got.index.tolist() == list(range(len(samples))) and got.issues == []
     for s, (turns, _) in enumerate(samples):
         images = _pil_images(turns, image_dir)
@@ -219,7 +219,7 @@ def test_internvl_chat_loads_equal_its_expansion(samples, folders, image_dir):
     )
     num_image_token = int((448 // 14) ** 2 * config["downsample_ratio"] ** 2)
     records = [_record(turns, layout, image_dir) for turns, layout in samples]
-    got = lengths_from_raw(records, folder, "internvl", image_root=image_dir, num_workers=0)
+    got = lengths_from_raw(records, folder, CountOptions(model="internvl", image_root=image_dir), num_workers=0)
     for s, (turns, _) in enumerate(samples):
         images = _pil_images(turns, image_dir)
         tiles = [int(n) for n in tiler(images)["num_patches"]] if images else []
@@ -264,8 +264,10 @@ def test_settings_are_read_as_transformers_reads_them(folders, tmp_path):
 def test_a_smaller_max_pixels_in_the_folder_changes_the_loads(folders, tmp_path, image_dir):
     small = tiny_model_folder(tmp_path / "small", "qwen2vl", max_pixels=28 * 28 * 8)
     rec = [{"image": _image(image_dir, 1000, 700), "conversations": [{"from": "human", "value": "<image>hi"}]}]
-    big_run = lengths_from_raw(rec, folders["qwen2vl"], "qwen2vl", image_root=image_dir, num_workers=0)
-    small_run = lengths_from_raw(rec, small, "qwen2vl", image_root=image_dir, num_workers=0)
+    big_run = lengths_from_raw(
+        rec, folders["qwen2vl"], CountOptions(model="qwen2vl", image_root=image_dir), num_workers=0
+    )
+    small_run = lengths_from_raw(rec, small, CountOptions(model="qwen2vl", image_root=image_dir), num_workers=0)
     h, w = smart_resize(700, 1000, factor=28, min_pixels=56 * 56, max_pixels=28 * 28 * 8)
     assert int(small_run.vit[0]) == (h // 14) * (w // 14) < int(big_run.vit[0])
 
@@ -288,7 +290,12 @@ def test_image_sizes_come_from_headers_only(folders, image_dir, monkeypatch):
     assert image_size({"bytes": data, "path": None}) == (640, 480)
     assert image_size({"path": names[1]}, image_dir) == (333, 222)
     rec = [{"image": names, "conversations": [{"from": "human", "value": "<image><image>x"}]}]
-    assert lengths_from_raw(rec, folders["qwen2vl"], "qwen2vl", image_root=image_dir, num_workers=0).vit[0] > 0
+    assert (
+        lengths_from_raw(
+            rec, folders["qwen2vl"], CountOptions(model="qwen2vl", image_root=image_dir), num_workers=0
+        ).vit[0]
+        > 0
+    )
 
 
 def test_exif_rotation_is_applied_only_when_asked(tmp_path):
@@ -342,7 +349,7 @@ def test_qwen2vl_videos_from_pyav_metadata_and_frame_lists(folders, image_dir, t
         },
         {"videos": [frames], "messages": [{"role": "user", "content": "<video>What is shown?"}]},
     ]
-    got = lengths_from_raw(records, folder, "qwen2vl", image_root=tmp_path, num_workers=0)
+    got = lengths_from_raw(records, folder, CountOptions(model="qwen2vl", image_root=tmp_path), num_workers=0)
     lo, hi = 28 * 28 * 4, 28 * 28 * 16
     expected = [
         _qwen_video_reference(tok, "What is shown?", f, w, h, lo, hi)
@@ -370,7 +377,7 @@ def test_qwen2vl_video_frame_sampling_follows_the_video_processor(folders, tmp_p
             ]
         }
     ]
-    got = lengths_from_raw(rec, folder, "qwen2vl", num_workers=0)
+    got = lengths_from_raw(rec, folder, CountOptions(model="qwen2vl"), num_workers=0)
     # 250 frames at 25 fps sampled at 2 fps: 20 frames (floor to a multiple of temporal_patch_size)
     assert (int(got.vit[0]), int(got.llm[0])) == _qwen_video_reference(
         tok, "hi", 20, 320, 240, 28 * 28 * 4, 28 * 28 * 16
@@ -386,7 +393,7 @@ def test_qwen2vl_video_frame_sampling_follows_the_video_processor(folders, tmp_p
         }
     ]
     with pytest.raises(SampleError, match="frame rate is unknown"):
-        lengths_from_raw(no_fps, folder, "qwen2vl", num_workers=0)
+        lengths_from_raw(no_fps, folder, CountOptions(model="qwen2vl"), num_workers=0)
 
 
 def test_internvl_video_frames_are_single_tiles_with_frame_labels(folders):
@@ -398,7 +405,7 @@ def test_internvl_video_frames_are_single_tiles_with_frame_labels(folders):
             "conversations": [{"from": "human", "value": "<video>What happens?"}, {"from": "gpt", "value": "A cat."}],
         }
     ]
-    got = lengths_from_raw(rec, folder, "internvl", num_workers=0)
+    got = lengths_from_raw(rec, folder, CountOptions(model="internvl"), num_workers=0)
     frames = "\n".join(f"Frame{i + 1}: <img>{'<IMG_CONTEXT>' * 64}</img>" for i in range(3))
     messages = [
         {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
@@ -459,7 +466,10 @@ def test_every_problem_is_counted_per_kind_and_listed_by_index(folders, image_di
         8: "bad_record",
     }
     skip = lengths_from_raw(
-        records, folders["qwen2vl"], "qwen2vl", image_root=image_dir, max_length=200, on_error="skip", num_workers=0
+        records,
+        folders["qwen2vl"],
+        CountOptions(model="qwen2vl", image_root=image_dir, max_length=200, on_error="skip"),
+        num_workers=0,
     )
     assert skip.index.tolist() == [0, 7] and skip.skipped.tolist() == [1, 2, 3, 4, 5, 6, 8]
     assert {d["index"]: d["kind"] for d in skip.issues} == kinds
@@ -468,14 +478,20 @@ def test_every_problem_is_counted_per_kind_and_listed_by_index(folders, image_di
     assert counts["bad_record"] == 2 and counts["template_error"] == 0
     assert all(counts[k] == 1 for k in kinds.values() if k != "bad_record")
     report = lengths_from_raw(
-        records, folders["qwen2vl"], "qwen2vl", image_root=image_dir, max_length=200, on_error="report", num_workers=0
+        records,
+        folders["qwen2vl"],
+        CountOptions(model="qwen2vl", image_root=image_dir, max_length=200, on_error="report"),
+        num_workers=0,
     )
     # loads stay defined for a placeholder mismatch and a sample over the maximum: kept and listed
     assert report.index.tolist() == [0, 3, 4, 7] and report.skipped.tolist() == [1, 2, 5, 6, 8]
     assert report.llm[2] > 200 and {d["index"] for d in report.issues if d["kept"]} == {3, 4}
     assert np.array_equal(report.vit[[0, 1]], skip.vit[[0, 0]] * np.array([1, 2]))  # samples 0 and 3
     nothing = lengths_from_raw(
-        records[1:3], folders["qwen2vl"], "qwen2vl", image_root=image_dir, on_error="skip", num_workers=0
+        records[1:3],
+        folders["qwen2vl"],
+        CountOptions(model="qwen2vl", image_root=image_dir, on_error="skip"),
+        num_workers=0,
     )
     assert nothing.index.size == 0 and nothing.skipped.tolist() == [0, 1]
     for bad, kind in kinds.items():
@@ -483,9 +499,7 @@ def test_every_problem_is_counted_per_kind_and_listed_by_index(folders, image_di
             lengths_from_raw(
                 [records[0], records[bad]],
                 folders["qwen2vl"],
-                "qwen2vl",
-                image_root=image_dir,
-                max_length=200,
+                CountOptions(model="qwen2vl", image_root=image_dir, max_length=200),
                 num_workers=0,
             )
 
@@ -493,17 +507,17 @@ def test_every_problem_is_counted_per_kind_and_listed_by_index(folders, image_di
 def test_bad_arguments_name_themselves(folders, tmp_path):
     rec = [{"conversations": [{"from": "human", "value": "hi"}]}]
     with pytest.raises(ValueError, match="on_error"):
-        lengths_from_raw(rec, folders["qwen2vl"], "qwen2vl", on_error="ignore")
+        lengths_from_raw(rec, folders["qwen2vl"], CountOptions(model="qwen2vl", on_error="ignore"))
     with pytest.raises(ValueError, match="chunk_size"):
-        lengths_from_raw(rec, folders["qwen2vl"], "qwen2vl", chunk_size=0)
+        lengths_from_raw(rec, folders["qwen2vl"], CountOptions(model="qwen2vl"), chunk_size=0)
     with pytest.raises(ValueError, match="max_length"):
-        lengths_from_raw(rec, folders["qwen2vl"], "qwen2vl", max_length=-1)
+        lengths_from_raw(rec, folders["qwen2vl"], CountOptions(model="qwen2vl", max_length=-1))
     with pytest.raises(ValueError, match="tokenizer"):
-        lengths_from_raw(rec, tmp_path / "nothing", "qwen2vl")
+        lengths_from_raw(rec, tmp_path / "nothing", CountOptions(model="qwen2vl"))
     with pytest.raises(ValueError, match="shard"):
-        lengths_from_raw(rec, folders["qwen2vl"], "qwen2vl", shard=(2, 2))
+        lengths_from_raw(rec, folders["qwen2vl"], CountOptions(model="qwen2vl"), shard=(2, 2))
     with pytest.raises(TypeError, match="data must be"):
-        lengths_from_raw(42, folders["qwen2vl"], "qwen2vl")
+        lengths_from_raw(42, folders["qwen2vl"], CountOptions(model="qwen2vl"))
 
 
 # ------------------------------------------------------------------------------------------ scale: workers, shards
@@ -539,19 +553,24 @@ def _many(image_dir, n):
 def test_workers_shards_merge_and_resume(folders, image_dir, tmp_path):
     records = _many(image_dir, 41)
     data = _jsonl(tmp_path / "data.jsonl", records)
-    kw = dict(image_root=image_dir, on_error="skip", chunk_size=4)
-    ref = lengths_from_raw(records, folders["internvl"], "internvl", num_workers=0, **kw)
+    kw = dict(chunk_size=4)
+    count = dict(image_root=image_dir, on_error="skip")
+    ref = lengths_from_raw(records, folders["internvl"], CountOptions(model="internvl", **count), num_workers=0, **kw)
     assert ref.skipped.tolist() == [13]
-    pooled = lengths_from_raw(data, folders["internvl"], "internvl", num_workers=2, **kw)
+    pooled = lengths_from_raw(data, folders["internvl"], CountOptions(model="internvl", **count), num_workers=2, **kw)
     for name in ("index", "vit", "llm"):
         assert np.array_equal(getattr(pooled, name), getattr(ref, name))
     assert pooled.issues == ref.issues
     with pytest.raises(SampleError, match="sample 13: missing_media"):  # raised in a worker, named here
-        lengths_from_raw(data, folders["internvl"], "internvl", image_root=image_dir, chunk_size=4, num_workers=2)
+        lengths_from_raw(
+            data, folders["internvl"], CountOptions(model="internvl", image_root=image_dir), chunk_size=4, num_workers=2
+        )
 
     parts = []
     for i in (2, 0, 1):
-        part = lengths_from_raw(data, folders["internvl"], "internvl", num_workers=0, shard=(i, 3), **kw)
+        part = lengths_from_raw(
+            data, folders["internvl"], CountOptions(model="internvl", **count), num_workers=0, shard=(i, 3), **kw
+        )
         parts.append(part.save_part(tmp_path / f"part{i}.npz"))
     merged = merge_length_parts(parts)
     assert np.array_equal(merged.index, ref.index) and np.array_equal(merged.llm, ref.llm)
@@ -562,7 +581,9 @@ def test_workers_shards_merge_and_resume(folders, image_dir, tmp_path):
         merge_length_parts([parts[0], parts[1], parts[1]])
 
     work = tmp_path / "work"
-    first = lengths_from_raw(data, folders["internvl"], "internvl", num_workers=0, work_dir=work, **kw)
+    first = lengths_from_raw(
+        data, folders["internvl"], CountOptions(model="internvl", **count), num_workers=0, work_dir=work, **kw
+    )
     chunks = sorted(work.glob("chunk-*.npz"))
     assert len(chunks) == 11
     # A finished chunk is reused as saved (marked here), a lost one is counted again.
@@ -572,12 +593,21 @@ def test_workers_shards_merge_and_resume(folders, image_dir, tmp_path):
     with open(chunks[1], "wb") as f:
         np.savez(f, **saved)
     chunks[2].unlink()
-    resumed = lengths_from_raw(data, folders["internvl"], "internvl", num_workers=0, work_dir=work, **kw)
+    resumed = lengths_from_raw(
+        data, folders["internvl"], CountOptions(model="internvl", **count), num_workers=0, work_dir=work, **kw
+    )
     marked = np.isin(resumed.index, saved["index"])
     assert np.array_equal(resumed.llm[marked], first.llm[marked] + 1000)
     assert np.array_equal(resumed.llm[~marked], first.llm[~marked]) and chunks[2].exists()
     with pytest.raises(ValueError, match="another run"):
-        lengths_from_raw(data, folders["internvl"], "internvl", num_workers=0, work_dir=work, max_length=99, **kw)
+        lengths_from_raw(
+            data,
+            folders["internvl"],
+            CountOptions(model="internvl", **count, max_length=99),
+            num_workers=0,
+            work_dir=work,
+            **kw,
+        )
 
 
 def test_a_hugging_face_dataset(folders, image_dir):
@@ -597,7 +627,7 @@ def test_a_hugging_face_dataset(folders, image_dir):
         )
     ds = datasets.Dataset.from_list(rows)
     ds = ds.cast_column("images", datasets.Sequence(datasets.Image(decode=False)))
-    got = lengths_from_raw(ds, folders["qwen2vl"], "qwen2vl", num_workers=0)
+    got = lengths_from_raw(ds, folders["qwen2vl"], CountOptions(model="qwen2vl"), num_workers=0)
     plain = [
         {
             "images": r["images"],
@@ -611,7 +641,7 @@ def test_a_hugging_face_dataset(folders, image_dir):
         }
         for r in rows
     ]
-    ref = lengths_from_raw(plain, folders["qwen2vl"], "qwen2vl", num_workers=0)
+    ref = lengths_from_raw(plain, folders["qwen2vl"], CountOptions(model="qwen2vl"), num_workers=0)
     assert got.issues == [] and np.array_equal(got.vit, ref.vit) and np.array_equal(got.llm, ref.llm)
     assert got.vit.tolist().count(0) == 2
 
@@ -649,7 +679,9 @@ def test_cli_raw_mode_shards_and_merge(folders, image_dir, tmp_path, capsys):
     lengths = load_lengths(str(out))
     report = json.loads((tmp_path / "lengths.report.json").read_text())
     assert len(lengths.vit) == 11 and report["skipped"] == [5] and not (tmp_path / "lengths.json.chunks").exists()
-    api = lengths_from_raw(data, folders["qwen2vl"], "qwen2vl", image_root=image_dir, on_error="skip", num_workers=0)
+    api = lengths_from_raw(
+        data, folders["qwen2vl"], CountOptions(model="qwen2vl", image_root=image_dir, on_error="skip"), num_workers=0
+    )
     assert np.array_equal(lengths.vit, api.vit) and np.array_equal(lengths.llm, api.llm)
 
     for i in range(2):
@@ -707,8 +739,10 @@ def test_special_tokens_follow_the_processors_chat_template_call(folders, tmp_pa
             chat_template=template,
         )
         expected = len(processor.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"][0])
-        assert int(lengths_from_raw(rec, folder, "qwen2vl", num_workers=0).llm[0]) == expected
-        forced = lengths_from_raw(rec, folder, "qwen2vl", num_workers=0, add_special_tokens=False).llm[0]
+        assert int(lengths_from_raw(rec, folder, CountOptions(model="qwen2vl"), num_workers=0).llm[0]) == expected
+        forced = lengths_from_raw(
+            rec, folder, CountOptions(model="qwen2vl", add_special_tokens=False), num_workers=0
+        ).llm[0]
         assert int(forced) == len(tok.apply_chat_template(messages, tokenize=True, return_dict=False))
 
 
@@ -726,7 +760,7 @@ def test_a_bare_pad_token_between_words_counts_as_the_processor(tmp_path, image_
     )
     name = _image(image_dir, 400, 300)
     rec = [{"images": [name], "messages": [{"role": "user", "content": "Descr<image>ibe it"}]}]
-    got = lengths_from_raw(rec, folder, "qwen2vl", image_root=image_dir, num_workers=0)
+    got = lengths_from_raw(rec, folder, CountOptions(model="qwen2vl", image_root=image_dir), num_workers=0)
     messages = [
         {
             "role": "user",
@@ -763,8 +797,9 @@ def test_every_sample_is_kept_or_listed_once_whatever_the_chunks_and_shards(
         return {"image": [image], "conversations": [{"from": "human", "value": f"<image> sample {i}"}]}
 
     records = [record(i, k) for i, k in enumerate(kinds)]
-    kw = dict(image_root=tmp_path, on_error=on_error, num_workers=0)
-    whole = lengths_from_raw(records, folders["internvl"], "internvl", chunk_size=31, **kw)
+    kw = dict(num_workers=0)
+    count = dict(image_root=tmp_path, on_error=on_error)
+    whole = lengths_from_raw(records, folders["internvl"], CountOptions(model="internvl", **count), chunk_size=31, **kw)
     n = len(records)
     assert sorted(whole.index.tolist() + whole.skipped.tolist()) == list(range(n))
     assert [d["index"] for d in whole.issues] == sorted(d["index"] for d in whole.issues)
@@ -772,7 +807,12 @@ def test_every_sample_is_kept_or_listed_once_whatever_the_chunks_and_shards(
     assert listed == set(whole.skipped.tolist())
     parts = [
         lengths_from_raw(
-            records, folders["internvl"], "internvl", chunk_size=chunk_size, shard=(i, shards), **kw
+            records,
+            folders["internvl"],
+            CountOptions(model="internvl", **count),
+            chunk_size=chunk_size,
+            shard=(i, shards),
+            **kw,
         ).save_part(tmp_path / f"{shards}-{i}.npz")
         for i in range(shards)
     ]
@@ -808,5 +848,5 @@ def test_internvl_video_frames_follow_the_video_processors_sampling(
         assert len(torch.arange(shift, total, total / n).int()) == expected_rule
     video = {"path": "v.mp4", "num_frames": total, "width": 320, "height": 240, **({"fps": fps} if fps else {})}
     rec = [{"video": video, "conversations": [{"from": "human", "value": "<video>hi"}]}]
-    got = lengths_from_raw(rec, folder, "internvl", num_workers=0)
+    got = lengths_from_raw(rec, folder, CountOptions(model="internvl"), num_workers=0)
     assert int(got.vit[0]) == expected_rule

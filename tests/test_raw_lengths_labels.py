@@ -37,7 +37,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from omnibal_kernels.cli import main  # noqa: E402
 from omnibal_kernels.lengths import load_lengths  # noqa: E402
-from omnibal_kernels.raw_lengths import RawLengths, lengths_from_raw, merge_length_parts  # noqa: E402
+from omnibal_kernels.raw_lengths import CountOptions, RawLengths, lengths_from_raw, merge_length_parts  # noqa: E402
 from omnibal_kernels.raw_lengths.tiny import tiny_model_folder  # noqa: E402
 from omnibal_kernels.raw_lengths.tokens import span_tokens  # noqa: E402
 from omnibal_kernels.vision import pack_vision_fields  # noqa: E402
@@ -98,7 +98,7 @@ def test_labels_and_vit_sequences_equal_the_processor(model, samples, folders, i
     folder = folders[model]
     processor = _processor(model, folder)
     records = [_record(turns, layout, image_dir) for turns, layout in samples]
-    got = lengths_from_raw(records, folder, model, image_root=image_dir, num_workers=0)
+    got = lengths_from_raw(records, folder, CountOptions(model=model, image_root=image_dir), num_workers=0)
     assert got.settings["options"]["labels"] is True and got.label is not None
     for s, (turns, _) in enumerate(samples):
         out = processor.apply_chat_template(
@@ -132,7 +132,7 @@ def test_internvl_chat_labels_equal_the_mask_of_its_expanded_text(samples, folde
     )
     per_tile = int((448 // 14) ** 2 * config["downsample_ratio"] ** 2)
     records = [_record(turns, layout, image_dir) for turns, layout in samples]
-    got = lengths_from_raw(records, folder, "internvl", image_root=image_dir, num_workers=0)
+    got = lengths_from_raw(records, folder, CountOptions(model="internvl", image_root=image_dir), num_workers=0)
     for s, (turns, _) in enumerate(samples):
         images = _pil_images(turns, image_dir)
         tiles = iter([int(n) for n in tiler(images)["num_patches"]] if images else [])
@@ -174,7 +174,7 @@ def test_video_labels_and_frame_groups(folders, tmp_path):
             {"role": "assistant", "content": parts + [{"type": "text", "text": "A cat."}]},
         ]
     }
-    got = lengths_from_raw([rec], folder, "qwen2vl", num_workers=0)
+    got = lengths_from_raw([rec], folder, CountOptions(model="qwen2vl"), num_workers=0)
     rh, rw = smart_resize(400, 500, factor=28, min_pixels=56 * 56, max_pixels=28 * 28 * 64)
     expected, pads, caps = [(rh // 14) * (rw // 14)], [], []
     for f, w, h in videos:
@@ -206,7 +206,7 @@ def test_video_labels_and_frame_groups(folders, tmp_path):
             ],
         }
     ]
-    got = lengths_from_raw(rec, folder, "internvl", num_workers=0)
+    got = lengths_from_raw(rec, folder, CountOptions(model="internvl"), num_workers=0)
     frames = "\n".join(f"Frame{i + 1}: <img>{'<IMG_CONTEXT>' * 64}</img>" for i in range(3))
     tiles = int(got.vit[0]) - 3
     messages = [
@@ -269,17 +269,17 @@ def test_labels_need_a_template_that_marks_training(tmp_path, image_dir, capsys)
     plain = tiny_model_folder(tmp_path / "plain", "qwen2vl", mark_training=False)
     marked = tiny_model_folder(tmp_path / "marked", "qwen2vl")
     records = [{"conversations": [{"from": "human", "value": "What is it?"}, {"from": "gpt", "value": "A cat."}]}]
-    got = lengths_from_raw(records, plain, "qwen2vl", num_workers=0)
+    got = lengths_from_raw(records, plain, CountOptions(model="qwen2vl"), num_workers=0)
     assert got.label is None and got.settings["options"]["labels"] is False and _rows(got) == [[]]
     with pytest.raises(ValueError, match="marks no text for training"):
-        lengths_from_raw(records, plain, "qwen2vl", num_workers=0, labels=True)
-    off = lengths_from_raw(records, marked, "qwen2vl", num_workers=0, labels=False)
-    on = lengths_from_raw(records, marked, "qwen2vl", num_workers=0)
+        lengths_from_raw(records, plain, CountOptions(model="qwen2vl", labels=True), num_workers=0)
+    off = lengths_from_raw(records, marked, CountOptions(model="qwen2vl", labels=False), num_workers=0)
+    on = lengths_from_raw(records, marked, CountOptions(model="qwen2vl"), num_workers=0)
     assert off.label is None and on.label.tolist() == [
         len(AutoTokenizer.from_pretrained(marked)("A cat.<|im_end|>")["input_ids"])
     ]
     with pytest.raises(TypeError, match="labels"):
-        lengths_from_raw(records, marked, "qwen2vl", num_workers=0, labels="yes")
+        lengths_from_raw(records, marked, CountOptions(model="qwen2vl", labels="yes"), num_workers=0)
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps(records[0]) + "\n")
     assert (
@@ -332,7 +332,9 @@ def test_every_format_carries_sequences_and_labels(folders, image_dir, tmp_path,
     records = _data(image_dir)
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    got = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", image_root=image_dir, num_workers=0)
+    got = lengths_from_raw(
+        records, folders["qwen2vl"], CountOptions(model="qwen2vl", image_root=image_dir), num_workers=0
+    )
     assert got.label.sum() > 0 and got.vit_seqlens.size > 0
     for suffix in ("json", "jsonl", "npz"):
         path, _ = got.write(tmp_path / f"l.{suffix}")
@@ -399,11 +401,14 @@ def test_every_format_carries_sequences_and_labels(folders, image_dir, tmp_path,
 
 def test_parts_merges_and_resumes_keep_sequences_and_labels(folders, image_dir, tmp_path, capsys):
     records = _data(image_dir)
-    kw = dict(image_root=image_dir, num_workers=0, chunk_size=4)
+    kw = dict(num_workers=0, chunk_size=4)
+    count = dict(image_root=image_dir)
     folder = folders["internvl"]
-    whole = lengths_from_raw(records, folder, "internvl", **kw)
+    whole = lengths_from_raw(records, folder, CountOptions(model="internvl", **count), **kw)
     parts = [
-        lengths_from_raw(records, folder, "internvl", shard=(i, 4), **kw).save_part(tmp_path / f"p{i}.npz")
+        lengths_from_raw(records, folder, CountOptions(model="internvl", **count), shard=(i, 4), **kw).save_part(
+            tmp_path / f"p{i}.npz"
+        )
         for i in (3, 1, 0, 2)
     ]
     merged = merge_length_parts(parts)
@@ -419,14 +424,14 @@ def test_parts_merges_and_resumes_keep_sequences_and_labels(folders, image_dir, 
     with pytest.raises(ValueError, match=r"old\.npz is a part of format version 2, this version reads 3"):
         merge_length_parts([tmp_path / "old.npz", *parts[1:]])
     # parts counted without labels are another run
-    unlabelled = lengths_from_raw(records, folder, "internvl", shard=(1, 4), labels=False, **kw).save_part(
-        tmp_path / "u1.npz"
-    )
+    unlabelled = lengths_from_raw(
+        records, folder, CountOptions(model="internvl", **count, labels=False), shard=(1, 4), **kw
+    ).save_part(tmp_path / "u1.npz")
     with pytest.raises(ValueError, match="options.labels"):
         merge_length_parts([parts[0], unlabelled, parts[2], parts[3]])
     # a resumed run reads the saved chunks back whole; a chunk whose sequences disagree is counted again
     work = tmp_path / "work"
-    first = lengths_from_raw(records, folder, "internvl", work_dir=work, **kw)
+    first = lengths_from_raw(records, folder, CountOptions(model="internvl", **count), work_dir=work, **kw)
     chunk = sorted(work.glob("chunk-*.npz"))[2]
     with np.load(chunk) as z:
         saved = {k: z[k] for k in z.files}
@@ -434,7 +439,7 @@ def test_parts_merges_and_resumes_keep_sequences_and_labels(folders, image_dir, 
     saved["vit_seqlens"][:1] += 1
     with open(chunk, "wb") as f:
         np.savez(f, **saved)
-    again = lengths_from_raw(records, folder, "internvl", work_dir=work, **kw)
+    again = lengths_from_raw(records, folder, CountOptions(model="internvl", **count), work_dir=work, **kw)
     assert f"{chunk} is damaged" in capsys.readouterr().err
     for name in ("vit_seqlens", "vit_seqlens_offsets", "label"):
         np.testing.assert_array_equal(getattr(again, name), getattr(first, name))
@@ -443,8 +448,10 @@ def test_parts_merges_and_resumes_keep_sequences_and_labels(folders, image_dir, 
     del run["chunk_format"]
     (work / "run.json").write_text(json.dumps(run))
     with pytest.raises(ValueError, match="another run"):
-        lengths_from_raw(records, folder, "internvl", work_dir=work, **kw)
-    restarted = lengths_from_raw(records, folder, "internvl", work_dir=work, stale_work_dir="restart", **kw)
+        lengths_from_raw(records, folder, CountOptions(model="internvl", **count), work_dir=work, **kw)
+    restarted = lengths_from_raw(
+        records, folder, CountOptions(model="internvl", **count), work_dir=work, stale_work_dir="restart", **kw
+    )
     np.testing.assert_array_equal(restarted.label, first.label)
 
 

@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from omnibal_kernels import PlanOptions
 from omnibal_kernels.balance import OversizeError, TooFewPacksError, plan_packs
 from omnibal_kernels.lengths import Lengths, default_lengths
 from omnibal_kernels.sampler import BalancedBatchSampler
@@ -32,7 +33,7 @@ def _check_coverage(samplers: list[BalancedBatchSampler], n: int) -> None:
     for s in samplers:
         for batch in s:
             counts.update(batch)
-    report = samplers[0].balance_report()
+    report = samplers[0].report()
     expected = Counter({i: 1 for i in range(n)})
     for i in report.dropped_samples.tolist():
         expected[i] -= 1
@@ -47,19 +48,22 @@ def _check_coverage(samplers: list[BalancedBatchSampler], n: int) -> None:
 
 
 def test_one_group_is_plan_packs_columns(real):
-    s = BalancedBatchSampler(real, world_size=4, rank=2, seed=7)
+    s = BalancedBatchSampler(real, PlanOptions(seed=7), world_size=4, rank=2)
     s.set_epoch(3)
     plan = plan_packs(
-        real, world_size=4, vit_capacity=s.capacities[0][0], llm_capacity=s.capacities[0][1], seed=7, epoch=3
+        real,
+        PlanOptions(vit_capacity=s.capacities[0][0], llm_capacity=s.capacities[0][1], seed=7),
+        world_size=4,
+        epoch=3,
     )
     assert [list(b) for b in s] == [b.tolist() for b in plan.rank_batches(2)]
     assert len(s) == plan.num_steps
 
 
 def test_accumulation_takes_consecutive_virtual_ranks(real):
-    s = BalancedBatchSampler(real, world_size=3, rank=1, micro_steps_per_step=2, seed=2)
+    s = BalancedBatchSampler(real, PlanOptions(seed=2), world_size=3, rank=1, micro_steps_per_step=2)
     qv, qt = s.capacities[0]
-    plan = plan_packs(real, world_size=6, vit_capacity=qv, llm_capacity=qt, seed=2)
+    plan = plan_packs(real, PlanOptions(vit_capacity=qv, llm_capacity=qt, seed=2), world_size=6)
     expected = [plan.pack(int(plan.step_packs[step, 2 + j])).tolist() for step in range(plan.num_steps) for j in (0, 1)]
     assert list(s) == expected
 
@@ -67,7 +71,7 @@ def test_accumulation_takes_consecutive_virtual_ranks(real):
 def test_len_is_exact_and_batches_are_int_lists(real):
     s = BalancedBatchSampler(real, world_size=3, rank=0, micro_steps_per_step=2)
     batches = list(s)
-    assert len(batches) == len(s) == s.balance_report().num_micro_steps
+    assert len(batches) == len(s) == s.report().num_micro_steps
     assert len(s) % 2 == 0
     assert all(type(i) is int for b in batches for i in b)
 
@@ -80,13 +84,13 @@ def test_capacities_held(real):
 
 
 def test_same_seed_same_batches_new_epoch_new_batches(real):
-    a = BalancedBatchSampler(real, world_size=2, rank=1, seed=3)
-    b = BalancedBatchSampler(real, world_size=2, rank=1, seed=3)
+    a = BalancedBatchSampler(real, PlanOptions(seed=3), world_size=2, rank=1)
+    b = BalancedBatchSampler(real, PlanOptions(seed=3), world_size=2, rank=1)
     assert list(a) == list(b) and a.fingerprint() == b.fingerprint()
     first = list(a)
     a.set_epoch(1)
     assert list(a) != first and a.fingerprint() != b.fingerprint()
-    c = BalancedBatchSampler(real, world_size=2, rank=1, seed=4)
+    c = BalancedBatchSampler(real, PlanOptions(seed=4), world_size=2, rank=1)
     assert list(c) != first
 
 
@@ -107,14 +111,12 @@ def test_micro_steps_balance_micro_and_optimizer_steps(real, m):
     balanced = BalancedBatchSampler(real, world_size=world, rank=0, micro_steps_per_step=m)
     rnd = BalancedBatchSampler(
         real,
+        PlanOptions(method="random", vit_capacity=balanced.capacities[0][0], llm_capacity=balanced.capacities[0][1]),
         world_size=world,
         rank=0,
         micro_steps_per_step=m,
-        method="random",
-        vit_capacity=balanced.capacities[0][0],
-        llm_capacity=balanced.capacities[0][1],
     )
-    b, r = balanced.balance_report(), rnd.balance_report()
+    b, r = balanced.report(), rnd.report()
     assert b.num_micro_steps == b.num_steps * m
     # per micro-step and per optimizer step, the balanced plan (which balances time, not each load) is at least
     # 12x more even in each load than random packing (on these 4,000 samples, seeds 0-3, m=4: 14-31x; m=2: 26x
@@ -142,12 +144,16 @@ def test_micro_steps_ragged_tail_follows_drop_last(real):
     for drop_last in (False, True):
         samplers = _all_ranks(
             lambda rk, drop_last=drop_last: BalancedBatchSampler(
-                subset, world_size=3, rank=rk, micro_steps_per_step=4, drop_last=drop_last, target_batch_size=2
+                subset,
+                PlanOptions(drop_last=drop_last, target_batch_size=2),
+                world_size=3,
+                rank=rk,
+                micro_steps_per_step=4,
             ),
             3,
         )
         assert len(samplers[0]) % 4 == 0
-        report = samplers[0].balance_report()
+        report = samplers[0].report()
         if drop_last:
             assert report.duplicated_samples.size == 0
         else:
@@ -164,12 +170,11 @@ def test_groups_separate_capacities_and_one_group_per_step(real):
     samplers = _all_ranks(
         lambda rk: BalancedBatchSampler(
             real,
+            [PlanOptions(llm_capacity=8192, vit_capacity=24), PlanOptions(llm_capacity=3072, vit_capacity=12)],
             world_size=world,
             rank=rk,
             micro_steps_per_step=m,
             groups=text,
-            llm_capacity=[8192, 3072],
-            vit_capacity=[24, 12],
         ),
         world,
     )
@@ -194,12 +199,11 @@ def test_groups_separate_capacities_and_one_group_per_step(real):
     # index-array form gives the same schedule as the id form
     as_lists = BalancedBatchSampler(
         real,
+        [PlanOptions(llm_capacity=8192, vit_capacity=24), PlanOptions(llm_capacity=3072, vit_capacity=12)],
         world_size=world,
         rank=0,
         micro_steps_per_step=m,
         groups=[np.flatnonzero(text == 0), np.flatnonzero(text == 1)],
-        llm_capacity=[8192, 3072],
-        vit_capacity=[24, 12],
     )
     assert as_lists.fingerprint() == s.fingerprint()
 
@@ -222,9 +226,13 @@ def test_groups_must_partition(real):
         BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(n, dtype=float), []])
     with pytest.raises(ValueError, match=r"group 1 holds sample id -1, outside"):
         BalancedBatchSampler(real, world_size=1, rank=0, groups=[np.arange(n), [-1]])
-    with pytest.raises(ValueError, match="llm_capacity has 3 entries for 2 groups"):
+    with pytest.raises(ValueError, match="options has 3 entries for 2 groups"):
         BalancedBatchSampler(
-            real, world_size=1, rank=0, groups=np.arange(n) % 2, vit_capacity=[30, 30], llm_capacity=[9000, 9000, 9000]
+            real,
+            [PlanOptions(vit_capacity=30, llm_capacity=9000)] * 3,
+            world_size=1,
+            rank=0,
+            groups=np.arange(n) % 2,
         )
 
 
@@ -241,15 +249,19 @@ def test_bad_arguments(real):
     with pytest.raises(
         ValueError, match=r"fill at least \d+ pack\(s\), fewer than world_size 4 x micro_steps_per_step 2"
     ):
-        BalancedBatchSampler(real[np.arange(6)], world_size=4, rank=0, micro_steps_per_step=2, drop_last=True)
+        BalancedBatchSampler(
+            real[np.arange(6)], PlanOptions(drop_last=True), world_size=4, rank=0, micro_steps_per_step=2
+        )
     with pytest.raises(TooFewPacksError):  # the engine's error type survives the added context
-        BalancedBatchSampler(real[np.arange(6)], world_size=4, rank=0, micro_steps_per_step=2, drop_last=True)
+        BalancedBatchSampler(
+            real[np.arange(6)], PlanOptions(drop_last=True), world_size=4, rank=0, micro_steps_per_step=2
+        )
     with pytest.raises(OversizeError, match="alone exceed"):
-        BalancedBatchSampler(real, world_size=1, rank=0, vit_capacity=1, llm_capacity=10)
+        BalancedBatchSampler(real, PlanOptions(vit_capacity=1, llm_capacity=10), world_size=1, rank=0)
     with pytest.raises(ValueError, match="micro_steps_per_step must be >= 1"):
         BalancedBatchSampler(real, world_size=1, rank=0, micro_steps_per_step=0)
     with pytest.raises(ValueError, match="method must be one of"):
-        BalancedBatchSampler(real, world_size=1, rank=0, method="greedy")
+        BalancedBatchSampler(real, PlanOptions(method="greedy"), world_size=1, rank=0)
 
 
 def test_fewer_packs_than_slots_of_one_step_is_an_error(real):
@@ -257,13 +269,13 @@ def test_fewer_packs_than_slots_of_one_step_is_an_error(real):
     subset = real[np.arange(6)]
     for drop_last in (False, True):
         with pytest.raises(TooFewPacksError, match=r"fewer than world_size 4 x micro_steps_per_step 2 = 8"):
-            BalancedBatchSampler(subset, world_size=4, rank=0, micro_steps_per_step=2, drop_last=drop_last)
+            BalancedBatchSampler(subset, PlanOptions(drop_last=drop_last), world_size=4, rank=0, micro_steps_per_step=2)
 
 
 def test_ragged_last_step_reuses_packs_and_reports_them(real):
     subset = real[np.arange(60)]
     samplers = _all_ranks(lambda rk: BalancedBatchSampler(subset, world_size=4, rank=rk, micro_steps_per_step=2), 4)
-    report = samplers[0].balance_report()
+    report = samplers[0].report()
     assert report.num_steps >= 1
     _check_coverage(samplers, len(subset))
 
@@ -272,7 +284,7 @@ def test_ragged_last_step_reuses_packs_and_reports_them(real):
 
 
 def test_resume_mid_epoch(real):
-    make = lambda: BalancedBatchSampler(real, world_size=2, rank=1, micro_steps_per_step=2, seed=9)  # noqa: E731
+    make = lambda: BalancedBatchSampler(real, PlanOptions(seed=9), world_size=2, rank=1, micro_steps_per_step=2)  # noqa: E731
     full = make()
     full.set_epoch(2)
     expected = list(full)
@@ -327,7 +339,7 @@ def test_state_mismatch_raises(real):
     with pytest.raises(ValueError, match="other lengths or options"):
         BalancedBatchSampler(other_lengths, world_size=2, rank=0).load_state_dict(state)
     with pytest.raises(ValueError, match="other lengths or options"):
-        BalancedBatchSampler(real, world_size=2, rank=0, seed=1).load_state_dict(state)
+        BalancedBatchSampler(real, PlanOptions(seed=1), world_size=2, rank=0).load_state_dict(state)
     with pytest.raises(ValueError, match="world_size 2"):
         BalancedBatchSampler(real, world_size=4, rank=0).load_state_dict(state)
     # any rank may load any rank's state
@@ -364,15 +376,11 @@ def _make(setup, rank):
     lengths, world, m, drop_last, method, groups, seed, epoch = setup
     s = BalancedBatchSampler(
         lengths,
+        PlanOptions(drop_last=drop_last, method=method, seed=seed, vit_capacity=8, llm_capacity=600),
         world_size=world,
         rank=rank,
         micro_steps_per_step=m,
-        drop_last=drop_last,
-        method=method,
         groups=groups,
-        seed=seed,
-        vit_capacity=8,
-        llm_capacity=600,
     )
     s.set_epoch(epoch)
     return s
@@ -424,7 +432,7 @@ def test_property_resume_anywhere(setup, where):
 def test_inspecting_other_epochs_does_not_replan_the_current_one(real, monkeypatch):
     import omnibal_kernels.sampler.epochs as sampler_module
 
-    s = BalancedBatchSampler(real, world_size=2, rank=0, seed=4)
+    s = BalancedBatchSampler(real, PlanOptions(seed=4), world_size=2, rank=0)
     s.set_epoch(1)
     current = list(s)
     calls = []
@@ -432,12 +440,12 @@ def test_inspecting_other_epochs_does_not_replan_the_current_one(real, monkeypat
     monkeypatch.setattr(sampler_module, "plan_packs", lambda *a, **k: calls.append(k["epoch"]) or original(*a, **k))
     for other in (0, 2, 3):
         s.fingerprint(other)
-        s.balance_report(other)
+        s.report(other)
     assert list(s) == current and len(s) == len(current)
     s.state_dict()
-    s.balance_report()
+    s.report()
     assert calls == [0, 2, 3]  # each other epoch planned once; the current one never again
-    assert s.balance_report() is s.balance_report()  # the report is made once per planned epoch
+    assert s.report() is s.report()  # the report is made once per planned epoch
 
 
 def test_load_state_dict_rejects_bad_fields(real):
@@ -454,7 +462,7 @@ def test_load_state_dict_rejects_bad_fields(real):
 
 
 def test_consumed_counts_from_the_resumed_pass_start_also_after_it_finished(real):
-    s = BalancedBatchSampler(real, world_size=2, rank=1, seed=6)
+    s = BalancedBatchSampler(real, PlanOptions(seed=6), world_size=2, rank=1)
     total = len(s)
     s.load_state_dict(dict(s.state_dict(consumed=5)))
     assert len(s) == total - 5
@@ -474,7 +482,7 @@ def test_consumed_counts_from_the_resumed_pass_start_also_after_it_finished(real
 def test_groups_interleave_keeps_each_groups_step_order(real):
     groups = (real.source % 2).astype(np.int64)
     s = BalancedBatchSampler(
-        real, world_size=2, rank=1, groups=groups, vit_capacity=[16, 16], llm_capacity=[5376, 5376], seed=8
+        real, PlanOptions(vit_capacity=16, llm_capacity=5376, seed=8), world_size=2, rank=1, groups=groups
     )
     s.set_epoch(1)
     batches = list(s)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnibal_kernels import BalancedBatchSampler, Lengths, PackCollator
+from omnibal_kernels import BalancedBatchSampler, Lengths, PackCollator, PlanOptions
 from omnibal_kernels.testing.hf_models import internvl_sample, lengths_of, qwen_sample, training_samples
 
 
@@ -19,7 +19,10 @@ def _batches(
     data: list[dict[str, Any]], lengths: Lengths, workers: int = 0, check_loads: bool = True, **collator: Any
 ) -> list[Any]:
     sampler = BalancedBatchSampler(
-        lengths, world_size=1, rank=0, vit_capacity=int(lengths.vit.max()) * 4, llm_capacity=int(lengths.llm.max()) * 4
+        lengths,
+        PlanOptions(vit_capacity=int(lengths.vit.max()) * 4, llm_capacity=int(lengths.llm.max()) * 4),
+        world_size=1,
+        rank=0,
     )
     loader = torch.utils.data.DataLoader(
         sampler.wrap(data, check_loads=check_loads),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnibal_kernels.balance import TooFewPacksError, plan_packs
+from omnibal_kernels.balance import PlanOptions, TooFewPacksError, plan_packs
 from omnibal_kernels.lengths import Lengths
 from omnibal_kernels.streaming import BalancedPacker, streaming_report
 
@@ -40,7 +40,7 @@ def _source(lengths: Lengths) -> list[dict]:
     return [{"id": i, "vit": int(v), "llm": int(t)} for i, (v, t) in enumerate(zip(lengths.vit, lengths.llm))]
 
 
-CAPS = dict(vit_capacity=16, llm_capacity=4096)
+CAPS = PlanOptions(vit_capacity=16, llm_capacity=4096)
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -49,15 +49,15 @@ def test_oversize_singles_of_a_ragged_step_are_carried_not_lost(drop_last):
     lengths = _mixed_lengths(1200, 0)
     assert int((lengths.llm > 4096).sum()) > 100
     world = 7
-    kwargs = dict(**CAPS, buffer_size=64, world_size=world, oversize="single", drop_last=drop_last, seed=1)
+    options = CAPS.replace(oversize="single", drop_last=drop_last, seed=1)
     seen: Counter = Counter()
     for rank in range(world):
-        for pack in BalancedPacker(_source(lengths), _loads, rank=rank, **kwargs):
+        for pack in BalancedPacker(_source(lengths), _loads, options, buffer_size=64, world_size=world, rank=rank):
             seen.update(s["id"] for s in pack)
-    report = streaming_report(lengths, **kwargs).streaming
+    report = streaming_report(lengths, options, buffer_size=64, world_size=world).streaming
     missing = set(range(len(lengths))) - set(seen)
-    assert len(missing) == report.dropped
-    assert sum(c - 1 for c in seen.values()) == report.duplicated
+    assert len(missing) == report.num_dropped
+    assert sum(c - 1 for c in seen.values()) == report.num_duplicated
     if not drop_last:
         assert not missing  # every oversize single reaches a rank
     else:
@@ -67,24 +67,25 @@ def test_oversize_singles_of_a_ragged_step_are_carried_not_lost(drop_last):
 
 def test_oversize_drop_still_reports_what_it_drops():
     lengths = _mixed_lengths(600, 1)
-    kwargs = dict(**CAPS, buffer_size=64, world_size=7, oversize="drop", seed=2)
-    seen = {
-        s["id"] for r in range(7) for pack in BalancedPacker(_source(lengths), _loads, rank=r, **kwargs) for s in pack
-    }
+    options = CAPS.replace(oversize="drop", seed=2)
+    packers = [
+        BalancedPacker(_source(lengths), _loads, options, buffer_size=64, world_size=7, rank=r) for r in range(7)
+    ]
+    seen = {s["id"] for packer in packers for pack in packer for s in pack}
     oversize = set(np.flatnonzero(lengths.llm > 4096).tolist())
     assert seen == set(range(len(lengths))) - oversize
-    assert streaming_report(lengths, **kwargs).streaming.dropped == len(oversize)
+    assert streaming_report(lengths, options, buffer_size=64, world_size=7).streaming.num_dropped == len(oversize)
 
 
 def test_persistent_dataloader_workers_follow_set_epoch():
     lengths = _mixed_lengths(240, 2, oversize_share=0.0)
-    packer = BalancedPacker(_source(lengths), _loads, **CAPS, buffer_size=40, world_size=2, rank=0)
+    packer = BalancedPacker(_source(lengths), _loads, CAPS, buffer_size=40, world_size=2, rank=0)
     loader = torch.utils.data.DataLoader(
         packer, batch_size=None, num_workers=2, persistent_workers=True, collate_fn=_pack_ids
     )
 
     def expected(epoch: int) -> list[tuple[int, ...]]:
-        twin = BalancedPacker(_source(lengths), _loads, **CAPS, buffer_size=40, world_size=2, rank=0)
+        twin = BalancedPacker(_source(lengths), _loads, CAPS, buffer_size=40, world_size=2, rank=0)
         twin.set_epoch(epoch)
         return sorted(tuple(_pack_ids(p)) for w in range(2) for p in twin.iter_shard(w, 2))
 
@@ -99,7 +100,7 @@ def test_persistent_dataloader_workers_follow_set_epoch():
 
 
 def test_epoch_is_kept_in_64_bits():
-    packer = BalancedPacker([{"id": 0, "vit": 1, "llm": 1}], _loads, **CAPS, world_size=1, rank=0)
+    packer = BalancedPacker([{"id": 0, "vit": 1, "llm": 1}], _loads, CAPS, world_size=1, rank=0)
     for epoch in (0, 5, 2**63 - 1):
         packer.set_epoch(epoch)
         assert packer.epoch == epoch
@@ -120,7 +121,7 @@ def test_epoch_is_kept_in_64_bits():
 def test_one_shot_iterators_are_rejected(make):
     source = _source(_mixed_lengths(30, 3, 0.0))
     with pytest.raises(TypeError, match="source must be re-iterable .* one-shot iterator"):
-        BalancedPacker(make(source), _loads, **CAPS, world_size=1, rank=0)
+        BalancedPacker(make(source), _loads, CAPS, world_size=1, rank=0)
 
 
 class _ExhaustedAfterOnePass:
@@ -135,12 +136,12 @@ class _ExhaustedAfterOnePass:
 
 def test_a_source_that_runs_dry_is_detected_next_epoch_and_next_shard():
     source = _source(_mixed_lengths(200, 4, 0.0))
-    packer = BalancedPacker(_ExhaustedAfterOnePass(source), _loads, **CAPS, buffer_size=50, world_size=1, rank=0)
+    packer = BalancedPacker(_ExhaustedAfterOnePass(source), _loads, CAPS, buffer_size=50, world_size=1, rank=0)
     assert sum(len(p) for p in packer) == 200
     packer.set_epoch(1)
     with pytest.raises(ValueError, match="source gave 0 samples on this pass but 200 on the first one"):
         list(packer)
-    sharded = BalancedPacker(_ExhaustedAfterOnePass(source), _loads, **CAPS, buffer_size=50, world_size=1, rank=0)
+    sharded = BalancedPacker(_ExhaustedAfterOnePass(source), _loads, CAPS, buffer_size=50, world_size=1, rank=0)
     first = list(sharded.iter_shard(0, 2))
     assert 0 < sum(len(p) for p in first) < 200
     with pytest.raises(ValueError, match="source gave 0 samples"):
@@ -150,7 +151,7 @@ def test_a_source_that_runs_dry_is_detected_next_epoch_and_next_shard():
 def test_a_re_iterable_source_passes_the_check_every_epoch():
     lengths = _mixed_lengths(120, 5, 0.0)
     source = _source(lengths)
-    packers = [BalancedPacker(source, _loads, **CAPS, buffer_size=50, world_size=2, rank=r) for r in range(2)]
+    packers = [BalancedPacker(source, _loads, CAPS, buffer_size=50, world_size=2, rank=r) for r in range(2)]
     packer = packers[1]
     previous = None
     for epoch in range(3):
@@ -162,9 +163,9 @@ def test_a_re_iterable_source_passes_the_check_every_epoch():
         packs = [[_pack_ids(pack) for pack in p] for p in packers]
         assert len(packs[0]) == len(packs[1])
         seen = Counter(i for rank in packs for pack in rank for i in pack)
-        report = streaming_report(lengths, **CAPS, buffer_size=50, world_size=2, epoch=epoch).streaming
-        assert report.dropped == 0 and set(seen) == set(range(len(source)))
-        assert sum(seen.values()) - len(source) == report.duplicated
+        report = streaming_report(lengths, CAPS, buffer_size=50, world_size=2, epoch=epoch).streaming
+        assert report.num_dropped == 0 and set(seen) == set(range(len(source)))
+        assert sum(seen.values()) - len(source) == report.num_duplicated
         # and plans the epoch it was set to
         assert packs != previous
         previous = packs
@@ -174,25 +175,25 @@ def test_report_gives_the_stream_where_no_offline_plan_exists():
     # 10 small samples fill one pack: no whole step for 4 ranks with drop_last, offline or streamed
     lengths = Lengths(np.ones(10, np.int64), np.full(10, 100))
     with pytest.raises(TooFewPacksError):
-        plan_packs(lengths, world_size=4, **CAPS, drop_last=True)
-    report = streaming_report(lengths, **CAPS, buffer_size=4, world_size=4, drop_last=True)
+        plan_packs(lengths, CAPS.replace(drop_last=True), world_size=4)
+    report = streaming_report(lengths, CAPS.replace(drop_last=True), buffer_size=4, world_size=4)
     assert report.offline is None
-    assert report.streaming.dropped == 10 and report.streaming.num_samples == 0
+    assert report.streaming.num_dropped == 10 and report.streaming.num_samples == 0
     # every sample alone oversize, oversize="drop": nothing to plan offline, all dropped in the stream
     big = Lengths(np.full(5, 99), np.full(5, 100))
-    report = streaming_report(big, **CAPS, buffer_size=2, world_size=2, oversize="drop")
-    assert report.offline is None and report.streaming.dropped == 5
-    empty = streaming_report(Lengths(np.zeros(0, np.int64), np.zeros(0, np.int64)), **CAPS, world_size=2)
-    assert empty.offline is None and empty.streaming.num_samples == 0 == empty.streaming.dropped
+    report = streaming_report(big, CAPS.replace(oversize="drop"), buffer_size=2, world_size=2)
+    assert report.offline is None and report.streaming.num_dropped == 5
+    empty = streaming_report(Lengths(np.zeros(0, np.int64), np.zeros(0, np.int64)), CAPS, world_size=2)
+    assert empty.offline is None and empty.streaming.num_samples == 0 == empty.streaming.num_dropped
     # where the offline plan exists it is still reported
-    ok = streaming_report(_mixed_lengths(300, 6, 0.0), **CAPS, buffer_size=100, world_size=2)
+    ok = streaming_report(_mixed_lengths(300, 6, 0.0), CAPS, buffer_size=100, world_size=2)
     assert ok.offline is not None and ok.offline.num_samples == 300 == ok.streaming.num_samples
 
 
 def test_report_still_raises_the_streams_own_errors():
     big = Lengths(np.array([1, 99]), np.array([10, 10]))
     with pytest.raises(ValueError, match="alone exceed"):
-        streaming_report(big, **CAPS, world_size=1)
+        streaming_report(big, CAPS, world_size=1)
 
 
 @pytest.mark.slow
@@ -200,7 +201,7 @@ def test_spawned_persistent_workers_follow_set_epoch():
     # spawn (the default start method on macOS, forkserver from Python 3.14 on Linux) pickles the packer into
     # each worker instead of forking it: the shared epoch must survive that too
     lengths = _mixed_lengths(120, 8, oversize_share=0.0)
-    packer = BalancedPacker(_source(lengths), _loads, **CAPS, buffer_size=30, world_size=1, rank=0)
+    packer = BalancedPacker(_source(lengths), _loads, CAPS, buffer_size=30, world_size=1, rank=0)
     loader = torch.utils.data.DataLoader(
         packer,
         batch_size=None,
@@ -212,7 +213,7 @@ def test_spawned_persistent_workers_follow_set_epoch():
     epoch0 = sorted(map(tuple, loader))
     packer.set_epoch(1)
     epoch1 = sorted(map(tuple, loader))
-    twin = BalancedPacker(_source(lengths), _loads, **CAPS, buffer_size=30, world_size=1, rank=0)
+    twin = BalancedPacker(_source(lengths), _loads, CAPS, buffer_size=30, world_size=1, rank=0)
     twin.set_epoch(1)
     assert epoch1 == sorted(tuple(_pack_ids(p)) for w in range(2) for p in twin.iter_shard(w, 2))
     assert epoch0 != epoch1

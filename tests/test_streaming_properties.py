@@ -18,7 +18,7 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels.balance import OversizeError
+from omnibal_kernels.balance import OversizeError, PlanOptions
 from omnibal_kernels.lengths import Lengths
 from omnibal_kernels.streaming import BalancedPacker, streaming_report
 
@@ -42,18 +42,27 @@ def _oversize(vit: np.ndarray, llm: np.ndarray) -> set[int]:
 
 
 def _epoch_packs(
-    source: list[dict], options: dict, world: int, workers: int, epoch: int
+    source: list[dict], options: PlanOptions, buffer_size: int, world: int, workers: int, epoch: int
 ) -> list[list[list[list[int]]]]:
     """``packs[rank][worker]``: the id lists that worker ``worker`` of rank ``rank`` yields in ``epoch``."""
     out = []
     for rank in range(world):
-        packer = BalancedPacker(source, _loads, world_size=world, rank=rank, **options)
+        packer = BalancedPacker(source, _loads, options, buffer_size=buffer_size, world_size=world, rank=rank)
         packer.set_epoch(epoch)
         out.append([[_pack_ids(p) for p in packer.iter_shard(w, workers)] for w in range(workers)])
     return out
 
 
-def _check_epoch(packs, vit: np.ndarray, llm: np.ndarray, options: dict, world: int, workers: int, epoch: int):
+def _check_epoch(
+    packs,
+    vit: np.ndarray,
+    llm: np.ndarray,
+    options: PlanOptions,
+    buffer_size: int,
+    world: int,
+    workers: int,
+    epoch: int,
+):
     n = vit.size
     oversize = _oversize(vit, llm)
     # lockstep: every rank gets as many packs from every worker (the DataLoader interleaves workers alike)
@@ -65,24 +74,24 @@ def _check_epoch(packs, vit: np.ndarray, llm: np.ndarray, options: dict, world: 
         if len(pack) > 1 or not set(pack) <= oversize:
             assert vit[pack].sum() <= VIT_CAPACITY and llm[pack].sum() <= LLM_CAPACITY
         else:
-            assert options["oversize"] == "single"  # an oversize sample alone, only where asked for
+            assert options.oversize == "single"  # an oversize sample alone, only where asked for
     counts = Counter(i for pack in flat for i in pack)
     assert set(counts) <= set(range(n))
     missing = set(range(n)) - set(counts)
     extra = sum(c - 1 for c in counts.values())
     report = streaming_report(
-        Lengths(vit, llm), world_size=world, num_workers=workers, epoch=epoch, **options
+        Lengths(vit, llm), options, buffer_size=buffer_size, world_size=world, num_workers=workers, epoch=epoch
     ).streaming
-    assert (len(missing), extra) == (report.dropped, report.duplicated)
+    assert (len(missing), extra) == (report.num_dropped, report.num_duplicated)
     assert report.num_samples == len(counts)
-    if options["oversize"] == "drop":
+    if options.oversize == "drop":
         assert oversize <= missing
     else:
-        assert not (oversize & missing) or options["drop_last"]
-    if options["drop_last"]:
+        assert not (oversize & missing) or options.drop_last
+    if options.drop_last:
         assert extra == 0
     else:
-        assert missing == (oversize if options["oversize"] == "drop" else set())
+        assert missing == (oversize if options.oversize == "drop" else set())
 
 
 def _draw_loads(n: int, oversize_share: float, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -114,10 +123,9 @@ def test_every_sample_once_per_epoch_unless_reported(
 ):
     vit, llm = _draw_loads(n, oversize_share, data_seed)
     source = _source(vit.tolist(), llm.tolist())
-    options = dict(
+    options = PlanOptions(
         vit_capacity=VIT_CAPACITY,
         llm_capacity=LLM_CAPACITY,
-        buffer_size=buffer_size,
         method=method,
         seed=seed,
         drop_last=drop_last,
@@ -125,17 +133,17 @@ def test_every_sample_once_per_epoch_unless_reported(
     )
     if oversize == "error" and _oversize(vit, llm):
         with pytest.raises(OversizeError):
-            _epoch_packs(source, options, world, workers, 0)
+            _epoch_packs(source, options, buffer_size, world, workers, 0)
         return
     by_epoch = []
     for epoch in (0, 1):
-        packs = _epoch_packs(source, options, world, workers, epoch)
-        _check_epoch(packs, vit, llm, options, world, workers, epoch)
+        packs = _epoch_packs(source, options, buffer_size, world, workers, epoch)
+        _check_epoch(packs, vit, llm, options, buffer_size, world, workers, epoch)
         by_epoch.append(packs)
     # same seed and epoch, same packs; a new epoch, new packs. Tiny streams can have one possible schedule
     # (say one sample per buffer), so the check needs room to differ: the samples inside a pack come in a
     # random order, so with prod(pack sizes!) >= 1e6 an unchanged schedule has chance below 1e-6
-    assert _epoch_packs(source, options, world, workers, 1) == by_epoch[1]
+    assert _epoch_packs(source, options, buffer_size, world, workers, 1) == by_epoch[1]
     epoch0 = [pack for rank in by_epoch[0] for worker in rank for pack in worker]
     if sum(math.lgamma(len(pack) + 1) for pack in epoch0) >= math.log(1e6):
         event("epochs compared")
@@ -151,15 +159,10 @@ def test_real_dataloader_workers_over_epochs(persistent, oversize, drop_last):
     llm = rng.integers(1, 700, n)
     llm[rng.random(n) < 0.1] = 1200  # oversize samples
     source = _source(vit.tolist(), llm.tolist())
-    options = dict(
-        vit_capacity=VIT_CAPACITY,
-        llm_capacity=LLM_CAPACITY,
-        buffer_size=20,
-        seed=5,
-        drop_last=drop_last,
-        oversize=oversize,
+    options = PlanOptions(
+        vit_capacity=VIT_CAPACITY, llm_capacity=LLM_CAPACITY, seed=5, drop_last=drop_last, oversize=oversize
     )
-    packers = [BalancedPacker(source, _loads, world_size=world, rank=r, **options) for r in range(world)]
+    packers = [BalancedPacker(source, _loads, options, buffer_size=20, world_size=world, rank=r) for r in range(world)]
     loaders = [
         torch.utils.data.DataLoader(
             p, batch_size=None, num_workers=workers, persistent_workers=persistent, collate_fn=_pack_ids
@@ -173,9 +176,9 @@ def test_real_dataloader_workers_over_epochs(persistent, oversize, drop_last):
         got = [list(loader) for loader in loaders]
         assert len(got[0]) == len(got[1])  # equal batch counts per rank
         # the DataLoader's packs are the in-process shards' packs, interleaved
-        expected = _epoch_packs(source, options, world, workers, epoch)
+        expected = _epoch_packs(source, options, 20, world, workers, epoch)
         for rank in range(world):
             assert sorted(got[rank]) == sorted(p for w in expected[rank] for p in w)
-        _check_epoch(expected, vit, llm, options, world, workers, epoch)
+        _check_epoch(expected, vit, llm, options, 20, world, workers, epoch)
         seen_epochs.append(got)
     assert seen_epochs[0] != seen_epochs[1]

@@ -42,13 +42,19 @@ def test_buffer_costs_are_those_of_the_given_sequences(samples):
 
 def test_lengths_fn_sequences_are_checked():
     source = [{"v": 6, "t": 10, "q": [2, 4]}, {"v": 6, "t": 10, "q": [2, 3]}]
-    packer = BalancedPacker(source, lambda s: (s["v"], s["t"], s["q"]), vit_capacity=12, llm_capacity=40)
+    packer = BalancedPacker(
+        source, lambda s: (s["v"], s["t"], s["q"]), options=PlanOptions(vit_capacity=12, llm_capacity=40)
+    )
     with pytest.raises(ValueError, match=r"sample 1: vit_seqlens \[2, 3\] must be non-negative and sum to its ViT"):
         list(packer)
-    bad = BalancedPacker(source, lambda s: (s["v"], s["t"], [2.5, 3.5]), vit_capacity=12, llm_capacity=40)
+    bad = BalancedPacker(
+        source, lambda s: (s["v"], s["t"], [2.5, 3.5]), options=PlanOptions(vit_capacity=12, llm_capacity=40)
+    )
     with pytest.raises(TypeError, match="sample 0: vit_seqlens must be a sequence of integers"):
         list(bad)
-    four = BalancedPacker(source, lambda s: (s["v"], s["t"], s["q"], 1), vit_capacity=12, llm_capacity=40)
+    four = BalancedPacker(
+        source, lambda s: (s["v"], s["t"], s["q"], 1), options=PlanOptions(vit_capacity=12, llm_capacity=40)
+    )
     with pytest.raises(TypeError, match=r"sample 0: lengths_fn must return \(vit, llm\) or \(vit, llm, vit_seqlens\)"):
         list(four)
 
@@ -60,14 +66,16 @@ def test_packer_with_sequences_yields_every_sample_once():
         {"id": i, "v": int(lengths.vit[i]), "t": int(lengths.llm[i]), "q": flat[offsets[i] : offsets[i + 1]].tolist()}
         for i in range(len(lengths))
     ]
-    caps = search_capacity(lengths, 4, world_size=1)
+    caps = search_capacity(
+        lengths,
+        PlanOptions(target_batch_size=4),
+        world_size=1,
+    )
     packer = BalancedPacker(
         source,
         lambda s: (s["v"], s["t"], s["q"]),
-        vit_capacity=caps.vit_capacity,
-        llm_capacity=caps.llm_capacity,
         buffer_size=500,
-        drop_last=False,
+        options=PlanOptions(vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity, drop_last=False),
     )
     ids = sorted(s["id"] for pack in packer for s in pack)
     assert ids == list(range(len(lengths)))
@@ -79,7 +87,11 @@ def test_streaming_balances_the_cost_its_report_measures():
     per-group cost lands far from the ideal; planned with them, close to it."""
     lengths = synthetic_lengths("video_mix", 20_000, seed=0)
     model = named_cost_model("qwen2_vl_7b")
-    caps = search_capacity(lengths, 4, world_size=8)
+    caps = search_capacity(
+        lengths,
+        PlanOptions(target_batch_size=4),
+        world_size=8,
+    )
     options = PlanOptions(vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity, cost_model=model)
 
     def stream_epoch(items):

@@ -6,7 +6,7 @@ Modules, in the order they build on each other (no module imports one below it i
 ``cost``         the per-sample cost model the balanced method equalizes
 ``cost_models``  cost models by name, and the CLI's ``--cost-model`` value (name, JSON file, config folder)
 ``seeds``        the seed check and the per-epoch seed (the engine's SplitMix64)
-``options``      ``PlanOptions`` and ``IsfOptions``: how to plan, checked once; the options-and-keywords rule
+``options``      ``PlanOptions`` and ``IsfOptions``: how to plan, checked once
 ``packs``        what a plan is (``Plan``) and the planning errors
 ``engine``       the C++ engine for given capacities (the methods: balanced, isf, random)
 ``bound``        a proven lower bound on the epoch cost of every plan of given samples (``epoch_bound``)
@@ -17,12 +17,11 @@ Modules, in the order they build on each other (no module imports one below it i
 ``targets``      measures beyond the report: pack lower bounds, load trend over the epoch, packs repeated
 ===============  =========================================================================================
 
-``context_parallel`` (after ``report``) prices a plan's packs on context-parallel groups: every CP rank's
-predicted time per step.
+:func:`omnibal_kernels.context_parallel.context_parallel_report` prices a plan's packs on context-parallel
+groups: every CP rank's predicted time per step.
 """
 
 from .bound import epoch_bound
-from .context_parallel import ContextParallelReport, context_parallel_report
 from .cost import CostModel
 from .cost_models import NAMED_COST_MODELS, cost_model_from_spec, named_cost_model
 from .options import METHODS, OVERSIZE_POLICIES, IsfOptions, PlanOptions
@@ -36,7 +35,6 @@ from .targets import PackBounds, load_trend, pack_lower_bounds, repeated_pack_sh
 __all__ = [
     "BalanceReport",
     "Capacities",
-    "ContextParallelReport",
     "CostModel",
     "IsfOptions",
     "METHODS",
@@ -48,7 +46,6 @@ __all__ = [
     "PlanOptions",
     "TooFewPacksError",
     "balance_report",
-    "context_parallel_report",
     "cost_model_from_spec",
     "dist_ratio",
     "epoch_bound",

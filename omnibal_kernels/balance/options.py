@@ -1,15 +1,11 @@
-"""How to plan: ``PlanOptions`` (one frozen object, checked when it is built) and its ISF part, ``IsfOptions``.
+"""How to plan: ``PlanOptions``, one frozen object checked when it is built, with its parts ``IsfOptions`` (the
+``isf`` method's settings) and ``ContextParallelOptions`` (how a pack is shared by a context-parallel group).
 
 Every planning entry (:func:`~omnibal_kernels.balance.plan_packs`, :func:`~omnibal_kernels.balance.search_capacity`,
-``BalancedBatchSampler``, ``BalancedPacker``, ``streaming_report``, ``omnibal-kernels plan``) takes
-``options=PlanOptions(...)`` and the same fields as keywords. The rule for both at once: a keyword given beside
-``options`` replaces that field, as :func:`dataclasses.replace` does, and the result is checked like any
-``PlanOptions``; without ``options`` the keywords build one. ``plan_packs(lengths, options=base, seed=3,
-world_size=8)`` plans with ``base`` but seed 3. The ISF keywords ``vit_threshold``, ``llm_threshold`` and
-``iterations`` are fields of ``options.isf``.
-
-The data-parallel world size and the epoch are not options: they are where and when a plan runs, and every
-call takes them on their own.
+``BalancedBatchSampler``, ``BalancedPacker``, ``streaming_report``, ``omnibal-kernels plan``) takes its settings
+as one ``PlanOptions`` and nothing else; ``options.replace(seed=3)`` is a copy with one field changed, checked
+again. The data-parallel world size and the epoch are not options: they are where and when a plan runs, and
+every call takes them on their own.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 
 from .._checks import check_positive_int
+from ..context_parallel.options import ContextParallelOptions
 from .cost import CostModel
 from .seeds import check_seed
 
@@ -35,10 +32,9 @@ __all__ = [
     "OBJECTIVES",
     "OVERSIZE_POLICIES",
     "PlanOptions",
-    "UNSET",
+    "check_options",
     "check_world_size",
     "default_isf_thresholds",
-    "plan_options",
 ]
 
 Method = Literal["balanced", "isf", "random"]
@@ -130,9 +126,11 @@ class PlanOptions:
             on its own, for the ViT and the LLM on different pipeline stages (each stage waits for its own
             costliest pack). Another method with ``"stages"`` is an error.
         isf: the ``isf`` method's settings; thresholds are an error with another method.
-        context_parallel_size: ranks of a context-parallel (CP) group that share each pack (default 1: none).
-            The capacities are then per CP group (a pack's tokens over all its ``C`` ranks, each holding about
-            ``llm_capacity / C``), and the plan's ranks are the data-parallel ones, one pack per CP group.
+        context_parallel: how each pack is shared by a context-parallel (CP) group
+            (:class:`~omnibal_kernels.context_parallel.ContextParallelOptions`; default: no CP). With
+            ``context_parallel.size = C`` the capacities are per CP group (a pack's tokens over all its ``C``
+            ranks, each holding about ``llm_capacity / C``), the plan's ranks are the data-parallel ones, one
+            pack per CP group, and the sampler hands the same options to the collator, which shards each pack.
     """
 
     method: Method = "balanced"
@@ -145,7 +143,7 @@ class PlanOptions:
     cost_model: CostModel = field(default_factory=CostModel.internvl_7b)
     objective: Objective = "time"
     isf: IsfOptions = field(default_factory=IsfOptions)
-    context_parallel_size: int = 1
+    context_parallel: ContextParallelOptions = field(default_factory=ContextParallelOptions)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -177,11 +175,10 @@ class PlanOptions:
             raise TypeError(f"isf must be an IsfOptions, got {type(self.isf).__name__}")
         if self.isf.has_thresholds and self.method != "isf":
             raise ValueError("vit_threshold/llm_threshold apply to method='isf' only")
-        object.__setattr__(
-            self,
-            "context_parallel_size",
-            check_positive_int("context_parallel_size", self.context_parallel_size, maximum=MAX_WORLD_SIZE),
-        )
+        if not isinstance(self.context_parallel, ContextParallelOptions):
+            raise TypeError(
+                f"context_parallel must be a ContextParallelOptions, got {type(self.context_parallel).__name__}"
+            )
         if self.has_capacities and self.method == "isf":
             self.isf_thresholds()  # thresholds above the capacities fail here, not at the first plan
 
@@ -227,30 +224,10 @@ class PlanOptions:
         return dataclasses.replace(self, **changes)
 
 
-class _Unset:
-    """The default of a planning keyword: not given, so the field comes from ``options`` (or its default)."""
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET: Any = _Unset()
-_ISF_FIELDS = ("vit_threshold", "llm_threshold", "iterations")
-
-
-def plan_options(options: Optional[PlanOptions] = None, **keywords: Any) -> PlanOptions:
-    """``options`` with the keywords that are not :data:`UNSET` replacing its fields (the module docstring's
-    rule), or, without ``options``, a ``PlanOptions`` of those keywords.
-
-    ``vit_threshold``, ``llm_threshold`` and ``iterations`` replace fields of ``options.isf``. Raises
-    ``TypeError`` when ``options`` is not a ``PlanOptions``, and what ``PlanOptions`` raises.
-    """
-    if options is not None and not isinstance(options, PlanOptions):
-        raise TypeError(f"options must be a PlanOptions, got {type(options).__name__}")
-    given = {name: value for name, value in keywords.items() if value is not UNSET}
-    isf = {name: given.pop(name) for name in _ISF_FIELDS if name in given}
+def check_options(options: object) -> PlanOptions:
+    """``options`` when it is a ``PlanOptions`` (``None``: the defaults), else a ``TypeError``."""
     if options is None:
-        return PlanOptions(**given, isf=IsfOptions(**isf))
-    if isf:
-        given["isf"] = dataclasses.replace(options.isf, **isf)
-    return dataclasses.replace(options, **given) if given else options
+        return PlanOptions()
+    if not isinstance(options, PlanOptions):
+        raise TypeError(f"options must be a PlanOptions, got {type(options).__name__}")
+    return options

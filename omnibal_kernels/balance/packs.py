@@ -6,7 +6,9 @@ Nothing here plans; :mod:`omnibal_kernels.balance.engine` builds plans for given
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +16,8 @@ from typing import IO, Optional, Union
 
 import numpy as np
 
+from ..context_parallel.cost import ContextParallelCost
+from ..context_parallel.options import ContextParallelOptions
 from ..lengths import Lengths
 
 __all__ = ["Plan", "OversizeError", "TooFewPacksError", "as_lengths", "hash_arrays"]
@@ -55,8 +59,8 @@ class Plan:
         duplicated_slots: slots of the ragged last step filled by reusing packs.
         num_input_samples: samples in the input.
         seconds: planning time (capacity search included).
-        context_parallel_size: ranks of the context-parallel group that shares each pack (1: none); the
-            capacities are per group.
+        context_parallel: how each pack is shared by a context-parallel group (the options' own; size 1:
+            none); the capacities are per group.
     """
 
     method: str
@@ -75,7 +79,16 @@ class Plan:
     duplicated_slots: int = 0
     num_input_samples: int = 0
     seconds: float = 0.0
-    context_parallel_size: int = 1
+    context_parallel: ContextParallelOptions = field(default_factory=ContextParallelOptions)
+
+    def __repr__(self) -> str:
+        cp = f", context_parallel_size={self.context_parallel.size}" if self.context_parallel.enabled else ""
+        return (
+            f"Plan(method={self.method!r}, samples={self.num_input_samples}, packs={self.num_packs}, "
+            f"steps={self.num_steps}, world_size={self.world_size}{cp}, capacities=({self.vit_capacity}, "
+            f"{self.llm_capacity}), seed={self.seed}, epoch={self.epoch}, dropped={self.dropped_samples.size}, "
+            f"duplicated_slots={self.duplicated_slots}, fingerprint={self.fingerprint()!r})"
+        )
 
     @property
     def num_packs(self) -> int:
@@ -134,9 +147,9 @@ class Plan:
                 "duplicated_slots",
                 "num_input_samples",
                 "seconds",
-                "context_parallel_size",
             )
         }
+        meta["context_parallel"] = json.dumps(dataclasses.asdict(self.context_parallel))
         with atomic_write(path) as f:
             self._write_npz(f, meta)
         return path
@@ -165,6 +178,8 @@ class Plan:
         with np.load(path, allow_pickle=False) as z:
             meta = {k[5:]: z[k].item() for k in z.files if k.startswith("meta_")}
             vt, lt = (int(x) for x in z["thresholds"])
+            cp = json.loads(meta.pop("context_parallel"))
+            cp["cost"] = ContextParallelCost(**cp["cost"])
             return cls(
                 pack_offsets=z["pack_offsets"],
                 pack_samples=z["pack_samples"],
@@ -173,6 +188,7 @@ class Plan:
                 dropped_samples=z["dropped_samples"],
                 vit_threshold=None if vt < 0 else vt,
                 llm_threshold=None if lt < 0 else lt,
+                context_parallel=ContextParallelOptions(**cp),
                 **meta,
             )
 

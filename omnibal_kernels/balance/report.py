@@ -31,11 +31,12 @@ class BalanceReport:
             the ranks' pack loads, averaged over steps (ViT: denominator at least 1, as the authors' code).
         step_efficiency: mean over steps of ``mean(cost_i) / max(cost_i)`` under the cost model: the share
             of the step the average rank spends working rather than waiting for the slowest.
-        dropped: samples in no slot (oversize ``"drop"``, ``drop_last``).
-        duplicated: sample slots that repeat a sample (reused packs of a ragged last step).
+        num_dropped: samples in no slot (oversize ``"drop"``, ``drop_last``; their ids are the plan's
+            ``dropped_samples``).
+        num_duplicated: sample slots that repeat a sample (reused packs of a ragged last step).
         seconds: planning time.
-        oversize: scheduled samples over a capacity, each in a pack of its own (``oversize="single"``).
-        duplicated_fraction: ``duplicated / num_samples``, the share of the epoch trained twice.
+        num_oversize: scheduled samples over a capacity, each in a pack of its own (``oversize="single"``).
+        duplicated_fraction: ``num_duplicated / num_samples``, the share of the epoch trained twice.
         epoch_cost: sum over steps of the slowest rank's pack cost (:func:`epoch_cost`), in the cost model's
             units: what data-parallel training waits for.
         epoch_ideal: the scheduled samples' costs plus ``per_pack`` for the fewest packs that can hold them,
@@ -56,10 +57,10 @@ class BalanceReport:
     vit_dist: float
     llm_dist: float
     step_efficiency: float
-    dropped: int
-    duplicated: int
+    num_dropped: int
+    num_duplicated: int
     seconds: float
-    oversize: int = 0
+    num_oversize: int = 0
     duplicated_fraction: float = 0.0
     epoch_cost: float = 0.0
     epoch_ideal: float = 0.0
@@ -196,10 +197,10 @@ def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel]
         vit_dist=dist_ratio(pack_vit[slots], min_denominator=1.0),
         llm_dist=dist_ratio(pack_llm[slots]),
         step_efficiency=mean_over_max(pack_cost[slots]),
-        dropped=int(plan.dropped_samples.size),
-        duplicated=duplicated,
+        num_dropped=int(plan.dropped_samples.size),
+        num_duplicated=duplicated,
         seconds=float(plan.seconds),
-        oversize=oversize,
+        num_oversize=oversize,
         duplicated_fraction=duplicated / num_samples if num_samples else 0.0,
         **_epoch_fields(plan, lengths, cost_model, sample_costs, pack_cost, scheduled),
     )

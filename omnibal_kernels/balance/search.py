@@ -29,16 +29,7 @@ from .._progress import progress_bar
 from ..lengths import Lengths
 from .cost import CostModel
 from .engine import build_plan
-from .options import (
-    UNSET,
-    IsfOptions,
-    Method,
-    OversizePolicy,
-    PlanOptions,
-    check_world_size,
-    default_isf_thresholds,
-    plan_options,
-)
+from .options import IsfOptions, PlanOptions, check_options, check_world_size, default_isf_thresholds
 from .packs import as_lengths
 from .report import balance_report
 
@@ -82,26 +73,20 @@ def _grid_step(lengths: Lengths) -> tuple[int, int]:
 
 def search_capacity(
     lengths: Union[Lengths, tuple, np.ndarray],
-    target_batch_size: float = UNSET,
-    *,
     options: Optional[PlanOptions] = None,
-    method: Method = UNSET,
+    *,
     world_size: int = 8,
-    oversize: OversizePolicy = UNSET,
-    seed: int = UNSET,
-    iterations: int = UNSET,
     progress: Optional[bool] = None,
 ) -> Capacities:
-    """Finds capacities whose packs hold about ``target_batch_size`` samples on average.
+    """Finds capacities whose packs hold about ``options.target_batch_size`` samples on average.
 
     Args:
         lengths: per-sample loads (``Lengths``, a ``(vit, llm)`` tuple, or a 1-D array of token counts).
-        target_batch_size: wanted mean samples per pack (> 0).
-        options: a :class:`~omnibal_kernels.balance.options.PlanOptions` without capacities; the keywords
-            replace its fields. ``method`` is the planning method the capacities are for (``"isf"``
-            evaluates candidates by planning them with ``seed`` and ``iterations``); with ``"isf"`` and
-            ``oversize="error"`` the capacities hold the largest sample (the other methods' capacities
-            always hold every sample).
+        options: a :class:`~omnibal_kernels.balance.options.PlanOptions` without capacities (default: its
+            defaults). ``method`` is the planning method the capacities are for (``"isf"`` evaluates candidates
+            by planning them with the options' ``seed`` and ``isf.iterations``); with ``"isf"`` and
+            ``oversize="error"`` the capacities hold the largest sample (the other methods' capacities always
+            hold every sample).
         world_size: ranks, for the ISF evaluation.
         progress: show a progress bar over ISF candidates (default: when stderr is a terminal).
 
@@ -113,9 +98,7 @@ def search_capacity(
         UserWarning: when the capacities had to be raised past the target's so that the largest sample fits
             (``raised``), naming that sample's loads and the predicted mean samples per pack.
     """
-    options = plan_options(
-        options, target_batch_size=target_batch_size, method=method, oversize=oversize, seed=seed, iterations=iterations
-    )
+    options = check_options(options)
     if options.has_capacities:
         raise ValueError(
             "options give vit_capacity and llm_capacity: there is nothing to search "

@@ -37,19 +37,23 @@ predicted slower than the best fixed strategy on any pack. Misses are listed, ne
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..balance import plan_packs
+from ..balance.options import PlanOptions
 from ..context_parallel import context_parallel_rank_times
+from ..context_parallel.options import ContextParallelOptions, Strategy
 from ..lengths import Lengths, default_lengths
 from ..synthetic import synthetic_lengths
 from ..vision import qwen2vl_grid
 from .runner import Config, register
 
 CP_SIZES = (2, 4, 8)
-STRATEGIES = {  # row name -> (strategy, pad_sequences, most tokens per rank over the mean or None)
+STRATEGIES: dict[
+    str, tuple[Strategy, bool, Optional[float]]
+] = {  # row name -> (strategy, pad_sequences, most tokens per rank over the mean or None)
     "contiguous": ("contiguous", False, None),
     "zigzag_megatron": ("zigzag", True, None),
     "zigzag": ("zigzag", False, None),
@@ -109,21 +113,26 @@ def mix_packs(mix: str, packs: int, seed: int = 0) -> list[np.ndarray]:
     n = int(np.ceil(packs * capacity / probe.mean() * 1.3)) + 64
     llm = np.minimum(draw(rng, n), capacity)
     plan = plan_packs(
-        Lengths(np.zeros(n, np.int64), llm), world_size=1, vit_capacity=1, llm_capacity=capacity, seed=seed
+        Lengths(np.zeros(n, np.int64), llm), PlanOptions(vit_capacity=1, llm_capacity=capacity, seed=seed), world_size=1
     )
     return [llm[plan.pack(p)] for p in range(min(packs, plan.num_packs))]
 
 
-def cp_rows(mix: str, packs: list[np.ndarray], cp_size: int) -> list[dict[str, Any]]:
-    """One row per strategy for the packs of ``mix`` at ``cp_size``, and the targets it misses."""
+def cp_rows(mix: str, packs: list[np.ndarray], context_parallel_size: int) -> list[dict[str, Any]]:
+    """One row per strategy for the packs of ``mix`` at ``context_parallel_size``, and the targets it misses."""
     times: dict[str, list] = {name: [] for name in STRATEGIES}
     seconds = dict.fromkeys(STRATEGIES, 0.0)
     for lengths in packs:
         for name, (strategy, pad, slack) in STRATEGIES.items():
-            cap = None if slack is None else int(np.ceil(slack * int(lengths.sum()) / cp_size))
+            cap = None if slack is None else int(np.ceil(slack * int(lengths.sum()) / context_parallel_size))
             start = time.perf_counter()
             times[name].append(
-                context_parallel_rank_times(lengths, cp_size, strategy, pad_sequences=pad, max_rank_tokens=cap)
+                context_parallel_rank_times(
+                    lengths,
+                    ContextParallelOptions(
+                        size=context_parallel_size, strategy=strategy, pad_sequences=pad, max_rank_tokens=cap
+                    ),
+                )
             )
             seconds[name] += time.perf_counter() - start
     tokens = float(sum(int(x.sum()) for x in packs))
@@ -136,7 +145,7 @@ def cp_rows(mix: str, packs: list[np.ndarray], cp_size: int) -> list[dict[str, A
         imbalance = [t.imbalance for t in times[name]]
         row: dict[str, Any] = dict(
             mix=mix,
-            cp_size=cp_size,
+            context_parallel_size=context_parallel_size,
             strategy=name,
             packs=len(packs),
             imbalance=float(np.mean(imbalance)),
@@ -150,15 +159,17 @@ def cp_rows(mix: str, packs: list[np.ndarray], cp_size: int) -> list[dict[str, A
             ms=seconds[name] / len(packs) * 1e3,
         )
         if name == "zigzag_megatron":
-            row["ring_kv"] = (cp_size - 1) * (tokens + total(name, "padding")) / len(packs)
+            row["ring_kv"] = (context_parallel_size - 1) * (tokens + total(name, "padding")) / len(packs)
         rows.append(row)
-    misses = _misses(mix, cp_size, times, rows)
+    misses = _misses(mix, context_parallel_size, times, rows)
     for row in rows:
         row["misses"] = misses.get(row["strategy"], [])
     return rows
 
 
-def _misses(mix: str, cp_size: int, times: dict[str, list], rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+def _misses(
+    mix: str, context_parallel_size: int, times: dict[str, list], rows: list[dict[str, Any]]
+) -> dict[str, list[str]]:
     by_name = {r["strategy"]: r for r in rows}
     misses: dict[str, list[str]] = {}
     for name in ("hybrid", "auto"):
@@ -179,6 +190,6 @@ def run(config: Config) -> dict[str, Any]:
     for mix in MIXES:
         packs = mix_packs(mix, sizes["packs"], config.seed)
         config.say(f"[bench] cp: {mix}, {len(packs)} packs")
-        for cp_size in sizes["cp_sizes"]:
-            rows += cp_rows(mix, packs, cp_size)
+        for context_parallel_size in sizes["cp_sizes"]:
+            rows += cp_rows(mix, packs, context_parallel_size)
     return {"cp": rows}

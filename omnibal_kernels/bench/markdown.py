@@ -417,8 +417,8 @@ def _time_targets(report: dict[str, Any]) -> list[str]:
 def _cp(report: dict[str, Any]) -> list[str]:
     rows = report["cp"]
     names = list(dict.fromkeys(r["strategy"] for r in rows))
-    keys = list(dict.fromkeys((r["mix"], r["cp_size"]) for r in rows))
-    cell = {(r["mix"], r["cp_size"], r["strategy"]): r for r in rows}
+    keys = list(dict.fromkeys((r["mix"], r["context_parallel_size"]) for r in rows))
+    cell = {(r["mix"], r["context_parallel_size"], r["strategy"]): r for r in rows}
     out = [
         "### Context parallelism",
         "",
@@ -452,7 +452,9 @@ def _cp(report: dict[str, Any]) -> list[str]:
         table = [[mix, cp, cell[mix, cp, "auto"]["packs"], *[fmt(cell[mix, cp, n]) for n in names]] for mix, cp in keys]
         out += _table(["mix", "CP", "packs", *names], table, "lrr" + "r" * len(names))
     misses = [
-        f"- {r['mix']}, CP {r['cp_size']}, {r['strategy']}: {'; '.join(r['misses'])}" for r in rows if r["misses"]
+        f"- {r['mix']}, CP {r['context_parallel_size']}, {r['strategy']}: {'; '.join(r['misses'])}"
+        for r in rows
+        if r["misses"]
     ]
     return out + ["Misses:", "", *(misses or ["- none"]), ""]
 

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..balance import plan_packs
+from ..balance.options import PlanOptions
 from ..lengths import Lengths
 from ..synthetic import synthetic_lengths
 from .baselines import ffd_tokens_plan, length_grouped_plan, random_padded_plan
@@ -48,10 +49,12 @@ PACK_SIZES_QUICK = ((4, 200_000), (1_000, 200_000))
 
 def _methods(lengths: Any, seed: int) -> dict[str, Callable[[], object]]:
     return {
-        "balanced": lambda: plan_packs(lengths, world_size=WORLD_SIZE, target_batch_size=4.0, seed=seed),
-        "random": lambda: plan_packs(lengths, world_size=WORLD_SIZE, method="random", target_batch_size=4.0, seed=seed),
+        "balanced": lambda: plan_packs(lengths, PlanOptions(target_batch_size=4.0, seed=seed), world_size=WORLD_SIZE),
+        "random": lambda: plan_packs(
+            lengths, PlanOptions(method="random", target_batch_size=4.0, seed=seed), world_size=WORLD_SIZE
+        ),
         "isf": lambda: plan_packs(
-            lengths, world_size=WORLD_SIZE, method="isf", vit_capacity=18, llm_capacity=6016, seed=seed
+            lengths, PlanOptions(method="isf", vit_capacity=18, llm_capacity=6016, seed=seed), world_size=WORLD_SIZE
         ),
         "length_grouped": lambda: length_grouped_plan(lengths, world_size=WORLD_SIZE, batch_size=4, seed=seed),
         "random_padded": lambda: random_padded_plan(lengths, world_size=WORLD_SIZE, batch_size=4, seed=seed),
@@ -83,6 +86,7 @@ def time_methods(lengths: Any, seed: int, repeats: int) -> dict[str, float]:
 _SAMPLER_PROBE = """
 import json, sys, time
 from omnibal_kernels.synthetic import synthetic_lengths
+from omnibal_kernels.balance import PlanOptions
 from omnibal_kernels.sampler import BalancedBatchSampler
 
 def status(key):
@@ -94,7 +98,7 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # resets the peak resident set (VmHWM) to the current one
 before = status("VmRSS")
 start = time.perf_counter()
-sampler = BalancedBatchSampler(lengths, world_size=8, rank=0, seed=int(sys.argv[2]))
+sampler = BalancedBatchSampler(lengths, PlanOptions(seed=int(sys.argv[2])), world_size=8, rank=0)
 seconds = time.perf_counter() - start
 print(json.dumps({"n": len(lengths), "seconds": seconds, "peak_mib": (status("VmHWM") - before) / 1024,
                   "loads_mib": (lengths.vit.nbytes + lengths.llm.nbytes) / 2**20, "steps": len(sampler)}))
@@ -122,12 +126,12 @@ def pack_size_row(per_pack: int, n: int, seed: int) -> dict[str, Any]:
     tokens = np.clip(np.round(rng.lognormal(np.log(900), 1.0, n)), 16, 32_768).astype(np.int64)
     lengths = Lengths(np.zeros(n, np.int64), tokens)
     capacity = int(np.ceil(per_pack * tokens.mean()))
-    keywords: dict[str, Any] = dict(world_size=WORLD_SIZE, vit_capacity=0, llm_capacity=capacity, oversize="single")
+    options = PlanOptions(vit_capacity=0, llm_capacity=capacity, oversize="single")
     funcs = {
-        "balanced": lambda: plan_packs(lengths, **keywords),
+        "balanced": lambda: plan_packs(lengths, options, world_size=WORLD_SIZE),
         "argsort": lambda: np.argsort(tokens),
     }
-    plan = plan_packs(lengths, **keywords)  # also the warm-up
+    plan = plan_packs(lengths, options, world_size=WORLD_SIZE)  # also the warm-up
     funcs["argsort"]()
     best = {name: float("inf") for name in funcs}
     for _ in range(2 if n >= 5_000_000 else 5):

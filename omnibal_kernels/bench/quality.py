@@ -24,6 +24,7 @@ from typing import Any, Optional, cast
 import numpy as np
 
 from ..balance import CostModel, balance_report, plan_packs
+from ..balance.options import PlanOptions
 from ..lengths import Lengths
 from ..synthetic import synthetic_lengths
 from .baselines import ffd_tokens_plan, length_grouped_plan, over_vit_capacity, random_padded_plan, warmup
@@ -84,7 +85,9 @@ def make_plans(lengths: Lengths, cost: CostModel, world_size: int, seed: int) ->
     plans = {}
     for method in ("random", "isf", "balanced"):
         plans[method] = plan_packs(
-            lengths, world_size=world_size, method=method, target_batch_size=TARGET, cost_model=cost, seed=seed
+            lengths,
+            PlanOptions(method=method, target_batch_size=TARGET, cost_model=cost, seed=seed),
+            world_size=world_size,
         )
     caps = (plans["balanced"].vit_capacity, plans["balanced"].llm_capacity)
     # padded micro-batches of the balanced packs' mean size, so both take about as many steps

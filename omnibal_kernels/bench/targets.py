@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..balance import balance_report, plan_packs, search_capacity
+from ..balance.options import PlanOptions
 from ..balance.targets import load_trend, pack_lower_bounds, repeated_pack_share
 from ..lengths import Lengths, default_lengths
 from ..sampler import BalancedBatchSampler
@@ -40,7 +41,7 @@ def class_lengths(kind: str, world_size: int) -> Lengths:
     """Samples of class ``kind`` for at least MIN_STEPS steps at ``world_size`` (the bundled data as it is
     when it suffices), from the predicted samples per pack of the default capacity search."""
     pilot = synthetic_lengths(kind, 20_000, seed=0)
-    per_pack = search_capacity(pilot, TARGET).predicted_batch_size
+    per_pack = search_capacity(pilot, PlanOptions(target_batch_size=TARGET)).predicted_batch_size
     # 10% spare: packs fall a little short of the capacity, and a ragged last step is not a whole one
     n = max(MIN_SAMPLES, int(math.ceil(MIN_STEPS * world_size * per_pack * 1.1)))
     if kind == "bundled" and n <= len(default_lengths()):
@@ -51,10 +52,10 @@ def class_lengths(kind: str, world_size: int) -> Lengths:
 def target_row(kind: str, lengths: Lengths, world_size: int) -> dict:
     """The issue's targets for one (class, world size): balance report, packs against lower bounds, load
     trend over the epoch and packs repeated between epochs 0 and 1."""
-    plan = plan_packs(lengths, world_size=world_size, target_batch_size=TARGET, seed=0, epoch=0)
+    plan = plan_packs(lengths, PlanOptions(target_batch_size=TARGET, seed=0), world_size=world_size, epoch=0)
     report = balance_report(plan, lengths)
     bounds = pack_lower_bounds(lengths, plan.vit_capacity, plan.llm_capacity)
-    again = plan_packs(lengths, world_size=world_size, target_batch_size=TARGET, seed=0, epoch=1)
+    again = plan_packs(lengths, PlanOptions(target_batch_size=TARGET, seed=0), world_size=world_size, epoch=1)
     return dict(
         kind=kind,
         world_size=world_size,
@@ -70,7 +71,7 @@ def target_row(kind: str, lengths: Lengths, world_size: int) -> dict:
         packs_over_tight_bound=report.num_packs / bounds.tight,
         trend=load_trend(plan, lengths),
         repeated=repeated_pack_share(plan, again),
-        oversize=report.oversize,
+        oversize=report.num_oversize,
         seconds=report.seconds,
     )
 
@@ -112,11 +113,10 @@ def modes_table(n: int = 100_000, world_size: int = 8, buffer_size: int = 4096) 
     rows = []
     for kind in sorted(DISTRIBUTIONS):
         lengths = synthetic_lengths(kind, n, seed=0)
-        caps = search_capacity(lengths, TARGET)
+        caps = search_capacity(lengths, PlanOptions(target_batch_size=TARGET))
         stream = streaming_report(
             lengths,
-            vit_capacity=caps.vit_capacity,
-            llm_capacity=caps.llm_capacity,
+            PlanOptions(vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity),
             buffer_size=buffer_size,
             world_size=world_size,
         )
@@ -135,8 +135,12 @@ def modes_table(n: int = 100_000, world_size: int = 8, buffer_size: int = 4096) 
         has_image = lengths.vit > 0
         if 0 < has_image.sum() < len(lengths):
             groups = BalancedBatchSampler(
-                lengths, world_size=world_size, rank=0, groups=has_image.astype(np.int64), target_batch_size=TARGET
-            ).balance_report()
+                lengths,
+                PlanOptions(target_batch_size=TARGET),
+                world_size=world_size,
+                rank=0,
+                groups=has_image.astype(np.int64),
+            ).report()
             row.update(
                 groups_eff=groups.step_efficiency, groups_vit=groups.micro_vit_dist, groups_llm=groups.micro_llm_dist
             )

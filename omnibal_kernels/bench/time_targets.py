@@ -29,6 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..balance import balance_report, named_cost_model, plan_packs, search_capacity
+from ..balance.options import PlanOptions
 from ..balance.report import pack_costs
 from ..balance.targets import pack_lower_bounds, repeated_pack_share
 from ..lengths import Lengths
@@ -71,7 +72,9 @@ MAX_PACKS_OVER_VOLUME, MAX_REPEATED, MAX_ARGSORTS = 1.03, 0.10, 5.0
 def _class_lengths(kind: str, world_size: int, pilot: int, least: int) -> Lengths:
     """At least ``least`` samples of ``kind``, and enough for MIN_STEPS steps at ``world_size`` from the pack size
     predicted on ``pilot`` samples."""
-    per_pack = search_capacity(synthetic_lengths(kind, pilot, seed=0), TARGET).predicted_batch_size
+    per_pack = search_capacity(
+        synthetic_lengths(kind, pilot, seed=0), PlanOptions(target_batch_size=TARGET)
+    ).predicted_batch_size
     # 10% spare: packs fall a little short of the capacity, and a ragged last step is not a whole one
     return synthetic_lengths(kind, max(least, int(math.ceil(MIN_STEPS * world_size * per_pack * 1.1))), seed=0)
 
@@ -85,12 +88,16 @@ def time_target_row(kind: str, model_name: str, lengths: Lengths, world_size: in
     its lower bound and its own packs sorted by cost, packs against the volume bound, every sample once, packs
     repeated between epochs 0 and 1."""
     model = named_cost_model(model_name)
-    plan = plan_packs(lengths, world_size=world_size, target_batch_size=TARGET, seed=0, epoch=0, cost_model=model)
+    plan = plan_packs(
+        lengths, PlanOptions(target_batch_size=TARGET, seed=0, cost_model=model), world_size=world_size, epoch=0
+    )
     report = balance_report(plan, lengths, model)
     cost = pack_costs(plan, model.sample_costs(lengths), model.per_pack)
     distinct = np.sort(cost[np.unique(plan.step_packs)])[::-1]
     sorted_epoch = float(distinct[::world_size].sum())
-    again = plan_packs(lengths, world_size=world_size, target_batch_size=TARGET, seed=0, epoch=1, cost_model=model)
+    again = plan_packs(
+        lengths, PlanOptions(target_batch_size=TARGET, seed=0, cost_model=model), world_size=world_size, epoch=1
+    )
     return dict(
         kind=kind,
         cost_model=model_name,
@@ -167,7 +174,7 @@ def planning_speed_rows(n: int = PLANNING_SAMPLES, world_size: int = 8, repeats:
         plan, argsort = float("inf"), float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            plan_packs(lengths, world_size=world_size, target_batch_size=TARGET, seed=0, cost_model=model)
+            plan_packs(lengths, PlanOptions(target_batch_size=TARGET, seed=0, cost_model=model), world_size=world_size)
             plan = min(plan, time.perf_counter() - start)
             start = time.perf_counter()
             np.argsort(lengths.llm)
@@ -194,14 +201,12 @@ def time_modes_rows(n: int = 100_000, world_size: int = 8, buffer_size: int = 40
     for kind, model_name in CLASS_MODELS:
         model = named_cost_model(model_name)
         lengths = synthetic_lengths(kind, n, seed=0)
-        caps = search_capacity(lengths, TARGET)
+        caps = search_capacity(lengths, PlanOptions(target_batch_size=TARGET))
         stream = streaming_report(
             lengths,
-            vit_capacity=caps.vit_capacity,
-            llm_capacity=caps.llm_capacity,
+            PlanOptions(vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity, cost_model=model),
             buffer_size=buffer_size,
             world_size=world_size,
-            cost_model=model,
         )
         row: dict[str, Any] = dict(
             kind=kind,
@@ -219,12 +224,11 @@ def time_modes_rows(n: int = 100_000, world_size: int = 8, buffer_size: int = 40
         if 0 < has_image.sum() < len(lengths):
             groups = BalancedBatchSampler(
                 lengths,
+                PlanOptions(target_batch_size=TARGET, cost_model=model),
                 world_size=world_size,
                 rank=0,
                 groups=has_image.astype(np.int64),
-                target_batch_size=TARGET,
-                cost_model=model,
-            ).balance_report()
+            ).report()
             row.update(groups_over_ideal=groups.epoch_over_ideal)
         rows.append(row)
     return rows

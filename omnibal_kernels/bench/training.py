@@ -41,6 +41,7 @@ import numpy as np
 
 from .._progress import progress_bar
 from ..balance import CostModel, Plan, plan_packs
+from ..balance.options import PlanOptions
 from ..lengths import Lengths
 from ..packing import pack_batch
 from ..testing.models import causal_lm_loss
@@ -186,7 +187,9 @@ class Workload:
         plans = {
             "random": random_padded_plan(lengths, world_size=sizes.world_size, batch_size=sizes.batch, seed=seed),
             "balanced": plan_packs(
-                lengths, world_size=sizes.world_size, target_batch_size=sizes.batch, cost_model=cost_model, seed=seed
+                lengths,
+                PlanOptions(target_batch_size=sizes.batch, cost_model=cost_model, seed=seed),
+                world_size=sizes.world_size,
             ),
         }
         runs = sizes.rounds * max(p.num_steps for p in plans.values()) * sizes.calibration_steps * sizes.world_size

@@ -13,7 +13,7 @@ ones, few and many images of small and large size. ``calibration_lengths`` draws
 - InternVL tiles: the bundled samples' tiles with their text, the model's placeholders per tile, one ViT
   sequence per tile.
 
-``calibration_packs`` plans them with ``plan_packs(method="random")`` under capacities of 1 to 4 mean samples
+``calibration_packs`` plans them with ``plan_packs`` with ``method="random"`` under capacities of 1 to 4 mean samples
 and takes packs from every plan in turn, so the packs range from one sample to several.
 """
 
@@ -27,6 +27,7 @@ import numpy as np
 from .._checks import check_positive_int
 from .._csr import row_sums
 from ..balance import plan_packs
+from ..balance.options import PlanOptions
 from ..lengths import Lengths, default_lengths
 from .samples import SampleMaker
 
@@ -123,9 +124,9 @@ def calibration_lengths(config: Any, num_samples: int = 2000, *, seed: int = 0, 
 def calibration_packs(
     lengths: Lengths, num_packs: int, *, seed: int = 0, capacity_scales: Sequence[float] = CAPACITY_SCALES
 ) -> list[np.ndarray]:
-    """``num_packs`` packs of ``lengths``: random next-fit plans (``plan_packs(method="random")``) whose capacities
-    are ``scale`` times the mean sample's loads, for every scale, their packs taken in turn (each plan's in its
-    own order). Samples above a plan's capacities get a pack of their own (``oversize="single"``), so the packs
+    """``num_packs`` packs of ``lengths``: random next-fit plans (``plan_packs`` with ``method="random"``) whose
+    capacities are ``scale`` times the mean sample's loads, for every scale, their packs taken in turn (each plan's
+    in its own order). Samples above a plan's capacities get a pack of their own (``oversize="single"``), so the packs
     range from one short sample to many.
 
     Raises:
@@ -137,12 +138,14 @@ def calibration_packs(
     for k, scale in enumerate(capacity_scales):
         plan = plan_packs(
             lengths,
+            PlanOptions(
+                method="random",
+                vit_capacity=int(np.ceil(scale * mean_vit)),
+                llm_capacity=max(1, int(np.ceil(scale * mean_llm))),
+                oversize="single",
+                seed=seed + k,
+            ),
             world_size=1,
-            method="random",
-            vit_capacity=int(np.ceil(scale * mean_vit)),
-            llm_capacity=max(1, int(np.ceil(scale * mean_llm))),
-            oversize="single",
-            seed=seed + k,
         )
         plans.append([plan.pack_samples[a:b] for a, b in zip(plan.pack_offsets[:-1], plan.pack_offsets[1:])])
     packs: list[np.ndarray] = []

@@ -15,15 +15,32 @@ and what the ranks exchange (a rank needs the keys and values that its queries a
 
 The predicted time (:mod:`.cost`) counts tokens, attention pairs in kernel tiles, and K/V rows received.
 
-    shards = ok.shard_for_context_parallel(batch, cp_size=4)         # the same on every rank
+Every setting lives in one :class:`ContextParallelOptions` (size, strategy, cost, padding, token cap). In a
+training run it is a planning option, ``PlanOptions(context_parallel=ContextParallelOptions(size=P))``: the
+sampler gives the ranks of a group the same pack and its batches tell ``PackCollator`` each rank's shard;
+:func:`context_parallel_report` prices a plan per CP rank. By hand:
+
+    options = ContextParallelOptions(size=4)
+    shards = shard_for_context_parallel(batch, options)                  # the same on every rank
     mine = shards[cp_rank].to("cuda")
-    out = ok.context_parallel_attention(q, k, v, mine, group=cp_group)  # in each attention layer
-    full = shards.restore([out_0, out_1, out_2, out_3])               # packed order again
+    out = context_parallel_attention(q, k, v, mine, group=cp_group)      # in each attention layer
+    full = shards.restore([out_0, out_1, out_2, out_3])                  # packed order again
 
 :func:`context_parallel_rank_times` prices a batch from its sequence lengths alone (numpy only), for planners
-and collators. In a DataLoader, ``PackCollator(context_parallel_size=P)`` returns each rank its shard of the
-packed batch and ``BalancedBatchSampler(context_parallel_size=P)`` gives the ranks of a group the same pack.
-:mod:`.adapters` gives Megatron THD and ring-flash-attention inputs and runs transformers models.
+and collators. :mod:`.adapters` gives Megatron THD and ring-flash-attention inputs and runs transformers models.
+
+=============  ======================================================================================
+``options``    :class:`ContextParallelOptions`
+``layout``     which tokens each rank holds (the strategies' layouts); ``hybrid`` its balanced layout
+``cost``       :class:`ContextParallelCost` and each rank's predicted time
+``strategy``   a layout by strategy name, ``auto``'s choice, :func:`context_parallel_rank_times`
+``tokens``     the token indices and K/V exchange of each rank
+``shard``      :func:`shard_for_context_parallel`: a packed batch -> its shards
+``attention``  :func:`context_parallel_attention` over a process group
+``adapters``   Megatron THD, ring-flash-attention and transformers
+``collate``    the collator's side: a packed batch -> this rank's shard, weighted as the whole pack
+``report``     :func:`context_parallel_report`: every CP rank's time for every step of a plan
+=============  ======================================================================================
 """
 
 from __future__ import annotations
@@ -31,10 +48,11 @@ from __future__ import annotations
 from .._lazy import lazy_exports
 
 _EXPORTS = {
+    "ContextParallelOptions": "options",
     "ContextParallelCost": "cost",
     "RankTimes": "cost",
     "Layout": "layout",
-    "STRATEGIES": "strategy",
+    "STRATEGIES": "options",
     "context_parallel_rank_times": "strategy",
     "plan_layout": "strategy",
     "ContextParallelShard": "shard",
@@ -44,6 +62,8 @@ _EXPORTS = {
     "megatron_thd_params": "adapters",
     "ring_flash_attn_inputs": "adapters",
     "register_transformers_attention": "adapters",
+    "ContextParallelReport": "report",
+    "context_parallel_report": "report",
 }
 
 __all__ = list(_EXPORTS)

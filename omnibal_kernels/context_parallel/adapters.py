@@ -1,18 +1,19 @@
 """The shards in other systems' forms: Megatron THD, ring-flash-attention's zigzag varlen, transformers models.
 
 Megatron-LM (Transformer Engine attention, ``qkv_format="thd"``) and ring-flash-attention's
-``zigzag_ring_flash_attn_varlen_func`` both take every sequence padded to a multiple of ``2 * cp_size`` and
-cut into ``2 * cp_size`` equal chunks, rank ``r`` holding chunk ``r`` and then chunk ``2 * cp_size - 1 - r`` of
-each sequence, in sequence order: exactly the tokens and order of
-``shard_for_context_parallel(batch, cp_size, "zigzag", pad_sequences=True)``. They differ in the metadata:
+``zigzag_ring_flash_attn_varlen_func`` both take every sequence padded to a multiple of ``2 * C`` (``C`` the
+context-parallel size) and cut into ``2 * C`` equal chunks, rank ``r`` holding chunk ``r`` and then chunk
+``2 * C - 1 - r`` of each sequence, in sequence order: exactly the tokens and order of
+``shard_for_context_parallel(batch, ContextParallelOptions(size=C, strategy="zigzag", pad_sequences=True))``.
+They differ in the metadata:
 
 * Megatron's ``PackedSeqParams`` describe the whole batch on every rank: ``cu_seqlens_q``/``_kv`` of the real
   lengths, ``cu_seqlens_q_padded``/``_kv_padded`` of the padded ones, ``max_seqlen_q``/``_kv`` the longest
   padded sequence (:func:`megatron_thd_params`).
-* ring-flash-attention takes the rank's local boundaries: ``cu_seqlens`` = padded ``cu_seqlens // cp_size``
-  (each sequence's two chunks form one local segment, first half chunk ``r``, second half chunk
-  ``2 * cp_size - 1 - r``), ``max_seqlen`` = longest padded sequence ``// cp_size``, and ``causal=True``
-  (its default is ``False``) (:func:`ring_flash_attn_inputs`).
+* ring-flash-attention takes the rank's local boundaries: ``cu_seqlens`` = padded ``cu_seqlens // C`` (each
+  sequence's two chunks form one local segment, first half chunk ``r``, second half chunk ``2 * C - 1 - r``),
+  ``max_seqlen`` = longest padded sequence ``// C``, and ``causal=True`` (its default is ``False``)
+  (:func:`ring_flash_attn_inputs`).
 
 Labels for both: the shard's ``shift_labels`` are the next-token targets these systems' losses expect
 (Megatron's ``labels`` are already shifted), with ``ignore_index`` on padding and at sequence ends.
@@ -48,9 +49,9 @@ def _check_thd(shards: Any, fn: str) -> np.ndarray:
     if not isinstance(shards, ContextParallelShards):
         raise TypeError(f"{fn}: shards must be shard_for_context_parallel's result, got {type(shards).__name__}")
     layout = shards.layout
-    if layout.strategy != "zigzag" or bool((layout.padded % (2 * layout.cp_size)).any()):
+    if layout.strategy != "zigzag" or bool((layout.padded % (2 * layout.context_parallel_size)).any()):
         raise ValueError(
-            f"{fn}: needs every sequence in 2 * cp_size equal chunks: shard with "
+            f"{fn}: needs every sequence in 2 * context_parallel_size equal chunks: shard with "
             f"strategy='zigzag', pad_sequences=True (these shards are {layout.strategy!r})"
         )
     return layout.padded
@@ -68,7 +69,7 @@ def megatron_thd_params(shards: ContextParallelShards) -> dict[str, Any]:
 
     Returns:
         ``qkv_format="thd"``; ``cu_seqlens_q``, ``cu_seqlens_kv`` (int32 ``(S + 1,)``, real lengths);
-        ``cu_seqlens_q_padded``, ``cu_seqlens_kv_padded`` (int32, lengths padded to ``2 * cp_size``);
+        ``cu_seqlens_q_padded``, ``cu_seqlens_kv_padded`` (int32, lengths padded to ``2 * context_parallel_size``);
         ``max_seqlen_q``, ``max_seqlen_kv`` (longest padded sequence), tensors on the shards' device.
 
     Raises:

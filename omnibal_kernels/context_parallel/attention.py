@@ -51,13 +51,13 @@ class _Exchange(torch.autograd.Function):
 def _check_group(shard: ContextParallelShard, group: dist.ProcessGroup | None) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
-            f"context_parallel_attention: the shard is for {shard.cp_size} ranks but torch.distributed "
+            f"context_parallel_attention: the shard is for {shard.context_parallel_size} ranks but torch.distributed "
             "is not initialized"
         )
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    if size != shard.cp_size or rank != shard.rank:
+    if size != shard.context_parallel_size or rank != shard.rank:
         raise ValueError(
-            f"context_parallel_attention: the shard is rank {shard.rank} of {shard.cp_size} but this "
+            f"context_parallel_attention: the shard is rank {shard.rank} of {shard.context_parallel_size} but this "
             f"process is rank {rank} of a group of {size}"
         )
 
@@ -104,7 +104,7 @@ def context_parallel_attention(
         )
     kv_heads = k.shape[1]
     kv = torch.cat([k, v], dim=1)
-    if shard.cp_size > 1:
+    if shard.context_parallel_size > 1:
         _check_group(shard, group)
     if shard.group_exchanges:
         sent = kv.index_select(0, shard.send_index)

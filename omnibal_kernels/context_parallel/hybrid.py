@@ -160,7 +160,7 @@ def _candidate(
     sharded: np.ndarray,
     whole: np.ndarray,
     whole_costs: np.ndarray,
-    cp_size: int,
+    context_parallel_size: int,
     cost: ContextParallelCost,
     concentrate: bool,
     rounds: int,
@@ -177,12 +177,16 @@ def _candidate(
     # exact causal pairs of a head-tail piece: (L + 1) / 2 per token on average, wherever it is cut
     per_token = cost.token + cost.pair * (lengths + 1.0) / 2.0
     total = float((lengths * per_token).sum())
-    level = (total + float(whole_costs.sum())) / cp_size
-    initial = np.clip(total - level * np.arange(cp_size), 0.0, level) if concentrate else np.zeros(cp_size)
-    room = np.full(cp_size, np.inf if max_rank_tokens is None else float(max_rank_tokens))
+    level = (total + float(whole_costs.sum())) / context_parallel_size
+    initial = (
+        np.clip(total - level * np.arange(context_parallel_size), 0.0, level)
+        if concentrate
+        else np.zeros(context_parallel_size)
+    )
+    room = np.full(context_parallel_size, np.inf if max_rank_tokens is None else float(max_rank_tokens))
     if concentrate and sharded.size:
         _, start, stop, rank = _stream_cut(seqlens[sharded], per_token, initial, cost.tile)
-        room -= np.bincount(rank, weights=stop - start, minlength=cp_size)
+        room -= np.bincount(rank, weights=stop - start, minlength=context_parallel_size)
     owner, loads = _longest_first(whole_costs, initial, seqlens[whole], room)
     shares = initial if concentrate else _water_fill(loads, total)
 
@@ -192,7 +196,7 @@ def _candidate(
             item, start, stop, rank = _stream_cut(seqlens[sharded], per_token, shares, cost.tile)
             parts.append((sharded[item], start, stop, rank))
         seq, start, stop, rank = (np.concatenate([p[j] for p in parts]) for j in range(4))
-        layout = _normalized("hybrid", cp_size, seqlens, seqlens, seq, start, stop, rank)
+        layout = _normalized("hybrid", context_parallel_size, seqlens, seqlens, seq, start, stop, rank)
         return layout, layout_times(layout, cost)
 
     best = current = build(shares)
@@ -214,10 +218,10 @@ def _candidate(
     return best
 
 
-def _counts(costs: np.ndarray, cp_size: int) -> list[int]:
+def _counts(costs: np.ndarray, context_parallel_size: int) -> list[int]:
     """Candidate numbers of sharded sequences for costs sorted decreasingly."""
     n = costs.size
-    smallest = int(np.count_nonzero(costs > costs.sum() / cp_size))
+    smallest = int(np.count_nonzero(costs > costs.sum() / context_parallel_size))
     counts = {0, n, *range(smallest, min(n, smallest + 8) + 1)}
     step = 8.0
     while smallest + step < n:
@@ -227,19 +231,20 @@ def _counts(costs: np.ndarray, cp_size: int) -> list[int]:
 
 
 def hybrid_layout(
-    seqlens: np.ndarray, cp_size: int, cost: ContextParallelCost, max_rank_tokens: int | None = None
+    seqlens: np.ndarray, context_parallel_size: int, cost: ContextParallelCost, max_rank_tokens: int | None = None
 ) -> Layout:
-    """The hybrid layout of segments ``seqlens`` (int64 ``(S,)``) over ``cp_size`` ranks (module docstring);
-    with ``max_rank_tokens``, the fastest layout found within it, else the one whose fullest rank holds fewest."""
+    """The hybrid layout of segments ``seqlens`` (int64 ``(S,)``) over ``context_parallel_size`` ranks (module
+    docstring); with ``max_rank_tokens``, the fastest layout found within it, else the one whose fullest rank
+    holds fewest."""
     live = np.flatnonzero(seqlens > 0)
     lengths = seqlens[live]
     costs = cost.token * lengths + cost.pair * tiled_pairs(lengths, lengths, cost.tile)
     order = np.argsort(-costs, kind="stable")
     ranked, ranked_costs = live[order], costs[order]
     screened = []
-    for k in _counts(ranked_costs, cp_size) if cp_size > 1 else [0]:
+    for k in _counts(ranked_costs, context_parallel_size) if context_parallel_size > 1 else [0]:
         for concentrate in (False, True) if k else (False,):
-            args = (seqlens, ranked[:k], ranked[k:], ranked_costs[k:], cp_size, cost, concentrate)
+            args = (seqlens, ranked[:k], ranked[k:], ranked_costs[k:], context_parallel_size, cost, concentrate)
             screened.append((_candidate(*args, 0, max_rank_tokens), args))
     best: tuple[Layout, RankTimes] | None = None
     for found, _ in screened:

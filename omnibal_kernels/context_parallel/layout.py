@@ -37,7 +37,7 @@ class Layout:
 
     Attributes:
         strategy: the strategy that made it.
-        cp_size: ranks in the group, ``P``.
+        context_parallel_size: ranks in the group, ``P``.
         seqlens: ``(S,)`` int64 length of every segment of the batch (zero-length ones included).
         padded: ``(S,)`` int64 length with the padding the layout adds (``seqlens`` when it adds none).
         seq, start, stop, rank: ``(C,)`` int64 per chunk; ``start < stop <= padded[seq]``; adjacent chunks
@@ -45,7 +45,7 @@ class Layout:
     """
 
     strategy: str
-    cp_size: int
+    context_parallel_size: int
     seqlens: np.ndarray
     padded: np.ndarray
     seq: np.ndarray
@@ -60,24 +60,28 @@ class Layout:
 
     def rank_tokens(self) -> np.ndarray:
         """``(P,)`` tokens each rank holds, padding included."""
-        return np.bincount(self.rank, weights=self.stop - self.start, minlength=self.cp_size).astype(np.int64)
+        return np.bincount(self.rank, weights=self.stop - self.start, minlength=self.context_parallel_size).astype(
+            np.int64
+        )
 
     def kv_received(self) -> np.ndarray:
         """``(P,)`` K/V rows each rank needs from the others: per sequence, the positions below its largest
         ``stop`` that it does not hold."""
         if self.seq.size == 0:
-            return np.zeros(self.cp_size, np.int64)
+            return np.zeros(self.context_parallel_size, np.int64)
         key = self.rank * max(1, self.seqlens.size) + self.seq
         first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
         held = np.add.reduceat(self.stop - self.start, first)
         reach = np.maximum.reduceat(self.stop, first)
-        return np.bincount(self.rank[first], weights=reach - held, minlength=self.cp_size).astype(np.int64)
+        return np.bincount(self.rank[first], weights=reach - held, minlength=self.context_parallel_size).astype(
+            np.int64
+        )
 
     def rank_pairs(self, tile: int) -> np.ndarray:
         """``(P,)`` causal query-key pairs each rank's attention kernel computes, in ``tile`` x ``tile`` tiles
         (``tile=1``: the exact pairs)."""
         pairs = tiled_pairs(self.stop - self.start, self.stop, tile)
-        return np.bincount(self.rank, weights=pairs, minlength=self.cp_size)
+        return np.bincount(self.rank, weights=pairs, minlength=self.context_parallel_size)
 
 
 def tiled_pairs(lq: np.ndarray, lk: np.ndarray, tile: int) -> np.ndarray:
@@ -109,7 +113,7 @@ def tiled_pairs(lq: np.ndarray, lk: np.ndarray, tile: int) -> np.ndarray:
 
 def _normalized(
     strategy: str,
-    cp_size: int,
+    context_parallel_size: int,
     seqlens: np.ndarray,
     padded: np.ndarray,
     seq: np.ndarray,
@@ -130,63 +134,67 @@ def _normalized(
         ends = np.r_[heads[1:], seq.size] - 1
         seq, start, stop, rank = seq[heads], start[heads], stop[ends], rank[heads]
     as64 = [np.ascontiguousarray(a, dtype=np.int64) for a in (seq, start, stop, rank)]
-    return Layout(strategy, cp_size, seqlens, padded, *as64)
+    return Layout(strategy, context_parallel_size, seqlens, padded, *as64)
 
 
-def local_layout(strategy: str, cp_size: int, seqlens: np.ndarray, owner: np.ndarray) -> Layout:
+def local_layout(strategy: str, context_parallel_size: int, seqlens: np.ndarray, owner: np.ndarray) -> Layout:
     """Every segment whole on rank ``owner[s]``."""
     s = np.arange(seqlens.size, dtype=np.int64)
-    return _normalized(strategy, cp_size, seqlens, seqlens, s, np.zeros_like(s), seqlens.copy(), owner)
+    return _normalized(strategy, context_parallel_size, seqlens, seqlens, s, np.zeros_like(s), seqlens.copy(), owner)
 
 
-def contiguous_layout(seqlens: np.ndarray, cp_size: int) -> Layout:
-    """The packed tokens cut into ``cp_size`` ranges of ``floor``-rounded equal size, across sequences."""
+def contiguous_layout(seqlens: np.ndarray, context_parallel_size: int) -> Layout:
+    """The packed tokens cut into ``context_parallel_size`` ranges of ``floor``-rounded equal size, across sequences."""
     cu = np.r_[0, np.cumsum(seqlens)]
     total = int(cu[-1])
-    bounds = (np.arange(cp_size + 1, dtype=np.int64) * total) // cp_size
+    bounds = (np.arange(context_parallel_size + 1, dtype=np.int64) * total) // context_parallel_size
     points = np.unique(np.r_[cu, bounds])
     lo, hi = points[:-1], points[1:]
     seq = np.searchsorted(cu, lo, side="right") - 1
     # zero-length segments share their start with the next one; searchsorted picks the last of them
     rank = np.searchsorted(bounds, lo, side="right") - 1
-    return _normalized("contiguous", cp_size, seqlens, seqlens, seq, lo - cu[seq], hi - cu[seq], rank)
+    return _normalized("contiguous", context_parallel_size, seqlens, seqlens, seq, lo - cu[seq], hi - cu[seq], rank)
 
 
-def _head_tail(strategy: str, seqlens: np.ndarray, padded: np.ndarray, sizes: np.ndarray, cp_size: int) -> Layout:
+def _head_tail(
+    strategy: str, seqlens: np.ndarray, padded: np.ndarray, sizes: np.ndarray, context_parallel_size: int
+) -> Layout:
     """Chunks of ``sizes`` ``(S, 2P)`` laid along each sequence; chunk ``c`` goes to rank ``min(c, 2P-1-c)``."""
     ends = np.cumsum(sizes, axis=1)
     starts = ends - sizes
-    chunk = np.arange(2 * cp_size, dtype=np.int64)
-    owner = np.minimum(chunk, 2 * cp_size - 1 - chunk)
-    seq = np.repeat(np.arange(seqlens.size, dtype=np.int64), 2 * cp_size)
+    chunk = np.arange(2 * context_parallel_size, dtype=np.int64)
+    owner = np.minimum(chunk, 2 * context_parallel_size - 1 - chunk)
+    seq = np.repeat(np.arange(seqlens.size, dtype=np.int64), 2 * context_parallel_size)
     rank = np.tile(owner, seqlens.size)
-    return _normalized(strategy, cp_size, seqlens, padded, seq, starts.reshape(-1), ends.reshape(-1), rank)
+    return _normalized(
+        strategy, context_parallel_size, seqlens, padded, seq, starts.reshape(-1), ends.reshape(-1), rank
+    )
 
 
-def zigzag_layout(seqlens: np.ndarray, cp_size: int, pad_sequences: bool = False) -> Layout:
+def zigzag_layout(seqlens: np.ndarray, context_parallel_size: int, pad_sequences: bool = False) -> Layout:
     """Megatron / ring-flash-attention zigzag (see the module docstring for the padding and the remainder)."""
-    n = 2 * cp_size
+    n = 2 * context_parallel_size
     if pad_sequences:
         padded = -(-seqlens // n) * n
         sizes = np.repeat((padded // n)[:, None], n, axis=1)
-        return _head_tail("zigzag", seqlens, padded, sizes, cp_size)
+        return _head_tail("zigzag", seqlens, padded, sizes, context_parallel_size)
     sizes = np.repeat((seqlens // n)[:, None], n, axis=1)
     rem = seqlens % n
     # the extras of a sequence go to the ranks after those that took the previous sequence's extras
-    offset = np.r_[0, np.cumsum(rem)[:-1]] % cp_size
+    offset = np.r_[0, np.cumsum(rem)[:-1]] % context_parallel_size
     rows = np.arange(seqlens.size)
     for j in range(n):
         take = rem > j
-        r = (offset + j) % cp_size
+        r = (offset + j) % context_parallel_size
         # a rank's first extra lands on its head chunk, a second one (more than P extras) on its tail chunk
-        chunk = r if j < cp_size else n - 1 - r
+        chunk = r if j < context_parallel_size else n - 1 - r
         sizes[rows[take], chunk[take]] += 1
-    return _head_tail("zigzag", seqlens, seqlens.copy(), sizes, cp_size)
+    return _head_tail("zigzag", seqlens, seqlens.copy(), sizes, context_parallel_size)
 
 
-def per_document_layout(seqlens: np.ndarray, cp_size: int) -> Layout:
+def per_document_layout(seqlens: np.ndarray, context_parallel_size: int) -> Layout:
     """torch's per-document head-tail: chunk ``c`` of a sequence of length ``L`` is
     ``floor(c * L / 2P):floor((c + 1) * L / 2P)``."""
-    n = 2 * cp_size
+    n = 2 * context_parallel_size
     bounds = (seqlens[:, None] * np.arange(n + 1, dtype=np.int64)[None, :]) // n
-    return _head_tail("per_document", seqlens, seqlens.copy(), np.diff(bounds, axis=1), cp_size)
+    return _head_tail("per_document", seqlens, seqlens.copy(), np.diff(bounds, axis=1), context_parallel_size)

@@ -1,4 +1,4 @@
-"""``shard_for_context_parallel``: one packed batch -> ``cp_size`` shards, each a rank's batch and attention plan.
+"""``shard_for_context_parallel``: one packed batch -> one shard per CP rank, each a rank's batch and attention plan.
 
 Every rank of a CP group computes the same shards from the same batch, without communication (the layout is
 a pure function of the sequence lengths and the arguments); rank ``r`` keeps ``shards[r]``.
@@ -16,8 +16,9 @@ import torch
 
 from .._checks import check_int
 from .._contracts.segments import resolve_segments
-from .cost import ContextParallelCost, RankTimes
+from .cost import RankTimes
 from .layout import Layout
+from .options import ContextParallelOptions
 from .strategy import plan_layout
 from .tokens import RankPlan, rank_plans
 
@@ -47,7 +48,7 @@ class ContextParallelShard:
     """What rank ``rank`` of a CP group holds of a packed batch, and how its attention reaches the other ranks.
 
     Attributes:
-        rank, cp_size: this rank and the group size.
+        rank, context_parallel_size: this rank and the group size.
         strategy: the strategy that made the layout (``"auto"`` resolved).
         indices: ``(n,)`` int64, the packed-batch position of every held token in local order; ``-1`` for a
             padding token the layout adds (zigzag with ``pad_sequences=True``).
@@ -63,13 +64,13 @@ class ContextParallelShard:
         cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k: the local query and key segments.
         key_index: ``(cu_seqlens_k[-1],)`` int64, the row of each segment's keys in ``cat(own K/V, received)``.
         send_index: int64 local rows sent to the other ranks, grouped by destination.
-        send_counts, recv_counts: rows sent to / received from each rank (tuples of ``cp_size`` ints).
+        send_counts, recv_counts: rows sent to / received from each rank (tuples of ``context_parallel_size`` ints).
         group_exchanges: whether any rank of the group exchanges K/V (every rank skips the collective when
             none does).
     """
 
     rank: int
-    cp_size: int
+    context_parallel_size: int
     strategy: str
     indices: torch.Tensor
     position_ids: torch.Tensor
@@ -91,7 +92,8 @@ class ContextParallelShard:
 
     def __repr__(self) -> str:
         return (
-            f"ContextParallelShard(rank={self.rank}, cp_size={self.cp_size}, strategy={self.strategy!r}, "
+            f"ContextParallelShard(rank={self.rank}, context_parallel_size={self.context_parallel_size}, "
+            f"strategy={self.strategy!r}, "
             f"tokens={self.num_tokens}, received={sum(self.recv_counts)})"
         )
 
@@ -115,7 +117,7 @@ class ContextParallelShard:
 
 
 class ContextParallelShards(Sequence[ContextParallelShard]):
-    """The ``cp_size`` shards of one batch (``shards[r]`` for rank ``r``), the layout and its predicted times.
+    """The shards of one batch, one per CP rank (``shards[r]`` for rank ``r``), the layout and its predicted times.
 
     Attributes:
         strategy: the strategy used (``"auto"`` resolved).
@@ -161,7 +163,7 @@ class ContextParallelShards(Sequence[ContextParallelShard]):
 
     def __repr__(self) -> str:
         return (
-            f"ContextParallelShards(cp_size={len(self)}, strategy={self.strategy!r}, tokens="
+            f"ContextParallelShards(context_parallel_size={len(self)}, strategy={self.strategy!r}, tokens="
             f"{[s.num_tokens for s in self._shards]}, imbalance={self.times.imbalance:.4f}, "
             f"kv_exchanged={self.times.kv_exchanged})"
         )
@@ -170,7 +172,7 @@ class ContextParallelShards(Sequence[ContextParallelShard]):
         """Per-rank outputs back in packed order: the inverse of the sharding (differentiable).
 
         Args:
-            outputs: ``cp_size`` tensors, rank ``r``'s with ``shards[r].num_tokens`` entries along ``dim``
+            outputs: ``context_parallel_size`` tensors, rank ``r``'s with ``shards[r].num_tokens`` entries along ``dim``
                 (e.g. attention outputs ``(n, heads, head_dim)`` with ``dim=0``, logits ``(1, n, vocab)``
                 with ``dim=1``).
             dim: the token dimension.
@@ -326,7 +328,7 @@ def _shard(
     indices = np.where(real, cu[plan.seq] + plan.pos, -1)
     return ContextParallelShard(
         rank=r,
-        cp_size=layout.cp_size,
+        context_parallel_size=layout.context_parallel_size,
         strategy=layout.strategy,
         indices=torch.from_numpy(indices).to(device),
         position_ids=torch.from_numpy(plan.pos.copy()).to(device),
@@ -355,17 +357,13 @@ def _inverse(shards: list[ContextParallelShard], total: int) -> torch.Tensor:
 
 def shard_for_context_parallel(
     batch: Mapping[str, Any],
-    cp_size: int,
-    strategy: str = "auto",
+    options: ContextParallelOptions,
     *,
-    cost: ContextParallelCost | None = None,
-    pad_sequences: bool = False,
-    max_rank_tokens: int | None = None,
     pad_token_id: int = 0,
     ignore_index: int = -100,
     replicate: Sequence[str] = (),
 ) -> ContextParallelShards:
-    """Shards of a packed batch over the ``cp_size`` ranks of a context-parallel group.
+    """Shards of a packed batch over the ``context_parallel_size`` ranks of a context-parallel group.
 
     Args:
         batch: a packed batch (``pack_batch``'s ``PackedBatch``, or a dict of the same fields): ``input_ids``
@@ -373,15 +371,12 @@ def shard_for_context_parallel(
             batches hold it), optional ``labels`` (as ``pack_batch`` makes them:
             unshifted, ``ignore_index`` on each sequence's first token) and ``position_ids`` ``(1, T)`` or
             mRoPE ``(k, 1, T)``, and any other per-token fields ``(..., 1, T)``. CPU or CUDA.
-        cp_size: ranks in the group.
-        strategy: ``"auto"``, ``"zigzag"``, ``"per_document"``, ``"hybrid"`` or ``"contiguous"`` (see
-            :mod:`omnibal_kernels.context_parallel`); ``"auto"`` picks per batch by predicted time.
-        cost: the cost terms the strategies balance (default :meth:`ContextParallelCost.llama3_8b`).
-        pad_sequences: zigzag only: pad every sequence at its end to a multiple of ``2 * cp_size`` (Megatron's
-            THD layout, which ring-flash-attention also needs); padding tokens get ``pad_token_id``,
-            ``ignore_index`` labels and the positions that continue their sequence.
-        max_rank_tokens: the most tokens one rank may hold (its activation memory), or None: see
-            :func:`~.strategy.context_parallel_rank_times`.
+        options: the :class:`~omnibal_kernels.context_parallel.ContextParallelOptions`: the group's ``size``,
+            the ``strategy`` (``"auto"`` picks per batch by predicted time), the ``cost`` terms the strategies
+            balance, ``pad_sequences`` (zigzag only: every sequence padded at its end to a multiple of
+            ``2 * size``, Megatron's THD layout, which ring-flash-attention also needs; padding tokens get
+            ``pad_token_id``, ``ignore_index`` labels and the positions that continue their sequence) and
+            ``max_rank_tokens`` (see :func:`~.strategy.context_parallel_rank_times`).
         pad_token_id, ignore_index: the values of padding tokens and of labels nothing learns from.
         replicate: names of fields that are not per token (e.g. per-sample values) copied to every rank;
             Python scalars are copied without being named. Any other field is a ValueError.
@@ -401,9 +396,7 @@ def shard_for_context_parallel(
     cu, total, names = _check_batch(batch, replicate)
     pad_token_id = check_int("pad_token_id", pad_token_id)
     ignore_index = check_int("ignore_index", ignore_index)
-    layout, times = plan_layout(
-        np.diff(cu), cp_size, strategy, cost=cost, pad_sequences=pad_sequences, max_rank_tokens=max_rank_tokens
-    )
+    layout, times = plan_layout(np.diff(cu), options)
     token_fields, copied = _token_fields(batch, total, names)
     plans = rank_plans(layout)
     exchanges = bool(times.kv_exchanged > 0)

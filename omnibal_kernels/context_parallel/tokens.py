@@ -65,7 +65,7 @@ def _needed(seq: np.ndarray, stop: np.ndarray, cu: np.ndarray) -> np.ndarray:
 
 def rank_plans(layout: Layout) -> list[RankPlan]:
     """The rows, query segments and K/V exchange of every rank of ``layout``."""
-    size = layout.cp_size
+    size = layout.context_parallel_size
     cu = np.r_[0, np.cumsum(layout.padded)].astype(np.int64)
     total = int(cu[-1])
     bounds = np.searchsorted(layout.rank, np.arange(size + 1))

@@ -31,20 +31,19 @@ order, text-only samples contributing nothing::
     (videos: pixel_values_videos, video_grid_thw, video_vit_cu_seqlens, video_vit_max_seqlen,
     video_to_sample, num_videos, second_per_grid_ts)
 
-With mRoPE on (:class:`MRopeOptions`), ``position_ids`` is ``(3, 1, T)`` (or ``(4, 1, T)``) and
+With mRoPE on (``PackOptions.image_token_id`` set), ``position_ids`` is ``(3, 1, T)`` (or ``(4, 1, T)``) and
 ``text_position_ids`` ``(1, T)`` holds the 1-D positions. :func:`unpack_batch` splits a batch back into its
-samples. The options are :class:`PackOptions` (static shapes, labels, mRoPE, backend).
+samples. The options are one :class:`PackOptions` (labels, static shapes, mRoPE, backend).
 
 ===================== =======================================================================================
-``options``           :class:`PackOptions` and its parts :class:`LabelOptions`, :class:`StaticShapes`,
-                      :class:`MRopeOptions`
+``options``           :class:`PackOptions`
 ``batch``             :class:`PackedBatch`, :class:`LossCounts`, :func:`unpack_batch`
 ``inputs``            each sample's sequences as int64 tensors, errors naming the sample
 ``text``              the text core :func:`pack_sequences` (the text fields as a plain dict)
 ``fields``            the other sample fields: token fields, per-sample values, the vision fields
 ``planned``           samples of a sampler's plan: loads checked against the lengths, the step's loss counts
-``context_parallel``  a packed batch -> this CP rank's shard, with the pack's loss counts
-``collate``           :func:`pack_batch`, :class:`PackCollator`, :func:`warmup`
+``collate``           :func:`pack_batch`, :class:`PackCollator` (which shards packs over context-parallel ranks
+                      with :mod:`omnibal_kernels.context_parallel.collate`), :func:`warmup`
 ===================== =======================================================================================
 """
 
@@ -52,18 +51,15 @@ from __future__ import annotations
 
 from .batch import TEXT_FIELDS, LossCounts, PackedBatch, unpack_batch
 from .collate import PackCollator, pack_batch, warmup
-from .options import LabelOptions, MRopeOptions, PackOptions, StaticShapes
+from .options import PackOptions
 from .text import pack_sequences
 
 __all__ = [
     "TEXT_FIELDS",
-    "LabelOptions",
     "LossCounts",
-    "MRopeOptions",
     "PackCollator",
     "PackOptions",
     "PackedBatch",
-    "StaticShapes",
     "pack_batch",
     "pack_sequences",
     "unpack_batch",

@@ -7,15 +7,15 @@ from typing import Any
 
 import torch
 
-from ..context_parallel import ContextParallelCost
+from ..context_parallel.collate import per_token, resolve_rank, shard_fields
+from ..context_parallel.options import ContextParallelOptions
 from ..cpu.varlen_metadata import warmup as _warmup_fill
 from ..model_inputs import ModelInputs, model_inputs
 from ..sampler.steps import PlannedSamples
-from .batch import PackedBatch
-from .context_parallel import context_parallel_collate, shard_packed_batch
+from .batch import TEXT_FIELDS, PackedBatch
 from .fields import add_sample_fields
 from .inputs import sample_error
-from .options import PackOptions, with_keywords
+from .options import PackOptions, check_options
 from .planned import batch_counts, check_planned_loads
 from .text import pack_sequences
 
@@ -57,7 +57,7 @@ def _pack_samples(samples: Sequence[Mapping[str, Any]], opts: PackOptions, takes
         if all(y is None for y in labs):
             labs = None
     fields = pack_sequences(ids, labs, options=opts)
-    if opts.token_fields or opts.mrope.enabled or sum(map(len, samples)) != num_keys:
+    if opts.token_fields or opts.mrope_enabled or sum(map(len, samples)) != num_keys:
         add_sample_fields(samples, fields, opts)
     counts = batch_counts(samples, fields, opts, takes_num_items)
     if takes_num_items and counts.num_items_in_batch is not None:
@@ -65,9 +65,7 @@ def _pack_samples(samples: Sequence[Mapping[str, Any]], opts: PackOptions, takes
     return PackedBatch._wrap(fields, counts)
 
 
-def pack_batch(
-    samples: Sequence[Mapping[str, Any]], options: PackOptions | None = None, **keywords: Any
-) -> PackedBatch:
+def pack_batch(samples: Sequence[Mapping[str, Any]], options: PackOptions | None = None) -> PackedBatch:
     """Pack samples into one varlen batch; usable directly as a DataLoader ``collate_fn``.
 
     samples: B mappings, each with ``input_ids`` (1-D integer torch tensor, numpy array or list of ints,
@@ -75,14 +73,13 @@ def pack_batch(
         dtype is packed as int64; a strided or reversed numpy view is copied. Other fields are packed as
         :mod:`omnibal_kernels.packing.fields` says (token fields, per-sample values, vision fields).
     options: a :class:`PackOptions`; None: the defaults.
-    keywords: options by name (``pad_to_multiple_of=64``, ``image_token_id=...``: any field of
-        :class:`PackOptions` or of its parts); beside ``options`` they replace the fields they name.
 
     Returns a :class:`PackedBatch` with the fields listed in :mod:`omnibal_kernels.packing`;
     ``T = sum(n_i)`` plus padding. Samples of ``sampler.wrap(dataset)`` (a planned micro-step) are first checked
     against their length entries (tokens, ViT load, label tokens: :mod:`omnibal_kernels.packing.planned`), and
     with label counts in the lengths the batch gets ``num_items_in_batch`` (0-d int64): the label tokens of the
     whole optimizer step over all ranks and micro-steps. Every batch has :attr:`PackedBatch.loss_counts`.
+    ``pack_batch`` never shards: a sampler planned with context parallelism needs a :class:`PackCollator`.
 
     Errors (ValueError/TypeError naming the sample): empty batch, a sample that is not a mapping or has
     no ``input_ids``, input_ids or labels that are not 1-D or not integers or hold values outside int64
@@ -92,55 +89,57 @@ def pack_batch(
     pixels of mixed layouts or dtypes, grids that do not cover the pixels, placeholder runs that do not match
     their grid (mRoPE), a ``video_grid_thw`` without ``video_token_id``.
     """
-    return _pack_samples(samples, with_keywords("pack_batch", options, keywords))
+    if isinstance(samples, PlannedSamples) and samples.step.context_parallel.enabled:
+        raise ValueError(
+            f"pack_batch: the sampler plans with context_parallel.size={samples.step.context_parallel.size}, so "
+            "each rank of a group must get its shard of the pack: use collate_fn=PackCollator() (or "
+            "PackCollator.for_model(model)), which shards planned batches"
+        )
+    return _pack_samples(samples, check_options("pack_batch", options))
 
 
 class PackCollator:
-    """``collate_fn`` with fixed options: ``DataLoader(ds, collate_fn=PackCollator(pad_to_multiple_of=64))``.
+    """``collate_fn`` with fixed options: ``DataLoader(ds, collate_fn=PackCollator(PackOptions(...)))``.
 
-    options, keywords: as for :func:`pack_batch` (keywords replace the fields of ``options`` they name).
+    options: a :class:`PackOptions` (None: the defaults).
+    context_parallel: how packs are sharded over a context-parallel group
+        (:class:`~omnibal_kernels.context_parallel.ContextParallelOptions`); with ``size = C > 1`` every batch
+        is this CP rank's shard of the packed batch (:mod:`omnibal_kernels.context_parallel.collate` lists its
+        fields). None: the options of the sampler whose batches arrive (``sampler.wrap(dataset)``: a sampler
+        planned with ``PlanOptions(context_parallel=...)`` hands its options and this rank's place in its group
+        to the collator with every batch), else whole packs. Given beside such a sampler, they must be the
+        sampler's.
+    context_parallel_rank: this process's rank in its CP group, in ``[0, C)``; None: the sampler's (with its
+        batches), else the rank in ``context_parallel_group``, else the process's rank modulo ``C``
+        (torch.distributed's, or torchrun's ``RANK``), else a ValueError. Fixed when the collator is built.
+    context_parallel_group: the CP process group (only to read this process's rank in it).
     warmup: compile the numba fill now (in the main process, so forked DataLoader workers inherit it
         instead of each compiling on its first batch).
-    context_parallel_size: ranks of a context-parallel group, ``C`` (default 1: whole packs). With ``C > 1``
-        every batch is this CP rank's shard of the packed batch (:mod:`omnibal_kernels.packing.context_parallel`
-        lists its fields): give every rank of the group the same samples (a ``BalancedBatchSampler`` with the
-        same ``context_parallel_size`` does) and each gets its part.
-    context_parallel_rank: this process's rank in its CP group, in ``[0, C)``; None: the rank in
-        ``context_parallel_group``, else the process's rank modulo ``C`` (torch.distributed's, or torchrun's
-        ``RANK``), else a ValueError. Fixed when the collator is built.
-    context_parallel_group: the CP process group (only to read this process's rank in it).
-    strategy, pad_sequences, max_rank_tokens, context_parallel_cost: how packs are sharded, as
-        :func:`~omnibal_kernels.shard_for_context_parallel` takes them (its ``cost``).
     """
 
     def __init__(
         self,
         options: PackOptions | None = None,
         *,
-        warmup: bool = True,
-        context_parallel_size: int = 1,
+        context_parallel: ContextParallelOptions | None = None,
         context_parallel_rank: int | None = None,
         context_parallel_group: Any = None,
-        strategy: str = "auto",
-        pad_sequences: bool = False,
-        max_rank_tokens: int | None = None,
-        context_parallel_cost: ContextParallelCost | None = None,
-        **keywords: Any,
+        warmup: bool = True,
     ) -> None:
         if isinstance(options, (list, tuple)):
             raise TypeError(
                 f"PackCollator was called with a batch of {len(options)} samples: collate_fn must be an instance, "
                 "collate_fn=PackCollator(...) or PackCollator.for_model(model), not the class PackCollator"
             )
-        self.options = with_keywords("PackCollator", options, keywords)
-        self.context_parallel = context_parallel_collate(
-            context_parallel_size,
-            context_parallel_rank,
-            context_parallel_group,
-            strategy,
-            context_parallel_cost,
-            pad_sequences,
-            max_rank_tokens,
+        self.options = check_options("PackCollator", options)
+        if context_parallel is not None and not isinstance(context_parallel, ContextParallelOptions):
+            raise TypeError(
+                f"PackCollator: context_parallel must be a ContextParallelOptions or None, "
+                f"got {type(context_parallel).__name__}"
+            )
+        self.context_parallel = context_parallel
+        self.context_parallel_rank = resolve_rank(
+            context_parallel or ContextParallelOptions(), context_parallel_rank, context_parallel_group
         )
         self.model_inputs: ModelInputs | None = None
         if warmup:
@@ -148,15 +147,23 @@ class PackCollator:
 
     @classmethod
     def for_model(
-        cls, model_or_config: Any, options: PackOptions | None = None, *, warmup: bool = True, **keywords: Any
+        cls,
+        model_or_config: Any,
+        options: PackOptions | None = None,
+        *,
+        context_parallel: ContextParallelOptions | None = None,
+        context_parallel_rank: int | None = None,
+        context_parallel_group: Any = None,
+        warmup: bool = True,
     ) -> PackCollator:
         """A collator whose batches a transformers model trains on packed: ``model(**batch)``.
 
         model_or_config: the model (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen2VLForConditionalGeneration``,
             ``Qwen2_5_VLForConditionalGeneration``, ``InternVLForConditionalGeneration``, other text causal LMs)
             or its config.
-        options, keywords: further options, as for :func:`pack_batch`; what is read from the model replaces
-            the fields of ``options`` it names, and ``keywords`` replace both.
+        options: further options (a :class:`PackOptions`); what is read from the model replaces the fields of
+            ``options`` it names.
+        context_parallel, context_parallel_rank, context_parallel_group, warmup: as for :class:`PackCollator`.
 
         Reads, with :func:`omnibal_kernels.model_inputs.model_inputs`: the placeholder token ids, spatial
         merge and ``tokens_per_second`` (Qwen-VL mRoPE positions as the model's ``get_rope_index`` numbers
@@ -171,41 +178,103 @@ class PackCollator:
         :class:`PackCollator`.
         """
         spec = model_inputs(model_or_config)
-        collator = cls(options, warmup=warmup, **{**spec.options, **keywords})
-        if collator.context_parallel is not None and spec.keys & _VISION_INPUTS:
-            raise ValueError(
-                f"PackCollator.for_model: context_parallel_size > 1 with a {spec.model_type!r} model: its forward "
-                "merges the features of all the pack's images into the placeholders it is given, and a shard holds "
-                "only some of them; shard text models, or use PackCollator(context_parallel_size=...) with a model "
-                "that takes each rank's placeholders"
-            )
+        options = check_options("PackCollator.for_model", options).replace(**spec.options)
+        collator = cls(
+            options,
+            context_parallel=context_parallel,
+            context_parallel_rank=context_parallel_rank,
+            context_parallel_group=context_parallel_group,
+            warmup=warmup,
+        )
         collator.model_inputs = spec
+        if context_parallel is not None and context_parallel.enabled:
+            collator._check_model_shards(context_parallel)
         return collator
+
+    def _check_model_shards(self, context_parallel: ContextParallelOptions) -> None:
+        spec = self.model_inputs
+        if spec is not None and spec.keys & _VISION_INPUTS:
+            raise ValueError(
+                f"PackCollator.for_model: context_parallel.size={context_parallel.size} with a {spec.model_type!r} "
+                "model: its forward merges the features of all the pack's images into the placeholders it is "
+                "given, and a shard holds only some of them; shard text models, or use "
+                "PackCollator(context_parallel=...) with a model that takes each rank's placeholders"
+            )
+
+    def _shards_of(self, samples: Sequence[Any]) -> tuple[ContextParallelOptions, int] | None:
+        """The CP options and rank this batch is sharded with (None: a whole pack), from the sampler's plan
+        where the samples carry one, checked against the collator's own."""
+        own = self.context_parallel
+        step = samples.step if isinstance(samples, PlannedSamples) else None
+        if step is None:
+            if own is None or not own.enabled:
+                return None
+            assert self.context_parallel_rank is not None
+            return own, self.context_parallel_rank
+        planned = step.context_parallel
+        if own is not None and own != planned:
+            raise ValueError(
+                f"PackCollator: the collator shards with {own} but the sampler planned its batches with {planned}; "
+                "pass the sampler's options (PackCollator(context_parallel=sampler.context_parallel)) or none"
+            )
+        if not planned.enabled:
+            return None
+        rank = self.context_parallel_rank
+        if rank is not None and rank != step.context_parallel_rank:
+            raise ValueError(
+                f"PackCollator: context_parallel_rank {rank} but the sampler's batches are for CP rank "
+                f"{step.context_parallel_rank} of its group; build both with the same process rank"
+            )
+        self._check_model_shards(planned)
+        return planned, step.context_parallel_rank
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> PackedBatch:
         spec = self.model_inputs
-        if spec is None:
-            batch = _pack_samples(samples, self.options)
-        else:
-            batch = _pack_samples(samples, self.options, "num_items_in_batch" in spec.keys)
-            selected = spec.select(batch._fields)
-            if self.context_parallel is None:
-                return PackedBatch._wrap(selected, batch.loss_counts)
-        if self.context_parallel is None:
-            return batch
-        keys = None if spec is None else frozenset(spec.keys) | frozenset(spec.constants)
-        shard = shard_packed_batch(batch, self.context_parallel, self.options, keys)
+        takes_num_items = spec is None or "num_items_in_batch" in spec.keys
+        batch = _pack_samples(samples, self.options, takes_num_items)
+        sharding = self._shards_of(samples)
+        if sharding is None:
+            return batch if spec is None else PackedBatch._wrap(spec.select(batch._fields), batch.loss_counts)
+        shard = self._shard(batch, *sharding)
         if spec is not None:
             shard._fields.update(spec.constants)
         return shard
 
+    def _shard(self, batch: PackedBatch, context_parallel: ContextParallelOptions, rank: int) -> PackedBatch:
+        """This CP rank's shard of ``batch``, weighted as the whole pack (see ``context_parallel.collate``)."""
+        spec = self.model_inputs
+        keys = None if spec is None else frozenset(spec.keys) | frozenset(spec.constants)
+        fields = batch.to_dict()
+        fields.pop("num_items_in_batch", None)
+        total = int(fields["input_ids"].shape[1])
+        scalar = (type(None), bool, int, float, str)
+        replicate = [
+            k
+            for k, v in fields.items()
+            if k not in TEXT_FIELDS and not isinstance(v, scalar) and not per_token(v, total)
+        ]
+        counts = batch.loss_counts
+        assert counts is not None, "the collators' batches carry their loss counts"
+        sharded = shard_fields(
+            fields,
+            context_parallel,
+            rank,
+            num_samples=len(counts.sample_lens),
+            replicate=replicate,
+            pad_token_id=self.options.pad_token_id,
+            ignore_index=self.options.ignore_index,
+            keys=keys,
+        )
+        counts = counts._replace(sample_targets=sharded.sample_targets)
+        items = counts.num_items_in_batch if counts.num_items_in_batch is not None else sharded.num_items_in_batch
+        out = sharded.fields
+        if counts.takes_num_items and items is not None:
+            out["num_items_in_batch"] = torch.tensor(items, dtype=torch.int64)
+        return PackedBatch._wrap(out, counts)
+
     def __repr__(self) -> str:
         cp = self.context_parallel
-        extra = (
-            ""
-            if cp is None
-            else (f", context_parallel_size={cp.size}, context_parallel_rank={cp.rank}, strategy={cp.strategy!r}")
-        )
+        extra = "" if cp is None else f", context_parallel={cp!r}, context_parallel_rank={self.context_parallel_rank}"
         if self.model_inputs is not None:
             return f"PackCollator.for_model({self.model_inputs.model_type!r}, {self.options!r}{extra})"
         return f"PackCollator({self.options!r}{extra})"

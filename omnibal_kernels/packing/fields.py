@@ -40,7 +40,7 @@ def add_sample_fields(samples: Sequence[Mapping[str, Any]], fields: dict[str, An
     padded = fields["input_ids"].shape[1]
     for name in opts.token_fields:
         fields[name] = _pack_token_field(samples, name, lens, padded)
-    vision = opts.mrope.enabled
+    vision = opts.mrope_enabled
     for key in keys:
         if key in opts.token_fields:
             continue

@@ -85,7 +85,7 @@ def _check_labels(samples: PlannedSamples, fields: dict[str, Any], opts: PackOpt
     # numpy's reduceat of the int64 mask over the row's memory, one sum per sample: torch's boolean indexing and
     # bincount, a cumulative sum or a reduceat that casts as it adds cost several times more (the collate
     # benchmark times this check)
-    trained = (fields["labels"][0].numpy() != opts.labels.ignore_index).astype(np.int64)
+    trained = (fields["labels"][0].numpy() != opts.ignore_index).astype(np.int64)
     bounds = fields["cu_seqlens"][: num_samples + 1].numpy()
     if trained.size:
         # the last sample's sum runs on over the padding, whose labels are ignore_index
@@ -121,7 +121,7 @@ def batch_counts(
         return LossCounts(sample_lens, takes_num_items=takes_num_items)
     step = samples.step
     if step.label is not None:
-        if not opts.labels.mask_first_label:
+        if not opts.mask_first_label:
             raise ValueError(
                 "label counts need mask_first_label=True: they count each sample's labels after its "
                 "first token, as the model trains the sample alone"

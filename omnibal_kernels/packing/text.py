@@ -17,7 +17,7 @@ import torch
 from .._shared_memory import in_worker, shared_tensors
 from ..cpu.varlen_metadata import varlen_fields
 from .inputs import INTEGER_DTYPES, as_int64_parts, as_token_tensor, check_each
-from .options import DEFAULT_OPTIONS, PackOptions, StaticShapes
+from .options import DEFAULT_OPTIONS, PackOptions
 
 __all__ = ["pack_sequences"]
 
@@ -49,12 +49,11 @@ def pack_sequences(
     """
     opts = DEFAULT_OPTIONS if options is None else options
     ids, labs, lens = _as_tensors(input_ids, labels, opts.allow_empty)
-    static = opts.static
-    layout = _row_layout(lens, static, ids, labs)
+    layout = _row_layout(lens, opts, ids, labs)
     ids_in, labs_in = ids, labs
     if layout.pad:
-        ids_in = ids + [torch.full((layout.pad,), static.pad_token_id, dtype=_INT64)]
-        labs_in = labs + [torch.full((layout.pad,), opts.labels.ignore_index, dtype=_INT64)]
+        ids_in = ids + [torch.full((layout.pad,), opts.pad_token_id, dtype=_INT64)]
+        labs_in = labs + [torch.full((layout.pad,), opts.ignore_index, dtype=_INT64)]
     if shared is None:
         shared = in_worker()
     if shared:
@@ -74,14 +73,14 @@ def pack_sequences(
         len(lens),
         flat_labels,
         num_slots=layout.num_slots,
-        mask_first_label=opts.labels.mask_first_label,
-        ignore_index=opts.labels.ignore_index,
+        mask_first_label=opts.mask_first_label,
+        ignore_index=opts.ignore_index,
         backend=opts.backend,
         out=out,
     )
     max_seqlen = fields.max_seqlen
-    if static.max_seqlen_buckets is not None:
-        max_seqlen = static.round_max_seqlen(max_seqlen)
+    if opts.max_seqlen_buckets is not None:
+        max_seqlen = opts.round_max_seqlen(max_seqlen)
     cu_seqlens = fields.cu_seqlens
     return {
         "input_ids": flat_ids[None],
@@ -158,7 +157,7 @@ class _RowLayout(NamedTuple):
     num_slots: int  # entries of seq_lens (cu_seqlens has one more)
 
 
-def _row_layout(lens: list[int], static: StaticShapes, ids: list[Any], labs: list[Any]) -> _RowLayout:
+def _row_layout(lens: list[int], static: PackOptions, ids: list[Any], labs: list[Any]) -> _RowLayout:
     """Where the padding goes and how many segment slots the row has, or the error of a batch that cannot fit."""
     total = sum(lens)
     if static.pad_to_length is not None:

@@ -3,9 +3,9 @@ and chat template would produce them, from image headers, video metadata and the
 
 Python API::
 
-    from omnibal_kernels.raw_lengths import lengths_from_raw
-    result = lengths_from_raw("train.jsonl", "path/to/Qwen2-VL-7B-Instruct", "qwen2vl", image_root="images/",
-                              on_error="skip", max_length=8192)
+    from omnibal_kernels.raw_lengths import CountOptions, lengths_from_raw
+    options = CountOptions(model="qwen2vl", image_root="images/", on_error="skip", max_length=8192)
+    result = lengths_from_raw("train.jsonl", "path/to/Qwen2-VL-7B-Instruct", options)
     result.write("lengths.json")          # + lengths.report.json: problems per kind, skipped indices
 
 Command line: ``omnibal-kernels lengths DATA --tokenizer PATH --model internvl|qwen2vl|qwen2.5vl -o OUT``.
@@ -13,19 +13,21 @@ Command line: ``omnibal-kernels lengths DATA --tokenizer PATH --model internvl|q
 Modules, in the order a sample passes them: :mod:`.sources` (records from files), :mod:`.records` (chat
 parts), :mod:`.media` (sizes from headers), :mod:`.chat` (template, placeholders), :mod:`.tokens`,
 :mod:`.loads` (image tokens, ViT load), :mod:`.count` (one chunk), :mod:`.issues` (problems per sample);
-:mod:`.pool` (worker processes), :mod:`.api` (the run), :mod:`.result` and :mod:`.merge` (files and shards).
+:mod:`.options` (:class:`CountOptions`, what the loads depend on), :mod:`.pool` (worker processes), :mod:`.api`
+(the run), :mod:`.result` and :mod:`.merge` (files and shards).
 """
 
 from .api import lengths_from_raw, parse_shard
-from .count import DEFAULT_MAX_FRAMES
 from .issues import ISSUE_KINDS, ON_ERROR, SampleError
 from .merge import merge_length_parts
+from .options import DEFAULT_MAX_FRAMES, CountOptions
 from .pool import WorkerDied
 from .result import RawLengths
 from .spec import MODELS, ModelSpec, load_model_spec
 
 __all__ = [
     "DEFAULT_MAX_FRAMES",
+    "CountOptions",
     "ISSUE_KINDS",
     "MODELS",
     "ON_ERROR",

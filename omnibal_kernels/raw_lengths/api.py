@@ -17,15 +17,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 from .._files import write_json
 from .._progress import progress_bar
-from .count import DEFAULT_MAX_FRAMES, ChunkCounter, ChunkResult
-from .issues import ON_ERROR
+from .count import ChunkCounter, ChunkResult
 from .media import pil_pixel_limit
+from .options import CountOptions
 from .pool import WorkerDied, count_in_workers
 from .result import RawLengths, check_sample_arrays, joined_loads, sample_arrays, write_npz
 from .sources import open_source
@@ -35,22 +35,19 @@ from .tokens import load_tokenizer
 __all__ = ["lengths_from_raw", "parse_shard"]
 
 
-def make_counter(options: dict) -> ChunkCounter:
-    """The counter for one run's options (in this process or in a worker)."""
-    tok = load_tokenizer(options["tokenizer"], options["trust_remote_code"])
-    spec = load_model_spec(options["tokenizer"], options["model"], tok).with_overrides(**options["overrides"])
-    return ChunkCounter(
-        spec,
-        tok,
-        image_root=options["image_root"],
-        max_length=options["max_length"],
-        on_error=options["on_error"],
-        add_special_tokens=options["add_special_tokens"],
-        exif_transpose=options["exif_transpose"],
-        max_frames=options["max_frames"],
-        max_image_pixels=options["max_image_pixels"],
-        labels=options["labels"],
-    )
+class CounterArgs(NamedTuple):
+    """What a worker process builds its counter from: the model folder and the run's options."""
+
+    tokenizer: str
+    options: CountOptions
+
+
+def make_counter(args: CounterArgs) -> ChunkCounter:
+    """The counter for one run (in this process or in a worker)."""
+    options = args.options
+    tok = load_tokenizer(args.tokenizer, options.trust_remote_code)
+    spec = load_model_spec(args.tokenizer, options.model, tok).with_overrides(**options.overrides)
+    return ChunkCounter(spec, tok, options)
 
 
 def _fingerprint(folder: Path) -> str:
@@ -140,72 +137,40 @@ def _resume(
 # ---------------------------------------------------------------------------------------- the run
 
 
-def _options(
-    tokenizer: str | Path, model: str, on_error: str, chunk_size: int, stale_work_dir: str, **given: Any
-) -> dict:
-    if given["labels"] not in (None, True, False):
-        raise TypeError(f"labels must be None, True or False, got {given['labels']!r}")
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+def _check_run(chunk_size: object, stale_work_dir: object) -> None:
     if stale_work_dir not in ("error", "restart"):
         raise ValueError(f"stale_work_dir must be 'error' or 'restart', got {stale_work_dir!r}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    special = given["add_special_tokens"]
-    image_root = given["image_root"]
-    pixels = given["max_image_pixels"]
-    return dict(
-        tokenizer=str(Path(tokenizer)),
-        model=model,
-        trust_remote_code=bool(given["trust_remote_code"]),
-        image_root=None if image_root is None else str(image_root),
-        max_length=given["max_length"],
-        on_error=on_error,
-        add_special_tokens=None if special is None else bool(special),
-        exif_transpose=bool(given["exif_transpose"]),
-        overrides=dict(given["overrides"] or {}),
-        max_frames=given["max_frames"],
-        max_image_pixels=pil_pixel_limit() if pixels is None else pixels,
-        labels=given["labels"],
-    )
 
 
-def _settings(options: dict, counter: ChunkCounter, data: Any, identity: str, shards: int) -> dict:
+def _settings(args: CounterArgs, counter: ChunkCounter, data: Any, identity: str, shards: int) -> dict:
     """What the loads depend on (compared when resuming and merging), and where the files were."""
+    options = args.options
     opts = ("max_length", "on_error", "add_special_tokens", "exif_transpose", "max_frames", "max_image_pixels")
     where = str(data) if isinstance(data, (str, os.PathLike)) else None
     return {
-        "model": options["model"],
+        "model": options.model,
         "spec": dataclasses.asdict(counter.spec),
-        "options": {**{key: options[key] for key in opts}, "labels": counter.labels},
-        "tokenizer_fingerprint": _fingerprint(Path(options["tokenizer"])),
+        "options": {**{key: getattr(options, key) for key in opts}, "labels": counter.labels},
+        "tokenizer_fingerprint": _fingerprint(Path(args.tokenizer)),
         "data": identity,
         "shards": shards,
-        "paths": {"data": where, "tokenizer": options["tokenizer"], "image_root": options["image_root"]},
+        "paths": {"data": where, "tokenizer": args.tokenizer, "image_root": options.image_root},
     }
 
 
 def lengths_from_raw(
     data: Any,
     tokenizer: str | Path,
-    model: str,
+    options: CountOptions,
     *,
-    image_root: Optional[str | Path] = None,
-    max_length: Optional[int] = None,
-    on_error: str = "error",
     num_workers: Optional[int] = None,
     chunk_size: int = 1024,
     shard: Optional[tuple[int, int]] = None,
     work_dir: Optional[str | Path] = None,
     stale_work_dir: str = "error",
     progress: Optional[bool] = None,
-    trust_remote_code: bool = False,
-    add_special_tokens: Optional[bool] = None,
-    exif_transpose: bool = False,
-    overrides: Optional[dict] = None,
-    max_frames: Optional[int] = DEFAULT_MAX_FRAMES,
-    max_image_pixels: Optional[int] = None,
-    labels: Optional[bool] = None,
 ) -> RawLengths:
     """Count every sample's ViT load, ViT sequences, LLM tokens and label tokens of a raw data set as the
     model's processor and chat template would.
@@ -217,13 +182,8 @@ def lengths_from_raw(
             :mod:`omnibal_kernels.raw_lengths.records`.
         tokenizer: the folder ``save_pretrained`` wrote for the model or its processor: tokenizer, chat
             template and image-processor settings are all read from it (:func:`load_model_spec`).
-        model: ``"internvl"``, ``"qwen2vl"`` or ``"qwen2.5vl"``.
-        image_root: folder that relative image and video paths are taken from (default: as given).
-        max_length: samples with more LLM tokens are a problem of kind ``over_max_length``.
-        on_error: ``"error"`` raises :class:`~omnibal_kernels.raw_lengths.SampleError` (a ``ValueError``
-            naming the sample and kind) at the first problem; ``"skip"`` leaves every problem sample out;
-            ``"report"`` keeps the samples whose loads are still defined (``placeholder_mismatch``,
-            ``over_max_length``) and leaves out the others. Every problem is listed in ``issues`` either way.
+        options: how samples are counted (:class:`~omnibal_kernels.raw_lengths.CountOptions`: the model family,
+            ``image_root``, the bounds, ``on_error``, label tokens).
         num_workers: worker processes (None: one per CPU, at most one per chunk; 0 or 1: in this process).
             A chunk whose worker dies is counted again once in a new worker (:mod:`.pool`).
         chunk_size: samples per chunk (the unit of work, progress and resuming).
@@ -232,25 +192,6 @@ def lengths_from_raw(
         stale_work_dir: when ``work_dir`` holds chunks of another run (other data, options or range):
             ``"error"`` raises, ``"restart"`` deletes them (with a note on stderr) and starts over.
         progress: a progress bar on stderr (None: when stderr is a terminal).
-        trust_remote_code: passed to ``AutoTokenizer.from_pretrained`` (InternVL-Chat checkpoints need it).
-        add_special_tokens: whether the tokenizer adds its special tokens (BOS/EOS) to the rendered chat; None
-            (default) as a processor's ``apply_chat_template(tokenize=True)``: added unless the chat already
-            starts with the BOS token.
-        exif_transpose: swap width and height of images whose EXIF orientation rotates them by 90 degrees.
-        overrides: model settings to replace after reading the folder (``ModelSpec`` field names, e.g.
-            ``{"max_num": 6}`` for an InternVL run trained with ``max_dynamic_patch=6``).
-        max_frames: a sample whose videos give the model more frames (after the video processor's sampling)
-            is a problem of kind ``over_max_frames``; bounds the memory of InternVL's per-frame text. None: no
-            bound.
-        max_image_pixels: an image or video frame with more pixels is a problem of kind
-            ``over_max_image_pixels``. None (default): PIL's own limit, above which ``PIL.Image.open`` refuses
-            the image as a decompression bomb (``2 * PIL.Image.MAX_IMAGE_PIXELS``; none when that is None).
-            Image files over PIL's limit are refused by PIL whatever this bound is.
-        labels: count each sample's label tokens (:attr:`RawLengths.label`): the tokens its chat template marks
-            for training with ``{% generation %}`` blocks (image tokens of a placeholder inside one included),
-            the first token left out, as the causal loss counts labels after packing. None (default): when the
-            template has such marks (and the tokenizer is a fast one, which gives token offsets); True: they
-            must be counted (a ``ValueError`` when they cannot); False: not counted.
 
     Returns:
         :class:`RawLengths`, with the ViT sequences of every kept sample (one per InternVL tile, one per Qwen2-VL
@@ -264,31 +205,21 @@ def lengths_from_raw(
         WorkerDied: a chunk whose worker process died twice (a ``ChildProcessError`` naming its samples); the
             chunks finished before stay in ``work_dir``.
     """
-    options = _options(
-        tokenizer,
-        model,
-        on_error,
-        chunk_size,
-        stale_work_dir,
-        image_root=image_root,
-        max_length=max_length,
-        trust_remote_code=trust_remote_code,
-        add_special_tokens=add_special_tokens,
-        exif_transpose=exif_transpose,
-        overrides=overrides,
-        max_frames=max_frames,
-        max_image_pixels=max_image_pixels,
-        labels=labels,
-    )
+    if not isinstance(options, CountOptions):
+        raise TypeError(f"options must be a CountOptions, got {type(options).__name__}")
+    _check_run(chunk_size, stale_work_dir)
+    if options.max_image_pixels is None:
+        options = options.replace(max_image_pixels=pil_pixel_limit())
+    args = CounterArgs(str(Path(tokenizer)), options)
     # Built here first so that a bad folder, template or option fails before any worker starts.
-    counter = make_counter(options)
+    counter = make_counter(args)
     source = open_source(data)
     n = len(source)
     i, k = shard if shard is not None else (0, 1)
     if not (isinstance(i, int) and isinstance(k, int) and 0 <= i < k):
         raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard!r}")
     start, stop = i * n // k, (i + 1) * n // k
-    settings = _settings(options, counter, data, source.identity, k)
+    settings = _settings(args, counter, data, source.identity, k)
     bounds = [(a, min(a + chunk_size, stop)) for a in range(start, stop, chunk_size)]
     wd = None if work_dir is None else Path(work_dir)
     results: dict[int, ChunkResult] = {}
@@ -296,7 +227,7 @@ def lengths_from_raw(
         identity = {key: value for key, value in settings.items() if key != "paths"}
         run = {
             "settings": identity,
-            "image_root": options["image_root"],
+            "image_root": options.image_root,
             "start": start,
             "stop": stop,
             "chunk_size": chunk_size,
@@ -320,7 +251,7 @@ def lengths_from_raw(
             for a, b in todo:
                 done(a, b, counter.count(source.chunk(a, b), a))
         else:
-            count_in_workers(source, options, make_counter, todo, workers, done)
+            count_in_workers(source, args, make_counter, todo, workers, done)
     except WorkerDied as exc:
         kept = (
             f"the {len(results)} chunks finished are kept in {wd}: run again to resume"

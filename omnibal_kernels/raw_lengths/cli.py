@@ -15,10 +15,10 @@ from pathlib import Path
 
 from .._checks import check_positive_int
 from .api import lengths_from_raw, parse_shard
-from .count import DEFAULT_MAX_FRAMES
 from .issues import ON_ERROR
 from .media import pil_pixel_limit
 from .merge import merge_length_parts
+from .options import DEFAULT_MAX_FRAMES, CountOptions
 from .result import RawLengths
 
 __all__ = ["add_arguments", "run"]
@@ -193,19 +193,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--shard writes one part for --merge: give -o a .npz path, got {str(output)!r}")
     work_dir = args.work_dir if args.work_dir is not None else output.with_name(output.name + ".chunks")
     _allow_image_pixels(args.max_image_pixels)
-    result = lengths_from_raw(
-        args.input,
-        args.tokenizer,
-        args.model,
+    options = CountOptions(
+        model=args.model,
         image_root=args.image_root,
         max_length=args.max_length,
         on_error=args.on_error,
-        num_workers=args.workers,
-        chunk_size=args.chunk_size,
-        shard=shard,
-        work_dir=work_dir,
-        stale_work_dir="error" if args.work_dir is not None else "restart",
-        progress=None if args.progress else False,
         trust_remote_code=args.trust_remote_code,
         add_special_tokens={"auto": None, "yes": True, "no": False}[args.add_special_tokens],
         exif_transpose=args.exif_transpose,
@@ -213,6 +205,17 @@ def run(args: argparse.Namespace) -> int:
         max_frames=args.max_frames,
         max_image_pixels=args.max_image_pixels,
         labels={"auto": None, "yes": True, "no": False}[args.labels],
+    )
+    result = lengths_from_raw(
+        args.input,
+        args.tokenizer,
+        options,
+        num_workers=args.workers,
+        chunk_size=args.chunk_size,
+        shard=shard,
+        work_dir=work_dir,
+        stale_work_dir="error" if args.work_dir is not None else "restart",
+        progress=None if args.progress else False,
     )
     if result.label is None and args.labels == "auto":
         print(

@@ -28,23 +28,19 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._checks import MAX_IMAGE_SIDE, QWEN2VL_MAX_RATIO, check_positive_int
+from .._checks import MAX_IMAGE_SIDE, QWEN2VL_MAX_RATIO
 from .._csr import take_rows
 from ..lengths import Lengths
 from .chat import ChatRenderer, Expanded, marks_training
-from .issues import ON_ERROR, IssueLog
+from .issues import IssueLog
 from .loads import media_item_tokens, media_loads, sequence_rows, video_frames
 from .media import MediaError, VideoInfo, image_size, video_info
+from .options import CountOptions
 from .records import RecordError, parse_record
 from .spec import ModelSpec
 from .tokens import TokenCounter
 
-__all__ = ["DEFAULT_MAX_FRAMES", "ChunkCounter", "ChunkResult"]
-
-# Frames one sample's videos may give the model. InternVL's text grows by one "FrameN: <img></img>" line a
-# frame, so memory grows with the count; over ten times the 768-frame cap of Qwen2-VL's video sampling, the
-# bound keeps every frame count a model trains on (and .tokens tokenizes a chunk's texts in bounded batches).
-DEFAULT_MAX_FRAMES = 8192
+__all__ = ["ChunkCounter", "ChunkResult"]
 
 
 @dataclass
@@ -77,45 +73,24 @@ class _Prepared:
     mismatch: Optional[str]
 
 
-def _bound(name: str, value: Any) -> Optional[int]:
-    return None if value is None else check_positive_int(name, value)
-
-
 class ChunkCounter:
     """Counts chunks of records for one model spec and tokenizer (one per worker process).
 
-    ``max_image_pixels`` (None: no bound of its own) and ``max_frames`` bound each image's (and video
-    frame's) pixels and the frames one sample's videos give the model; see :func:`lengths_from_raw`.
-    ``labels``: count label tokens (True: the template must mark them; None: when it does and the tokenizer
-    gives offsets; False: never); :attr:`labels` says whether they are.
+    ``options``: the :class:`~omnibal_kernels.raw_lengths.CountOptions` of the run (here ``max_image_pixels``
+    None is no bound of its own: :func:`~omnibal_kernels.raw_lengths.lengths_from_raw` puts PIL's limit there);
+    :attr:`labels` says whether label tokens are counted.
     """
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        tokenizer: Any,
-        *,
-        image_root: Optional[str | Path] = None,
-        max_length: Optional[int] = None,
-        on_error: str = "error",
-        add_special_tokens: Optional[bool] = None,
-        exif_transpose: bool = False,
-        max_frames: Optional[int] = DEFAULT_MAX_FRAMES,
-        max_image_pixels: Optional[int] = None,
-        labels: Optional[bool] = None,
-    ) -> None:
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        if labels not in (None, True, False):
-            raise TypeError(f"labels must be None, True or False, got {labels!r}")
-        self.max_length = _bound("max_length", max_length)
-        self.max_frames = _bound("max_frames", max_frames)
-        self.max_image_pixels = _bound("max_image_pixels", max_image_pixels)
-        self.spec, self.on_error = spec, on_error
-        self.root = None if image_root is None else Path(image_root)
-        self.exif_transpose = exif_transpose
+    def __init__(self, spec: ModelSpec, tokenizer: Any, options: CountOptions) -> None:
+        self.max_length = options.max_length
+        self.max_frames = options.max_frames
+        self.max_image_pixels = options.max_image_pixels
+        self.spec, self.on_error = spec, options.on_error
+        self.root = None if options.image_root is None else Path(options.image_root)
+        self.exif_transpose = options.exif_transpose
+        labels = options.labels
         self.chat = ChatRenderer(spec, tokenizer)
-        self.tokens = TokenCounter(tokenizer, add_special_tokens)
+        self.tokens = TokenCounter(tokenizer, options.add_special_tokens)
         self.tokens.check_image_tokens(spec)
         marked, offsets = marks_training(tokenizer), self.tokens.can_mark
         if labels and not (marked and offsets):

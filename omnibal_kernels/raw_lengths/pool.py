@@ -48,13 +48,13 @@ def _send(conn: Connection, message: tuple) -> None:
         )
 
 
-def _worker(conn: Connection, source: Any, options: dict, make_counter: Callable[[dict], Any]) -> None:
+def _worker(conn: Connection, source: Any, args: Any, make_counter: Callable[[Any], Any]) -> None:
     # One tokenizer per process; its own thread pool would only compete with the other workers.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     # Ctrl-C reaches the whole process group: the main process stops the workers, they do not stop themselves.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        counter = make_counter(options)
+        counter = make_counter(args)
     except Exception as exc:
         _send(conn, ("failed", None, exc))
         return
@@ -77,11 +77,11 @@ def _worker(conn: Connection, source: Any, options: dict, make_counter: Callable
 class _Workers:
     """The running workers, each with the chunk it holds."""
 
-    def __init__(self, source: Any, options: dict, make_counter: Callable[[dict], Any]) -> None:
+    def __init__(self, source: Any, args: Any, make_counter: Callable[[Any], Any]) -> None:
         methods = multiprocessing.get_all_start_methods()
         # fork: the workers share the source's offsets and the parent's imports without pickling them.
         self.ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-        self.args = (source, options, make_counter)
+        self.args = (source, args, make_counter)
         self.held: dict[Connection, tuple[Any, Optional[tuple[int, int]]]] = {}
         self.retired: list[Any] = []
 
@@ -124,15 +124,15 @@ class _Workers:
 
 def count_in_workers(
     source: Any,
-    options: dict,
-    make_counter: Callable[[dict], Any],
+    args: Any,
+    make_counter: Callable[[Any], Any],
     todo: list[tuple[int, int]],
     workers: int,
     done: Callable[[int, int, Any], None],
 ) -> None:
     """Count the chunks ``todo`` (``(a, b)`` sample ranges) in ``workers`` processes.
 
-    Each process builds its counter with ``make_counter(options)`` and counts ``source.chunk(a, b)``;
+    Each process builds its counter with ``make_counter(args)`` and counts ``source.chunk(a, b)``;
     ``done(a, b, result)`` runs in this process as each chunk finishes, in any order.
 
     Raises:
@@ -142,7 +142,7 @@ def count_in_workers(
     """
     pending = collections.deque(todo)
     starts: collections.Counter = collections.Counter()
-    pool = _Workers(source, options, make_counter)
+    pool = _Workers(source, args, make_counter)
     try:
         while pending and len(pool.held) < workers:
             bounds = pending.popleft()

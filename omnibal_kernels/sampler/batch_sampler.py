@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from types import FrameType
 from typing import Any, Optional, Union
 
 import numpy as np
 import torch.utils.data
 
 from .._checks import check_epoch, check_int, check_positive_int, default_world
-from ..balance.context_parallel import ContextParallelReport, slot_rank_times
-from ..balance.cost import CostModel
-from ..balance.options import UNSET, Method, OversizePolicy, PlanOptions
+from ..balance.options import PlanOptions
 from ..balance.packs import Plan, as_lengths
-from ..context_parallel import ContextParallelCost
+from ..context_parallel.options import ContextParallelOptions
+from ..context_parallel.report import slot_rank_times
 from ..lengths import Lengths
 from .epochs import EpochCache, EpochSchedule, plan_epoch
 from .groups import build_groups
@@ -53,18 +50,16 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         world_size, rank: all ranks and this one, both or neither; default torch.distributed's when
             initialized, else 1 and 0 (with ``WORLD_SIZE > 1`` in the environment that is an error: call
             ``torch.distributed.init_process_group`` first).
-        context_parallel_size: ranks per context-parallel (CP) group, ``C`` (default 1: no CP). The sampler's
-            world is then the data-parallel one: ``world_size / C`` groups of the ``C`` consecutive ranks
-            ``d * C, ..., d * C + C - 1`` (Megatron's and torchtitan's order without tensor parallelism; with
-            another layout pass ``world_size = C * data-parallel size`` and ``rank = C * data-parallel rank +
-            CP rank``), each group getting one pack per micro-step, the same on its ``C`` ranks (a
-            ``PackCollator(context_parallel_size=C)`` then hands each its shard). The capacities are per CP
-            group (:func:`~omnibal_kernels.balance.plan_packs`). :attr:`world_size` and :attr:`rank` are the
-            data-parallel ones, :attr:`context_parallel_rank` this rank's place in its group.
-        method, target_batch_size, vit_capacity, llm_capacity, seed, drop_last, oversize, cost_model,
-            context_parallel_size: fields of ``PlanOptions``, replacing those of ``options``;
-            ``target_batch_size`` and the capacities may be sequences with one value per group. Capacities
-            not given are searched once, on each group's whole data, and kept for all epochs.
+            Context parallelism is an option too (``PlanOptions(context_parallel=ContextParallelOptions(size=C,
+            ...))``, the same for every group): the sampler's world is then the data-parallel one,
+            ``world_size / C`` groups of the ``C`` consecutive ranks ``d * C, ..., d * C + C - 1`` (Megatron's and
+            torchtitan's order without tensor parallelism; with another layout pass ``world_size = C *
+            data-parallel size`` and ``rank = C * data-parallel rank + CP rank``), each group getting one pack per
+            micro-step, the same on its ``C`` ranks; the batches of :meth:`wrap` carry the options and this
+            rank's place in its group, so the collator hands each rank its shard. The capacities are per CP group
+            (:func:`~omnibal_kernels.balance.plan_packs`). :attr:`world_size` and :attr:`rank` are the
+            data-parallel ones, :attr:`context_parallel_rank` this rank's place in its group. Capacities not given
+            are searched once, on each group's whole data, and kept for all epochs.
         micro_steps_per_step: micro-steps (gradient accumulation steps) per optimizer step.
         groups: ``None`` (one group), a per-sample array of integer group ids (groups in sorted id order), or
             a list of index arrays partitioning the samples. Each group is packed under its own capacities;
@@ -73,33 +68,25 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     Raises:
         ValueError/TypeError: rank not in ``[0, world_size)``, only one of ``world_size`` and ``rank``, a
-            ``context_parallel_size`` that is not a positive int or does not divide ``world_size``,
+            context-parallel size that does not divide ``world_size``,
             ``WORLD_SIZE > 1`` without a process group, too few packs for the ranks with ``drop_last``, lengths
             not matching the dataset, bad groups or options (naming the argument, group or sample).
 
     Warns:
         UserWarning: capacities raised past those of ``target_batch_size`` (at construction), an epoch whose
-            reused packs repeat more than 5% of its samples (once), and a wrapped dataset iterated without
-            label counts in the lengths outside :func:`omnibal_kernels.loss.step_batches` (once).
+            reused packs repeat more than 5% of its samples (once), a wrapped dataset iterated without
+            label counts in the lengths outside :func:`omnibal_kernels.loss.step_batches` (once), and a sampler
+            planned with context parallelism iterated before :meth:`wrap` (once).
     """
 
     def __init__(
         self,
         lengths: Union[Lengths, tuple, np.ndarray],
-        *,
         options: Union[PlanOptions, Sequence[PlanOptions], None] = None,
+        *,
         world_size: Optional[int] = None,
         rank: Optional[int] = None,
-        method: Method = UNSET,
-        target_batch_size: Union[float, Sequence[float]] = UNSET,
-        vit_capacity: Union[int, Sequence[int], None] = UNSET,
-        llm_capacity: Union[int, Sequence[int], None] = UNSET,
-        seed: int = UNSET,
-        drop_last: bool = UNSET,
         micro_steps_per_step: int = 1,
-        oversize: OversizePolicy = UNSET,
-        cost_model: Optional[CostModel] = UNSET,
-        context_parallel_size: int = UNSET,
         groups: Any = None,
         dataset: Any = None,
         num_samples: Optional[int] = None,
@@ -116,30 +103,17 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         if num_samples is not None and num_samples != n:
             raise ValueError(f"lengths has {n} samples but num_samples is {num_samples}")
         world_size, rank = default_world(world_size, rank, owner="BalancedBatchSampler")
-        cp = _context_parallel_size(options, context_parallel_size)
+        self.micro_steps_per_step = check_positive_int("micro_steps_per_step", micro_steps_per_step)
+        cp = _first_options(options).context_parallel.size
         if world_size % cp:
             raise ValueError(
-                f"BalancedBatchSampler: context_parallel_size={cp} does not divide world_size="
+                f"BalancedBatchSampler: context_parallel.size={cp} does not divide world_size="
                 f"{world_size}: the ranks must form whole context-parallel groups"
             )
         self.world_size, self.rank = world_size // cp, rank // cp
-        self.context_parallel_size, self.context_parallel_rank = cp, rank % cp
-        self.micro_steps_per_step = check_positive_int("micro_steps_per_step", micro_steps_per_step)
+        self.context_parallel_rank = rank % cp
         self._groups = build_groups(
-            self.lengths,
-            groups,
-            options,
-            world_size=self.world_size,
-            micro_steps=self.micro_steps_per_step,
-            method=method,
-            target_batch_size=target_batch_size,
-            vit_capacity=vit_capacity,
-            llm_capacity=llm_capacity,
-            seed=seed,
-            drop_last=drop_last,
-            oversize=oversize,
-            cost_model=cost_model,
-            context_parallel_size=cp,
+            self.lengths, groups, options, world_size=self.world_size, micro_steps=self.micro_steps_per_step
         )
         self._config_fingerprint = config_fingerprint(
             self.lengths, self._groups, self.world_size, self.micro_steps_per_step
@@ -174,6 +148,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
     drop_last = _shared_field("drop_last")
     oversize = _shared_field("oversize")
     cost_model = _shared_field("cost_model")
+    context_parallel = _shared_field("context_parallel")
 
     # ------------------------------------------------------------------------------------------ sampling
 
@@ -209,10 +184,15 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         return self._schedule().num_micro_steps - self._cursor.start
 
     def __iter__(self) -> Iterator[list[int]]:
-        if _iterated_as_a_plain_sampler(self, sys._getframe(1)):
-            raise TypeError(
-                "BalancedBatchSampler yields whole batches: pass it as DataLoader(dataset, "
-                "batch_sampler=sampler), not sampler=sampler"
+        if self.context_parallel.enabled and not self._wrapped and "context parallel" not in self._warned:
+            self._warned.add("context parallel")
+            warnings.warn(
+                f"this sampler plans with context_parallel.size={self.context_parallel.size}: the "
+                f"{self.context_parallel.size} ranks of a group get the same pack, and only batches of "
+                "sampler.wrap(dataset) tell the collator (PackCollator) which shard is this rank's; iterated "
+                "without it, every rank of the group trains the whole pack unless your collate_fn shards it",
+                UserWarning,
+                stacklevel=2,
             )
         if (
             self._wrapped
@@ -236,7 +216,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         counts = self._step_counts(schedule)
         for i in range(self._cursor.begin_pass(), schedule.num_micro_steps):
             self._cursor.position = i + 1
-            yield planned_batch(schedule, i, self.rank, self.lengths, self.micro_steps_per_step, counts)
+            yield planned_batch(schedule, i, self.rank, self.lengths, self.micro_steps_per_step, counts, self._cp)
         self._cursor.end_pass()
 
     def _step_counts(self, schedule: EpochSchedule) -> Optional[tuple[np.ndarray, np.ndarray]]:
@@ -326,7 +306,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         schedule = self._schedule(epoch)
         counts = self._step_counts(schedule)
         return [
-            planned_batch(schedule, i, rank, self.lengths, self.micro_steps_per_step, counts)
+            planned_batch(schedule, i, rank, self.lengths, self.micro_steps_per_step, counts, self._cp)
             for i in range(schedule.num_micro_steps)
         ]
 
@@ -336,44 +316,35 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             self._sample_costs = self.cost_model.sample_costs(self.lengths)
         return micro_step_loads(self._schedule(epoch), self.lengths, self._sample_costs, self.cost_model.per_pack)
 
-    def balance_report(self, epoch: Optional[int] = None) -> SamplerReport:
-        """The :class:`SamplerReport` of the epoch (default: the current one; made once per planned epoch)."""
+    def report(self, epoch: Optional[int] = None, *, progress: Optional[bool] = None) -> SamplerReport:
+        """The :class:`SamplerReport` of the epoch (default: the current one; made once per planned epoch). With
+        context parallelism it holds every CP rank's predicted time per micro-step
+        (:attr:`SamplerReport.context_parallel`; ``progress``: a progress bar while the packs are priced,
+        default when stderr is a terminal)."""
         schedule = self._schedule(epoch)
         if schedule.report is None:
+            cp = None
+            if self.context_parallel.enabled:
+                cp = slot_rank_times(
+                    schedule.pack_offsets,
+                    schedule.pack_samples,
+                    schedule.micro_packs,
+                    self.lengths.llm,
+                    self.context_parallel,
+                    progress=progress,
+                )
             schedule.report = make_report(
-                schedule, self._groups, self.micro_steps_per_step, self.micro_step_loads(schedule.epoch)
+                schedule, self._groups, self.micro_steps_per_step, self.micro_step_loads(schedule.epoch), cp
             )
         return schedule.report
 
-    def context_parallel_report(
-        self,
-        strategy: str = "auto",
-        *,
-        epoch: Optional[int] = None,
-        cost: Optional[ContextParallelCost] = None,
-        pad_sequences: bool = False,
-        max_rank_tokens: Optional[int] = None,
-        progress: Optional[bool] = None,
-    ) -> ContextParallelReport:
-        """Every CP rank's predicted time for every micro-step of the epoch (default: the current one):
-        :func:`~omnibal_kernels.balance.context_parallel_report` over ``(num_micro_steps, world_size,
-        context_parallel_size)``, each pack priced under ``strategy`` as the collator shards it."""
-        schedule = self._schedule(epoch)
-        return slot_rank_times(
-            schedule.pack_offsets,
-            schedule.pack_samples,
-            schedule.micro_packs,
-            self.lengths.llm,
-            self.context_parallel_size,
-            strategy,
-            cost=cost,
-            pad_sequences=pad_sequences,
-            max_rank_tokens=max_rank_tokens,
-            progress=progress,
-        )
+    @property
+    def _cp(self) -> tuple[ContextParallelOptions, int]:
+        return self.context_parallel, self.context_parallel_rank
 
     def __repr__(self) -> str:
-        cp = f", context_parallel_size={self.context_parallel_size}" if self.context_parallel_size > 1 else ""
+        size = self.context_parallel.size
+        cp = f", context_parallel_size={size}, context_parallel_rank={self.context_parallel_rank}" if size > 1 else ""
         return (
             f"BalancedBatchSampler(samples={len(self.lengths)}, world_size={self.world_size}, rank={self.rank}"
             f"{cp}, method={self.method!r}, capacities={self.capacities}, micro_steps_per_step="
@@ -381,21 +352,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         )
 
 
-def _context_parallel_size(options: Union[PlanOptions, Sequence[PlanOptions], None], keyword: Any) -> int:
-    """The CP group size: the keyword, else the options' (the first group's; groups must agree), else 1."""
-    if keyword is not UNSET:
-        return check_positive_int("context_parallel_size", keyword)
+def _first_options(options: Union[PlanOptions, Sequence[PlanOptions], None]) -> PlanOptions:
+    """The first group's options (groups must agree on everything but :data:`~.groups.PER_GROUP_FIELDS`; the
+    groups' own check says where they do not); the defaults for None or anything else (checked there too)."""
     if isinstance(options, Sequence) and not isinstance(options, str) and len(options):
         options = options[0]
-    return options.context_parallel_size if isinstance(options, PlanOptions) else 1
-
-
-def _iterated_as_a_plain_sampler(sampler: BalancedBatchSampler, caller: Optional[FrameType]) -> bool:
-    """Whether ``iter(sampler)`` was called by a DataLoader that takes it for a sampler of single indices: a
-    ``BatchSampler`` wrapping it (``DataLoader(sampler=...)``), or a loader without automatic batching."""
-    owner = caller.f_locals.get("self") if caller is not None else None
-    if type(owner) is torch.utils.data.BatchSampler and owner.sampler is sampler:
-        return True
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-    return isinstance(owner, _BaseDataLoaderIter) and not getattr(owner, "_auto_collation", True)
+    return options if isinstance(options, PlanOptions) else PlanOptions()

@@ -55,7 +55,7 @@ def plan_epoch(groups: SamplerGroups, world_size: int, micro_steps: int, epoch: 
     plans = []
     for g, (group_lengths, options) in enumerate(zip(groups.lengths, groups.options)):
         try:
-            plan = plan_packs(group_lengths, options=options, seed=groups.seed(g), world_size=world * m, epoch=epoch)
+            plan = plan_packs(group_lengths, options.replace(seed=groups.seed(g)), world_size=world * m, epoch=epoch)
         except ValueError as err:
             raise type(err)(
                 f"{groups.where(g)}{err} [world_size {world} x micro_steps_per_step {m} = {world * m} "

@@ -1,10 +1,8 @@
 """The sampler's groups: which samples are planned together, and each group's options and capacities.
 
-Per-group values take one of two forms. ``options`` is one ``PlanOptions`` for every group or a sequence with
-one per group; and a keyword of a per-group field (``vit_capacity``, ``llm_capacity``, ``target_batch_size``)
-is one value for every group or a sequence with one per group. Groups may differ only in the fields of
-:data:`PER_GROUP_FIELDS` (``isf`` among them, since its thresholds follow the capacities); the others
-(method, oversize, drop_last, seed, cost model) are the sampler's and must agree.
+``options`` is one ``PlanOptions`` for every group or a sequence with one per group. Groups may differ only in
+the fields of :data:`PER_GROUP_FIELDS` (``isf`` among them, since its thresholds follow the capacities); the
+others (method, oversize, drop_last, seed, cost model, context parallelism) are the sampler's and must agree.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..balance.options import PlanOptions, plan_options
+from ..balance.options import PlanOptions, check_options
 from ..balance.packs import TooFewPacksError
 from ..balance.search import Capacities, search_capacity
 from ..balance.seeds import epoch_seed
@@ -25,8 +23,6 @@ from ..lengths import Lengths
 __all__ = ["PER_GROUP_FIELDS", "SamplerGroups", "build_groups", "check_enough_packs", "group_options", "parse_groups"]
 
 PER_GROUP_FIELDS = ("vit_capacity", "llm_capacity", "target_batch_size", "isf")
-# keywords whose value may be a sequence with one entry per group
-_PER_GROUP_KEYWORDS = ("vit_capacity", "llm_capacity", "target_batch_size")
 
 
 @dataclass(frozen=True)
@@ -47,7 +43,7 @@ class SamplerGroups:
         return _where(g, len(self))
 
     def seed(self, g: int) -> int:
-        """Group ``g``'s plan seed: one group plans exactly as ``plan_packs(..., seed=seed)``; several get
+        """Group ``g``'s plan seed: one group plans exactly as ``plan_packs`` with the options' seed; several get
         independent seeds."""
         seed = self.options[0].seed
         return seed if len(self) == 1 else epoch_seed(seed, g)
@@ -111,13 +107,10 @@ def _check_partition(parts: list[np.ndarray], n: int) -> None:
         raise ValueError(f"{missing.size} sample(s) are in no group; first: sample {int(missing[0])}")
 
 
-def group_options(
-    options: Union[PlanOptions, Sequence[PlanOptions], None], num_groups: int, **keywords: Any
-) -> tuple[PlanOptions, ...]:
-    """One ``PlanOptions`` per group from ``options`` and the keywords (the module docstring's two forms; a
-    keyword replaces the field of every group's options, as :func:`~omnibal_kernels.balance.options.plan_options`
-    does). Raises ``ValueError`` where a sequence has another length than ``num_groups`` or groups differ in a
-    shared field, and what ``PlanOptions`` raises (naming the group when there are several)."""
+def group_options(options: Union[PlanOptions, Sequence[PlanOptions], None], num_groups: int) -> tuple[PlanOptions, ...]:
+    """One ``PlanOptions`` per group from ``options`` (one for all, or a sequence with one per group). Raises
+    ``ValueError`` where a sequence has another length than ``num_groups`` or groups differ in a shared field,
+    and ``TypeError`` for what is not a ``PlanOptions`` (naming the group when there are several)."""
     if options is None or isinstance(options, PlanOptions):
         bases: list[Optional[PlanOptions]] = [options] * num_groups
     elif isinstance(options, Sequence) and not isinstance(options, str):
@@ -128,15 +121,14 @@ def group_options(
         raise TypeError(
             f"options must be a PlanOptions or a sequence of them (one per group), got {type(options).__name__}"
         )
-    per_group = {name: _per_group(name, value, num_groups) for name, value in keywords.items()}
     out = []
     for g, base in enumerate(bases):
         try:
-            out.append(plan_options(base, **{name: values[g] for name, values in per_group.items()}))
-        except (TypeError, ValueError) as err:
+            out.append(check_options(base))
+        except TypeError as err:
             if num_groups == 1:
                 raise
-            raise type(err)(f"{_where(g, num_groups)}{err}") from err
+            raise TypeError(f"{_where(g, num_groups)}{err}") from err
     shared = [f.name for f in dataclasses.fields(PlanOptions) if f.name not in PER_GROUP_FIELDS]
     for g, opts in enumerate(out[1:], 1):
         for name in shared:
@@ -149,16 +141,6 @@ def group_options(
     return tuple(out)
 
 
-def _per_group(name: str, value: Any, num_groups: int) -> list[Any]:
-    """A keyword's value for every group: a sequence of a per-group field gives one value per group."""
-    if name in _PER_GROUP_KEYWORDS and isinstance(value, (list, tuple, np.ndarray)):
-        values = list(value)
-        if len(values) != num_groups:
-            raise ValueError(f"{name} has {len(values)} entries for {num_groups} groups")
-        return values
-    return [value] * num_groups
-
-
 def build_groups(
     lengths: Lengths,
     groups: Any,
@@ -166,20 +148,19 @@ def build_groups(
     *,
     world_size: int,
     micro_steps: int,
-    **keywords: Any,
 ) -> SamplerGroups:
     """The sampler's groups with their options; capacities not given are searched once, on the group's whole
     data, for ``world_size * micro_steps`` virtual ranks. Raises as :func:`parse_groups`, :func:`group_options`
     and :func:`check_enough_packs`."""
     ids = parse_groups(groups, len(lengths))
-    per_group = group_options(options, len(ids), **keywords)
+    per_group = group_options(options, len(ids))
     group_lengths = tuple(lengths[g] for g in ids)
     slots = world_size * micro_steps
     planned, searched = [], []
     for g, (part, opts) in enumerate(zip(group_lengths, per_group)):
         caps = None
         if not opts.has_capacities:
-            caps = search_capacity(part, options=opts, world_size=slots)
+            caps = search_capacity(part, opts, world_size=slots)
             opts = opts.replace(vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity)
         check_enough_packs(part, opts, world_size=world_size, micro_steps=micro_steps, where=_where(g, len(ids)))
         planned.append(opts)

@@ -8,6 +8,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..balance.report import BalanceReport, balance_report, dist_ratio, mean_over_max, pack_sums
+from ..context_parallel.report import ContextParallelReport
 from ..lengths import Lengths
 from .epochs import EpochSchedule
 from .groups import SamplerGroups
@@ -41,6 +42,12 @@ class SamplerReport:
         epoch_cost: sum over optimizer steps of the slowest rank's cost summed over its micro-steps (what
             data-parallel training waits for), under the sampler's cost model.
         epoch_ideal: all scheduled cost over ``world_size``; ``epoch_over_ideal`` their ratio (1 for none).
+        context_parallel: with context parallelism, every CP rank's predicted time for every micro-step
+            (a :class:`~omnibal_kernels.context_parallel.ContextParallelReport` over ``(num_micro_steps,
+            world_size, C)``, each pack priced as the collator shards it); None without.
+
+    ``num_dropped`` and ``num_duplicated`` count :attr:`dropped_samples` and :attr:`duplicated_samples`, as
+    :class:`~omnibal_kernels.balance.BalanceReport` does for a plan.
     """
 
     epoch: int
@@ -64,6 +71,17 @@ class SamplerReport:
     epoch_cost: float = 0.0
     epoch_ideal: float = 0.0
     epoch_over_ideal: float = 1.0
+    context_parallel: Optional[ContextParallelReport] = None
+
+    @property
+    def num_dropped(self) -> int:
+        """Samples in no batch."""
+        return int(self.dropped_samples.size)
+
+    @property
+    def num_duplicated(self) -> int:
+        """Extra occurrences of samples in reused packs."""
+        return int(self.duplicated_samples.size)
 
     def to_dict(self) -> dict[str, Any]:
         """Numbers only (group reports as dicts, sample id lists as counts)."""
@@ -87,12 +105,14 @@ class SamplerReport:
                 "epoch_over_ideal",
             )
         }
-        out["dropped"] = int(self.dropped_samples.size)
-        out["duplicated"] = int(self.duplicated_samples.size)
+        out["num_dropped"] = self.num_dropped
+        out["num_duplicated"] = self.num_duplicated
         out["duplicated_fraction"] = self.duplicated_fraction
         out["predicted_batch_sizes"] = list(self.predicted_batch_sizes)
         out["capacities_raised"] = list(self.capacities_raised)
         out["groups"] = [g.to_dict() for g in self.groups]
+        if self.context_parallel is not None:
+            out["context_parallel"] = self.context_parallel.to_dict()
         return out
 
 
@@ -109,9 +129,14 @@ def micro_step_loads(
 
 
 def make_report(
-    schedule: EpochSchedule, groups: SamplerGroups, micro_steps: int, loads: tuple[np.ndarray, np.ndarray, np.ndarray]
+    schedule: EpochSchedule,
+    groups: SamplerGroups,
+    micro_steps: int,
+    loads: tuple[np.ndarray, np.ndarray, np.ndarray],
+    context_parallel: Optional[ContextParallelReport] = None,
 ) -> SamplerReport:
-    """The report of ``schedule``; ``loads``: its :func:`micro_step_loads`."""
+    """The report of ``schedule``; ``loads``: its :func:`micro_step_loads`; ``context_parallel``: its CP ranks'
+    times where the sampler shards packs."""
     vit, llm, cost = loads
     m, world = micro_steps, vit.shape[1]
     steps = vit.shape[0] // m
@@ -152,4 +177,5 @@ def make_report(
         epoch_cost=epoch_cost,
         epoch_ideal=epoch_ideal,
         epoch_over_ideal=epoch_cost / epoch_ideal if epoch_ideal > 0 else 1.0,
+        context_parallel=context_parallel,
     )

@@ -17,13 +17,14 @@ the samples as :class:`PlannedSamples`, a list that also holds the step and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 import torch.utils.data
 
 from ..balance.report import pack_sums
+from ..context_parallel.options import ContextParallelOptions
 from ..lengths import Lengths
 from .epochs import EpochSchedule
 
@@ -45,6 +46,8 @@ class PlannedStep:
             packs counted as often as they are trained); None without label counts.
         num_samples_in_batch: samples of the optimizer step with at least one label token, counted the same
             way; None without label counts.
+        context_parallel, context_parallel_rank: the plan's context-parallel options and this rank's place in
+            its CP group: the collator shards the pack with them.
     """
 
     epoch: int
@@ -58,6 +61,8 @@ class PlannedStep:
     label: Optional[tuple[int, ...]]
     num_items_in_batch: Optional[int]
     num_samples_in_batch: Optional[int]
+    context_parallel: ContextParallelOptions = field(default_factory=ContextParallelOptions)
+    context_parallel_rank: int = 0
 
 
 class PlannedBatch(list):
@@ -71,6 +76,14 @@ class PlannedBatch(list):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PlannedBatch, (list(self), self.step))
+
+    def __index__(self) -> int:
+        # A dataset indexed with a whole batch was handed this sampler as ``sampler=``: say so where Python
+        # asks for an integer index (list and tuple datasets), instead of an error about the index's type.
+        raise TypeError(
+            "a whole batch of sample ids reached the dataset as one index: a BalancedBatchSampler yields "
+            "batches, so pass it as DataLoader(dataset, batch_sampler=sampler), not sampler=sampler"
+        )
 
 
 class PlannedSamples(list):
@@ -117,7 +130,7 @@ class PlannedDataset(torch.utils.data.Dataset):
         if isinstance(index, list):
             raise TypeError(
                 "a whole batch of sample ids reached the dataset as one index: a BalancedBatchSampler yields "
-                "batches, so pass it as DataLoader(..., batch_sampler=sampler), not sampler=sampler"
+                "batches, so pass it as DataLoader(dataset, batch_sampler=sampler), not sampler=sampler"
             )
         return self.dataset[index]
 
@@ -150,9 +163,11 @@ def planned_batch(
     lengths: Lengths,
     micro_steps: int,
     counts: Optional[tuple[np.ndarray, np.ndarray]],
+    context_parallel: tuple[ContextParallelOptions, int],
 ) -> PlannedBatch:
     """The batch of ``(micro_step, rank)`` with its :class:`PlannedStep`; ``counts``: :func:`step_label_counts`
-    of the schedule (None without label counts)."""
+    of the schedule (None without label counts); ``context_parallel``: the plan's CP options and this rank's
+    place in its CP group."""
     ids = schedule.batch(micro_step, rank)
     index = np.asarray(ids, dtype=np.int64)
     step = micro_step // micro_steps
@@ -171,5 +186,7 @@ def planned_batch(
             label=label,
             num_items_in_batch=None if counts is None else int(counts[0][step]),
             num_samples_in_batch=None if counts is None else int(counts[1][step]),
+            context_parallel=context_parallel[0],
+            context_parallel_rank=context_parallel[1],
         ),
     )

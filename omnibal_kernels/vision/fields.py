@@ -247,8 +247,8 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
     """``pack_batch``'s multimodal packer: adds the vision fields and, with mRoPE on, the mRoPE positions.
 
     Called by :func:`omnibal_kernels.packing.pack_batch` after the text fields are built (``fields`` holds
-    them); ``options`` is its :class:`omnibal_kernels.packing.PackOptions` (this reads ``options.mrope``, an
-    :class:`omnibal_kernels.packing.MRopeOptions`); see :func:`pack_vision_fields` for the fields.
+    them); ``options`` is its :class:`omnibal_kernels.packing.PackOptions` (this reads its mRoPE fields); see
+    :func:`pack_vision_fields` for the fields.
     """
     import warnings
 
@@ -258,9 +258,8 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
         for i, s in enumerate(samples):
             if key in s:
                 raise ValueError(f"sample {i} has a {key!r} field, which pack_batch produces itself")
-    mrope = options.mrope
     shared = in_worker()
-    merge = mrope.spatial_merge_size if mrope.enabled else None
+    merge = options.spatial_merge_size if options.mrope_enabled else None
     images = pack_vision_fields(samples, spatial_merge_size=merge, shared=shared)
     fields.update(images)
     has_videos = any(s.get("pixel_values_videos") is not None or s.get("video_grid_thw") is not None for s in samples)
@@ -273,7 +272,7 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
     if any("second_per_grid_ts" in s for s in samples):
         sample_seconds = _sample_seconds(samples, video_rows)
         fields["second_per_grid_ts"] = torch.from_numpy(np.concatenate(sample_seconds).astype(np.float32))
-    if not mrope.enabled:
+    if not options.mrope_enabled:
         if "image_grid_thw" in fields or "video_grid_thw" in fields:
             warnings.warn(
                 "samples carry image_grid_thw/video_grid_thw but image_token_id is not set: "
@@ -288,25 +287,25 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
     text_pos = fields["position_ids"]  # (1, T), restarting per segment, padding included
     ids = fields["input_ids"][0, :total].split(lens)
     image_rows = [grid_rows(s.get("image_grid_thw"), f"sample {i}: image_grid_thw") for i, s in enumerate(samples)]
-    if mrope.video_token_id is None:
+    if options.video_token_id is None:
         for i, grids in enumerate(video_rows):
             if grids.shape[0]:
                 raise ValueError(f"sample {i}: has video_grid_thw but video_token_id is not set")
     seconds = None
-    if mrope.tokens_per_second is not None and any(rows.shape[0] for rows in video_rows):
+    if options.tokens_per_second is not None and any(rows.shape[0] for rows in video_rows):
         seconds = np.concatenate(_sample_seconds(samples, video_rows))
     positions = mrope_position_ids(
         ids,
         image_rows,
-        video_rows if mrope.video_token_id is not None else None,
-        image_token_id=mrope.image_token_id,
-        video_token_id=mrope.video_token_id,
-        spatial_merge_size=mrope.spatial_merge_size,
+        video_rows if options.video_token_id is not None else None,
+        image_token_id=options.image_token_id,
+        video_token_id=options.video_token_id,
+        spatial_merge_size=options.spatial_merge_size,
         second_per_grid_ts=seconds,
-        tokens_per_second=mrope.tokens_per_second if seconds is not None else None,
-        convention=mrope.mrope_convention,
+        tokens_per_second=options.tokens_per_second if seconds is not None else None,
+        convention=options.mrope_convention,
     )
-    rows = 4 if mrope.mrope_text_row else 3
+    rows = 4 if options.mrope_text_row else 3
     padded = text_pos.shape[1]
     position_ids = torch.empty((rows, 1, padded), dtype=torch.int64)
     position_ids[rows - 3 :, 0, :total] = positions.position_ids[:, 0]

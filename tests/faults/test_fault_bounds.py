@@ -23,7 +23,7 @@ def _max_pack_load(plan: ok.Plan, lengths: ok.Lengths) -> int:
 
 def test_in_place_edits_after_a_plan_are_refused_and_cannot_overfill_packs():
     lengths = _text_lengths()
-    first = ok.plan_packs(lengths, world_size=4, vit_capacity=0, llm_capacity=4096)
+    first = ok.plan_packs(lengths, ok.PlanOptions(vit_capacity=0, llm_capacity=4096), world_size=4)
     assert _max_pack_load(first, lengths) <= 4096
     for edit in (
         lambda L: L.llm.__iadd__(2000),
@@ -34,13 +34,13 @@ def test_in_place_edits_after_a_plan_are_refused_and_cannot_overfill_packs():
         with pytest.raises(ValueError, match="read-only"):
             edit(lengths)
     # The loads and the cached statistics are unchanged, so a second plan holds the capacity too.
-    second = ok.plan_packs(lengths, world_size=4, vit_capacity=0, llm_capacity=4096)
+    second = ok.plan_packs(lengths, ok.PlanOptions(vit_capacity=0, llm_capacity=4096), world_size=4)
     assert _max_pack_load(second, lengths) <= 4096
     # New loads are a new Lengths, with their own statistics: the oversize check sees them.
     heavier = ok.Lengths(lengths.vit, lengths.llm + 2000, lengths.source, lengths.sources)
     assert heavier.stats().llm_max == lengths.stats().llm_max + 2000
     with pytest.raises(ok.OversizeError):
-        ok.plan_packs(heavier, world_size=4, vit_capacity=0, llm_capacity=4096)
+        ok.plan_packs(heavier, ok.PlanOptions(vit_capacity=0, llm_capacity=4096), world_size=4)
 
 
 def test_arrays_given_by_the_caller_are_not_shared_writeably():
@@ -79,11 +79,8 @@ def test_capacities_at_the_bound_plan_exactly(method, drop_last):
     for lengths, vit_capacity in ((heavy, MAX_CAPACITY), (light, 0)):
         plan = ok.plan_packs(
             lengths,
+            ok.PlanOptions(method=method, vit_capacity=vit_capacity, llm_capacity=MAX_CAPACITY, drop_last=drop_last),
             world_size=1,
-            method=method,
-            vit_capacity=vit_capacity,
-            llm_capacity=MAX_CAPACITY,
-            drop_last=drop_last,
         )
         assert plan.num_packs == 1 and sorted(plan.pack(0).tolist()) == list(range(300))
 
@@ -93,32 +90,32 @@ def test_capacities_at_the_bound_plan_exactly(method, drop_last):
 def test_capacities_past_the_bound_are_clear_errors(cap, which):
     caps = {"vit_capacity": 0, "llm_capacity": 4096, which: cap}
     with pytest.raises(ValueError, match=f"{which} must be at most 2\\*\\*48"):
-        ok.plan_packs(_text_lengths(), world_size=2, **caps)
+        ok.plan_packs(_text_lengths(), ok.PlanOptions(**caps), world_size=2)
 
 
 @pytest.mark.parametrize("epoch", [2**63, 2**64, 2**64 + 1, -1])
 def test_epochs_outside_int64_are_refused_everywhere(epoch):
     lengths = _text_lengths()
     with pytest.raises(ValueError, match=r"epoch must be a non-negative int below 2\*\*63"):
-        ok.plan_packs(lengths, world_size=2, vit_capacity=0, llm_capacity=4096, epoch=epoch)
+        ok.plan_packs(lengths, ok.PlanOptions(vit_capacity=0, llm_capacity=4096), world_size=2, epoch=epoch)
     with pytest.raises(ValueError, match="epoch"):
         epoch_seed(0, epoch)
-    sampler = ok.BalancedBatchSampler(lengths, world_size=2, rank=0, vit_capacity=0, llm_capacity=4096)
+    sampler = ok.BalancedBatchSampler(lengths, ok.PlanOptions(vit_capacity=0, llm_capacity=4096), world_size=2, rank=0)
     with pytest.raises(ValueError, match="epoch"):
         sampler.set_epoch(epoch)
 
 
 def test_the_largest_epoch_plans_and_differs_from_epoch_zero():
     lengths = _text_lengths()
-    last = ok.plan_packs(lengths, world_size=2, vit_capacity=0, llm_capacity=4096, epoch=2**63 - 1)
-    zero = ok.plan_packs(lengths, world_size=2, vit_capacity=0, llm_capacity=4096, epoch=0)
+    last = ok.plan_packs(lengths, ok.PlanOptions(vit_capacity=0, llm_capacity=4096), world_size=2, epoch=2**63 - 1)
+    zero = ok.plan_packs(lengths, ok.PlanOptions(vit_capacity=0, llm_capacity=4096), world_size=2, epoch=0)
     assert last.fingerprint() != zero.fingerprint()
 
 
 @pytest.mark.parametrize("seed", [2**64, -(2**63) - 1, 2**80])
 def test_seeds_that_would_collide_modulo_2_64_are_refused(seed):
     with pytest.raises(ValueError, match=r"seed must be in \[-2\*\*63, 2\*\*64\)"):
-        ok.plan_packs(_text_lengths(), world_size=2, vit_capacity=0, llm_capacity=4096, seed=seed)
+        ok.plan_packs(_text_lengths(), ok.PlanOptions(vit_capacity=0, llm_capacity=4096, seed=seed), world_size=2)
 
 
 @settings(max_examples=40, deadline=None)

@@ -20,7 +20,7 @@ pytest.importorskip("tokenizers")
 from PIL import Image
 
 from omnibal_kernels.cli import main
-from omnibal_kernels.raw_lengths import SampleError, lengths_from_raw
+from omnibal_kernels.raw_lengths import CountOptions, SampleError, lengths_from_raw
 from omnibal_kernels.raw_lengths.tiny import tiny_model_folder
 
 TEXT = {
@@ -103,15 +103,16 @@ def test_one_bad_sample_is_one_issue_of_its_kind_for_its_index(case, model, fold
     bad, kind = BAD[case]
     # in the second chunk: the index must be the data's, not the chunk's
     records = _records_with(bad, 13, 20)
-    kw = dict(image_root=media, num_workers=0, chunk_size=8)
-    ref = lengths_from_raw(records[:13] + records[14:], folders[model], model, **kw)
+    kw = dict(num_workers=0, chunk_size=8)
+    count = dict(image_root=media)
+    ref = lengths_from_raw(records[:13] + records[14:], folders[model], CountOptions(model=model, **count), **kw)
     for on_error in ("skip", "report"):
-        got = lengths_from_raw(records, folders[model], model, on_error=on_error, **kw)
+        got = lengths_from_raw(records, folders[model], CountOptions(model=model, **count, on_error=on_error), **kw)
         assert [(d["index"], d["kind"], d["kept"]) for d in got.issues] == [(13, kind, False)]
         assert got.skipped.tolist() == [13]
         assert np.array_equal(got.vit, ref.vit) and np.array_equal(got.llm, ref.llm)
     with pytest.raises(SampleError, match=f"sample 13: {kind}"):
-        lengths_from_raw(records, folders[model], model, **kw)
+        lengths_from_raw(records, folders[model], CountOptions(model=model, **count), **kw)
 
 
 def test_json_infinity_and_nan_from_a_file_through_the_command_line(folders, media, tmp_path, capsys):
@@ -151,11 +152,8 @@ def test_the_pixel_bound_is_an_option_and_can_pass_pils_limit(folders, media, tm
     small = lengths_from_raw(
         records,
         folders["qwen2vl"],
-        "qwen2vl",
-        image_root=media,
-        on_error="skip",
+        CountOptions(model="qwen2vl", image_root=media, on_error="skip", max_image_pixels=300 * 200 - 1),
         num_workers=0,
-        max_image_pixels=300 * 200 - 1,
     )
     assert [(d["index"], d["kind"]) for d in small.issues] == [
         (0, "over_max_image_pixels"),
@@ -196,7 +194,9 @@ def test_absurd_frame_counts_do_not_grow_memory(folders):
     records = [dict(TEXT), _video(_frames(10**6)), dict(TEXT)]
     tracemalloc.start()
     try:
-        got = lengths_from_raw(records, folders["internvl"], "internvl", on_error="skip", num_workers=0)
+        got = lengths_from_raw(
+            records, folders["internvl"], CountOptions(model="internvl", on_error="skip"), num_workers=0
+        )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -208,7 +208,11 @@ def test_a_load_out_of_range_names_its_own_sample_when_frames_are_unbounded(fold
     # Without the frame bound, Qwen2-VL's ViT load of 10**9 frames passes 2**31: that one sample is reported.
     records = [dict(TEXT)] * 13 + [_video(_frames(10**9))] + [dict(TEXT)] * 6
     got = lengths_from_raw(
-        records, folders["qwen2vl"], "qwen2vl", on_error="skip", num_workers=0, chunk_size=8, max_frames=None
+        records,
+        folders["qwen2vl"],
+        CountOptions(model="qwen2vl", on_error="skip", max_frames=None),
+        num_workers=0,
+        chunk_size=8,
     )
     assert [(d["index"], d["kind"]) for d in got.issues] == [(13, "bad_media_size")]
     assert "too large" in got.issues[0]["message"] and got.index.shape[0] == 19
@@ -225,9 +229,11 @@ def test_a_json_list_with_a_byte_order_mark_is_a_list(folders, media, tmp_path):
     marked.write_bytes(b"\xef\xbb\xbf" + json.dumps(records, indent=1).encode())
     lines = tmp_path / "marked.jsonl"
     lines.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps(r).encode() + b"\n" for r in records))
-    ref = lengths_from_raw(plain, folders["qwen2vl"], "qwen2vl", image_root=media, num_workers=0)
+    ref = lengths_from_raw(plain, folders["qwen2vl"], CountOptions(model="qwen2vl", image_root=media), num_workers=0)
     for path in (marked, lines):
-        got = lengths_from_raw(path, folders["qwen2vl"], "qwen2vl", image_root=media, on_error="skip", num_workers=0)
+        got = lengths_from_raw(
+            path, folders["qwen2vl"], CountOptions(model="qwen2vl", image_root=media, on_error="skip"), num_workers=0
+        )
         assert got.issues == [] and got.index.tolist() == [0, 1, 2]
         assert np.array_equal(got.vit, ref.vit) and np.array_equal(got.llm, ref.llm)
 
@@ -241,10 +247,14 @@ def test_whitespace_only_lines_are_not_samples(folders, media, tmp_path):
     text += "     \n \t \n"
     data = tmp_path / "data.jsonl"
     data.write_text(text)
-    got = lengths_from_raw(data, folders["qwen2vl"], "qwen2vl", image_root=media, on_error="skip", num_workers=0)
+    got = lengths_from_raw(
+        data, folders["qwen2vl"], CountOptions(model="qwen2vl", image_root=media, on_error="skip"), num_workers=0
+    )
     assert got.num_samples == 4
     assert [(d["index"], d["kind"]) for d in got.issues] == [(1, "missing_media")]
-    ref = lengths_from_raw(records, folders["qwen2vl"], "qwen2vl", image_root=media, on_error="skip", num_workers=0)
+    ref = lengths_from_raw(
+        records, folders["qwen2vl"], CountOptions(model="qwen2vl", image_root=media, on_error="skip"), num_workers=0
+    )
     assert np.array_equal(got.index, ref.index) and np.array_equal(got.llm, ref.llm)
 
 
@@ -261,12 +271,18 @@ def test_records_holding_pil_images_resume(folders, tmp_path):
         ]
 
     work = tmp_path / "work"
-    first = lengths_from_raw(records(), folders["qwen2vl"], "qwen2vl", num_workers=0, chunk_size=2, work_dir=work)
+    first = lengths_from_raw(
+        records(), folders["qwen2vl"], CountOptions(model="qwen2vl"), num_workers=0, chunk_size=2, work_dir=work
+    )
     saved = {p.name: p.stat().st_mtime_ns for p in work.glob("chunk-*.npz")}
-    again = lengths_from_raw(records(), folders["qwen2vl"], "qwen2vl", num_workers=0, chunk_size=2, work_dir=work)
+    again = lengths_from_raw(
+        records(), folders["qwen2vl"], CountOptions(model="qwen2vl"), num_workers=0, chunk_size=2, work_dir=work
+    )
     assert np.array_equal(first.vit, again.vit) and len(saved) == 3
     assert {p.name: p.stat().st_mtime_ns for p in work.glob("chunk-*.npz")} == saved  # resumed, not recounted
     other = records()
     other[3]["images"] = [Image.new("RGB", (640, 480))]
     with pytest.raises(ValueError, match="another run"):
-        lengths_from_raw(other, folders["qwen2vl"], "qwen2vl", num_workers=0, chunk_size=2, work_dir=work)
+        lengths_from_raw(
+            other, folders["qwen2vl"], CountOptions(model="qwen2vl"), num_workers=0, chunk_size=2, work_dir=work
+        )

@@ -24,7 +24,7 @@ pytest.importorskip("tokenizers")
 from PIL import Image
 
 from omnibal_kernels.cli import main
-from omnibal_kernels.raw_lengths import lengths_from_raw, merge_length_parts
+from omnibal_kernels.raw_lengths import CountOptions, lengths_from_raw, merge_length_parts
 from omnibal_kernels.raw_lengths.count import ChunkCounter
 from omnibal_kernels.raw_lengths.tiny import tiny_model_folder
 
@@ -107,11 +107,13 @@ PARENT = os.getpid()
 @pytest.mark.skipif(not LINUX, reason="fork and SIGKILL")
 def test_a_chunk_whose_worker_dies_once_is_counted_again(folder, images, tmp_path, monkeypatch):
     records = _records(30)
-    ref = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0)
+    ref = lengths_from_raw(records, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0)
     marker = tmp_path / "deaths"
     monkeypatch.setattr(ChunkCounter, "count", _killing(8, marker, times=1))
     with deadline(120):
-        got = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=2, chunk_size=4)
+        got = lengths_from_raw(
+            records, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=2, chunk_size=4
+        )
     assert marker.read_text() == "1"
     for name in ("index", "vit", "llm"):
         assert np.array_equal(getattr(got, name), getattr(ref, name))
@@ -133,7 +135,9 @@ def test_a_chunk_whose_worker_dies_twice_stops_the_run_naming_it(folder, images,
             r"SIGKILL.*kept in",
         ),
     ):
-        lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=2, chunk_size=4, work_dir=work)
+        lengths_from_raw(
+            data, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=2, chunk_size=4, work_dir=work
+        )
     assert time.monotonic() - t0 < 60 and marker.read_text() == "2"
     finished = {p.name: p.stat().st_mtime_ns for p in work.glob("chunk-*.npz")}
     assert finished and "chunk-000000000008-000000000012.npz" not in finished
@@ -162,9 +166,11 @@ def test_a_chunk_whose_worker_dies_twice_stops_the_run_naming_it(folder, images,
     assert len(err.splitlines()) == 1 and "samples 8..11" in err and "Traceback" not in err
 
     monkeypatch.undo()  # the data were never the problem: the rerun resumes the finished chunks
-    resumed = lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, chunk_size=4, work_dir=work)
+    resumed = lengths_from_raw(
+        data, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0, chunk_size=4, work_dir=work
+    )
     assert all((work / name).stat().st_mtime_ns == t for name, t in finished.items())
-    ref = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0)
+    ref = lengths_from_raw(records, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0)
     assert np.array_equal(resumed.llm, ref.llm) and np.array_equal(resumed.index, ref.index)
 
 
@@ -224,7 +230,7 @@ def test_the_command_line_survives_a_worker_killed_from_outside(folder, images, 
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
-    ref = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0)
+    ref = lengths_from_raw(records, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0)
     got = json.loads(out.read_text())
     assert [r["token_num"] for r in got] == ref.llm.tolist()
 
@@ -235,7 +241,12 @@ def test_the_command_line_survives_a_worker_killed_from_outside(folder, images, 
 def _shards(data, folder, images, n, out_dir, **kw):
     for i in range(n):
         lengths_from_raw(
-            data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(i, n), on_error="skip", **kw
+            data,
+            folder,
+            CountOptions(model="qwen2vl", image_root=images, on_error="skip"),
+            num_workers=0,
+            shard=(i, n),
+            **kw,
         ).save_part(out_dir / f"part_{i}.npz")
     return sorted(out_dir.glob("part_*.npz"))  # the shell's order: part_0, part_1, part_10, part_2, ...
 
@@ -246,7 +257,9 @@ def test_eleven_shards_of_five_samples_merge_in_the_shells_order(folder, images,
     data = _jsonl(tmp_path / "data.jsonl", records)
     parts = _shards(data, folder, images, 11, tmp_path)
     assert [p.name for p in parts][:3] == ["part_0.npz", "part_1.npz", "part_10.npz"]
-    whole = lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, on_error="skip")
+    whole = lengths_from_raw(
+        data, folder, CountOptions(model="qwen2vl", image_root=images, on_error="skip"), num_workers=0
+    )
     merged = merge_length_parts(parts)
     for name in ("index", "vit", "llm"):
         assert np.array_equal(getattr(merged, name), getattr(whole, name))
@@ -271,41 +284,49 @@ def test_parts_from_copies_of_the_data_elsewhere_merge(folder, images, tmp_path)
     os.utime(there / "train.jsonl", (1e9, 1e9))
     other_folder = shutil.copytree(folder, there / "model")
     other_images = shutil.copytree(images, there / "images")
-    lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(0, 2)).save_part(
-        tmp_path / "p0.npz"
-    )
     lengths_from_raw(
-        there / "train.jsonl", other_folder, "qwen2vl", image_root=other_images, num_workers=0, shard=(1, 2)
+        data, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0, shard=(0, 2)
+    ).save_part(tmp_path / "p0.npz")
+    lengths_from_raw(
+        there / "train.jsonl",
+        other_folder,
+        CountOptions(model="qwen2vl", image_root=other_images),
+        num_workers=0,
+        shard=(1, 2),
     ).save_part(tmp_path / "p1.npz")
     merged = merge_length_parts([tmp_path / "p1.npz", tmp_path / "p0.npz"])
-    whole = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0)
+    whole = lengths_from_raw(records, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0)
     assert np.array_equal(merged.vit, whole.vit) and np.array_equal(merged.llm, whole.llm)
 
     # A re-copied file (new time, same bytes) resumes its chunks.
     work = tmp_path / "work"
-    lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, chunk_size=5, work_dir=work)
+    lengths_from_raw(
+        data, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0, chunk_size=5, work_dir=work
+    )
     saved = {p.name: p.stat().st_mtime_ns for p in work.glob("chunk-*.npz")}
     shutil.copy(there / "train.jsonl", data)
-    lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, chunk_size=5, work_dir=work)
+    lengths_from_raw(
+        data, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0, chunk_size=5, work_dir=work
+    )
     assert {p.name: p.stat().st_mtime_ns for p in work.glob("chunk-*.npz")} == saved
 
 
 def test_a_refused_merge_names_the_setting_that_differs(folder, images, tmp_path):
     records = _records(10)
     data = _jsonl(tmp_path / "data.jsonl", records)
-    lengths_from_raw(data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(0, 2)).save_part(
-        tmp_path / "a0.npz"
-    )
     lengths_from_raw(
-        data, folder, "qwen2vl", image_root=images, num_workers=0, shard=(1, 2), max_length=4096
+        data, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0, shard=(0, 2)
+    ).save_part(tmp_path / "a0.npz")
+    lengths_from_raw(
+        data, folder, CountOptions(model="qwen2vl", image_root=images, max_length=4096), num_workers=0, shard=(1, 2)
     ).save_part(tmp_path / "a1.npz")
     with pytest.raises(ValueError, match=r"options\.max_length: 4096 in a1\.npz, None in a0\.npz"):
         merge_length_parts([tmp_path / "a0.npz", tmp_path / "a1.npz"])
     records[7]["conversations"][1]["value"] = "another answer"
     other = _jsonl(tmp_path / "other.jsonl", records)
-    lengths_from_raw(other, folder, "qwen2vl", image_root=images, num_workers=0, shard=(1, 2)).save_part(
-        tmp_path / "b1.npz"
-    )
+    lengths_from_raw(
+        other, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0, shard=(1, 2)
+    ).save_part(tmp_path / "b1.npz")
     with pytest.raises(ValueError, match=r"another run than .*a0\.npz: data: 'sha256:"):
         merge_length_parts([tmp_path / "a0.npz", tmp_path / "b1.npz"])
 
@@ -334,9 +355,13 @@ def test_a_damaged_part_is_one_line(folder, images, tmp_path, capsys, damage):
 def test_a_damaged_chunk_in_the_work_folder_is_counted_again(folder, images, tmp_path, capsys):
     records = _records(12)
     work = tmp_path / "work"
-    first = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0, chunk_size=5, work_dir=work)
+    first = lengths_from_raw(
+        records, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0, chunk_size=5, work_dir=work
+    )
     chunk = sorted(work.glob("chunk-*.npz"))[1]
     chunk.write_bytes(chunk.read_bytes()[:40])
-    again = lengths_from_raw(records, folder, "qwen2vl", image_root=images, num_workers=0, chunk_size=5, work_dir=work)
+    again = lengths_from_raw(
+        records, folder, CountOptions(model="qwen2vl", image_root=images), num_workers=0, chunk_size=5, work_dir=work
+    )
     assert f"{chunk} is damaged" in capsys.readouterr().err
     assert np.array_equal(again.llm, first.llm) and np.array_equal(again.index, first.index)

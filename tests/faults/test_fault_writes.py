@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _plan() -> Plan:
     lengths = ok.Lengths(np.zeros(50, np.int64), np.arange(1, 51))
-    return ok.plan_packs(lengths, world_size=2, vit_capacity=0, llm_capacity=200)
+    return ok.plan_packs(lengths, ok.PlanOptions(vit_capacity=0, llm_capacity=200), world_size=2)
 
 
 def _leftovers(folder: Path) -> list[str]:

@@ -1,11 +1,12 @@
 """A plan on context-parallel (CP) groups: the predicted time of every CP rank for every step's packs.
 
-With ``context_parallel_size = C`` a plan's ranks are the data-parallel ones, each a CP group of ``C`` ranks
-that trains its slot's pack sharded by :func:`~omnibal_kernels.shard_for_context_parallel`. A step lasts as
-long as its slowest rank over all groups and all their CP ranks; this report prices every pack from its
-samples' LLM lengths, in pack order, with :func:`~omnibal_kernels.context_parallel_rank_times` (the layout the
-collator builds for the same batch and arguments), so that imbalance inside a group is reported, not hidden
-behind balanced pack totals.
+With ``context_parallel.size = C`` a plan's ranks are the data-parallel ones, each a CP group of ``C`` ranks
+that trains its slot's pack sharded by :func:`~omnibal_kernels.context_parallel.shard_for_context_parallel`.
+A step lasts as long as its slowest rank over all groups and all their CP ranks; this report prices every pack
+from its samples' LLM lengths, in pack order, with
+:func:`~omnibal_kernels.context_parallel.context_parallel_rank_times` (the layout the collator builds for the
+same batch and options), so that imbalance inside a group is reported, not hidden behind balanced pack totals.
+A sampler's report (:meth:`~omnibal_kernels.BalancedBatchSampler.report`) holds the same for its micro-steps.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from .._checks import check_positive_int
 from .._progress import progress_bar
-from ..context_parallel import ContextParallelCost, context_parallel_rank_times
+from ..balance.packs import Plan, as_lengths
 from ..lengths import Lengths
-from .packs import Plan, as_lengths
+from .options import ContextParallelOptions, check_options
+from .strategy import context_parallel_rank_times
 
 __all__ = ["ContextParallelReport", "context_parallel_report", "slot_rank_times"]
 
@@ -29,8 +30,8 @@ class ContextParallelReport:
     """Every step's packs on their CP groups under one strategy.
 
     Attributes:
-        strategy: the strategy asked for (``"auto"`` chooses per pack; :attr:`strategies` says what).
-        context_parallel_size: ranks per CP group, ``C``.
+        options: the context-parallel options the packs were priced under (``options.strategy`` the strategy
+            asked for; ``"auto"`` chooses per pack and :attr:`strategies` says what).
         times: ``(steps, groups, C)`` float64 predicted time of every CP rank of every data-parallel rank (CP
             group) in every step, in the unit of the :class:`~omnibal_kernels.ContextParallelCost`.
         tokens: ``(steps, groups, C)`` int64 tokens each CP rank holds (padding included).
@@ -39,8 +40,7 @@ class ContextParallelReport:
         strategies: ``(steps, groups)`` the strategy of each pack's layout (``"auto"`` resolved).
     """
 
-    strategy: str
-    context_parallel_size: int
+    options: ContextParallelOptions
     times: np.ndarray
     tokens: np.ndarray
     kv_exchanged: np.ndarray
@@ -75,8 +75,8 @@ class ContextParallelReport:
         names, counts = np.unique(self.strategies, return_counts=True)
         steps = max(self.times.shape[0], 1)
         return {
-            "strategy": self.strategy,
-            "context_parallel_size": self.context_parallel_size,
+            "strategy": self.options.strategy,
+            "context_parallel_size": self.options.size,
             "mean_group_imbalance": float(imbalance.mean()) if imbalance.size else 1.0,
             "worst_group_imbalance": float(imbalance.max()) if imbalance.size else 1.0,
             "step_efficiency": self.step_efficiency,
@@ -91,12 +91,8 @@ def slot_rank_times(
     pack_samples: np.ndarray,
     slots: np.ndarray,
     llm: np.ndarray,
-    context_parallel_size: int,
-    strategy: str = "auto",
+    options: ContextParallelOptions,
     *,
-    cost: Optional[ContextParallelCost] = None,
-    pad_sequences: bool = False,
-    max_rank_tokens: Optional[int] = None,
     progress: Optional[bool] = None,
 ) -> ContextParallelReport:
     """The :class:`ContextParallelReport` of a table of pack ids.
@@ -105,11 +101,11 @@ def slot_rank_times(
         pack_offsets, pack_samples: the packs (pack ``p`` holds ``pack_samples[pack_offsets[p]:pack_offsets[p+1]]``).
         slots: ``(steps, groups)`` int pack id of every slot (a plan's ``step_packs``, a sampler's micro-steps).
         llm: per-sample LLM tokens, indexed by the ids in ``pack_samples``.
-        context_parallel_size, strategy, cost, pad_sequences, max_rank_tokens: as
-            :func:`~omnibal_kernels.context_parallel_rank_times`.
+        options: the context-parallel options, as :func:`~.strategy.context_parallel_rank_times` takes them.
         progress: a progress bar over the distinct packs (default: when stderr is a terminal).
     """
-    cp = check_positive_int("context_parallel_size", context_parallel_size)
+    options = check_options(options, "options")
+    cp = options.size
     slots = np.asarray(slots, dtype=np.int64)
     distinct, inverse = np.unique(slots, return_inverse=True)
     n = distinct.size
@@ -118,10 +114,7 @@ def slot_rank_times(
     bar = progress_bar(n, "context-parallel rank times", progress)
     try:
         for i, p in enumerate(distinct.tolist()):
-            seqlens = llm[pack_samples[pack_offsets[p] : pack_offsets[p + 1]]]
-            rt = context_parallel_rank_times(
-                seqlens, cp, strategy, cost=cost, pad_sequences=pad_sequences, max_rank_tokens=max_rank_tokens
-            )
+            rt = context_parallel_rank_times(llm[pack_samples[pack_offsets[p] : pack_offsets[p + 1]]], options)
             times[i], tokens[i], kv[i], padding[i], names[i] = (
                 rt.times,
                 rt.tokens,
@@ -134,29 +127,25 @@ def slot_rank_times(
         bar.close()
     inverse = inverse.reshape(slots.shape)
     return ContextParallelReport(
-        strategy, cp, times[inverse], tokens[inverse], kv[inverse], padding[inverse], names[inverse].astype(str)
+        options, times[inverse], tokens[inverse], kv[inverse], padding[inverse], names[inverse].astype(str)
     )
 
 
 def context_parallel_report(
     plan: Plan,
     lengths: Union[Lengths, tuple, np.ndarray],
-    strategy: str = "auto",
+    options: Optional[ContextParallelOptions] = None,
     *,
-    cost: Optional[ContextParallelCost] = None,
-    pad_sequences: bool = False,
-    max_rank_tokens: Optional[int] = None,
     progress: Optional[bool] = None,
 ) -> ContextParallelReport:
-    """Every CP rank's predicted time for every step of ``plan`` (planned with ``context_parallel_size``).
+    """Every CP rank's predicted time for every step of ``plan``.
 
     Args:
-        plan: a plan of :func:`~omnibal_kernels.balance.plan_packs`; its ``context_parallel_size`` is ``C``.
+        plan: a plan of :func:`~omnibal_kernels.balance.plan_packs`.
         lengths: the loads it was planned from.
-        strategy: the strategy the collator shards with (``"auto"``, ``"zigzag"``, ``"per_document"``,
-            ``"hybrid"``, ``"contiguous"``).
-        cost: the CP cost terms (default :meth:`ContextParallelCost.llama3_8b`, the collator's default too).
-        pad_sequences, max_rank_tokens: as :func:`~omnibal_kernels.context_parallel_rank_times`.
+        options: the context-parallel options to price with (the size, the strategy the collator shards with,
+            the cost terms); None: those the plan was made with (``plan.context_parallel``). Pricing one plan
+            under several strategies compares them on the same packs.
         progress: a progress bar over the packs (default: when stderr is a terminal).
 
     Returns:
@@ -165,22 +154,14 @@ def context_parallel_report(
 
     Raises:
         ValueError: lengths of another size than the plan's input, and what ``context_parallel_rank_times``
-            raises (a bad strategy, a fixed strategy over ``max_rank_tokens``).
+            raises (a fixed strategy over ``max_rank_tokens``).
     """
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a Plan, got {type(plan).__name__}")
     lengths = as_lengths(lengths)
     if len(lengths) != plan.num_input_samples:
         raise ValueError(f"plan was made for {plan.num_input_samples} samples, lengths has {len(lengths)}")
+    options = plan.context_parallel if options is None else check_options(options, "options")
     return slot_rank_times(
-        plan.pack_offsets,
-        plan.pack_samples,
-        plan.step_packs,
-        lengths.llm,
-        plan.context_parallel_size,
-        strategy,
-        cost=cost,
-        pad_sequences=pad_sequences,
-        max_rank_tokens=max_rank_tokens,
-        progress=progress,
+        plan.pack_offsets, plan.pack_samples, plan.step_packs, lengths.llm, options, progress=progress
     )

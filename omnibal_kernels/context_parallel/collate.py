@@ -1,0 +1,163 @@
+"""The collator's context-parallel side: a packed batch -> this CP rank's shard, weighted as the whole pack.
+
+``PackCollator(context_parallel=ContextParallelOptions(size=C))`` (or any collator fed by a sampler planned
+with ``context_parallel.size = C``) packs as without it, then shards the packed batch with
+:func:`~omnibal_kernels.context_parallel.shard_for_context_parallel` (the same layout on every rank of the
+group, without communication) and returns the shard of its CP rank:
+
+* the rank's tokens: ``input_ids``, ``labels``, ``shift_labels`` (each held token's target, its successor in
+  its own sequence), ``position_ids`` (positions in the token's own sequence: RoPE as unsharded), the other
+  per-token fields, and the local ``cu_seqlens`` / ``seq_lens`` / ``max_seqlen`` / ``seq_idx`` (one segment
+  per held chunk) and ``cu_seqlens_k`` / ``max_seqlen_k`` (keys per segment), as the shard's ``batch``;
+* ``context_parallel_shard``: the :class:`~omnibal_kernels.context_parallel.ContextParallelShard` (token
+  indices, exchange plan), which the registered transformers attention reads from ``model(**batch)``;
+* the vision fields and every other field that is not per token, unchanged on every rank: the ViT is not
+  context-parallel, every rank of the group encodes the pack's images (its ViT load is the pack's);
+* ``num_items_in_batch`` and the batch's loss counts of the whole pack (its optimizer step's where the plan
+  gives them, else the pack's own targets as the field), never the shard's: the group's ranks each sum their
+  own targets' losses over it, so their losses add up to the pack's.
+
+The CP rank: a sampler's batch carries its own (the sampler's rank in its group); otherwise it is fixed when the
+collator is built (in the main process, before DataLoader workers start): the argument, else the rank in
+``context_parallel_group``, else the process's rank (torch.distributed's, or ``RANK`` / ``WORLD_SIZE`` as
+``torchrun`` sets them) in groups of ``C`` consecutive ranks, as
+:class:`~omnibal_kernels.BalancedBatchSampler` groups them. Without any of these it is a ValueError, never rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+import torch
+
+from .._checks import check_int
+from .options import ContextParallelOptions
+from .shard import shard_for_context_parallel
+
+__all__ = ["SHARD_KEY", "ShardedFields", "resolve_rank", "shard_fields"]
+
+SHARD_KEY = "context_parallel_shard"
+# The shard's keys a model reads however its forward declares them: the targets across chunk boundaries
+# (transformers' losses take shift_labels and then skip their own shift) and the attention's plan.
+_ALWAYS = ("shift_labels", SHARD_KEY)
+
+
+def _process_rank(size: int) -> tuple[int, int]:
+    """``(world size, rank)`` of this process: torch.distributed's, else torchrun's environment."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    world, rank = os.environ.get("WORLD_SIZE", "").strip(), os.environ.get("RANK", "").strip()
+    if world.isdigit() and rank.isdigit():
+        if int(rank) >= int(world):
+            raise ValueError(
+                f"PackCollator: the environment's RANK={rank} is not a rank of WORLD_SIZE={world} (ranks are "
+                f"0 to {int(world) - 1}): check the launcher's settings"
+            )
+        return int(world), int(rank)
+    raise ValueError(
+        f"PackCollator: context_parallel.size={size} but this process's CP rank is unknown: pass "
+        "context_parallel_rank= (or context_parallel_group=), or build the collator after "
+        "torch.distributed.init_process_group (or under torchrun, which sets RANK and WORLD_SIZE)"
+    )
+
+
+def _group_rank(size: int, group: Any) -> int:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "PackCollator: context_parallel_group given but no torch.distributed process group is initialized"
+        )
+    group_size = dist.get_world_size(group)
+    if group_size != size:
+        raise ValueError(
+            f"PackCollator: context_parallel_group has {group_size} ranks but context_parallel.size is {size}"
+        )
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("PackCollator: this process is not a member of context_parallel_group")
+    return int(rank)
+
+
+def resolve_rank(options: ContextParallelOptions, rank: Any, group: Any) -> Optional[int]:
+    """This process's rank in its CP group, as the module docstring says; ``None`` where nothing names it and
+    the size is 1 (no sharding)."""
+    size = options.size
+    if rank is not None and group is not None:
+        raise ValueError("PackCollator: give context_parallel_rank or context_parallel_group, not both")
+    if rank is not None:
+        rank = check_int("context_parallel_rank", rank)
+        if not 0 <= rank < size:
+            raise ValueError(
+                f"PackCollator: context_parallel_rank must be in [0, context_parallel.size={size}), got {rank}"
+            )
+        return rank
+    if group is not None:
+        return _group_rank(size, group)
+    if size == 1:
+        return None
+    world, process_rank = _process_rank(size)
+    if world % size:
+        raise ValueError(
+            f"PackCollator: context_parallel.size={size} does not divide the world size {world}: the "
+            "ranks must form whole context-parallel groups (or pass context_parallel_rank=)"
+        )
+    return process_rank % size
+
+
+def _sample_targets(fields: dict[str, Any], num_samples: int, ignore_index: int) -> tuple[int, ...]:
+    """Each sample's targets in the pack: its labels after its first token that are not ``ignore_index`` (what
+    the shards' ``shift_labels`` hold of it, over all ranks)."""
+    labels = fields["labels"][0].numpy()
+    cu = fields["cu_seqlens"][: num_samples + 1].numpy().astype(np.int64)
+    trained = labels != ignore_index
+    trained[cu[:-1][cu[:-1] < labels.size]] = False
+    owner = np.searchsorted(cu, np.flatnonzero(trained), side="right") - 1
+    return tuple(np.bincount(owner[owner < num_samples], minlength=num_samples).tolist())
+
+
+class ShardedFields(NamedTuple):
+    """One CP rank's part of a packed batch: its ``fields`` (with ``context_parallel_shard``), each sample's
+    targets over the whole pack, and the pack's target count (``None`` without labels)."""
+
+    fields: dict[str, Any]
+    sample_targets: tuple[int, ...]
+    num_items_in_batch: Optional[int]
+
+
+def shard_fields(
+    fields: dict[str, Any],
+    options: ContextParallelOptions,
+    rank: int,
+    *,
+    num_samples: int,
+    replicate: Sequence[str],
+    pad_token_id: int,
+    ignore_index: int,
+    keys: Optional[frozenset[str]] = None,
+) -> ShardedFields:
+    """Rank ``rank``'s shard of a packed batch's ``fields`` (``pack_batch``'s, without ``num_items_in_batch``).
+
+    ``replicate``: the fields that are not per token, copied to every rank; ``keys``: the keys a model's forward
+    takes (``PackCollator.for_model``): the shard keeps those of its fields plus ``shift_labels`` and
+    ``context_parallel_shard``; None: every field.
+    """
+    shards = shard_for_context_parallel(
+        fields, options, pad_token_id=pad_token_id, ignore_index=ignore_index, replicate=replicate
+    )
+    shard = shards[rank]
+    out = dict(shard.batch)
+    if keys is not None:
+        out = {k: v for k, v in out.items() if k in keys or k in _ALWAYS}
+    out[SHARD_KEY] = shard
+    return ShardedFields(out, _sample_targets(fields, num_samples, ignore_index), shards.num_items_in_batch)
+
+
+def per_token(value: Any, total: int) -> bool:
+    """Whether a batch field holds one value per token of a ``total``-token batch (``(..., 1, total)``)."""
+    return isinstance(value, torch.Tensor) and value.dim() >= 2 and tuple(value.shape[-2:]) == (1, total)
