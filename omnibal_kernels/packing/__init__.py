@@ -13,6 +13,8 @@ the way flash-attention's varlen kernels and Hugging Face's packed-sequence path
     max_seqlen     int             longest segment (rounded up to a bucket with ``max_seqlen_buckets``)
     cu_seq_lens_q, cu_seq_lens_k   the same tensor as ``cu_seqlens`` (Hugging Face flash-attention kwargs)
     max_length_q, max_length_k     ``max_seqlen``
+    use_cache      False           for transformers: with a cache its sdpa/eager/flex mask ignores the
+                                   boundaries in ``position_ids`` (flash-attention reads ``cu_seq_lens_q/k``)
     num_items_in_batch () int64    the optimizer step's label tokens, all ranks and micro-steps (samples of
                                    ``sampler.wrap(dataset)`` with label counts in the lengths only)
 

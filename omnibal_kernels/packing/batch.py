@@ -27,6 +27,7 @@ TEXT_FIELDS = (
     "cu_seq_lens_k",
     "max_length_q",
     "max_length_k",
+    "use_cache",
 )
 
 

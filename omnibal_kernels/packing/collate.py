@@ -78,7 +78,10 @@ def pack_batch(samples: Sequence[Mapping[str, Any]], options: PackOptions | None
     ``T = sum(n_i)`` plus padding. Samples of ``sampler.wrap(dataset)`` (a planned micro-step) are first checked
     against their length entries (tokens, ViT load, label tokens: :mod:`omnibal_kernels.packing.planned`), and
     with label counts in the lengths the batch gets ``num_items_in_batch`` (0-d int64): the label tokens of the
-    whole optimizer step over all ranks and micro-steps. Every batch has :attr:`PackedBatch.loss_counts`.
+    whole optimizer step over all ranks and micro-steps. Every batch has :attr:`PackedBatch.loss_counts`, and
+    ``use_cache=False``: a transformers causal LM given ``model(**batch)`` then finds the samples from
+    ``position_ids`` (sdpa, eager and flex attention; with a cache, which ``use_cache`` on builds, it would let
+    them attend to each other) or reads ``cu_seq_lens_q/k`` (flash-attention), and trains each sample's loss.
     ``pack_batch`` never shards: a sampler planned with context parallelism needs a :class:`PackCollator`.
 
     Errors (ValueError/TypeError naming the sample): empty batch, a sample that is not a mapping or has
@@ -100,6 +103,12 @@ def pack_batch(samples: Sequence[Mapping[str, Any]], options: PackOptions | None
 
 class PackCollator:
     """``collate_fn`` with fixed options: ``DataLoader(ds, collate_fn=PackCollator(PackOptions(...)))``.
+
+    Its batches are :func:`pack_batch`'s: every field, ``use_cache=False`` included, so ``model(**batch)`` of a
+    transformers text causal LM trains the per-sample loss (docs/guides/packing-transformers.md); the plain
+    torch models and varlen attention of this library read ``cu_seqlens``/``max_seqlen``. :meth:`for_model`
+    keeps only the keys a model reads; Qwen2-VL and Qwen2.5-VL need it (their vision tower would take
+    ``cu_seqlens`` for its patch boundaries, their text model the plain positions for one sequence).
 
     options: a :class:`PackOptions` (None: the defaults).
     context_parallel: how packs are sharded over a context-parallel group

@@ -45,7 +45,7 @@ def pack_sequences(
 
     Returns the text fields of :mod:`omnibal_kernels.packing`: ``input_ids``/``labels``/``position_ids``
     ``(1, T)`` int64, ``seq_idx`` ``(1, T)`` int32, ``cu_seqlens`` ``(S + 1,)`` int32, ``seq_lens`` ``(S,)``
-    int32, ``max_seqlen`` int, and the Hugging Face aliases.
+    int32, ``max_seqlen`` int, the Hugging Face aliases, and ``use_cache=False``.
     """
     opts = DEFAULT_OPTIONS if options is None else options
     ids, labs, lens = _as_tensors(input_ids, labels, opts.allow_empty)
@@ -94,6 +94,10 @@ def pack_sequences(
         "cu_seq_lens_k": cu_seqlens,
         "max_length_q": max_seqlen,
         "max_length_k": max_seqlen,
+        # A transformers model with use_cache on (its config default, in train() mode too) builds a cache, and
+        # with a cache its sdpa/eager/flex mask skips the packed-sequence detection from position_ids
+        # (masking_utils._preprocess_mask_arguments): the row's samples would attend to each other.
+        "use_cache": False,
     }
 
 
