@@ -41,6 +41,13 @@ def add_parsers(sub: Any) -> None:
         metavar=("VIT", "LLM"),
         help="capacities of the balanced packs (default: searched for --batch-size samples per pack)",
     )
+    p.add_argument(
+        "--baseline-split",
+        choices=("uniform", "vit-first"),
+        default="uniform",
+        help="the split of the configurations that search none: equal layer counts (default) or the vision "
+        "encoder on the first stage (Megatron's VLM layout)",
+    )
     p.add_argument("--samples", type=int, default=None, help="resample the data to this many samples (seeded)")
     p.add_argument("--tflops", type=float, default=312.0, help="device peak TFLOP/s (default 312, an A100)")
     p.add_argument("--efficiency", type=float, default=0.5, help="fraction of peak reached (default 0.5)")
@@ -107,6 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         capacities=tuple(args.capacities) if args.capacities else None,
         hardware=hardware,
+        baseline_split=args.baseline_split,
         seed=args.seed,
     )
     print(json.dumps(result.to_dict()) if args.json else format_result(result))

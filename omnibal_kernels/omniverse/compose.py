@@ -8,7 +8,8 @@ own profile (its mean micro-batch's times, its largest micro-batch's activations
 recomputation must fit), each split is searched on that profile, and each configuration's epoch is simulated
 micro-batch by micro-batch (:mod:`~omnibal_kernels.omniverse.epoch`).
 
-``baseline`` is padded / uniform / all (the recipe users run today); ``data``, ``model`` and ``memory`` change
+``baseline`` is padded / uniform / all (the recipe users run today; ``baseline_split="vit-first"`` puts the
+whole vision encoder on the first stage instead, as Megatron's VLMs do); ``data``, ``model`` and ``memory`` change
 one choice each; ``data+model`` is the paper's cumulative order; ``all`` is the fastest of the eight
 combinations that fit, so it is never slower than any single part that fits (it may keep a part's baseline
 choice where that is faster).
@@ -22,13 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..pipeline.partition import PipelinePlan, evaluate_partition, partition, uniform_stages
+from ..pipeline.partition import PipelinePlan, evaluate_partition, partition, uniform_stages, vit_first_stages
 from ..pipeline.profile import ModelProfile
 from .data import MicroBatches, data_summary
 from .epoch import EpochTimes, epoch_times, micro_batch_scales
 from .layout import Hardware, Layout
 
-__all__ = ["CONFIGURATIONS", "Configuration", "OmniverseResult", "compose"]
+__all__ = ["BASELINE_SPLITS", "CONFIGURATIONS", "Configuration", "OmniverseResult", "compose"]
 
 # name -> (data, split, recompute); "all" is searched over every combination
 CONFIGURATIONS: dict[str, tuple[str, str, str]] = {
@@ -38,7 +39,7 @@ CONFIGURATIONS: dict[str, tuple[str, str, str]] = {
     "memory": ("padded", "uniform", "plan"),
     "data+model": ("balanced", "searched", "all"),
 }
-SPLITS = ("uniform", "searched")
+BASELINE_SPLITS = ("uniform", "vit-first")
 RECOMPUTES = ("all", "plan")
 _GIB = 2**30
 
@@ -158,13 +159,16 @@ def _plan(profile: ModelProfile, layout: Layout, split: str, recompute: str, lin
         recompute=recompute,
         link_gb_per_s=link,
     )
+    if split == "vit-first":
+        return evaluate_partition(profile, vit_first_stages(profile, layout.pp), method="vit-first", **common)
+    uniform = uniform_stages(len(profile), layout.pp)
     if split == "uniform":
-        return evaluate_partition(profile, uniform_stages(len(profile), layout.pp), method="uniform", **common)
+        return evaluate_partition(profile, uniform, method="uniform", **common)
     try:
         return partition(profile, layout.pp, method="exact", **common)
     except ValueError:
         # no split fits this recompute setting: the uniform one stands for it, reported as not fitting
-        return evaluate_partition(profile, uniform_stages(len(profile), layout.pp), method="uniform", **common)
+        return evaluate_partition(profile, uniform, method="uniform", **common)
 
 
 def _candidates(
@@ -173,11 +177,12 @@ def _candidates(
     layout: Layout,
     cost_model: Any,
     link: float,
+    baseline_split: str,
 ) -> dict[tuple[str, str, str], _Candidate]:
     out = {}
     for name, data in datas.items():
         scales = micro_batch_scales(data, cost_model)
-        for split, recompute in itertools.product(SPLITS, RECOMPUTES):
+        for split, recompute in itertools.product((baseline_split, "searched"), RECOMPUTES):
             plan = _plan(profiles[name], layout, split, recompute, link)
             epoch = epoch_times(plan, profiles[name], data, scales)
             out[(name, split, recompute)] = _Candidate(name, split, recompute, plan, epoch)
@@ -214,13 +219,17 @@ def compose(
     *,
     cost_model: Any,
     hardware: Hardware,
+    baseline_split: str = "uniform",
 ) -> OmniverseResult:
     """Runs every configuration (module docstring) of ``datas`` (``"padded"`` and ``"balanced"``) with the
-    profiles ``profile_for`` gives each data choice, under ``layout``.
+    profiles ``profile_for`` gives each data choice, under ``layout``; ``baseline_split`` is the split of the
+    configurations that do not search one, ``"uniform"`` or ``"vit-first"`` (Megatron's VLM layout).
 
     Raises ``ValueError`` naming the memory budget when no combination fits it."""
+    if baseline_split not in BASELINE_SPLITS:
+        raise ValueError(f"baseline_split must be one of {BASELINE_SPLITS}, got {baseline_split!r}")
     profiles = {name: profile_for(data) for name, data in datas.items()}
-    candidates = _candidates(datas, profiles, layout, cost_model, hardware.link_gb_per_s)
+    candidates = _candidates(datas, profiles, layout, cost_model, hardware.link_gb_per_s, baseline_split)
     fitting = [c for c in candidates.values() if c.plan.fits]
     if not fitting:
         least = min((max(c.plan.peak_bytes) for c in candidates.values()), default=math.nan)
@@ -228,8 +237,12 @@ def compose(
             f"memory_gb: no split of {model} over {layout.pp} stages fits {layout.memory_gb:g} GiB per GPU, even "
             f"recomputing every layer (the least peak found is {least / _GIB:.1f} GiB)"
         )
-    base = candidates[CONFIGURATIONS["baseline"]]
-    chosen = [(name, candidates[key]) for name, key in CONFIGURATIONS.items()]
+    keys = {
+        name: (data, baseline_split if split == "uniform" else split, recompute)
+        for name, (data, split, recompute) in CONFIGURATIONS.items()
+    }
+    base = candidates[keys["baseline"]]
+    chosen = [(name, candidates[key]) for name, key in keys.items()]
     chosen.append(("all", min(fitting, key=lambda c: c.epoch.epoch_ms)))
     configurations = tuple(_configuration(n, c, base.epoch.epoch_ms, layout.gpus) for n, c in chosen)
     return OmniverseResult(

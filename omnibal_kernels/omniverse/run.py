@@ -97,6 +97,7 @@ def omniverse(
     hardware: Optional[Hardware] = None,
     cost_model: Optional[CostModel] = None,
     reference: Optional[tuple[Any, Any]] = None,
+    baseline_split: str = "uniform",
     seed: int = 0,
 ) -> OmniverseResult:
     """The baseline, data, model and memory balance alone, the paper's ``data+model``, and all three, each
@@ -116,6 +117,8 @@ def omniverse(
         cost_model: the per-sample cost of the model (default: from its shapes).
         reference: with a measured profile, the ``(vit, llm)`` per-sample loads of the micro-batch it was
             measured on.
+        baseline_split: the split of the configurations that search none: ``"uniform"`` (equal layer counts)
+            or ``"vit-first"`` (the vision encoder on the first stage, Megatron's VLM layout).
         seed: seed of the random micro-batches, the balanced plan and the resample.
 
     Raises ``ValueError`` (one line naming the setting) for an unknown model, a layout that does not divide the
@@ -164,4 +167,4 @@ def omniverse(
         )
 
     name = cfg.name if cfg is not None else str(spec.meta.get("name", "measured profile"))  # type: ignore[union-attr]
-    return compose(name, datas, profile_for, layout, cost_model=cost, hardware=hardware)
+    return compose(name, datas, profile_for, layout, cost_model=cost, hardware=hardware, baseline_split=baseline_split)

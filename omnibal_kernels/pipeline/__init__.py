@@ -28,7 +28,16 @@ from .micro_batches import (
     stage_kind_times,
     stage_times,
 )
-from .partition import METHODS, OBJECTIVES, RECOMPUTE_MODES, PipelinePlan, evaluate_partition, partition, uniform_stages
+from .partition import (
+    METHODS,
+    OBJECTIVES,
+    RECOMPUTE_MODES,
+    PipelinePlan,
+    evaluate_partition,
+    partition,
+    uniform_stages,
+    vit_first_stages,
+)
 from .profile import PROFILE_FIELDS, LayerProfile, ModelProfile, as_profile, load_profile
 from .recompute import apply_recompute, cover, min_cost_cover, stage_recompute
 from .schedule import (
@@ -89,4 +98,5 @@ __all__ = [
     "stage_kind_times",
     "stage_times",
     "uniform_stages",
+    "vit_first_stages",
 ]

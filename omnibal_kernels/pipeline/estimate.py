@@ -466,9 +466,13 @@ def pack_loads(packs: Sequence[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.nd
         llm = np.atleast_1d(np.asarray(pack[1], dtype=np.float64))
         if vit.shape != llm.shape or vit.ndim != 1:
             raise ValueError(f"packs[{p}]: vit and llm must be 1-D of one length, got {vit.shape} and {llm.shape}")
-        if (vit < 0).any() or (llm < 0).any() or not (np.isfinite(vit).all() and np.isfinite(llm).all()):
-            raise ValueError(f"packs[{p}]: loads must be finite and >= 0")
         loads.append((vit, llm))
+    # the values checked all at once; the first pack at fault is looked for only when one is
+    every = np.concatenate([np.concatenate([v, t]) for v, t in loads])
+    if not (np.isfinite(every).all() and (every >= 0).all()):
+        for p, (vit, llm) in enumerate(loads):
+            if (vit < 0).any() or (llm < 0).any() or not (np.isfinite(vit).all() and np.isfinite(llm).all()):
+                raise ValueError(f"packs[{p}]: loads must be finite and >= 0")
     return loads
 
 

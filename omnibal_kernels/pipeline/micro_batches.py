@@ -160,9 +160,10 @@ class StageKindTimes:
         """(micro-batch, stage) times when every layer of kind ``k`` takes its profile time times ``scales[k]``
         (``(m,)``; a kind missing from ``scales`` keeps the profile's time)."""
         m = max((np.size(v) for v in scales.values()), default=1)
-        factor = np.stack(
-            [np.broadcast_to(np.asarray(scales.get(k, 1.0), np.float64), (m,)) for k in self.kinds], axis=1
-        )
+        factor = np.ones((m, len(self.kinds)))
+        for i, k in enumerate(self.kinds):
+            if k in scales:
+                factor[:, i] = scales[k]
         f, b, r = factor @ self.forward_ms, factor @ self.backward_ms, factor @ self.recompute_ms
         return StageTimes(f, b + r, b * self.weight_share, r)
 
