@@ -49,7 +49,9 @@ class Configuration:
     """One configuration's epoch. Times in seconds; ``speedup`` is the baseline's epoch time over this one's;
     ``peak_bytes`` per pipeline stage (rank), ``fits`` whether every stage is within the memory budget;
     ``bubble_fraction`` the idle share of the epoch's rank-time, ``bubble_from_data`` the share of that idle
-    time that unequal micro-batches add, ``recompute_fraction`` the share spent recomputing."""
+    time that unequal micro-batches add, ``recompute_fraction`` the share spent recomputing; ``stages`` the
+    ``(first, last)`` layers and ``recomputed`` the recomputed layers of each stage; ``step_ms`` every
+    optimizer step's time."""
 
     name: str
     data: str
@@ -66,7 +68,8 @@ class Configuration:
     bubble_from_data: float
     recompute_fraction: float
     stages: tuple[tuple[int, int], ...]
-    recomputed_layers: tuple[int, ...]
+    recomputed: tuple[tuple[int, ...], ...]
+    step_ms: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -85,7 +88,7 @@ class Configuration:
             "bubble_from_data": self.bubble_from_data,
             "recompute_fraction": self.recompute_fraction,
             "stages": [list(s) for s in self.stages],
-            "recomputed_layers": list(self.recomputed_layers),
+            "recomputed": [list(r) for r in self.recomputed],
         }
         return out
 
@@ -100,6 +103,7 @@ class OmniverseResult:
     samples: int
     configurations: tuple[Configuration, ...]
     data: Mapping[str, Any] = field(default_factory=dict)
+    micro_batches: Mapping[str, MicroBatches] = field(default_factory=dict, repr=False)
 
     def __getitem__(self, name: str) -> Configuration:
         for c in self.configurations:
@@ -207,7 +211,8 @@ def _configuration(name: str, c: _Candidate, baseline_ms: float, gpus: int) -> C
         bubble_from_data=c.epoch.bubble_from_data,
         recompute_fraction=c.epoch.recompute_fraction,
         stages=c.plan.stages,
-        recomputed_layers=tuple(len(r) for r in c.plan.recompute),
+        recomputed=c.plan.recompute,
+        step_ms=tuple(float(x) for x in c.epoch.step_ms),
     )
 
 
@@ -252,4 +257,5 @@ def compose(
         samples=next(iter(datas.values())).samples,
         configurations=configurations,
         data={name: data_summary(data) for name, data in datas.items()},
+        micro_batches=dict(datas),
     )

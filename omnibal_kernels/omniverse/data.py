@@ -9,7 +9,7 @@ plan steps make an optimizer step (the last one ragged when the plan's steps are
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -38,6 +38,7 @@ class MicroBatches:
         samples: samples of the data set (each trained once, plus the plan's repeats).
         padding_fraction: share of the trained LLM token positions that are padding.
         capacities: the balanced packs' ``(vit, llm)`` capacities, or ``None``.
+        sample_ids: per entry of ``vit`` / ``llm``, the sample of the data set it is.
     """
 
     name: str
@@ -48,6 +49,7 @@ class MicroBatches:
     samples: int
     padding_fraction: float
     capacities: Optional[tuple[int, int]] = None
+    sample_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def num_micro_batches(self) -> int:
@@ -60,6 +62,10 @@ class MicroBatches:
     def step_counts(self) -> np.ndarray:
         """Micro-batches per pipeline in every optimizer step."""
         return (self.steps[:, 0, :] >= 0).sum(axis=1)
+
+    def samples_of(self, micro_batch: int) -> np.ndarray:
+        """The sample ids of one micro-batch."""
+        return self.sample_ids[self.offsets[micro_batch] : self.offsets[micro_batch + 1]]
 
     def loads(self, ids: Iterable[int]) -> list[tuple[np.ndarray, np.ndarray]]:
         """The ``(vit, llm)`` per-sample loads of micro-batches ``ids``."""
@@ -103,6 +109,7 @@ def padded_micro_batches(
         steps=_steps(plan.step_packs, micro_batches),
         samples=len(lengths),
         padding_fraction=1.0 - real / float(llm.sum()) if llm.sum() else 0.0,
+        sample_ids=plan.pack_samples.copy(),
     )
 
 
@@ -134,6 +141,7 @@ def balanced_micro_batches(
         samples=len(lengths),
         padding_fraction=0.0,
         capacities=(int(capacities[0]), int(capacities[1])),
+        sample_ids=plan.pack_samples.copy(),
     )
 
 
