@@ -5,24 +5,28 @@ one epoch of a fixed sample set and timed beside the prediction.
     python examples/omniverse_tiny.py [--json]
 
 1. A fixed set of bundled-like samples scaled by 1/16 (``testing.tiny_vlm.scaled_lengths``) and a tiny VLM wide
-   enough that its CPU time follows its FLOPs (``SIZES``).
-2. ``measure_profile`` measures the model layer by layer (CPU time of one torch thread, saved bytes) on one
-   reference micro-batch; ``omniverse`` (the entry point, with this measured profile, the model's cost model
-   and the reference loads) plans the random padded micro-batches and the balanced packs of the sample set,
-   searches the splits and recompute plans under a memory budget (90% of what the uniform split needs without
-   recomputation on the padded micro-batches) and predicts each configuration's step and epoch.
-3. Every configuration is trained on 4 processes: each pipeline's two stages are ``PipelineStage`` s of the
-   planned split with the planned layers recomputed (``apply_recompute``), gradients averaged over the two
-   pipelines, SGD. Micro-batches differ in size, and a pipeline sends fixed-shape tensors, so every stage sends
-   and receives its micro-batch padded to the largest of the run and computes on the micro-batch's own extent
-   (its tiles, rows and tokens ride along in a small float tensor; packed samples attend only within
-   themselves, through ``cu_seqlens``).
-4. Each stage times every forward and backward it runs (CPU time of its process's one torch thread, so the 4
-   processes sharing 2 cores do not enter it). The measured step is the one these operation times give in the
-   schedule's order and dependencies (the 1F1B order torch ran, replayed by ``pipeline.simulate``); the
-   predicted one is the entry point's, from the profile scaled per micro-batch. Busy CPU time per rank and
-   step is printed beside its prediction too, and the losses of configurations that share their data must
-   be equal.
+   enough that its CPU time follows its FLOPs more than its per-operation overheads (``SIZES``).
+2. The 4 processes start; each measures the model layer by layer (``measure_profile``: CPU time of its one
+   torch thread, saved bytes) on one reference micro-batch near the mean, two processes at a time as they will
+   train; rank 0 takes each layer's median and gives it to the entry point (``omniverse`` with the measured
+   profile, the model's cost model and the reference loads), which plans the random padded micro-batches (4
+   samples each) and the balanced packs of the sample set, searches the splits and recompute plans under a
+   memory budget (90% of what the uniform split needs without recomputation on the padded micro-batches) and
+   predicts each configuration's step and epoch.
+3. Every configuration is trained: each pipeline's two stages are ``PipelineStage`` s of the planned split with
+   the planned layers recomputed (``apply_recompute``), gradients averaged over the two pipelines, SGD; step k
+   of every configuration runs before step k + 1 of any, so all of them meet the same load. A micro-batch is
+   one row of segments, one per sample (a padded micro-batch's samples each padded to its longest, a pack's as
+   they are), attended within each segment through ``cu_seqlens``. Micro-batches differ in size and a pipeline
+   sends fixed-shape tensors, so every stage sends and receives its micro-batch padded to the run's largest
+   and computes on the micro-batch's own extent (its tiles, tokens and segments ride along in a small float
+   tensor).
+4. Each stage times every forward and backward it runs (CPU time of its process's one torch thread, so the
+   processes sharing the cores do not enter it). The measured step is the one these operation times give in
+   the schedule's order and dependencies (the 1F1B order torch ran, replayed by ``pipeline.simulate``): the
+   wall clock of 4 processes on 2 shared cores says nothing. The predicted step is the entry point's, from the
+   profile scaled per micro-batch. The losses of configurations that share their data are equal: the split
+   and the recomputation change the schedule, not the numbers.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import sys
 import tempfile
 import time
 import warnings
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +53,7 @@ from torch import nn
 from omnibal_kernels.omniverse import Hardware, Layout, micro_batch_scales, omniverse, padded_micro_batches
 from omnibal_kernels.omniverse.run import scaled_profile
 from omnibal_kernels.pipeline import (
+    ModelProfile,
     apply_recompute,
     evaluate_partition,
     measure_profile,
@@ -65,7 +72,7 @@ BATCH_SIZE = 4
 SAMPLES = 96
 SEED = 0
 LR = 0.05
-META = 3 + 1 + 2 * BATCH_SIZE + 8  # tiles, rows, length, samples, then the samples' cu_seqlens
+META = 40  # tiles, rows, length, samples, then the samples' cu_seqlens (room for 35 samples)
 
 
 # --- the model as a chain whose layers carry the micro-batch's extent ----------------------------------------
@@ -73,7 +80,7 @@ META = 3 + 1 + 2 * BATCH_SIZE + 8  # tiles, rows, length, samples, then the samp
 
 def _cu(meta: torch.Tensor) -> tuple[Any, Any]:
     n = int(meta[3].item())
-    if n <= 1:
+    if n < 1:
         return None, None
     cu = meta[4 : 5 + n].to(torch.int32)
     return cu, int((cu[1:] - cu[:-1]).max().item())
@@ -153,23 +160,24 @@ def build_chain() -> tuple[TinyVLM, nn.Sequential, list[str]]:
 
 
 def micro_batch(lengths: Any, ids: np.ndarray, padded: bool) -> dict[str, torch.Tensor]:
-    """Samples ``ids`` as one micro-batch: one row each padded to the longest (``padded``), or one packed row."""
+    """Samples ``ids`` as one row of segments, one per sample (``cu_seqlens`` in ``meta``): each sample padded
+    to the longest of them (``padded``, what a padding collator trains: every sample costs the longest one's
+    tokens) or as it is (a pack). The first token of every segment has no target, so no sample learns from
+    the one before it."""
     samples = [make_sample(lengths, int(i), SEED) for i in ids]
     pixels = torch.cat([s["pixel_values"] for s in samples])
+    size = max(s["input_ids"].numel() for s in samples) if padded else 0
+    input_ids = torch.cat([F.pad(s["input_ids"], (0, max(size - s["input_ids"].numel(), 0))) for s in samples])[None]
+    labels = [F.pad(s["labels"], (0, max(size - s["labels"].numel(), 0)), value=-100) for s in samples]
+    for row in labels:
+        row[0] = -100
+    cu = np.concatenate([[0], np.cumsum([row.numel() for row in labels])])
+    if len(samples) + 5 > META:
+        raise ValueError(f"a micro-batch of {len(samples)} samples does not fit META = {META}")
     meta = torch.zeros(META)
-    if padded:
-        longest = max(s["input_ids"].numel() for s in samples)
-        input_ids = torch.stack([F.pad(s["input_ids"], (0, longest - s["input_ids"].numel())) for s in samples])
-        labels = torch.stack([F.pad(s["labels"], (0, longest - s["labels"].numel()), value=-100) for s in samples])
-        meta[3] = 1
-    else:
-        input_ids = torch.cat([s["input_ids"] for s in samples])[None]
-        labels = torch.cat([s["labels"] for s in samples])[None]
-        cu = np.concatenate([[0], np.cumsum([s["input_ids"].numel() for s in samples])])
-        meta[3] = len(samples)
-        meta[4 : 5 + len(samples)] = torch.tensor(cu, dtype=torch.float32)
-    meta[0], meta[1], meta[2] = pixels.shape[0], input_ids.shape[0], input_ids.shape[1]
-    return {"input_ids": input_ids, "labels": labels, "pixel_values": pixels, "meta": meta}
+    meta[0], meta[1], meta[2], meta[3] = pixels.shape[0], 1, input_ids.shape[1], len(samples)
+    meta[4 : 5 + len(samples)] = torch.tensor(cu, dtype=torch.float32)
+    return {"input_ids": input_ids, "labels": torch.cat(labels)[None], "pixel_values": pixels, "meta": meta}
 
 
 def pad_to(batch: dict[str, torch.Tensor], rows: int, length: int, tiles: int) -> dict[str, torch.Tensor]:
@@ -276,69 +284,117 @@ def _examples(chain: nn.Sequential, job: dict[str, Any], batch: dict[str, torch.
     return fix
 
 
-def _train(rank: int, job: dict[str, Any], groups: dict[str, Any]) -> dict[str, Any]:
-    import torch.distributed.pipelining as pipelining
+class _Job:
+    """One configuration on one rank: its stage module, optimizer, schedules (one per micro-batch count)."""
 
-    pipe, s = divmod(rank, PP)
-    _, chain, _ = build_chain()
-    first, last = job["stages"][s]
-    module = Stage(chain, first, last, job["shape"])
-    apply_recompute(module.layers, job["recompute"][s])
-    examples = _examples(chain, job, job["steps"][0][pipe])
-    timed = type("TimedStage", (_Timed, pipelining.PipelineStage), {})
-    schedules: dict[int, Any] = {}
+    def __init__(self, rank: int, job: dict[str, Any], groups: dict[str, Any]) -> None:
+        import torch.distributed.pipelining as pipelining
 
-    def schedule(m: int) -> Any:
-        if m not in schedules:
-            stage = timed(
-                module,
-                s,
+        self.pipe, self.s = divmod(rank, PP)
+        self.job, self.groups = job, groups
+        _, chain, _ = build_chain()
+        first, last = job["stages"][self.s]
+        self.module = Stage(chain, first, last, job["shape"])
+        apply_recompute(self.module.layers, job["recompute"][self.s])
+        self.examples = _examples(chain, job, job["steps"][0][self.pipe])
+        self.timed = type("TimedStage", (_Timed, pipelining.PipelineStage), {})
+        self.schedules: dict[int, Any] = {}
+        self.opt = torch.optim.SGD(self.module.parameters(), lr=LR)
+        self.out: dict[str, Any] = {"steps": [], "losses": []}
+
+    def _schedule(self, m: int) -> Any:
+        import torch.distributed.pipelining as pipelining
+
+        if m not in self.schedules:
+            inputs, outputs = self.examples[self.s]
+            stage = self.timed(
+                self.module,
+                self.s,
                 PP,
                 torch.device("cpu"),
-                input_args=examples[s][0],
-                output_args=examples[s][1],
-                group=groups["pp"],
+                input_args=inputs,
+                output_args=outputs,
+                group=self.groups["pp"],
             )
             stage.ops = []
-            schedules[m] = (stage, pipelining.Schedule1F1B(stage, n_microbatches=m, loss_fn=causal_lm_loss))
-        return schedules[m]
+            self.schedules[m] = (stage, pipelining.Schedule1F1B(stage, n_microbatches=m, loss_fn=causal_lm_loss))
+        return self.schedules[m]
 
-    opt = torch.optim.SGD(module.parameters(), lr=LR)
-    out: dict[str, Any] = {"steps": [], "losses": []}
-    for k in [None, *range(len(job["steps"]))]:  # None: step 0 once to warm up, leaving the model as it was
-        warm = k is None
-        batch = job["steps"][k or 0][pipe]
-        stage, sched = schedule(batch["m"])
+    def step(self, k: int, warm: bool = False) -> None:
+        """Optimizer step ``k`` (``warm``: step 0 run once and its gradients dropped, the model unchanged)."""
+        batch = self.job["steps"][k][self.pipe]
+        stage, sched = self._schedule(batch["m"])
         stage.ops.clear()
         losses: list = []
+        s = self.s
         args = (batch["input_ids"], batch["pixel_values"], batch["meta"]) if s == 0 else ()
         kwargs = {"target": batch["labels"], "losses": losses} if s == PP - 1 else {}
         dist.barrier()
         c0 = time.process_time()
         sched.step(*args, **kwargs)
         busy = (time.process_time() - c0) * 1e3
-        for p in module.parameters():
+        for p in self.module.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, group=groups["dp"])
+            dist.all_reduce(p.grad, group=self.groups["dp"])
             p.grad /= DP
-        if warm:
-            opt.zero_grad()
-            continue
-        opt.step()
-        opt.zero_grad()
+        if not warm:
+            self.opt.step()
+        self.opt.zero_grad()
         loss = torch.stack(losses).mean() if losses else torch.zeros(())
-        dist.all_reduce(loss, group=groups["dp"])
-        out["losses"].append(float(loss) / DP)
+        dist.all_reduce(loss, group=self.groups["dp"])
+        if warm:
+            return
+        self.out["losses"].append(float(loss) / DP)
         fwd = [0.0] * batch["m"]
         bwd = [0.0] * batch["m"]
         for kind, chunk, ms in stage.ops:
             (fwd if kind == "F" else bwd)[chunk] += ms
-        out["steps"].append({"forward_ms": fwd, "backward_ms": bwd, "busy_ms": busy})
-    return out
+        self.out["steps"].append({"forward_ms": fwd, "backward_ms": bwd, "busy_ms": busy})
 
 
-def _worker(rank: int, port: int, jobs: list[dict[str, Any]], out_dir: str) -> None:
+def _profile(repeats: int) -> Any:
+    """This process's profile of the model on the reference micro-batch."""
+    lengths = scaled_lengths(SAMPLES, SEED)
+    _, chain, kinds = build_chain()
+    ref = micro_batch(lengths, reference_samples(lengths), padded=False)
+    inputs = (ref["input_ids"], ref["pixel_values"], ref["meta"])
+    return measure_profile(chain, inputs, kinds=kinds, repeats=repeats, timer=time.process_time)
+
+
+def _median_profile(profiles: list[Any]) -> Any:
+    """Every rank's profile, each layer's times the median over the ranks (the bytes are the same)."""
+    layers = []
+    for i, layer in enumerate(profiles[0].layers):
+        fwd = float(np.median([p.layers[i].forward_ms for p in profiles]))
+        bwd = float(np.median([p.layers[i].backward_ms for p in profiles]))
+        layers.append(replace(layer, forward_ms=fwd, backward_ms=bwd))
+    return ModelProfile(tuple(layers), input_bytes=profiles[0].input_bytes, meta=dict(profiles[0].meta))
+
+
+def _jobs(lengths: Any, result: Any, names: list[str]) -> list[dict[str, Any]]:
+    data = {name: stacked(lengths, mb, name == "padded") for name, mb in result.micro_batches.items()}
+    jobs: dict[str, dict[str, Any]] = {}
+    for c in result.configurations:
+        recompute = [[names[j] for j in stage] for stage in c.recomputed]
+        jobs.setdefault(
+            _key(c),
+            {
+                "key": _key(c),
+                "stages": c.stages,
+                "recompute": recompute,
+                "steps": data[c.data][0],
+                "shape": data[c.data][1],
+            },
+        )
+    return list(jobs.values())
+
+
+def _key(c: Any) -> str:
+    return str((c.data, c.stages, c.recomputed))
+
+
+def _worker(rank: int, port: int, repeats: int, out_dir: str) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -348,8 +404,31 @@ def _worker(rank: int, port: int, jobs: list[dict[str, Any]], out_dir: str) -> N
         pps = [dist.new_group(list(range(p * PP, (p + 1) * PP))) for p in range(DP)]
         dps = [dist.new_group(list(range(s, PP * DP, PP))) for s in range(PP)]
         groups = {"pp": pps[rank // PP], "dp": dps[rank % PP]}
-        result = {job["key"]: _train(rank, job, groups) for job in jobs}
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        # the ranks profile two at a time, as they train (a 1F1B pipeline of two stages keeps about two of the
+        # four processes busy), so the profile meets the sharing of the cores the training meets
+        own = None
+        for turn in range(PP):
+            dist.barrier()
+            if rank % PP == turn:
+                own = _profile(repeats)
+        profiles: list[Any] = [None] * (PP * DP)
+        dist.all_gather_object(profiles, own)
+        shared: list[Any] = [None]
+        if rank == 0:
+            lengths, result, profile = plan(_median_profile(profiles))
+            with open(os.path.join(out_dir, "plan.pkl"), "wb") as f:
+                pickle.dump((lengths, result, profile), f)
+            shared = [_jobs(lengths, result, profile.names)]
+        dist.broadcast_object_list(shared, src=0)
+        runs = [_Job(rank, job, groups) for job in shared[0]]
+        for run_ in runs:
+            run_.step(0, warm=True)
+        # step k of every configuration before step k + 1 of any, so all of them meet the same load
+        for k in range(max(len(job["steps"]) for job in shared[0])):
+            for run_ in runs[k % len(runs) :] + runs[: k % len(runs)]:
+                if k < len(run_.job["steps"]):
+                    run_.step(k)
+        torch.save({run_.job["key"]: run_.out for run_ in runs}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -365,20 +444,11 @@ def reference_samples(lengths: Any) -> np.ndarray:
     return np.arange(first, first + BATCH_SIZE)
 
 
-def plan(repeats: int = 3) -> tuple[Any, Any, Any]:
-    """The sample set, the entry point's result, and the measured profile it was given."""
-    torch.set_num_threads(1)
+def plan(profile: Any) -> tuple[Any, Any, Any]:
+    """The sample set, the entry point's result for the measured ``profile``, and the profile."""
     lengths = scaled_lengths(SAMPLES, SEED)
-    model, chain, kinds = build_chain()
+    model = build_chain()[0]
     ref_ids = reference_samples(lengths)
-    ref = micro_batch(lengths, ref_ids, padded=False)
-    profile = measure_profile(
-        chain,
-        (ref["input_ids"], ref["pixel_values"], ref["meta"]),
-        kinds=kinds,
-        repeats=repeats,
-        timer=time.process_time,
-    )
     reference = (lengths.vit[ref_ids], lengths.llm[ref_ids])
     cost = model.cost_model()
     padded = padded_micro_batches(lengths, dp=DP, micro_batches=MICRO_BATCHES, batch_size=BATCH_SIZE, seed=SEED)
@@ -406,28 +476,11 @@ def plan(repeats: int = 3) -> tuple[Any, Any, Any]:
 
 
 def run(repeats: int = 3) -> dict[str, Any]:
-    """Plans, trains every configuration on 4 processes and returns measured beside predicted."""
+    """Profiles, plans and trains every configuration on 4 processes; returns measured beside predicted."""
     start = time.perf_counter()
-    lengths, result, profile = plan(repeats)
-    layer_names = profile.names
-    data = {name: stacked(lengths, mb, name == "padded") for name, mb in result.micro_batches.items()}
-    jobs: dict[tuple, dict[str, Any]] = {}
-    for c in result.configurations:
-        names = [[layer_names[j] for j in stage] for stage in c.recomputed]
-        key = (c.data, c.stages, c.recomputed)
-        jobs.setdefault(
-            key,
-            {
-                "key": str(key),
-                "stages": c.stages,
-                "recompute": names,
-                "steps": data[c.data][0],
-                "shape": data[c.data][1],
-            },
-        )
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
-            _worker, args=(free_port(), list(jobs.values()), out_dir), nprocs=PP * DP, join=False, start_method="spawn"
+            _worker, args=(free_port(), repeats, out_dir), nprocs=PP * DP, join=False, start_method="spawn"
         )
         deadline = time.monotonic() + 300
         while not ctx.join(timeout=1):
@@ -436,10 +489,11 @@ def run(repeats: int = 3) -> dict[str, Any]:
                     p.kill()
                 raise RuntimeError("workers did not finish within 300 s")
         ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(PP * DP)]
+        with open(os.path.join(out_dir, "plan.pkl"), "rb") as f:
+            lengths, result, profile = pickle.load(f)
     rows = []
     for c in result.configurations:
-        key = str((c.data, c.stages, c.recomputed))
-        measured = _measured_steps([r[key] for r in ranks])
+        measured = _measured_steps([r[_key(c)] for r in ranks])
         rows.append(
             {
                 "name": c.name,
@@ -454,9 +508,9 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 "predicted_epoch_seconds": c.epoch_seconds,
                 "measured_steps_ms": measured,
                 "predicted_steps_ms": list(c.step_ms),
-                "busy_ms": [[s["busy_ms"] for s in r[key]["steps"]] for r in ranks],
-                "stage_ms": _stage_ms([r[key] for r in ranks], _predicted_ops(result, profile, lengths, c)),
-                "loss": ranks[PP - 1][key]["losses"],
+                "busy_ms": [[s["busy_ms"] for s in r[_key(c)]["steps"]] for r in ranks],
+                "stage_ms": _stage_ms([r[_key(c)] for r in ranks], _predicted_ops(result, profile, lengths, c)),
+                "loss": ranks[PP - 1][_key(c)]["losses"],
             }
         )
     return {
@@ -544,6 +598,13 @@ def main(argv: Any = None) -> int:
             f"{r['measured_epoch_seconds'] * 1e3:7.1f} / {r['predicted_epoch_seconds'] * 1e3:7.1f}  losses "
             + ", ".join(f"{x:.5f}" for x in r["loss"])
         )
+        ms = r["stage_ms"]
+        pairs = [
+            f"{kind} "
+            + " / ".join(f"{a:.1f} ({b:.1f})" for a, b in zip(ms[f"measured_{kind}_ms"], ms[f"predicted_{kind}_ms"]))
+            for kind in ("forward", "backward")
+        ]
+        print("      per micro-batch, stages 0 / 1, measured (predicted): " + ", ".join(pairs))
     print(f"{report['seconds']:.0f} s")
     return 0
 

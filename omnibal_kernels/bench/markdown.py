@@ -528,7 +528,7 @@ def omniverse_markdown(report: dict[str, Any]) -> list[str]:
         "micro-batches add.",
         "",
         *_main_table(part),
-        "Sensitivity (6+20B, bundled loads, uniform baseline split; 256 GPUs, TP 4):",
+        f"Sensitivity (6+20B, bundled loads, uniform baseline split; {lay['gpus']} GPUs):",
         "",
         *_sweep_table(part),
     ]

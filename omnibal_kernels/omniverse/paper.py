@@ -9,6 +9,7 @@ stated assumptions (:data:`ASSUMED_LAYOUT`) and :func:`sweep` varies them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -90,27 +91,27 @@ def sweep(
     model: str = "internvl-6b-20b",
     *,
     gpus: int = 256,
-    tp: int = 4,
+    tps: Sequence[int] = (4,),
     pps: Sequence[int] = (4, 8, 16),
     micro_batches: Sequence[int] = (16, 32, 64, 128),
     memories: Sequence[float] = (40.0, 80.0),
     lengths: Optional[Lengths] = None,
     say: Callable[[str], None] = lambda line: None,
 ) -> list[dict[str, Any]]:
-    """The sensitivity sweep: pipeline stages x micro-batches x memory per GPU on one model and data set (a
-    layout no split fits is a row with ``error``)."""
+    """The sensitivity sweep: tensor-parallel size x pipeline stages x micro-batches x memory per GPU on one
+    model and data set (a layout no split fits is a row with ``error``)."""
     rows = []
-    for pp in pps:
-        for m in micro_batches:
-            for memory in memories:
-                layout = Layout(gpus=gpus, pp=pp, tp=tp, micro_batches=m, memory_gb=memory)
-                say(f"[omniverse] sweep PP {pp}, {m} micro-batches, {memory:g} GiB")
-                try:
-                    result = omniverse(model, layout, lengths)
-                except ValueError as exc:
-                    rows.append({"model": model, "layout": layout.to_dict(), "error": str(exc)})
-                    continue
-                row = result_row(result, model=model)
-                del row["configurations"]
-                rows.append(row)
+    for tp, pp, m, memory in itertools.product(tps, pps, micro_batches, memories):
+        if gpus % (pp * tp):
+            continue
+        layout = Layout(gpus=gpus, pp=pp, tp=tp, micro_batches=m, memory_gb=memory)
+        say(f"[omniverse] sweep TP {tp}, PP {pp}, {m} micro-batches, {memory:g} GiB")
+        try:
+            result = omniverse(model, layout, lengths)
+        except ValueError as exc:
+            rows.append({"model": model, "layout": layout.to_dict(), "error": str(exc)})
+            continue
+        row = result_row(result, model=model)
+        del row["configurations"]
+        rows.append(row)
     return rows
