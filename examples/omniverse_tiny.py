@@ -526,7 +526,7 @@ def _predicted_ops(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.
     """(steps, pipelines, micro-batches, stages) forward and backward ms the entry point predicts for ``c``."""
     data = result.micro_batches[c.data]
     ref_ids = reference_samples(lengths)
-    cost = result_cost(lengths)
+    cost = _cost_model()
     scaled = scaled_profile(profile, (lengths.vit[ref_ids], lengths.llm[ref_ids]), data, cost)
     plan = evaluate_partition(
         scaled,
@@ -548,7 +548,8 @@ def _predicted_ops(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.
     return fwd, bwd
 
 
-def result_cost(lengths: Any) -> Any:
+def _cost_model() -> Any:
+    """The tiny VLM's cost model from its shapes (the one the entry point was given)."""
     return build_chain()[0].cost_model()
 
 
