@@ -5,8 +5,9 @@ The data flows one way, and so do the imports:
     lengths -> balance (plan packs, C++) -> sampler / streaming -> pack_batch -> ops (Triton) -> attention
 
 beside it: the cost model fitted to measured time (calibration), the loss over an optimizer step (loss),
-context-parallel shards (context_parallel), model and memory balance over pipeline stages (pipeline), length
-files from raw data (raw_lengths), the benchmarks suite (bench) and the command line (cli).
+context-parallel shards (context_parallel), model and memory balance over pipeline stages (pipeline), the three
+balances composed in one simulated run (omniverse), length files from raw data (raw_lengths), the benchmarks
+suite (bench) and the command line (cli).
 
 The public API is re-exported here lazily, grouped by that flow: importing the package loads neither torch,
 triton, numba nor the compiled extension; each name is imported from its module on first use.
