@@ -43,7 +43,7 @@ from omnibal_kernels.pipeline import (
     partition,
     profile_from_config,
     simulate_packs,
-    uniform_stages,
+    vit_first_stages,
 )
 
 MODELS = ("internvl-6b-20b", "internvl-300m-7b")
@@ -85,13 +85,6 @@ def reference_packs() -> list[tuple[np.ndarray, np.ndarray]]:
 def profiles() -> dict[str, Any]:
     packs = reference_packs()
     return {name: profile_from_config(name, packs, static_bytes_per_param=STATIC_BYTES_PER_PARAM) for name in MODELS}
-
-
-def vit_first_stages(profile: Any, stages: int) -> list[tuple[int, int]]:
-    """Megatron's VLM layout: the vision encoder and projector on stage 0, the decoder layers split evenly."""
-    n_front = sum(layer.kind in ("vit", "projector") for layer in profile.layers)
-    rest = uniform_stages(len(profile) - n_front, stages)
-    return [(0, n_front + rest[0][1])] + [(a + n_front, b + n_front) for a, b in rest[1:]]
 
 
 def _run(profile: Any, stages: int, method: str, recompute: str, **kw: Any) -> tuple[Any, float]:

@@ -8,9 +8,9 @@ plus the GPU ops the packed batches feed (``unpad``, ``pad``, ``varlen_metadata`
 ``varlen_attention``). The tools have their own documented subpackages, reachable as attributes
 (``omnibal_kernels.pipeline``): ``balance`` (planning in detail: cost models, bounds, capacity search),
 ``context_parallel`` (a pack's shards over CP ranks and their predicted times), ``vision`` (tile and patch
-counts, mRoPE), ``pipeline`` (model and memory balance over pipeline stages), ``raw_lengths`` (length files
-from raw data sets), ``calibration`` (cost models fitted to measured time), ``hf`` (the transformers Trainer)
-and ``bench`` (the benchmarks suite).
+counts, mRoPE), ``pipeline`` (model and memory balance over pipeline stages), ``omniverse`` (the three
+balances composed in one simulated run), ``raw_lengths`` (length files from raw data sets), ``calibration``
+(cost models fitted to measured time), ``hf`` (the transformers Trainer) and ``bench`` (the benchmarks suite).
 
 Importing the package loads neither torch, triton, numba nor the compiled extension; each name is imported from
 its module on first use.
@@ -77,6 +77,7 @@ _SUBPACKAGES = (
     "hf",
     "lengths",
     "loss",
+    "omniverse",
     "packing",
     "pipeline",
     "raw_lengths",

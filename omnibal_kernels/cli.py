@@ -56,6 +56,7 @@ def _add_no_progress(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from .balance.options import METHODS, OVERSIZE_POLICIES
     from .bench.cli import add_bench_parser
+    from .omniverse.cli import add_parsers as add_omniverse_parsers
     from .pipeline.cli import add_parsers as add_pipeline_parsers
 
     parser = argparse.ArgumentParser(
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_lengths_parser(sub)
     add_calibrate_parser(sub)
     add_pipeline_parsers(sub)
+    add_omniverse_parsers(sub)
     add_bench_parser(sub)
     return parser
 

@@ -41,7 +41,9 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
         str(tmp_path / "r.md"),
         "--plot",
         str(tmp_path / "png"),
-        timeout=180,
+        "--paper-page",
+        str(tmp_path / "docs" / "reproducing-the-paper.md"),
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
@@ -93,9 +95,21 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
     assert text == to_markdown(report) and proc.stdout.strip() == text.strip()
     assert "### Measured DDP training" in text and "predicted by the cost model calibrated" in text
     assert "| bundled |" in text and "### Context parallelism" in text
-    for name in ("rank_loads", "pack_loads", "planning_time", "step_time"):
+    for name in ("rank_loads", "pack_loads", "planning_time", "step_time", "omniverse_steps"):
         png = tmp_path / "png" / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC, name
+
+    # the whole-run comparison: every configuration of every row, all never slower than a part that fits
+    part = report["omniverse"]
+    assert {r["baseline_split"] for r in part["table"]} == {"uniform", "vit-first"}
+    for row in part["table"]:
+        runs = {c["name"]: c for c in row["configurations"]}
+        assert list(runs) == ["baseline", "data", "model", "memory", "data+model", "all"]
+        assert all(runs["all"]["epoch_seconds"] <= c["epoch_seconds"] * (1 + 1e-12) for c in runs.values() if c["fits"])
+    assert [r["layout"]["pp"] for r in part["sweep"]] == [4]
+    page = (tmp_path / "docs" / "reproducing-the-paper.md").read_text()
+    assert page.startswith("# Reproducing the paper") and "| 6+20B | paper, Megatron-DeepSpeed |" in page
+    assert (tmp_path / "docs" / "img" / "omniverse_steps.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_plan_plot_draws_the_users_data(tmp_path: Path) -> None:

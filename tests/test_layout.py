@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("calibration", "loss"),  # models timed on packed batches and cost models fitted to them; the loss of a
     # packed micro-step over its optimizer step (counts from the plan or one all-reduce)
     ("hf", "testing", "raw_lengths"),  # integrations, references and tiny models, length files from raw data
+    ("omniverse",),  # data, model and memory balance composed in one simulated run
     ("bench",),  # the benchmarks suite (measures everything below)
     ("cli",),  # every subcommand
     ("__main__", "__init__"),  # entry points

@@ -6,7 +6,8 @@ same ``balance_report`` and the same step-time simulation apply to every method.
 * ``random_padded_plan``: what a plain ``DataLoader`` with ``DistributedSampler`` does: a seeded
   permutation, padded to a whole number of steps by repeating its first samples (as ``DistributedSampler``
   pads), cut into micro-batches of ``batch_size`` samples; rank ``r`` of step ``s`` gets micro-batch
-  ``s * world_size + r``. Trained padded to the longest sample of each micro-batch.
+  ``s * world_size + r``. Trained padded to the longest sample of each micro-batch. It lives in
+  :mod:`omnibal_kernels.balance.padded`, below the whole-run comparison of :mod:`omnibal_kernels.omniverse`.
 * ``length_grouped_plan``: LLaVA's length-grouped sampling (``get_length_grouped_indices``): the same
   padded permutation cut into megabatches of ``world_size * batch_size`` samples, each sorted by LLM length,
   longest first, and dealt into ``world_size`` micro-batches of ``batch_size`` samples, every sample going
@@ -37,6 +38,10 @@ import numba
 import numpy as np
 
 from ..balance import Plan
+from ..balance.padded import check_inputs as _check
+from ..balance.padded import fixed_size_plan as _uniform_plan
+from ..balance.padded import padded_permutation as _padded_permutation
+from ..balance.padded import random_padded_plan
 from ..lengths import Lengths
 
 __all__ = [
@@ -51,75 +56,6 @@ __all__ = [
     "over_llm_capacity",
     "warmup",
 ]
-
-
-def _check(lengths: Lengths, world_size: int, batch_size: int) -> None:
-    if not isinstance(lengths, Lengths):
-        raise TypeError(f"lengths must be a Lengths, got {type(lengths).__name__}")
-    if len(lengths) == 0:
-        raise ValueError("lengths is empty: nothing to plan")
-    for name, value in (("world_size", world_size), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _padded_permutation(n: int, multiple: int, seed: int) -> np.ndarray:
-    """A seeded permutation of ``range(n)`` extended by its own first entries to a multiple of ``multiple``."""
-    perm = np.random.default_rng(seed).permutation(n).astype(np.int64)
-    extra = (-n) % multiple
-    if extra:
-        perm = np.concatenate([perm, np.resize(perm, extra)])
-    return perm
-
-
-def _uniform_plan(
-    method: str,
-    order: np.ndarray,
-    repeated: np.ndarray,
-    n: int,
-    world_size: int,
-    batch_size: int,
-    capacities: tuple[int, int],
-    seed: int,
-    start: float,
-) -> Plan:
-    """Packs of ``batch_size`` consecutive entries of ``order``; step ``s`` holds packs ``s*W .. s*W+W-1``.
-    ``repeated`` marks the entries that repeat a sample (the padding of the permutation)."""
-    num_packs = order.size // batch_size
-    duplicated = int(repeated.reshape(num_packs, batch_size).any(axis=1).sum())
-    return Plan(
-        method=method,
-        pack_offsets=np.arange(num_packs + 1, dtype=np.int64) * batch_size,
-        pack_samples=order,
-        step_packs=np.arange(num_packs, dtype=np.int64).reshape(-1, world_size),
-        world_size=world_size,
-        vit_capacity=int(capacities[0]),
-        llm_capacity=int(capacities[1]),
-        seed=seed,
-        duplicated_slots=duplicated,
-        num_input_samples=n,
-        seconds=time.perf_counter() - start,
-    )
-
-
-def random_padded_plan(
-    lengths: Lengths, *, world_size: int, batch_size: int, capacities: tuple[int, int] = (0, 0), seed: int = 0
-) -> Plan:
-    """Random micro-batches of ``batch_size`` samples (see the module docstring).
-
-    Args:
-        lengths: per-sample loads.
-        world_size: data-parallel ranks.
-        batch_size: samples per micro-batch.
-        capacities: ``(vit, llm)`` recorded on the plan so fills compare with the packed methods.
-        seed: seed of the permutation.
-    """
-    start = time.perf_counter()
-    _check(lengths, world_size, batch_size)
-    n = len(lengths)
-    order = _padded_permutation(n, world_size * batch_size, seed)
-    repeated = np.arange(order.size) >= n
-    return _uniform_plan("random_padded", order, repeated, n, world_size, batch_size, capacities, seed, start)
 
 
 def length_grouped_plan(

@@ -34,6 +34,13 @@ def add_bench_parser(sub: Any) -> None:
         metavar="NAME",
         help=f"run only these parts ({', '.join(PROVIDER_NAMES)})",
     )
+    bench.add_argument(
+        "--paper-page",
+        default=None,
+        metavar="PATH",
+        help="with the omniverse part: write the page 'Reproducing the paper' (and, with matplotlib, its plot in "
+        "img/ beside it)",
+    )
     bench.add_argument("--seed", type=int, default=0)
     bench.set_defaults(func=run_bench)
 
@@ -56,12 +63,36 @@ def check_plot_dependency() -> None:
         raise ValueError("--plot needs matplotlib: pip install 'omnibal_kernels[plot]'") from None
 
 
+def _write_paper_page(report: dict[str, Any], path: Path) -> None:
+    from .omniverse import paper_page
+
+    if "omniverse" not in report:
+        raise ValueError("--paper-page needs the omniverse part (--only omniverse, or no --only)")
+    image = None
+    try:
+        from .plots import plot_omniverse_steps
+
+        plot_omniverse_steps(report, _mkdir(path.parent / "img") / "omniverse_steps.png")
+        image = "img/omniverse_steps.png"
+    except ImportError:
+        print("[bench] no matplotlib: the page is written without its plot", file=sys.stderr)
+    write_atomic(path, paper_page(report, image))
+    print(f"[bench] wrote {path}", file=sys.stderr)
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from .markdown import to_markdown
     from .runner import run_suite
 
     if args.plot:
         check_plot_dependency()  # before minutes of benchmarks, not after
+    if args.paper_page and args.only and "omniverse" not in args.only:
+        raise ValueError("--paper-page needs the omniverse part (--only omniverse, or no --only)")
     report = run_suite(args.only, quick=args.quick, seed=args.seed, log=lambda line: print(line, file=sys.stderr))
     text = to_markdown(report)
     if args.json_path:
@@ -73,5 +104,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
         for path in plot_report(report, args.plot):
             print(f"[bench] wrote {path}", file=sys.stderr)
+    if args.paper_page:
+        _write_paper_page(report, Path(args.paper_page))
     print(text)
     return 0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Optional
 
-__all__ = ["to_markdown"]
+__all__ = ["environment_line", "omniverse_markdown", "to_markdown"]
 
 # the paper's data-balance gain (arXiv 2407.20761): 61.8 -> 51.9 GPU days
 PAPER_GAIN = 61.8 / 51.9
@@ -22,6 +22,11 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str = ""
 
 def _n(n: int) -> str:
     return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n:,}"
+
+
+def environment_line(report: dict[str, Any]) -> str:
+    """How, when, where and on which commit the report was made, in one line."""
+    return _environment(report)[0]
 
 
 def _environment(report: dict[str, Any]) -> list[str]:
@@ -459,6 +464,78 @@ def _cp(report: dict[str, Any]) -> list[str]:
     return out + ["Misses:", "", *(misses or ["- none"]), ""]
 
 
+def _x(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _short(model: str) -> str:
+    return {"internvl-6b-20b": "6+20B", "internvl-6b-34b": "6+34B"}.get(model, model)
+
+
+def _main_table(part: dict[str, Any]) -> list[str]:
+    out = [
+        "| model | data | baseline split | data | + model | + memory | total | each alone: data, model, memory "
+        "(product) | GPU-days: baseline -> all | bubble: baseline -> all (from the data) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for model in dict.fromkeys(r["model"] for r in part["table"]):
+        paper = part["paper"][f"{model}, Megatron-DeepSpeed"]
+        out.append(
+            f"| {_short(model)} | paper, Megatron-DeepSpeed | not stated | {_x(paper['data'])} | "
+            f"{_x(paper['model'])} | {_x(paper['memory'])} | {_x(paper['total'])} | - | - | - |"
+        )
+        for r in (r for r in part["table"] if r["model"] == model):
+            c, f = r["cumulative"], r["factors"]
+            base = next(x for x in r["configurations"] if x["name"] == "baseline")
+            out.append(
+                f"| {_short(model)} | {r['data']} ({r['samples']:,}) | {r['baseline_split']} | {_x(c['data'])} | "
+                f"{_x(c['model'])} | {_x(c['memory'])} | {_x(c['total'])} | {f['data']:.2f}, {f['model']:.2f}, "
+                f"{f['memory']:.2f} ({f['product']:.2f}) | {r['baseline_gpu_days']:.1f} -> {r['all_gpu_days']:.1f} | "
+                f"{r['baseline_bubble']:.0%} ({base['bubble_from_data']:.0%}) -> {r['all_bubble']:.0%} |"
+            )
+    return out + [""]
+
+
+def _sweep_table(part: dict[str, Any]) -> list[str]:
+    out = [
+        "| PP x TP x DP | micro-batches | GiB | data | + model | + memory | total | baseline: bubble, recompute | all "
+        "chooses |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in part["sweep"]:
+        lay = r["layout"]
+        head = f"| {lay['pp']} x {lay['tp']} x {lay['dp']} | {lay['micro_batches']} | {lay['memory_gb']:g} |"
+        if "error" in r:
+            out.append(f"{head} no split fits | | | | | |")
+            continue
+        c = r["cumulative"]
+        out.append(
+            f"{head} {_x(c['data'])} | {_x(c['model'])} | {_x(c['memory'])} | {_x(c['total'])} | "
+            f"{r['baseline_bubble']:.0%}, {r['baseline_recompute']:.0%} | {' / '.join(r['all_choice'])} |"
+        )
+    return out + [""]
+
+
+def omniverse_markdown(report: dict[str, Any]) -> list[str]:
+    """The part's tables as Markdown lines (the suite's report and the docs page share them)."""
+    part = report["omniverse"]
+    lay = part["layout"]
+    return [
+        "### Data, model and memory balance in one run, beside the paper's Table 2",
+        "",
+        f"Simulated epochs on {lay['gpus']} GPUs ({lay['pp']} pipeline stages x {lay['tp']} tensor-parallel x "
+        f"{lay['dp']} data-parallel), {lay['micro_batches']} micro-batches per step, {lay['schedule']}, "
+        f"{lay['memory_gb']:g} GiB per GPU, A100 at half of peak. Factors in the paper's order (each over the "
+        "configuration before it); bubble in brackets: the share of the baseline's idle time that unequal "
+        "micro-batches add.",
+        "",
+        *_main_table(part),
+        f"Sensitivity (6+20B, bundled loads, uniform baseline split; {lay['gpus']} GPUs):",
+        "",
+        *_sweep_table(part),
+    ]
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     """The report of :func:`~omnibal_kernels.bench.run_suite` as Markdown (the parts it holds)."""
     out = _environment(report)
@@ -471,6 +548,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         ("planning", _planning),
         ("collate", _collate),
         ("gpu", _gpu),
+        ("omniverse", omniverse_markdown),
     ):
         if key in report:
             out += part(report)

@@ -6,7 +6,9 @@
 * ``pack_loads.png``: how full the packs are, ViT and LLM load against the capacities, per method;
 * ``planning_time.png``: planning seconds against the number of samples, log axes, ``numpy.argsort`` for scale;
 * ``step_time.png``: simulated epoch time per method, and the measured DDP epoch split into compute and
-  all-reduce.
+  all-reduce;
+* ``omniverse_steps.png``: each configuration of the whole-run comparison (6+20B, bundled loads), its mean step
+  split into compute, recomputation and bubble.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-__all__ = ["plot_report", "plot_rank_loads", "plot_plans"]
+__all__ = ["plot_report", "plot_rank_loads", "plot_plans", "plot_omniverse_steps"]
 
 _COLORS = {
     "random_padded": "#d62728",
@@ -187,6 +189,38 @@ def _step_time(report: Mapping[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_omniverse_steps(report: Mapping[str, Any], path: Union[str, Path]) -> Path:
+    """Stacked bars of each configuration's mean step (compute, recomputation, bubble) of the first row of the
+    ``omniverse`` part's table."""
+    row = report["omniverse"]["table"][0]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    names = [c["name"] for c in row["configurations"]]
+    steps = np.array([c["step_seconds"] for c in row["configurations"]])
+    bubble = np.array([c["bubble_fraction"] for c in row["configurations"]]) * steps
+    recompute = np.array([c["recompute_fraction"] for c in row["configurations"]]) * steps
+    compute = steps - bubble - recompute
+    bottom = np.zeros(len(names))
+    for values, label, color in (
+        (compute, "compute", "#2ca02c"),
+        (recompute, "recomputation", "#ff7f0e"),
+        (bubble, "bubble", "#d62728"),
+    ):
+        ax.bar(names, values, bottom=bottom, label=label, color=color)
+        bottom += values
+    for i, c in enumerate(row["configurations"]):
+        ax.text(i, steps[i], f"{c['speedup']:.2f}x", ha="center", va="bottom", fontsize=8)
+    lay = row["layout"]
+    ax.set_ylabel("mean step (s)")
+    ax.set_title(
+        f"{row['model']}, {row['data']} data, {lay['gpus']} GPUs (PP {lay['pp']}, TP {lay['tp']}), "
+        f"{lay['memory_gb']:g} GiB",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8)
+    return _save(fig, Path(path))
+
+
 def plot_report(report: Mapping[str, Any], outdir: Union[str, Path]) -> list[Path]:
     """Writes the PNGs the report has data for into ``outdir`` (created) and returns their paths."""
     out = Path(outdir)
@@ -208,6 +242,8 @@ def plot_report(report: Mapping[str, Any], outdir: Union[str, Path]) -> list[Pat
         written.append(_planning_time(report, out / "planning_time.png"))
     if "simulated_speedup" in report:
         written.append(_step_time(report, out / "step_time.png"))
+    if "omniverse" in report:
+        written.append(plot_omniverse_steps(report, out / "omniverse_steps.png"))
     return written
 
 

@@ -52,6 +52,7 @@ _MODULES: dict[str, str] = {
     "collate": "collate",
     "ddp": "ddp",
     "gpu": "gpu",
+    "omniverse": "omniverse",
 }
 PROVIDER_NAMES: tuple[str, ...] = tuple(_MODULES)
 _REGISTRY: dict[str, Provider] = {}

@@ -7,6 +7,7 @@ Importing it loads no torch."""
 from .engines import deepspeed_parts, megatron_layout, pipelining_split_spec, stage_modules
 from .estimate import (
     CONFIGS,
+    PUBLISHED_PARAMETERS,
     TransformerShape,
     VLMConfig,
     cost_model_from_config,
@@ -15,8 +16,28 @@ from .estimate import (
     profile_from_config,
 )
 from .measure import measure_profile, measure_saved_bytes
-from .micro_batches import MicroBatchTimes, kind_costs, micro_batch_times, simulate_packs
-from .partition import METHODS, OBJECTIVES, RECOMPUTE_MODES, PipelinePlan, evaluate_partition, partition, uniform_stages
+from .micro_batches import (
+    MicroBatchTimes,
+    StageKindTimes,
+    StageTimes,
+    kind_costs,
+    kind_scales,
+    micro_batch_times,
+    pack_kind_costs,
+    simulate_packs,
+    stage_kind_times,
+    stage_times,
+)
+from .partition import (
+    METHODS,
+    OBJECTIVES,
+    RECOMPUTE_MODES,
+    PipelinePlan,
+    evaluate_partition,
+    partition,
+    uniform_stages,
+    vit_first_stages,
+)
 from .profile import PROFILE_FIELDS, LayerProfile, ModelProfile, as_profile, load_profile
 from .recompute import apply_recompute, cover, min_cost_cover, stage_recompute
 from .schedule import (
@@ -31,6 +52,7 @@ from .schedule import (
 
 __all__ = [
     "CONFIGS",
+    "PUBLISHED_PARAMETERS",
     "LayerProfile",
     "METHODS",
     "MicroBatchTimes",
@@ -41,6 +63,8 @@ __all__ = [
     "RECOMPUTE_MODES",
     "SCHEDULES",
     "ScheduleResult",
+    "StageKindTimes",
+    "StageTimes",
     "TORCH_SCHEDULES",
     "TransformerShape",
     "VLMConfig",
@@ -52,6 +76,7 @@ __all__ = [
     "evaluate_partition",
     "held_micro_batches",
     "kind_costs",
+    "kind_scales",
     "load_config",
     "load_profile",
     "measure_profile",
@@ -59,6 +84,7 @@ __all__ = [
     "megatron_layout",
     "micro_batch_times",
     "min_cost_cover",
+    "pack_kind_costs",
     "packs_from_plan",
     "partition",
     "pipelining_split_spec",
@@ -69,5 +95,8 @@ __all__ = [
     "stage_modules",
     "stage_ranks",
     "stage_recompute",
+    "stage_kind_times",
+    "stage_times",
     "uniform_stages",
+    "vit_first_stages",
 ]

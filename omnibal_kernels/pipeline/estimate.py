@@ -25,6 +25,8 @@ __all__ = [
     "TransformerShape",
     "VLMConfig",
     "CONFIGS",
+    "PUBLISHED_PARAMETERS",
+    "VIT_UNITS",
     "cost_model_from_config",
     "load_config",
     "profile_from_config",
@@ -74,9 +76,23 @@ class TransformerShape:
         return dtype_bytes * (attention + mlp) + 4 * self.heads
 
 
+VIT_UNITS = ("tile", "patch")
+
+
 @dataclass(frozen=True)
 class VLMConfig:
-    """An InternVL-Chat-like model: a ViT on square tiles, a pixel-shuffle MLP projector, a decoder LLM."""
+    """A vision-language model: a ViT, a projector, a decoder LLM, and how the ViT sees an image.
+
+    ``vit_unit`` is the unit of a sample's ViT load and sets the ViT's sequence rule:
+
+    - ``"tile"`` (InternVL): square tiles of ``image_size`` pixels, each ``(image_size / patch_size) ** 2``
+      patches plus a class token attended alone (the ViT cost is linear in tiles); a pixel-shuffle MLP
+      projector gives the LLM ``patches * downsample_ratio ** 2`` tokens per tile.
+    - ``"patch"`` (Qwen2.5-VL): the load counts patches of ``patch_size`` pixels (``temporal_patch`` frames
+      each); every image is one ViT sequence; layers in ``full_attention_layers`` attend over the whole image
+      (quadratic in its patches), the others within windows of ``window_size`` pixels (linear); the merger
+      joins ``1 / downsample_ratio ** 2`` patches into one LLM token (a 2x2 merge for 0.5).
+    """
 
     name: str
     vision: TransformerShape
@@ -84,23 +100,77 @@ class VLMConfig:
     image_size: int = 448
     patch_size: int = 14
     downsample_ratio: float = 0.5
+    vit_unit: str = "tile"
+    temporal_patch: int = 1
+    window_size: int = 0
+    full_attention_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.vit_unit not in VIT_UNITS:
+            raise ValueError(f"{self.name}: vit_unit must be one of {VIT_UNITS}, got {self.vit_unit!r}")
+        if not 0.0 < self.downsample_ratio <= 1.0:
+            raise ValueError(f"{self.name}: downsample_ratio must be in (0, 1], got {self.downsample_ratio}")
+        object.__setattr__(self, "full_attention_layers", tuple(int(i) for i in self.full_attention_layers))
 
     @property
     def vit_tokens_per_tile(self) -> int:
-        """Patches plus the class token."""
+        """ViT tokens per unit of ViT load: patches plus the class token of a tile, or 1 per patch."""
+        if self.vit_unit == "patch":
+            return 1
         return (self.image_size // self.patch_size) ** 2 + 1
 
     @property
-    def llm_tokens_per_tile(self) -> int:
-        """Image tokens one tile gives the LLM after pixel shuffle."""
+    def llm_tokens_per_tile(self) -> float:
+        """Image tokens one unit of ViT load gives the LLM (after pixel shuffle or the patch merger)."""
+        if self.vit_unit == "patch":
+            return self.downsample_ratio**2
         return int(round((self.image_size // self.patch_size) ** 2 * self.downsample_ratio**2))
+
+    @property
+    def window_patches(self) -> int:
+        """Patches of one attention window (0: no windows)."""
+        if self.vit_unit != "patch" or not self.window_size:
+            return 0
+        merge = int(round(1 / self.downsample_ratio))
+        return (self.window_size // merge // self.patch_size * merge) ** 2
+
+    @property
+    def input_bytes_per_unit(self) -> int:
+        """Pixel values per unit of ViT load (elements, one per channel)."""
+        if self.vit_unit == "patch":
+            return 3 * self.temporal_patch * self.patch_size**2
+        return 3 * self.image_size**2
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def parameters(self) -> dict[str, int]:
+        """Parameters of the ``vit`` (patch embedding and blocks), the ``projector`` (MLP or merger), the
+        ``llm`` (token embedding, blocks, final norm, output layer) and their ``total``."""
+        out = {"vit": 0, "projector": 0, "llm": 0}
+        for row in _layer_table(self, 2):
+            for group, count in row["groups"].items():
+                out[group] += int(count)
+        out["total"] = sum(out.values())
+        return out
 
-# Shapes from the public model configs: InternViT-300M-448px / InternViT-6B-448px-V1-5 and InternLM2-chat-7B /
-# InternLM2-chat-20B (InternVL2-8B and InternVL-Chat-V1-5).
+
+# Shapes from the public model configs (config.json of each checkpoint):
+# - InternVL2-8B: InternViT-300M-448px + InternLM2.5-7B-chat;
+# - InternVL-Chat-V1-5: InternViT-6B-448px-V1-5 (45 layers) + InternLM2-chat-20B;
+# - InternVL-Chat-V1-5-Plus: the same ViT + Nous-Hermes-2-Yi-34B;
+# - Qwen2.5-VL-7B-Instruct and -72B-Instruct: their 32-block windowed ViT (width 1280, SwiGLU, 112 px windows,
+#   full attention in blocks 7, 15, 23, 31, 2x2 merger) + Qwen2.5-7B / Qwen2.5-72B.
+_INTERNVIT_6B = TransformerShape(layers=45, hidden=3200, heads=25, intermediate=12800, gated_mlp=False)
+_QWEN25_VIT = TransformerShape(layers=32, hidden=1280, heads=16, intermediate=3420, gated_mlp=True)
+_QWEN25_VL = dict(
+    patch_size=14,
+    downsample_ratio=0.5,
+    vit_unit="patch",
+    temporal_patch=2,
+    window_size=112,
+    full_attention_layers=(7, 15, 23, 31),
+)
 CONFIGS: dict[str, VLMConfig] = {
     "internvl-300m-7b": VLMConfig(
         "internvl-300m-7b",
@@ -109,9 +179,35 @@ CONFIGS: dict[str, VLMConfig] = {
     ),
     "internvl-6b-20b": VLMConfig(
         "internvl-6b-20b",
-        TransformerShape(layers=45, hidden=3200, heads=25, intermediate=12800, gated_mlp=False),
+        _INTERNVIT_6B,
         TransformerShape(layers=48, hidden=6144, heads=48, intermediate=16384, kv_heads=8, vocab=92553),
     ),
+    "internvl-6b-34b": VLMConfig(
+        "internvl-6b-34b",
+        _INTERNVIT_6B,
+        TransformerShape(layers=60, hidden=7168, heads=56, intermediate=20480, kv_heads=8, vocab=64000),
+    ),
+    "qwen2.5-vl-7b": VLMConfig(
+        "qwen2.5-vl-7b",
+        _QWEN25_VIT,
+        TransformerShape(layers=28, hidden=3584, heads=28, intermediate=18944, kv_heads=4, vocab=152064),
+        **_QWEN25_VL,  # type: ignore[arg-type]
+    ),
+    "qwen2.5-vl-72b": VLMConfig(
+        "qwen2.5-vl-72b",
+        _QWEN25_VIT,
+        TransformerShape(layers=80, hidden=8192, heads=64, intermediate=29568, kv_heads=8, vocab=152064),
+        **_QWEN25_VL,  # type: ignore[arg-type]
+    ),
+}
+# The published sizes of the checkpoints these shapes come from (model cards and Hugging Face's safetensors
+# counts), in parameters; tests/test_pipeline_profile.py holds the shapes to them.
+PUBLISHED_PARAMETERS: dict[str, float] = {
+    "internvl-300m-7b": 8.08e9,
+    "internvl-6b-20b": 25.51e9,
+    "internvl-6b-34b": 40.07e9,
+    "qwen2.5-vl-7b": 8.29e9,
+    "qwen2.5-vl-72b": 73.4e9,
 }
 
 
@@ -198,13 +294,30 @@ def _llm_cost(params: float, layers: int, hidden: int) -> Any:
     )
 
 
+def _patch_cost(linear_flops: float, quadratic_flops: float) -> Any:
+    """Training GFLOP of a patch ViT layer: forward FLOPs per patch and per squared image length, times 3."""
+    from ..balance.cost import CostModel
+
+    return CostModel(vit_linear=3.0 * linear_flops / 1e9, vit_quadratic=3.0 * quadratic_flops / 1e9)
+
+
 def cost_model_from_config(config: Union[str, Path, VLMConfig, Mapping[str, Any]]) -> Any:
-    """The whole model's ``balance.CostModel`` from its shapes (tiles attended alone, a causal LLM): the per-kind
-    costs :func:`~omnibal_kernels.pipeline.micro_batches.micro_batch_times` scales layers by."""
+    """The whole model's ``balance.CostModel`` from its shapes (InternVL tiles attended alone, Qwen2.5-VL
+    patches per image and window, a causal LLM): the per-kind costs
+    :func:`~omnibal_kernels.pipeline.micro_batches.micro_batch_times` scales layers by."""
     from ..balance.cost import CostModel
 
     cfg = load_config(config)
     v, t = cfg.vision, cfg.llm
+    llm = _llm_cost(t.layers * t.layer_params, t.layers, t.hidden)
+    if cfg.vit_unit == "patch":
+        vit = [row["cost"] for row in _layer_table(cfg, 2) if row["kind"] in ("vit", "projector")]
+        return CostModel(
+            vit_linear=sum(c.vit_linear for c in vit),
+            vit_quadratic=sum(c.vit_quadratic for c in vit),
+            llm_linear=llm.llm_linear,
+            llm_quadratic=llm.llm_quadratic,
+        )
     return CostModel.from_shapes(
         vit_params=v.layers * v.layer_params,
         vit_layers=v.layers,
@@ -217,79 +330,122 @@ def cost_model_from_config(config: Union[str, Path, VLMConfig, Mapping[str, Any]
     )
 
 
-def _layer_table(cfg: VLMConfig, dtype_bytes: int) -> list[dict[str, Any]]:
-    """Per layer: name, kind, params, CostModel (per block), activation bytes per ViT tile / LLM token."""
-    v, t = cfg.vision, cfg.llm
+def _row(name: str, kind: str, groups: dict[str, float], cost: Any, **bytes_per: float) -> dict[str, Any]:
+    """One layer: its parameters by part of the model (``groups``: ``{"vit" | "projector" | "llm": count}``),
+    activation and output bytes per unit of ViT load (``act_unit``, ``out_unit``) and per LLM token
+    (``act_token``, ``out_token``)."""
+    row = dict(name=name, kind=kind, groups=groups, params=sum(groups.values()), cost=cost)
+    row.update({key: bytes_per.get(key, 0) for key in ("act_unit", "act_token", "out_unit", "out_token")})
+    return row
+
+
+def _tile_vision_rows(cfg: VLMConfig, d: int) -> list[dict[str, Any]]:
+    v = cfg.vision
     s_vit = cfg.vit_tokens_per_tile
-    s_proj = cfg.llm_tokens_per_tile
-    d = dtype_bytes
-    rows = []
-    patch_params = 3 * cfg.patch_size**2 * v.hidden + (s_vit + 1) * v.hidden
-    rows.append(
-        dict(
-            name="vit.embed",
-            kind="vit",
-            params=patch_params,
-            cost=_vit_cost(3 * cfg.patch_size**2 * v.hidden, 0, v.hidden, s_vit - 1),
-            act_tile=d * 3 * cfg.image_size**2,
-            act_token=0,
-            out_tile=d * s_vit * v.hidden,
-            out_token=0,
+    patch = 3 * cfg.patch_size**2 * v.hidden
+    rows = [
+        _row(
+            "vit.embed",
+            "vit",
+            {"vit": patch + (s_vit + 1) * v.hidden},
+            _vit_cost(patch, 0, v.hidden, s_vit - 1),
+            act_unit=d * cfg.input_bytes_per_unit,
+            out_unit=d * s_vit * v.hidden,
         )
-    )
+    ]
     for i in range(v.layers):
         rows.append(
-            dict(
-                name=f"vit.{i}",
-                kind="vit",
-                params=v.layer_params,
-                cost=_vit_cost(v.layer_params, 1, v.hidden, s_vit),
-                act_tile=s_vit * v.activation_bytes_per_token(d),
-                act_token=0,
-                out_tile=d * s_vit * v.hidden,
-                out_token=0,
+            _row(
+                f"vit.{i}",
+                "vit",
+                {"vit": v.layer_params},
+                _vit_cost(v.layer_params, 1, v.hidden, s_vit),
+                act_unit=s_vit * v.activation_bytes_per_token(d),
+                out_unit=d * s_vit * v.hidden,
             )
         )
-    wide = 4 * v.hidden if cfg.downsample_ratio == 0.5 else int(round(v.hidden / cfg.downsample_ratio**2))
-    proj_params = wide * t.hidden + t.hidden * t.hidden + 2 * wide + 2 * t.hidden
-    # The projector also holds the text token embedding (the LLM's input embedding), so the merged sequence
-    # leaves this layer; it keeps the token ids (int64) for the embedding's backward.
+    return rows
+
+
+def _patch_vision_rows(cfg: VLMConfig, d: int) -> list[dict[str, Any]]:
+    v = cfg.vision
+    embed = cfg.input_bytes_per_unit * v.hidden  # a bias-free convolution over each patch
+    rows = [
+        _row(
+            "vit.embed",
+            "vit",
+            {"vit": embed},
+            _patch_cost(2.0 * embed, 0.0),
+            act_unit=d * cfg.input_bytes_per_unit,
+            out_unit=d * v.hidden,
+        )
+    ]
+    full = set(cfg.full_attention_layers)
+    for i in range(v.layers):
+        # QK^T and AV: 4 * hidden FLOPs per query-key pair; a window of w patches gives each patch w pairs
+        window = 0.0 if i in full else 4.0 * v.hidden * cfg.window_patches
+        square = 4.0 * v.hidden if i in full or not cfg.window_patches else 0.0
+        rows.append(
+            _row(
+                f"vit.{i}",
+                "vit",
+                {"vit": v.layer_params},
+                _patch_cost(2.0 * v.layer_params + window, square),
+                act_unit=v.activation_bytes_per_token(d),
+                out_unit=d * v.hidden,
+            )
+        )
+    return rows
+
+
+def _layer_table(cfg: VLMConfig, dtype_bytes: int) -> list[dict[str, Any]]:
+    """Per layer: name, kind, group (vit, projector or llm, for parameter counts), params, CostModel (per
+    block), activation and output bytes per unit of ViT load and per LLM token."""
+    v, t = cfg.vision, cfg.llm
+    d = dtype_bytes
+    rows = _patch_vision_rows(cfg, d) if cfg.vit_unit == "patch" else _tile_vision_rows(cfg, d)
+    # The projector joins 1 / ratio**2 ViT tokens into one LLM token: LayerNorm, wide -> LLM width, GELU,
+    # LLM width -> LLM width (InternVL's mlp1); Qwen2.5-VL's merger keeps the wide width in its hidden layer.
+    wide = int(round(v.hidden / cfg.downsample_ratio**2))
+    inner = wide if cfg.vit_unit == "patch" else t.hidden
+    proj_params = wide * inner + inner * t.hidden + 2 * wide + inner + t.hidden
+    per_unit = cfg.llm_tokens_per_tile  # LLM tokens per unit of ViT load
+    if cfg.vit_unit == "patch":
+        proj_cost = _patch_cost(2.0 * (wide * inner + inner * t.hidden) * per_unit, 0.0)
+    else:
+        proj_cost = _vit_cost(proj_params, 0, wide, int(per_unit))
+    # The projector's layer also holds the text token embedding (the LLM's input embedding), so the merged
+    # sequence leaves this layer; it keeps the token ids (int64) for the embedding's backward.
     rows.append(
-        dict(
-            name="projector",
-            kind="projector",
-            params=proj_params + t.vocab * t.hidden,
-            cost=_vit_cost(proj_params, 0, wide, s_proj),
-            act_tile=s_proj * d * (2 * wide + 2 * t.hidden),
+        _row(
+            "projector",
+            "projector",
+            {"projector": proj_params, "llm": t.vocab * t.hidden},
+            proj_cost,
+            act_unit=per_unit * d * (2 * wide + 2 * inner),
             act_token=8,
-            out_tile=0,
             out_token=d * t.hidden,
         )
     )
     for i in range(t.layers):
         rows.append(
-            dict(
-                name=f"llm.{i}",
-                kind="llm",
-                params=t.layer_params,
-                cost=_llm_cost(t.layer_params, 1, t.hidden),
-                act_tile=0,
+            _row(
+                f"llm.{i}",
+                "llm",
+                {"llm": t.layer_params},
+                _llm_cost(t.layer_params, 1, t.hidden),
                 act_token=t.activation_bytes_per_token(d),
-                out_tile=0,
                 out_token=d * t.hidden,
             )
         )
     # Final norm, output projection and the loss: the fp32 logits kept by the cross entropy dominate.
     rows.append(
-        dict(
-            name="head",
-            kind="head",
-            params=t.vocab * t.hidden + t.hidden,
-            cost=_llm_cost(t.vocab * t.hidden, 0, t.hidden),
-            act_tile=0,
+        _row(
+            "head",
+            "head",
+            {"llm": t.vocab * t.hidden + t.hidden},
+            _llm_cost(t.vocab * t.hidden, 0, t.hidden),
             act_token=d * 2 * t.hidden + t.vocab * (d + 4),
-            out_tile=0,
-            out_token=0,
         )
     )
     return rows
@@ -310,9 +466,13 @@ def pack_loads(packs: Sequence[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.nd
         llm = np.atleast_1d(np.asarray(pack[1], dtype=np.float64))
         if vit.shape != llm.shape or vit.ndim != 1:
             raise ValueError(f"packs[{p}]: vit and llm must be 1-D of one length, got {vit.shape} and {llm.shape}")
-        if (vit < 0).any() or (llm < 0).any() or not (np.isfinite(vit).all() and np.isfinite(llm).all()):
-            raise ValueError(f"packs[{p}]: loads must be finite and >= 0")
         loads.append((vit, llm))
+    # the values checked all at once; the first pack at fault is looked for only when one is
+    every = np.concatenate([np.concatenate([v, t]) for v, t in loads])
+    if not (np.isfinite(every).all() and (every >= 0).all()):
+        for p, (vit, llm) in enumerate(loads):
+            if (vit < 0).any() or (llm < 0).any() or not (np.isfinite(vit).all() and np.isfinite(llm).all()):
+                raise ValueError(f"packs[{p}]: loads must be finite and >= 0")
     return loads
 
 
@@ -324,53 +484,68 @@ def profile_from_config(
     efficiency: float = 0.5,
     dtype_bytes: int = 2,
     static_bytes_per_param: float = 16.0,
+    tensor_parallel: int = 1,
 ) -> ModelProfile:
-    """Estimates a per-layer profile of an InternVL-Chat-like model for the given micro-batches.
+    """Estimates a per-layer profile of a vision-language model (``CONFIGS``) for the given micro-batches.
 
     Args:
         config: a name in ``CONFIGS``, an InternVL ``config.json`` path, its dict, or a ``VLMConfig``.
-        packs: the micro-batches, each a pair ``(vit, llm)`` of per-sample loads (tiles, tokens incl. image
+        packs: the micro-batches, each a pair ``(vit, llm)`` of per-sample loads (ViT units, tokens incl. image
             tokens). Times are the mean over the packs (the pipeline trains them all); activation bytes the
             maximum (each stage must hold its largest micro-batch).
         tflops, efficiency: device peak (TFLOP/s, 16-bit) and the fraction reached (time = FLOPs / both).
         dtype_bytes: bytes per activation element (2 for bf16/fp16).
         static_bytes_per_param: parameter + gradient + optimizer bytes per parameter.
+        tensor_parallel: T, Megatron tensor parallelism with sequence parallelism: each of the T ranks of a
+            stage computes 1/T of every layer's FLOPs and keeps 1/T of its parameters, activations and sends
+            (the tensor-parallel collectives are not counted). The profile is that of one rank.
     """
+    from .._checks import check_positive_int
+
     cfg = load_config(config)
     loads = pack_loads(packs)
+    tp = check_positive_int("tensor_parallel", tensor_parallel)
     for key, value in (("tflops", tflops), ("efficiency", efficiency)):
         if not value > 0:
             raise ValueError(f"{key} must be > 0, got {value}")
-    ms_per_gflop = 1.0 / (tflops * efficiency)  # GFLOP / (TFLOP/s) = ms
-    tiles = np.array([v.sum() for v, _ in loads])
+    ms_per_gflop = 1.0 / (tflops * efficiency * tp)  # GFLOP / (TFLOP/s) = ms
+    units = np.array([v.sum() for v, _ in loads])
     tokens = np.array([t.sum() for _, t in loads])
+    vit_all = np.concatenate([v for v, _ in loads])
+    llm_all = np.concatenate([t for _, t in loads])
+    mean_gflop: dict[Any, float] = {}  # the blocks of one stack share one cost model
     layers = []
     for row in _layer_table(cfg, dtype_bytes):
-        gflop = float(np.mean([row["cost"].sample_costs(v, t).sum() for v, t in loads]))
-        act = row["act_tile"] * tiles + row["act_token"] * tokens
-        out = row["out_tile"] * tiles + row["out_token"] * tokens
+        if row["cost"] not in mean_gflop:
+            mean_gflop[row["cost"]] = float(row["cost"].sample_costs(vit_all, llm_all).sum()) / len(loads)
+        gflop = mean_gflop[row["cost"]]
+        act = row["act_unit"] * units + row["act_token"] * tokens
+        out = row["out_unit"] * units + row["out_token"] * tokens
         layers.append(
             LayerProfile(
                 name=row["name"],
                 kind=row["kind"],
                 forward_ms=gflop * ms_per_gflop / 3.0,
                 backward_ms=2.0 * gflop * ms_per_gflop / 3.0,
-                activation_bytes=int(act.max()),
-                static_bytes=int(round(row["params"] * static_bytes_per_param)),
-                output_bytes=int(out.max()) if row["kind"] != "head" else 4,
+                activation_bytes=int(act.max() / tp),
+                static_bytes=int(round(row["params"] * static_bytes_per_param / tp)),
+                output_bytes=int(out.max() / tp) if row["kind"] != "head" else 4,
             )
         )
     meta = {
         "source": "config",
         "config": cfg.name,
         "packs": len(loads),
-        "tiles_mean": float(tiles.mean()),
+        "tiles_mean": float(units.mean()),
         "tokens_mean": float(tokens.mean()),
         "tflops": tflops,
         "efficiency": efficiency,
+        "tensor_parallel": tp,
     }
     return ModelProfile(
-        tuple(layers), input_bytes=int(dtype_bytes * 3 * cfg.image_size**2 * tiles.max() + 8 * tokens.max()), meta=meta
+        tuple(layers),
+        input_bytes=int(dtype_bytes * cfg.input_bytes_per_unit * units.max() + 8 * tokens.max()),
+        meta=meta,
     )
 
 

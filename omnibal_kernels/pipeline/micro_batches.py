@@ -10,7 +10,7 @@ those (micro-batch, stage) times. Memory and sends stay the profile's (its large
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -21,7 +21,18 @@ from .partition import PipelinePlan
 from .profile import ModelProfile, as_profile
 from .schedule import ScheduleResult, simulate
 
-__all__ = ["MicroBatchTimes", "kind_costs", "micro_batch_times", "simulate_packs"]
+__all__ = [
+    "MicroBatchTimes",
+    "StageTimes",
+    "kind_costs",
+    "kind_scales",
+    "micro_batch_times",
+    "pack_kind_costs",
+    "simulate_packs",
+    "StageKindTimes",
+    "stage_kind_times",
+    "stage_times",
+]
 
 
 def kind_costs(cost_model: Any = None) -> dict[str, Any]:
@@ -44,12 +55,59 @@ def kind_costs(cost_model: Any = None) -> dict[str, Any]:
     }
 
 
+def _csr(loads: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    sizes = np.array([v.size for v, _ in loads], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return np.concatenate([v for v, _ in loads]), np.concatenate([t for _, t in loads]), offsets
+
+
+def pack_kind_costs(
+    vit: np.ndarray, llm: np.ndarray, offsets: np.ndarray, *, cost_model: Any = None
+) -> dict[str, np.ndarray]:
+    """Per layer kind of :func:`kind_costs`, the ``(num_packs,)`` cost of every pack: the sum over its samples.
+
+    ``vit``, ``llm``: every sample's loads, pack after pack; ``offsets``: ``(num_packs + 1,)`` int, pack ``p``
+    holding samples ``offsets[p]:offsets[p + 1]`` (an empty pack costs 0)."""
+    vit = np.asarray(vit, dtype=np.float64)
+    llm = np.asarray(llm, dtype=np.float64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if vit.shape != llm.shape or vit.ndim != 1 or offsets.ndim != 1 or offsets.size < 1:
+        raise ValueError("vit and llm must be 1-D of one length and offsets 1-D")
+    if offsets[0] != 0 or offsets[-1] != vit.size or (np.diff(offsets) < 0).any():
+        raise ValueError(f"offsets must rise from 0 to {vit.size}")
+    out = {}
+    starts = np.minimum(offsets[:-1], max(vit.size - 1, 0))
+    nonempty = np.diff(offsets) > 0
+    for kind, model in kind_costs(cost_model).items():
+        costs = model.sample_costs(vit, llm)
+        sums = np.add.reduceat(costs, starts) if costs.size else np.zeros(starts.size)
+        out[kind] = np.where(nonempty, sums, 0.0)
+    return out
+
+
+def kind_scales(costs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per kind, every pack's cost over the mean cost of the ``reference`` packs (1 where that mean is 0)."""
+    out = {}
+    for kind, c in costs.items():
+        mean = float(np.mean(reference[kind]))
+        out[kind] = c / mean if mean > 0 else np.ones_like(c)
+    return out
+
+
 @dataclass(frozen=True)
 class MicroBatchTimes:
     """Per micro-batch and layer: ``forward_ms`` and ``backward_ms``, (m, L) float64."""
 
     forward_ms: np.ndarray
     backward_ms: np.ndarray
+
+
+_KINDS = ("vit", "projector", "llm", "head", "")
+
+
+def _layer_kinds(profile: ModelProfile) -> list[str]:
+    known = _KINDS
+    return [layer.kind if layer.kind in known else "" for layer in profile.layers]
 
 
 def micro_batch_times(
@@ -67,16 +125,76 @@ def micro_batch_times(
     """
     profile = as_profile(profile)
     loads = pack_loads(packs)
-    ref = loads if reference is None else pack_loads(reference)
-    models = kind_costs(cost_model)
-    kinds = [layer.kind if layer.kind in models else "" for layer in profile.layers]
-    scale = {}
-    for k in set(kinds):
-        cost = np.array([models[k].sample_costs(v, t).sum() for v, t in loads])
-        mean = float(np.mean([models[k].sample_costs(v, t).sum() for v, t in ref]))
-        scale[k] = cost / mean if mean > 0 else np.ones(len(loads))
-    factor = np.stack([scale[k] for k in kinds], axis=1)  # (m, L)
+    costs = pack_kind_costs(*_csr(loads), cost_model=cost_model)
+    ref = costs if reference is None else pack_kind_costs(*_csr(pack_loads(reference)), cost_model=cost_model)
+    scale = kind_scales(costs, ref)
+    factor = np.stack([scale[k] for k in _layer_kinds(profile)], axis=1)  # (m, L)
     return MicroBatchTimes(factor * profile.forward_ms, factor * profile.backward_ms)
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Per micro-batch and virtual stage of a plan, (m, S) float64: ``forward_ms``, ``backward_ms``
+    (recomputation included), ``weight_ms`` (the part of the backward that is the weight gradient, for the
+    zero-bubble schedules) and ``recompute_ms`` (the recomputed forwards)."""
+
+    forward_ms: np.ndarray
+    backward_ms: np.ndarray
+    weight_ms: np.ndarray
+    recompute_ms: np.ndarray
+
+
+@dataclass(frozen=True)
+class StageKindTimes:
+    """A plan's stage times at the profile's mean micro-batch, per layer kind: ``forward_ms``, ``backward_ms``
+    and ``recompute_ms`` as ``(len(kinds), S)``, and per stage the share of the backward that is the weight
+    gradient. :meth:`times` scales them per micro-batch."""
+
+    kinds: tuple[str, ...]
+    forward_ms: np.ndarray
+    backward_ms: np.ndarray
+    recompute_ms: np.ndarray
+    weight_share: np.ndarray
+
+    def times(self, scales: Mapping[str, np.ndarray]) -> StageTimes:
+        """(micro-batch, stage) times when every layer of kind ``k`` takes its profile time times ``scales[k]``
+        (``(m,)``; a kind missing from ``scales`` keeps the profile's time)."""
+        m = max((np.size(v) for v in scales.values()), default=1)
+        factor = np.ones((m, len(self.kinds)))
+        for i, k in enumerate(self.kinds):
+            if k in scales:
+                factor[:, i] = scales[k]
+        f, b, r = factor @ self.forward_ms, factor @ self.backward_ms, factor @ self.recompute_ms
+        return StageTimes(f, b + r, b * self.weight_share, r)
+
+
+def stage_kind_times(plan: PipelinePlan, profile: Any) -> StageKindTimes:
+    """The per-kind stage times of ``plan`` (its split and recompute choice) on ``profile``."""
+    profile = as_profile(profile)
+    if len(profile) != plan.stages[-1][1] + 1:
+        raise ValueError(f"profile has {len(profile)} layers, the plan {plan.stages[-1][1] + 1}")
+    kinds = _layer_kinds(profile)
+    order = tuple(sorted(set(kinds)))
+    index = {k: i for i, k in enumerate(order)}
+    S = plan.num_stages
+    fwd, bwd, rec = (np.zeros((len(order), S)) for _ in range(3))
+    f_ms, b_ms = profile.forward_ms, profile.backward_ms
+    for j, (a, b) in enumerate(plan.stages):
+        for layer in range(a, b + 1):
+            fwd[index[kinds[layer]], j] += f_ms[layer]
+            bwd[index[kinds[layer]], j] += b_ms[layer]
+        for layer in plan.recompute[j]:
+            rec[index[kinds[layer]], j] += f_ms[layer]
+    mean_bwd = np.asarray(plan.backward_ms) - rec.sum(axis=0)
+    share = np.divide(np.asarray(plan.weight_ms or np.zeros(S)), mean_bwd, out=np.zeros(S), where=mean_bwd > 0)
+    return StageKindTimes(order, fwd, bwd, rec, share)
+
+
+def stage_times(plan: PipelinePlan, profile: Any, scales: Mapping[str, np.ndarray]) -> StageTimes:
+    """The (micro-batch, stage) times of ``plan`` (its split and recompute choice) when every layer of kind
+    ``k`` takes its profile time times ``scales[k]`` (``(m,)``, one factor per micro-batch; a kind missing
+    from ``scales`` keeps the profile's time): the times :func:`simulate_packs` runs."""
+    return stage_kind_times(plan, profile).times(scales)
 
 
 def simulate_packs(
@@ -94,32 +212,22 @@ def simulate_packs(
     profile = as_profile(profile)
     if len(profile) != plan.stages[-1][1] + 1:
         raise ValueError(f"profile has {len(profile)} layers, the plan {plan.stages[-1][1] + 1}")
-    times = micro_batch_times(profile, packs, cost_model=cost_model, reference=reference)
-    m = times.forward_ms.shape[0]
-    c_f = np.concatenate([np.zeros((m, 1)), np.cumsum(times.forward_ms, axis=1)], axis=1)
-    c_b = np.concatenate([np.zeros((m, 1)), np.cumsum(times.backward_ms, axis=1)], axis=1)
+    loads = pack_loads(packs)
+    costs = pack_kind_costs(*_csr(loads), cost_model=cost_model)
+    ref = costs if reference is None else pack_kind_costs(*_csr(pack_loads(reference)), cost_model=cost_model)
+    times = stage_times(plan, profile, kind_scales(costs, ref))
+    c_s = np.concatenate([[0.0], np.cumsum(profile.static_bytes)])
     a = np.array([s[0] for s in plan.stages])
     b = np.array([s[1] for s in plan.stages]) + 1
-    fwd = c_f[:, b] - c_f[:, a]
-    bwd = c_b[:, b] - c_b[:, a]
-    rec = np.stack([times.forward_ms[:, list(r)].sum(axis=1) if r else np.zeros(m) for r in plan.recompute], axis=1)
-    mean_bwd = np.asarray(plan.backward_ms) - np.array([profile.forward_ms[list(r)].sum() for r in plan.recompute])
-    share = np.divide(
-        np.asarray(plan.weight_ms or np.zeros(plan.num_stages)),
-        mean_bwd,
-        out=np.zeros(plan.num_stages),
-        where=mean_bwd > 0,
-    )
-    c_s = np.concatenate([[0.0], np.cumsum(profile.static_bytes)])
     return simulate(
-        fwd,
-        bwd + rec,
-        m,
+        times.forward_ms,
+        times.backward_ms,
+        len(loads),
         schedule=plan.schedule,
         virtual_stages=plan.virtual_stages,
         comm_ms=plan.comm_ms or None,
         activation_bytes=plan.activation_bytes,
         static_bytes=c_s[b] - c_s[a],
-        weight_ms=bwd * share,
+        weight_ms=times.weight_ms,
         timeline=timeline,
     )

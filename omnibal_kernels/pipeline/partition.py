@@ -45,6 +45,7 @@ __all__ = [
     "evaluate_partition",
     "partition",
     "uniform_stages",
+    "vit_first_stages",
 ]
 
 METHODS = ("exact", "paper", "uniform")
@@ -168,6 +169,21 @@ def uniform_stages(num_layers: int, stages: int) -> list[tuple[int, int]]:
         out.append((start, start + n - 1))
         start += n
     return out
+
+
+def vit_first_stages(profile: Any, stages: int) -> list[tuple[int, int]]:
+    """Megatron's VLM layout: the vision encoder and the projector (the layers of kind ``"vit"`` and
+    ``"projector"``, first in the chain) on stage 0, the other layers split evenly over all stages
+    (:func:`uniform_stages`), stage 0 taking its share after the vision encoder."""
+    profile = as_profile(profile)
+    stages = check_positive_int("stages", stages)
+    front = sum(layer.kind in ("vit", "projector") for layer in profile.layers)
+    if front == 0 or any(layer.kind in ("vit", "projector") for layer in profile.layers[front:]):
+        raise ValueError("profile: the vit-first layout needs the 'vit' and 'projector' layers first")
+    if len(profile) - front < stages:
+        raise ValueError(f"stages ({stages}) must not exceed the {len(profile) - front} layers after the ViT")
+    rest = uniform_stages(len(profile) - front, stages)
+    return [(0, front + rest[0][1])] + [(a + front, b + front) for a, b in rest[1:]]
 
 
 def _check_choices(recompute: str, link_gb_per_s: float, weight_fraction: float) -> None:
