@@ -468,7 +468,7 @@ def test_inconsistent_arrays_name_the_sample_by_its_index():
         (dict(vit_seqlens=np.array([1, 1, 5, -1])), "sample 7: a negative ViT sequence"),
         (dict(label=np.array([10, 0])), "sample 3: 10 label tokens, outside"),
         (dict(label=np.array([0, -1])), "sample 7: -1 label tokens"),
-        (dict(vit_seqlens_offsets=np.array([0, 3, 2])), "decrease"),
+        (dict(vit_seqlens_offsets=np.array([0, 3, 2])), "non-decreasing"),
     ):
         with pytest.raises(ValueError, match=message):
             RawLengths(**{**base, **change})

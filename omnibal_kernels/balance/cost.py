@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, Optional, Union, cast
 import numpy as np
 
 from .. import _ext
-from .._csr import check_offsets, row_ids
+from .._csr import check_offsets, offsets_from_counts, row_ids
 from ..lengths import Lengths
 from .nnls import FitErrors, fit_relative, relative_errors, summarize_errors
 
@@ -76,8 +76,7 @@ def _pack_rows(packs: PackLike, num_samples: int) -> PackRows:
         for i, p in enumerate(parts):
             if p.ndim != 1 or (p.size and p.dtype.kind not in "iu"):
                 raise ValueError(f"pack {i}: must be a 1-D array of sample ids, got dtype {p.dtype}, shape {p.shape}")
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([p.shape[0] for p in parts], out=offsets[1:])
+        offsets = offsets_from_counts([p.shape[0] for p in parts])
         samples = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
     samples = np.asarray(samples)
     if samples.ndim != 1 or (samples.size and samples.dtype.kind not in "iu"):
