@@ -253,8 +253,12 @@ def test_bad_arguments_are_named():
         context_parallel_rank_times([10], 2, cost="fast")
     with pytest.raises(ValueError, match="seqlens"):
         context_parallel_rank_times([10, -1], 2)
-    with pytest.raises(ValueError, match="pair"):
+    with pytest.raises(ValueError, match="ContextParallelCost: pair must be finite and >= 0"):
         ContextParallelCost(1.0, -1.0, 0.0)
+    with pytest.raises(ValueError, match="ContextParallelCost: kv_token must be finite"):
+        ContextParallelCost(1.0, 1.0, float("nan"))
+    with pytest.raises(TypeError, match="ContextParallelCost: token must be a number, got bool"):
+        ContextParallelCost(True, 1.0, 0.0)
 
 
 def test_empty_ranks_keep_valid_shapes():

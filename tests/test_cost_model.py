@@ -33,7 +33,7 @@ def _model() -> CostModel:
 def test_keyword_construction_defaults_to_zero_and_checks_terms():
     assert CostModel().to_dict() == dict.fromkeys(TERMS, 0.0)
     assert CostModel(per_pack=3).per_pack == 3.0 and isinstance(CostModel(per_pack=3).per_pack, float)
-    with pytest.raises(ValueError, match="per_sample must be finite and non-negative"):
+    with pytest.raises(ValueError, match="per_sample must be finite and >= 0"):
         CostModel(per_sample=-1.0)
     with pytest.raises(ValueError, match="vit_linear"):
         CostModel(vit_linear=float("nan"))
