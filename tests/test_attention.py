@@ -149,6 +149,7 @@ def test_bfloat16_error_within_twice_torch_error() -> None:
     assert 0 < torch_err and ours_err <= 2 * torch_err + 1e-6
 
 
+@pytest.mark.slow
 def test_gradcheck_float64() -> None:
     lengths = [3, 0, 1, 5]
     cu = _cu(lengths)
@@ -178,6 +179,7 @@ def test_gradients_match_reference(causal: bool) -> None:
         torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None)
 @given(
     pairs=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=8),
