@@ -35,7 +35,7 @@ def offsets_from_counts(counts: Any) -> np.ndarray:
     return offsets
 
 
-def check_int32_total(total: int, what: str = "tokens", name: str = "cu_seqlens", where: str = "") -> None:
+def check_int32_total(name: str, total: int, what: str = "tokens", where: str = "") -> None:
     """``total`` ``what`` (the last offset) fit the int32 offsets ``name``; else a ValueError saying so."""
     if total > INT32_MAX:
         prefix = f"{where}: " if where else ""

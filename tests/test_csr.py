@@ -42,9 +42,9 @@ def test_messages_name_the_argument_the_row_and_the_place() -> None:
 
 
 def test_the_int32_limit() -> None:
-    check_int32_total(INT32_MAX)
+    check_int32_total("cu_seqlens", INT32_MAX)
     with pytest.raises(ValueError, match=r"^f: 2147483648 patches in total overflow int32 vit_cu_seqlens"):
-        check_int32_total(INT32_MAX + 1, "patches", "vit_cu_seqlens", where="f")
+        check_int32_total("vit_cu_seqlens", INT32_MAX + 1, "patches", where="f")
 
 
 def test_empty_counts_give_one_offset() -> None:

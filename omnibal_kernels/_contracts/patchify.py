@@ -108,5 +108,5 @@ def patch_segments(grid: np.ndarray) -> tuple[np.ndarray, int]:
     """``vit_cu_seqlens`` (int32) with one segment of ``h * w`` per frame group, and the longest segment."""
     seg = np.repeat(grid[:, 1] * grid[:, 2], grid[:, 0])
     cu = offsets_from_counts(seg)
-    check_int32_total(int(cu[-1]), "patches", "vit_cu_seqlens")
+    check_int32_total("vit_cu_seqlens", int(cu[-1]), "patches")
     return cu.astype(np.int32), int(seg.max()) if seg.size else 0

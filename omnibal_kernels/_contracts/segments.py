@@ -123,7 +123,7 @@ def check_host_lengths(lens: np.ndarray, fn: str, padded_len: int | None) -> Non
         if bad.size:
             i = int(bad[0])
             raise ValueError(f"{fn}: sequence {i} has length {int(lens[i])} > padded length {padded_len}")
-    check_int32_total(int(lens.sum()), where=fn)
+    check_int32_total("cu_seqlens", int(lens.sum()), where=fn)
 
 
 def resolve_segments(
@@ -207,7 +207,7 @@ def _device_segments(
         [lens_dev.sum(dtype=torch.int64), cu_dev[0].long(), lens_dev.min().long(), lens_dev.max().long()]
     )
     total, first, shortest, longest = (int(v) for v in stats.cpu())
-    check_int32_total(total, where=fn)
+    check_int32_total("cu_seqlens", total, where=fn)
     if first != 0:
         raise ValueError(f"{fn}: cu_seqlens must start at 0, got {first}")
     if shortest < 0:

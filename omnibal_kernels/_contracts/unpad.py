@@ -151,5 +151,5 @@ def mask_segments(mask: torch.Tensor, fn: str) -> MaskSegments:
     total, longest, first_bad_row = (int(v) for v in stats.cpu())  # the one host sync
     if first_bad_row < batch:
         raise ValueError(f"{fn}: attention_mask row {first_bad_row} is not right-padded (ones, then zeros)")
-    check_int32_total(total, where=fn)
+    check_int32_total("cu_seqlens", total, where=fn)
     return MaskSegments(seq_lens, cu_seqlens, total, longest)

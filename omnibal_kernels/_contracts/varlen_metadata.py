@@ -73,5 +73,5 @@ def check_varlen_args(
     total, shortest = (int(v) for v in stats.cpu())
     if shortest < 0:
         raise ValueError(f"{fn}: seq_lens holds a negative length ({shortest})")
-    check_int32_total(total, where=fn)
+    check_int32_total("cu_seqlens", total, where=fn)
     return total

@@ -144,7 +144,7 @@ def pack_vision_fields(
         grids.append(rows)
     seg = np.concatenate(segment_rows)
     cu = offsets_from_counts(seg)
-    check_int32_total(int(cu[-1]), "pixel rows", "vit_cu_seqlens")
+    check_int32_total("vit_cu_seqlens", int(cu[-1]), "pixel rows")
     parts = [samples[i][pixel_key] for i in with_pixels]
     if shared:
         rows_total = sum(int(p.shape[0]) for p in parts)
