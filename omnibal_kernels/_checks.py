@@ -7,6 +7,7 @@ A wrong type raises ``TypeError``, a wrong value ``ValueError`` (or an exported 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -26,6 +27,7 @@ __all__ = [
     "check_backend",
     "check_cpu_tensor",
     "check_epoch",
+    "check_finite_non_negative",
     "check_image_sizes",
     "check_int",
     "check_positive_int",
@@ -127,6 +129,18 @@ def check_positive_int(name: str, value: object, minimum: int = 1, maximum: Opti
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return value
+
+
+def check_finite_non_negative(name: str, value: object, owner: str = "") -> float:
+    """``value`` as a float, finite and ``>= 0``; ``TypeError`` for anything but a real number (``bool``
+    included), else ``ValueError``. ``owner`` (the class or file) prefixes the messages when given."""
+    prefix = f"{owner}: " if owner else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{prefix}{name} must be a number, got {type(value).__name__} ({value!r})")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{prefix}{name} must be finite and >= 0, got {value!r}")
+    return number
 
 
 # Epochs are mixed into the plan's seed as 64-bit words: epochs past 2**63 (int64) would repeat earlier epochs'

@@ -7,11 +7,39 @@ Nothing here knows what the rows mean: callers name them in their errors.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["check_offsets", "row_ids", "row_sums", "take_rows"]
+__all__ = [
+    "INT32_MAX",
+    "check_int32_total",
+    "check_offset_values",
+    "check_offsets",
+    "offsets_from_counts",
+    "row_ids",
+    "row_sums",
+    "take_rows",
+]
+
+# Offsets handed to kernels as cu_seqlens are int32 (flash-attention's layout): their total must fit.
+INT32_MAX = 2**31 - 1
+
+
+def offsets_from_counts(counts: Any) -> np.ndarray:
+    """int64 ``(len(counts) + 1,)`` offsets of rows of ``counts`` values each: 0, then the running sums."""
+    counts = np.asarray(counts)
+    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    if counts.size:  # an empty list is a float64 array, which cumsum would refuse to write into int64
+        np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+def check_int32_total(name: str, total: int, what: str = "tokens", where: str = "") -> None:
+    """``total`` ``what`` (the last offset) fit the int32 offsets ``name``; else a ValueError saying so."""
+    if total > INT32_MAX:
+        prefix = f"{where}: " if where else ""
+        raise ValueError(f"{prefix}{total} {what} in total overflow int32 {name} (at most {INT32_MAX})")
 
 
 def check_offsets(name: str, offsets: Any, rows: int, total: int, where: str = "", row: str = "sample") -> np.ndarray:
@@ -32,15 +60,37 @@ def check_offsets(name: str, offsets: Any, rows: int, total: int, where: str = "
     if arr.shape[0] != rows + 1:
         raise ValueError(f"{prefix}{name} must have {rows + 1} entries (one per {row}, plus one), got {arr.shape[0]}")
     arr = np.ascontiguousarray(arr, dtype=np.int64)
-    if arr[0] != 0:
+    check_offset_values(name, arr, total, where=where, row=row)
+    return arr
+
+
+def check_offset_values(
+    name: str,
+    offsets: np.ndarray,
+    total: Optional[int] = None,
+    *,
+    where: str = "",
+    row: str = "sample",
+    total_of: str = "values",
+) -> None:
+    """The rules of every offsets array, ``cu_seqlens`` included: it starts at 0, never decreases and, when
+    ``total`` is given, ends at ``total``. A ValueError names ``name``, and the ``row`` that a decrease would
+    give a negative length; ``where`` prefixes the messages, ``total_of`` says what ``total`` counts."""
+    prefix = f"{where}: " if where else ""
+    arr = np.asarray(offsets, dtype=np.int64)  # int64: differences of int32 offsets cannot wrap around
+    if arr.size and arr[0] != 0:
         raise ValueError(f"{prefix}{name} must start at 0, got {int(arr[0])}")
     steps = np.diff(arr)
     if steps.size and steps.min() < 0:
         i = int(np.flatnonzero(steps < 0)[0])
-        raise ValueError(f"{prefix}{row} {i}: {name} decrease ({int(arr[i])} then {int(arr[i + 1])})")
-    if arr[-1] != total:
-        raise ValueError(f"{prefix}{name} must end at the number of values ({total}), got {int(arr[-1])}")
-    return arr
+        raise ValueError(
+            f"{prefix}{row} {i}: {name} must be non-decreasing, but {name}[{i + 1}] = {int(arr[i + 1])} "
+            f"< {name}[{i}] = {int(arr[i])}"
+        )
+    if total is not None and arr.size and arr[-1] != total:
+        raise ValueError(
+            f"{prefix}{name} must end at the number of {total_of} ({total}), got {name}[-1] = {int(arr[-1])}"
+        )
 
 
 def row_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -59,8 +109,7 @@ def take_rows(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tupl
     rows = np.asarray(rows, dtype=np.int64)
     starts = offsets[rows]
     counts = offsets[rows + 1] - starts
-    new_offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=new_offsets[1:])
+    new_offsets = offsets_from_counts(counts)
     # position j of new row k reads values[starts[k] + j]
     shift = np.repeat(starts - new_offsets[:-1], counts)
     return new_offsets, np.ascontiguousarray(values[np.arange(new_offsets[-1], dtype=np.int64) + shift])

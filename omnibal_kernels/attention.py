@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import backends, check_backend
+from ._contracts.segments import check_cu_seqlens_tensor
+from ._csr import check_offset_values
 
 __all__ = ["varlen_attention", "available_backends", "BACKENDS"]
 
@@ -67,28 +69,11 @@ def _check_cu_seqlens(
     name: str, cu_seqlens: Any, total_tokens: int, device: torch.device, check_values: bool
 ) -> torch.Tensor | None:
     """Validates ``cu_seqlens``; returns it on the CPU when the values were read, else ``None``."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32 (flash-attention layout), got {cu_seqlens.dtype}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"{name} must have shape (batch + 1,) with batch >= 1, got {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.device != device:
-        raise ValueError(f"{name} is on {cu_seqlens.device} but q is on {device}")
+    check_cu_seqlens_tensor(name, cu_seqlens, device=device, data="q")
     if not check_values:
         return None
     host = cu_seqlens.cpu()
-    if int(host[0]) != 0:
-        raise ValueError(f"{name} must start at 0, got {int(host[0])}")
-    steps = host[1:] - host[:-1]
-    if bool((steps < 0).any()):
-        at = int(torch.nonzero(steps < 0)[0])
-        raise ValueError(
-            f"{name} must be non-decreasing, but {name}[{at + 1}] = {int(host[at + 1])} "
-            f"< {name}[{at}] = {int(host[at])}"
-        )
-    if int(host[-1]) != total_tokens:
-        raise ValueError(f"{name}[-1] = {int(host[-1])} must equal the number of tokens {total_tokens}")
+    check_offset_values(name, host.numpy(), total_tokens, row="sequence", total_of="tokens")
     return host
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch.utils.data
 
 from ._checks import check_epoch, check_int, check_positive_int, default_world
+from ._csr import offsets_from_counts
 from .balance.options import PlanOptions, check_options, check_world_size
 from .balance.packs import Plan, TooFewPacksError, as_lengths
 from .balance.plan import plan_packs
@@ -74,8 +75,7 @@ def _buffer_lengths(batch: list[_Item]) -> Lengths:
     if all(b[3] is None for b in batch):
         return Lengths(vit, llm)
     seqs = [b[3] if b[3] is not None else ((b[1],) if b[1] else ()) for b in batch]
-    offsets = np.zeros(len(batch) + 1, np.int64)
-    np.cumsum([len(q) for q in seqs], out=offsets[1:])
+    offsets = offsets_from_counts([len(q) for q in seqs])
     flat = np.fromiter((x for q in seqs for x in q), np.int64, count=int(offsets[-1]))
     return Lengths(vit, llm, vit_seqlens=flat, vit_seqlens_offsets=offsets)
 

@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from ._csr import offsets_from_counts
 from .lengths import Lengths, default_lengths
 
 __all__ = ["DISTRIBUTIONS", "SyntheticSamples", "synthetic_lengths", "synthetic_samples"]
@@ -56,8 +57,7 @@ class SyntheticSamples(NamedTuple):
 
 def _samples(vit: np.ndarray, llm: np.ndarray, seqlens: np.ndarray, counts: np.ndarray) -> SyntheticSamples:
     """Loads and ViT sequences, ``counts[i]`` consecutive entries of ``seqlens`` per sample."""
-    offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    offsets = offsets_from_counts(counts)
     return SyntheticSamples(Lengths(vit, llm), np.asarray(seqlens, np.int64), offsets)
 
 

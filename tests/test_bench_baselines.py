@@ -115,6 +115,7 @@ def _ldm_reference(costs: list[float], k: int, equal_size: bool) -> list[int]:
     return part
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 6), st.booleans(), st.data())
 def test_karmarkar_karp_matches_the_reference(k: int, per_part: int, equal_size: bool, data) -> None:
@@ -131,6 +132,7 @@ def test_karmarkar_karp_matches_the_reference(k: int, per_part: int, equal_size:
         assert sums[0] - sums[1] <= max(costs)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(loads, st.integers(1, 4), st.integers(1, 4), st.integers(0, 3))
 def test_karmarkar_karp_plan_covers_and_caps(data, world_size: int, batch: int, seed: int) -> None:

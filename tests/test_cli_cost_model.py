@@ -79,7 +79,7 @@ def test_each_form_of_the_cost_model_flag(capsys, tmp_path, length_file) -> None
     [
         ("no_such_model", "neither a named cost model"),
         ("{missing}.json", "neither a named cost model"),
-        ("{bad}", "llm_linear must be finite and non-negative"),
+        ("{bad}", "llm_linear must be finite and >= 0"),
         ("{notjson}", "not JSON"),
         ("{folder}", "not a transformers config"),
     ],

@@ -190,6 +190,7 @@ def _llama_worker(rank: int, init: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_transformers_llama_on_two_ranks_equals_unsharded():
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(

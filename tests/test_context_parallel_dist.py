@@ -113,6 +113,7 @@ def _run(world: int, backend: str = "gloo") -> None:
                     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_gloo_forward_and_gradients_equal_unsharded(world):
     _run(world)

@@ -33,7 +33,7 @@ def _model() -> CostModel:
 def test_keyword_construction_defaults_to_zero_and_checks_terms():
     assert CostModel().to_dict() == dict.fromkeys(TERMS, 0.0)
     assert CostModel(per_pack=3).per_pack == 3.0 and isinstance(CostModel(per_pack=3).per_pack, float)
-    with pytest.raises(ValueError, match="per_sample must be finite and non-negative"):
+    with pytest.raises(ValueError, match="per_sample must be finite and >= 0"):
         CostModel(per_sample=-1.0)
     with pytest.raises(ValueError, match="vit_linear"):
         CostModel(vit_linear=float("nan"))
@@ -186,7 +186,7 @@ def test_pack_costs_from_lists_csr_and_plans():
         m.pack_costs(lengths, [np.array([0]), np.array([4])])
     with pytest.raises(ValueError, match="pack 0: must be a 1-D array of sample ids"):
         m.pack_costs(lengths, [np.array([0.5])])
-    with pytest.raises(ValueError, match="pack 1: pack offsets decrease"):
+    with pytest.raises(ValueError, match="pack 1: pack offsets must be non-decreasing"):
         m.pack_costs(lengths, PackRows(np.array([0, 2, 1, 2]), np.array([0, 1])))
     with pytest.raises(TypeError, match="packs must be"):
         m.pack_costs(lengths, "0,1")

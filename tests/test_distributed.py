@@ -7,6 +7,7 @@ import tempfile
 from collections import Counter
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -74,6 +75,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_four_gloo_ranks_agree_cover_and_resume():
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(_worker, args=(free_port(), out_dir), nprocs=WORLD_SIZE, start_method="spawn", join=True)

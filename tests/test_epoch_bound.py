@@ -51,6 +51,7 @@ tiny = st.integers(1, 7).flatmap(
 )  # quadratic token term
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(tiny)
 def test_epoch_bound_never_exceeds_the_optimum(case) -> None:
@@ -134,6 +135,7 @@ _instances = st.integers(1, 150).flatmap(
 )  # seed
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(_instances)
 def test_epoch_bound_never_exceeds_a_plan(case) -> None:

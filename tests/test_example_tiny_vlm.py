@@ -37,6 +37,7 @@ def _check(out: str, world_size: int, steps: int) -> None:
     assert "balance: {" in out and f"'world_size': {world_size}" in out
 
 
+@pytest.mark.slow
 def test_example_plain_python():
     _check(_run([sys.executable, str(EXAMPLE), "--steps", "3"]), world_size=1, steps=3)
 

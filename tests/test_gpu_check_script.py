@@ -17,6 +17,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_gpu_check_without_cuda(tmp_path: Path) -> None:
     env = dict(os.environ, GPU_CHECK_SKIP_BUILD="1", CUDA_VISIBLE_DEVICES="", PYTHON=sys.executable)
     env.pop("TRITON_INTERPRET", None)
@@ -95,6 +96,7 @@ def _load_benchmark(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_vision_benchmarks_run_on_cpu() -> None:
     """The vision GPU benchmark code (reference checks, byte counts, rows) on tiny shapes, in the Triton
     interpreter, timed by a plain clock; the real run differs only in the shapes and the timer."""
@@ -124,6 +126,7 @@ def test_vision_benchmarks_run_on_cpu() -> None:
     assert still["bytes"] == 3 * still["patches"] * 3 * 14 * 14 * 2
 
 
+@pytest.mark.slow
 def test_gpu_tests_cover_every_kernel_module() -> None:
     """``pytest -m gpu`` (what gpu_check.sh runs) collects CUDA tests of every Triton op and the attention
     adapters."""

@@ -21,6 +21,7 @@ class BalancedTrainer(BalancedTrainerMixin, transformers.Trainer):
     pass
 
 
+@pytest.mark.slow
 def test_trainer_recipe(tmp_path):
     rng = np.random.default_rng(0)
     llm = rng.integers(4, 60, 120)

@@ -47,7 +47,7 @@ def test_csr_arrays_are_int64_and_read_only():
     [
         ([2, 3, 5, 1, 1], [0, 2, 2, 3, 5], "sample 3: vit_seqlens sum to 2, but its ViT load is 3"),
         ([2, 3, 5, 1, 3, -1], [0, 2, 2, 3, 6], "sample 3: vit_seqlens holds a negative length"),
-        ([2, 3, 5, 1, 1, 1], [0, 2, 3, 2, 6], "sample 2: vit_seqlens_offsets decrease"),
+        ([2, 3, 5, 1, 1, 1], [0, 2, 3, 2, 6], "sample 2: vit_seqlens_offsets must be non-decreasing"),
         ([2, 3, 5, 1, 1, 1], [1, 2, 2, 3, 6], "must start at 0"),
         ([2, 3, 5, 1, 1, 1], [0, 2, 2, 6], "must have 5 entries"),
         ([2, 3, 5, 1, 1, 1], [0, 2, 2, 3, 5], "must end at the number of values"),

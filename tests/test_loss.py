@@ -82,7 +82,13 @@ _CONTEXTS = [c for c in ("fork", "spawn") if c in multiprocessing.get_all_start_
 
 
 @pytest.mark.parametrize(
-    "workers, context, persistent", [(0, None, False), (2, "fork", False), *((1, c, True) for c in _CONTEXTS)]
+    "workers, context, persistent",
+    [
+        (0, None, False),
+        (2, "fork", False),
+        # a spawned worker imports torch and the package afresh: seconds
+        *((1, c, True) if c != "spawn" else pytest.param(1, c, True, marks=pytest.mark.slow) for c in _CONTEXTS),
+    ],
 )
 def test_every_batch_gets_its_steps_count_in_any_worker(workers, context, persistent):
     """Persistent workers hold one copy of the dataset for the whole run: the counts travel with the batches."""
@@ -131,6 +137,7 @@ def _reference_grads(model: torch.nn.Module, samples: list[dict[str, Any]], mode
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["token", "sample"])
 @pytest.mark.parametrize("with_label", [True, False])
 def test_step_loss_of_a_model_without_transformers_is_the_global_mean(mode, with_label):

@@ -158,7 +158,14 @@ def test_backward_of_each_is_the_other(target, dtype) -> None:
     _same(packed_in.grad, unpad_reference(grad_out.cpu(), lens))
 
 
-@pytest.mark.parametrize("target", TARGETS)
+# gradcheck runs the interpreted Triton kernels many times: seconds
+GRADCHECK_TARGETS = [
+    pytest.param(*p.values, marks=[*p.marks, pytest.mark.slow], id=p.id) if p.id == "triton-interpret" else p
+    for p in TARGETS
+]
+
+
+@pytest.mark.parametrize("target", GRADCHECK_TARGETS)
 def test_gradcheck_and_double_backward(target) -> None:
     device, backend = target
     lens = [2, 0, 3]
@@ -314,6 +321,7 @@ def test_offsets_past_int32_elements() -> None:
     assert bool((back[0, lens[1] :] == 0).all())
 
 
+@pytest.mark.slow
 def test_cpu_twins_do_not_import_triton() -> None:
     import subprocess
     import sys

@@ -174,6 +174,7 @@ def test_merged_segments_fail_the_check() -> None:
         assert_packed_matches_unpacked(_model(), samples, batch)
 
 
+@pytest.mark.slow
 def test_one_segment_for_everything_fails_the_check() -> None:
     samples = _samples(LENGTHS)
     batch = pack_local(samples)
@@ -189,6 +190,7 @@ def test_one_segment_for_everything_fails_the_check() -> None:
         assert_packed_matches_unpacked(model, samples, batch)
 
 
+@pytest.mark.slow
 def test_wrong_positions_fail_the_check() -> None:
     # a packer that loses position_ids (all zeros): rotary attention no longer sees token order.
     # (Positions that run on across the pack without restarting are *not* caught, and need not be:
@@ -201,6 +203,7 @@ def test_wrong_positions_fail_the_check() -> None:
         assert_packed_matches_unpacked(_model(), samples, batch)
 
 
+@pytest.mark.slow
 def test_labels_across_a_boundary_fail_the_check() -> None:
     samples = _samples(LENGTHS)
     batch = pack_local(samples)

@@ -505,6 +505,7 @@ def test_collator() -> None:
         PackCollator(PackOptions(pad_to_multiple_of=-1))
 
 
+@pytest.mark.slow
 def test_import_is_light() -> None:
     code = (
         "import sys, omnibal_kernels, omnibal_kernels.packing; "

@@ -212,6 +212,7 @@ def test_per_micro_batch_times():
         simulate(np.ones((2, 2)), np.ones(2), 3)
 
 
+@pytest.mark.slow
 def test_a_million_micro_batches_in_closed_form():
     # Uniform stages: (m + P - 1)(F + B), in O(P) memory (the orders are generated, never stored).
     r = simulate(np.ones(16), 2 * np.ones(16), 10**6)

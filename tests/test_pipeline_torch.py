@@ -121,6 +121,7 @@ def test_apply_recompute_keeps_the_gradients_and_rejects_unknown_names():
         apply_recompute(wrapped, ["vit_9"])
 
 
+@pytest.mark.slow
 def test_split_spec_with_the_pipelining_tracer():
     """The tracer front end takes the split spec (on a chain it can trace: the tiny VLM's ViT runs varlen
     attention, which reads its sequence lengths, so it is split by hand with ``stage_modules``)."""

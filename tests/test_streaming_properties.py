@@ -105,6 +105,7 @@ def _draw_loads(n: int, oversize_share: float, data_seed: int) -> tuple[np.ndarr
     return vit, llm
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     n=st.integers(0, 100),

@@ -51,11 +51,13 @@ def _compile_all(arch: int) -> dict[str, tuple[dict, dict]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", [90, 80])
 def test_every_kernel_compiles(arch):
     assert len(_compile_all(arch)) >= 14
 
 
+@pytest.mark.slow
 def test_pack_and_unpack_of_bf16_states_use_128_bit_accesses():
     # The bandwidth target (most of a device-to-device copy) needs 16-byte loads and stores per thread on the
     # hidden axis; scalar 2-byte accesses would issue 8x the memory instructions.

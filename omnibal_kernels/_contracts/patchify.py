@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .._checks import check_positive_int, is_tensor
+from .._csr import check_int32_total, offsets_from_counts
 
 __all__ = ["ELEMENT_VIEW", "PackedPatches", "PatchPlan", "patch_segments", "plan_patches"]
 
@@ -99,17 +100,13 @@ def plan_patches(images: Any, sizes: Any, patch_size: int, merge_size: int, temp
                 f"patch_size * merge_size = {factor} (resize with qwen2vl_smart_resize first)"
             )
         grid[i] = ((t + temporal_patch_size - 1) // temporal_patch_size, h // patch_size, w // patch_size)
-    per_image = grid[:, 0] * grid[:, 1] * grid[:, 2]
-    offsets = np.zeros(len(views) + 1, dtype=np.int64)
-    np.cumsum(per_image, out=offsets[1:])
+    offsets = offsets_from_counts(grid[:, 0] * grid[:, 1] * grid[:, 2])
     return PatchPlan(views, grid, offsets, int(first.shape[1]), first.dtype, first.device)
 
 
 def patch_segments(grid: np.ndarray) -> tuple[np.ndarray, int]:
     """``vit_cu_seqlens`` (int32) with one segment of ``h * w`` per frame group, and the longest segment."""
     seg = np.repeat(grid[:, 1] * grid[:, 2], grid[:, 0])
-    cu = np.zeros(seg.shape[0] + 1, dtype=np.int64)
-    np.cumsum(seg, out=cu[1:])
-    if cu[-1] >= 2**31:
-        raise ValueError(f"{int(cu[-1])} patches overflow int32 vit_cu_seqlens")
+    cu = offsets_from_counts(seg)
+    check_int32_total("vit_cu_seqlens", int(cu[-1]), "patches")
     return cu.astype(np.int32), int(seg.max()) if seg.size else 0

@@ -14,11 +14,14 @@ from typing import NamedTuple, Union
 import numpy as np
 import torch
 
+from .._csr import INT32_MAX, check_int32_total, check_offset_values, offsets_from_counts
+
 __all__ = [
     "INT32_MAX",
     "LengthsLike",
     "Segments",
     "batch_from",
+    "check_cu_seqlens_tensor",
     "check_host_lengths",
     "check_total_tokens",
     "is_host",
@@ -26,9 +29,6 @@ __all__ = [
 ]
 
 LengthsLike = Union[Sequence[int], np.ndarray, torch.Tensor]
-
-# cu_seqlens is int32 (flash-attention's convention), so the total token count must fit in it.
-INT32_MAX = 2**31 - 1
 
 
 class Segments(NamedTuple):
@@ -49,6 +49,32 @@ def check_total_tokens(total_tokens: object, fn: str) -> int | None:
     if not 0 <= int(total_tokens) <= INT32_MAX:
         raise ValueError(f"{fn}: total_tokens must be in [0, {INT32_MAX}], got {total_tokens}")
     return int(total_tokens)
+
+
+def check_cu_seqlens_tensor(
+    name: str,
+    cu_seqlens: object,
+    fn: str = "",
+    *,
+    entries: int | None = None,
+    device: torch.device | None = None,
+    data: str = "the data",
+) -> torch.Tensor:
+    """``cu_seqlens`` is a 1-D int32 tensor (flash-attention's layout) of ``entries`` entries (of at least 2, one
+    sequence, when None), on ``device`` (that of ``data``) when given. Only shapes, dtypes and devices are read:
+    no value, so no host sync. Messages name ``name``, after ``fn`` when given."""
+    prefix = f"{fn}: " if fn else ""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{prefix}{name} must be a torch.Tensor of int32, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"{prefix}{name} must have dtype torch.int32 (flash-attention layout), got {cu_seqlens.dtype}")
+    wrong_size = cu_seqlens.numel() < 2 if entries is None else cu_seqlens.numel() != entries
+    if cu_seqlens.dim() != 1 or wrong_size:
+        wanted = "batch + 1 with batch >= 1" if entries is None else f"batch + 1 = {entries}"
+        raise ValueError(f"{prefix}{name} must have shape ({wanted},), got {tuple(cu_seqlens.shape)}")
+    if device is not None and cu_seqlens.device != device:
+        raise ValueError(f"{prefix}{name} is on {cu_seqlens.device} but {data} is on {device}")
+    return cu_seqlens
 
 
 def is_host(x: object) -> bool:
@@ -78,14 +104,13 @@ def _host_int_array(x: LengthsLike, name: str, fn: str) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def _check_device_lengths(x: torch.Tensor, name: str, fn: str, numel: int, int32_only: bool) -> None:
+def _check_device_seq_lens(x: torch.Tensor, fn: str, batch: int) -> None:
     if x.dim() != 1:
-        raise ValueError(f"{fn}: {name} must be 1-D, got shape {tuple(x.shape)}")
-    allowed = (torch.int32,) if int32_only else (torch.int32, torch.int64)
-    if x.dtype not in allowed:
-        raise TypeError(f"{fn}: {name} must have dtype {' or '.join(map(str, allowed))}, got {x.dtype}")
-    if x.numel() != numel:
-        raise ValueError(f"{fn}: {name} must have {numel} entries, got {x.numel()}")
+        raise ValueError(f"{fn}: seq_lens must be 1-D, got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{fn}: seq_lens must have dtype torch.int32 or torch.int64, got {x.dtype}")
+    if x.numel() != batch:
+        raise ValueError(f"{fn}: seq_lens must have {batch} entries, got {x.numel()}")
 
 
 def check_host_lengths(lens: np.ndarray, fn: str, padded_len: int | None) -> None:
@@ -98,9 +123,7 @@ def check_host_lengths(lens: np.ndarray, fn: str, padded_len: int | None) -> Non
         if bad.size:
             i = int(bad[0])
             raise ValueError(f"{fn}: sequence {i} has length {int(lens[i])} > padded length {padded_len}")
-    total = int(lens.sum())
-    if total > INT32_MAX:
-        raise ValueError(f"{fn}: {total} tokens in total overflow int32 cu_seqlens (at most {INT32_MAX})")
+    check_int32_total("cu_seqlens", int(lens.sum()), where=fn)
 
 
 def resolve_segments(
@@ -129,41 +152,28 @@ def resolve_segments(
             if lens.size != batch:
                 raise ValueError(f"{fn}: seq_lens has {lens.size} entries for a batch of {batch}")
             check_host_lengths(lens, fn, padded_len)
-            cu = np.zeros(batch + 1, dtype=np.int64)
-            np.cumsum(lens, out=cu[1:])
+            cu = offsets_from_counts(lens)
             return _host_segments(cu, total_tokens, device, fn, "seq_lens")
         assert isinstance(seq_lens, torch.Tensor)
-        _check_device_lengths(seq_lens, "seq_lens", fn, batch, int32_only=False)
-        _check_same_device(seq_lens, "seq_lens", device, fn)
+        _check_device_seq_lens(seq_lens, fn, batch)
+        if seq_lens.device != device:
+            raise ValueError(f"{fn}: seq_lens is on {seq_lens.device} but the data is on {device}")
         cu_dev = torch.zeros(batch + 1, dtype=torch.int32, device=device)
         torch.cumsum(seq_lens, 0, dtype=torch.int32, out=cu_dev[1:])
         return _device_segments(cu_dev, seq_lens, total_tokens, padded_len, fn, "seq_lens")
 
     assert cu_seqlens is not None
     if is_host(cu_seqlens):
-        if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dtype != torch.int32:
-            raise TypeError(f"{fn}: cu_seqlens must have dtype torch.int32, got {cu_seqlens.dtype}")
+        if isinstance(cu_seqlens, torch.Tensor):
+            check_cu_seqlens_tensor("cu_seqlens", cu_seqlens, fn, entries=batch + 1)
         cu = _host_int_array(cu_seqlens, "cu_seqlens", fn)
         if cu.size != batch + 1:
-            raise ValueError(f"{fn}: cu_seqlens must have batch + 1 = {batch + 1} entries, got {cu.size}")
-        if cu[0] != 0:
-            raise ValueError(f"{fn}: cu_seqlens must start at 0, got {int(cu[0])}")
-        lens = np.diff(cu)
-        bad = np.flatnonzero(lens < 0)
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"{fn}: cu_seqlens must be non-decreasing; it drops after entry {i}")
-        check_host_lengths(lens, fn, padded_len)
+            raise ValueError(f"{fn}: cu_seqlens must have shape (batch + 1 = {batch + 1},), got ({cu.size},)")
+        check_offset_values("cu_seqlens", cu, where=fn, row="sequence")
+        check_host_lengths(np.diff(cu), fn, padded_len)
         return _host_segments(cu, total_tokens, device, fn, "cu_seqlens")
-    assert isinstance(cu_seqlens, torch.Tensor)
-    _check_device_lengths(cu_seqlens, "cu_seqlens", fn, batch + 1, int32_only=True)
-    _check_same_device(cu_seqlens, "cu_seqlens", device, fn)
+    cu_seqlens = check_cu_seqlens_tensor("cu_seqlens", cu_seqlens, fn, entries=batch + 1, device=device)
     return _device_segments(cu_seqlens.contiguous(), None, total_tokens, padded_len, fn, "cu_seqlens")
-
-
-def _check_same_device(x: torch.Tensor, name: str, device: torch.device, fn: str) -> None:
-    if x.device != device:
-        raise ValueError(f"{fn}: {name} is on {x.device} but the data is on {device}")
 
 
 def _host_segments(cu: np.ndarray, total_tokens: int | None, device: torch.device, fn: str, name: str) -> Segments:
@@ -197,8 +207,7 @@ def _device_segments(
         [lens_dev.sum(dtype=torch.int64), cu_dev[0].long(), lens_dev.min().long(), lens_dev.max().long()]
     )
     total, first, shortest, longest = (int(v) for v in stats.cpu())
-    if total > INT32_MAX:
-        raise ValueError(f"{fn}: {total} tokens in total overflow int32 cu_seqlens (at most {INT32_MAX})")
+    check_int32_total("cu_seqlens", total, where=fn)
     if first != 0:
         raise ValueError(f"{fn}: cu_seqlens must start at 0, got {first}")
     if shortest < 0:

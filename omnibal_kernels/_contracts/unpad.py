@@ -8,7 +8,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .segments import INT32_MAX, LengthsLike, Segments, batch_from, is_host, resolve_segments
+from .._csr import check_int32_total
+from .segments import LengthsLike, Segments, batch_from, is_host, resolve_segments
 
 __all__ = [
     "MaskSegments",
@@ -150,6 +151,5 @@ def mask_segments(mask: torch.Tensor, fn: str) -> MaskSegments:
     total, longest, first_bad_row = (int(v) for v in stats.cpu())  # the one host sync
     if first_bad_row < batch:
         raise ValueError(f"{fn}: attention_mask row {first_bad_row} is not right-padded (ones, then zeros)")
-    if total > INT32_MAX:
-        raise ValueError(f"{fn}: {total} tokens in total overflow int32 cu_seqlens (at most {INT32_MAX})")
+    check_int32_total("cu_seqlens", total, where=fn)
     return MaskSegments(seq_lens, cu_seqlens, total, longest)

@@ -8,7 +8,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .segments import INT32_MAX, check_host_lengths, check_total_tokens
+from .._csr import check_int32_total
+from .segments import check_host_lengths, check_total_tokens
 
 __all__ = ["VarlenMetadata", "check_varlen_args"]
 
@@ -72,6 +73,5 @@ def check_varlen_args(
     total, shortest = (int(v) for v in stats.cpu())
     if shortest < 0:
         raise ValueError(f"{fn}: seq_lens holds a negative length ({shortest})")
-    if total > INT32_MAX:
-        raise ValueError(f"{fn}: {total} tokens in total overflow int32 cu_seqlens (at most {INT32_MAX})")
+    check_int32_total("cu_seqlens", total, where=fn)
     return total

@@ -26,7 +26,6 @@ Plans compare costs only, so any unit works. The planning engine reads :meth:`te
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -36,7 +35,9 @@ from typing import Any, NamedTuple, Optional, Union, cast
 import numpy as np
 
 from .. import _ext
-from .._csr import check_offsets, row_ids
+from .._checks import check_finite_non_negative
+from .._csr import check_offsets, offsets_from_counts, row_ids
+from .._flops import GIGA, TRAIN_FACTOR
 from ..lengths import Lengths
 from .nnls import FitErrors, fit_relative, relative_errors, summarize_errors
 
@@ -44,9 +45,6 @@ __all__ = ["CostFit", "CostModel", "PackRows", "TERMS", "pack_features", "sample
 
 # The six terms, in the order of the JSON, the features and the fit.
 TERMS = ("vit_linear", "vit_quadratic", "llm_linear", "llm_quadratic", "per_sample", "per_pack")
-# Training = forward + backward, the backward costing about twice the forward.
-_TRAIN_FACTOR = 3.0
-_GIGA = 1e9
 
 
 class PackRows(NamedTuple):
@@ -76,8 +74,7 @@ def _pack_rows(packs: PackLike, num_samples: int) -> PackRows:
         for i, p in enumerate(parts):
             if p.ndim != 1 or (p.size and p.dtype.kind not in "iu"):
                 raise ValueError(f"pack {i}: must be a 1-D array of sample ids, got dtype {p.dtype}, shape {p.shape}")
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([p.shape[0] for p in parts], out=offsets[1:])
+        offsets = offsets_from_counts([p.shape[0] for p in parts])
         samples = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
     samples = np.asarray(samples)
     if samples.ndim != 1 or (samples.size and samples.dtype.kind not in "iu"):
@@ -129,15 +126,6 @@ def pack_features(lengths: Lengths, packs: PackLike) -> np.ndarray:
     return out
 
 
-def _check_term(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"CostModel: {name} must be a number, got {type(value).__name__} ({value!r})")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"CostModel: {name} must be finite and non-negative, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class CostModel:
     """Per-sample and per-pack training cost as linear and quadratic terms of the loads (see the module docstring).
@@ -157,7 +145,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            object.__setattr__(self, f.name, _check_term(f.name, getattr(self, f.name)))
+            object.__setattr__(self, f.name, check_finite_non_negative(f.name, getattr(self, f.name), "CostModel"))
 
     @classmethod
     def from_shapes(
@@ -193,7 +181,7 @@ class CostModel:
         llm_lin = 2.0 * llm_params
         # Causal attention: half of the s^2 scores, so 2 * t^2 * hidden per layer.
         llm_quad = 2.0 * llm_hidden * llm_layers
-        f = _TRAIN_FACTOR / _GIGA
+        f = TRAIN_FACTOR / GIGA
         return cls(vit_lin * f, vit_quad * f, llm_lin * f, llm_quad * f)
 
     @classmethod
@@ -236,7 +224,7 @@ class CostModel:
         if isinstance(config, (str, os.PathLike)):
             config = read_model_config(config)
         terms = config_flops(config)
-        return cls(*(x / _GIGA for x in terms))
+        return cls(*(x / GIGA for x in terms))
 
     def terms(self) -> list[float]:
         """``[vit_linear, vit_quadratic, llm_linear, llm_quadratic]``: the load terms the planning engine reads."""
@@ -248,7 +236,8 @@ class CostModel:
 
     def scaled(self, factor: float) -> CostModel:
         """Every term times ``factor`` (non-negative): the same model in another unit."""
-        return CostModel(**{name: getattr(self, name) * _check_term("factor", factor) for name in TERMS})
+        factor = check_finite_non_negative("factor", factor, "CostModel")
+        return CostModel(**{name: getattr(self, name) * factor for name in TERMS})
 
     def sample_costs(self, lengths: Union[Lengths, np.ndarray], llm: Optional[np.ndarray] = None) -> np.ndarray:
         """``(N,)`` float64 cost of every sample, ``per_sample`` included.

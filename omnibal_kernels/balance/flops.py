@@ -28,10 +28,9 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple, Union
 
-__all__ = ["ConfigFlops", "config_flops", "read_model_config"]
+from .._flops import TRAIN_FACTOR
 
-# Training = forward + backward, the backward costing about twice the forward.
-TRAIN_FACTOR = 3.0
+__all__ = ["ConfigFlops", "config_flops", "read_model_config"]
 
 # Text decoders with the Llama layout (q/k/v/o attention, gate/up/down MLP, an LM head).
 TEXT_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_vl_text", "qwen2_5_vl_text")

@@ -37,6 +37,7 @@ from typing import NamedTuple, Optional
 import numba
 import numpy as np
 
+from .._csr import offsets_from_counts
 from ..balance import Plan
 from ..balance.padded import check_inputs as _check
 from ..balance.padded import fixed_size_plan as _uniform_plan
@@ -173,8 +174,7 @@ def ffd_tokens_plan(
     by_bin = np.argsort(bins, kind="stable")
     samples = order[by_bin]
     num_packs = int(bins.max()) + 1
-    offsets = np.zeros(num_packs + 1, np.int64)
-    np.cumsum(np.bincount(bins, minlength=num_packs), out=offsets[1:])
+    offsets = offsets_from_counts(np.bincount(bins, minlength=num_packs))
     pack_order = np.random.default_rng(seed).permutation(num_packs).astype(np.int64)
     extra = (-num_packs) % world_size
     slots = np.concatenate([pack_order, np.resize(pack_order, extra)]) if extra else pack_order
@@ -384,14 +384,12 @@ def karmarkar_karp_plan(
         batch_size,
         int(llm_capacity),
     )
-    steps = np.zeros(micro_count.size + 1, np.int64)
-    np.cumsum(micro_count, out=steps[1:])
+    steps = offsets_from_counts(micro_count)
     batch = np.arange(order.size) // group
     pack = (steps[batch] + micro) * world_size + rank  # micro-step j of rank r: pack (step, r)
     by_pack = np.argsort(pack, kind="stable")
     num_packs = int(steps[-1]) * world_size
-    offsets = np.zeros(num_packs + 1, np.int64)
-    np.cumsum(np.bincount(pack, minlength=num_packs), out=offsets[1:])
+    offsets = offsets_from_counts(np.bincount(pack, minlength=num_packs))
     repeated = np.zeros(num_packs, bool)
     repeated[pack[n:]] = True
     plan = Plan(

@@ -12,100 +12,34 @@ random weights (timing does not depend on their values).
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional, Union
 
-__all__ = ["TINY_MODELS", "TinyModel", "build_model", "model_config"]
+from .. import _tiny_models
+from .._tiny_models import TinySizes
 
-# Text model of every named model: 2 layers of width 64, grouped-query attention, vocabulary 256.
-_TEXT: dict[str, Any] = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=176,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
+__all__ = ["SIZES", "TINY_MODELS", "TinyModel", "build_model", "model_config"]
+
+# Text models of 2 layers of width 64, grouped-query attention, vocabulary 256; the placeholder and vision tokens
+# at the top of the vocabulary, above every random text id. Qwen-VL cuts the released models' 14 px patches.
+SIZES = TinySizes(
+    vocab=256,
+    hidden=64,
+    intermediate=176,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    patch=14,
+    window=112,
+    tile=112,
+    tile_patch=14,
+    image_token=252,
+    video_token=253,
+    vision_start_token=254,
+    vision_end_token=255,
+    internvl_image_token=252,
 )
-# Placeholder and vision tokens at the top of the vocabulary, above every random text id.
-_IMAGE, _VIDEO, _VISION_START, _VISION_END = 252, 253, 254, 255
-# mRoPE sections of a 16-wide head (8 rotary frequencies: time, height, width).
-_MROPE = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4}
-
-
-def _llama() -> Any:
-    import transformers
-
-    return transformers.LlamaConfig(**_TEXT)
-
-
-def _qwen_ids() -> dict[str, Any]:
-    return dict(
-        image_token_id=_IMAGE,
-        video_token_id=_VIDEO,
-        vision_start_token_id=_VISION_START,
-        vision_end_token_id=_VISION_END,
-    )
-
-
-def _qwen2_vl() -> Any:
-    import transformers
-
-    vision = dict(
-        depth=2,
-        embed_dim=32,
-        num_heads=2,
-        hidden_size=_TEXT["hidden_size"],
-        mlp_ratio=2,
-        patch_size=14,
-        temporal_patch_size=2,
-        in_channels=3,
-        spatial_merge_size=2,
-    )
-    return transformers.Qwen2VLConfig(
-        text_config={**_TEXT, "rope_parameters": _MROPE}, vision_config=vision, **_qwen_ids()
-    )
-
-
-def _qwen2_5_vl() -> Any:
-    import transformers
-
-    vision = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        out_hidden_size=_TEXT["hidden_size"],
-        num_heads=2,
-        patch_size=14,
-        temporal_patch_size=2,
-        in_channels=3,
-        spatial_merge_size=2,
-        window_size=112,
-        fullatt_block_indexes=[1],
-        tokens_per_second=2,
-    )
-    return transformers.Qwen2_5_VLConfig(
-        text_config={**_TEXT, "rope_parameters": _MROPE}, vision_config=vision, **_qwen_ids()
-    )
-
-
-def _internvl() -> Any:
-    import transformers
-
-    vision = dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        image_size=[112, 112],
-        patch_size=[14, 14],
-    )
-    return transformers.InternVLConfig(
-        text_config={"model_type": "qwen2", **_TEXT}, vision_config=vision, image_token_id=_IMAGE, downsample_ratio=0.5
-    )
 
 
 class TinyModel(NamedTuple):
@@ -117,10 +51,10 @@ class TinyModel(NamedTuple):
 
 
 TINY_MODELS: dict[str, TinyModel] = {
-    "tiny-llama": TinyModel(_llama),
-    "tiny-qwen2-vl": TinyModel(_qwen2_vl, 0.3),
-    "tiny-qwen2.5-vl": TinyModel(_qwen2_5_vl, 0.3),
-    "tiny-internvl": TinyModel(_internvl),
+    "tiny-llama": TinyModel(partial(_tiny_models.llama_config, SIZES)),
+    "tiny-qwen2-vl": TinyModel(partial(_tiny_models.qwen2_vl_config, SIZES), 0.3),
+    "tiny-qwen2.5-vl": TinyModel(partial(_tiny_models.qwen2_5_vl_config, SIZES), 0.3),
+    "tiny-internvl": TinyModel(partial(_tiny_models.internvl_config, SIZES)),
 }
 
 

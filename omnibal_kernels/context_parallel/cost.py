@@ -15,28 +15,16 @@ the LLM terms of any ``CostModel`` (a fitted one in seconds included).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import check_finite_non_negative, check_positive_int
+from .._flops import GIGA, TRAIN_FACTOR
 from .layout import Layout
 
 __all__ = ["ContextParallelCost", "RankTimes", "layout_times"]
-
-# Training = forward + backward, the backward costing about twice the forward (as CostModel counts it).
-_TRAIN_FACTOR = 3.0
-_GIGA = 1e9
-
-
-def _check_cost_term(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
-    if not (math.isfinite(float(value)) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -62,7 +50,7 @@ class ContextParallelCost:
 
     def __post_init__(self) -> None:
         for name in ("token", "pair", "kv_token"):
-            object.__setattr__(self, name, _check_cost_term(name, getattr(self, name)))
+            object.__setattr__(self, name, check_finite_non_negative(name, getattr(self, name), "ContextParallelCost"))
         object.__setattr__(self, "tile", check_positive_int("tile", self.tile))
 
     @classmethod
@@ -89,12 +77,12 @@ class ContextParallelCost:
             exchange_bytes_per_second: bytes per second a rank receives in the K/V exchange.
             tile: attention kernel block side.
         """
-        token = 2.0 * params * _TRAIN_FACTOR / _GIGA
+        token = 2.0 * params * TRAIN_FACTOR / GIGA
         # QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add x heads * head_dim per pair and layer
-        pair = 4.0 * heads * head_dim * layers * _TRAIN_FACTOR / _GIGA
+        pair = 4.0 * heads * head_dim * layers * TRAIN_FACTOR / GIGA
         # K and V forward, their gradients backward
         kv_bytes = 2.0 * (2 * kv_heads * head_dim * dtype_bytes * layers)
-        kv_token = kv_bytes / exchange_bytes_per_second * flops_per_second / _GIGA
+        kv_token = kv_bytes / exchange_bytes_per_second * flops_per_second / GIGA
         return cls(token, pair, kv_token, tile)
 
     @classmethod

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _ext
 from .._checks import is_tensor
-from .._csr import check_offsets, row_ids, row_sums, take_rows
+from .._csr import check_offsets, offsets_from_counts, row_ids, row_sums, take_rows
 
 __all__ = ["LLM_BIN", "Lengths", "LoadStats"]
 
@@ -187,8 +187,7 @@ def _concat_vit_seqlens(parts: Sequence[Lengths]) -> tuple[Optional[np.ndarray],
                 f"{', '.join(part.sources)}: has no vit_seqlens but ViT loads, while other parts have "
                 f"vit_seqlens; give every part with images its ViT sequence lengths"
             )
-    offsets = np.zeros(sum(c.shape[0] for c in counts) + 1, dtype=np.int64)
-    np.cumsum(np.concatenate(counts), out=offsets[1:])
+    offsets = offsets_from_counts(np.concatenate(counts))
     return _frozen(np.concatenate(flat).astype(np.int64, copy=False)), _frozen(offsets)
 
 

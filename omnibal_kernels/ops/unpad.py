@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .._checks import use_cpu_twin
-from .._contracts.segments import INT32_MAX, LengthsLike
+from .._contracts.segments import LengthsLike
 from .._contracts.unpad import (
     PackedTokens,
     check_attention_mask,
@@ -35,6 +35,7 @@ from .._contracts.unpad import (
     pad_segments,
     unpad_segments,
 )
+from .._csr import INT32_MAX
 from . import _launch
 
 # A tile of ~16 KiB per program keeps enough loads in flight per SM for a bandwidth-bound copy while

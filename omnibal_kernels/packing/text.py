@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._csr import INT32_MAX
 from .._shared_memory import in_worker, shared_tensors
 from ..cpu.varlen_metadata import varlen_fields
 from .inputs import INTEGER_DTYPES, as_int64_parts, as_token_tensor, check_each
@@ -21,8 +22,6 @@ from .options import DEFAULT_OPTIONS, PackOptions
 
 __all__ = ["pack_sequences"]
 
-# cu_seqlens is int32 (flash-attention's convention), so a batch holds at most 2**31 - 1 tokens.
-_INT32_MAX = 2**31 - 1
 _INT64 = torch.int64
 _UINT64 = getattr(torch, "uint64", None)
 _numel = torch.Tensor.numel
@@ -172,11 +171,11 @@ def _row_layout(lens: list[int], static: PackOptions, ids: list[Any], labs: list
         padded = -(-total // static.pad_to_multiple_of) * static.pad_to_multiple_of
     else:
         padded = total
-    if padded > _INT32_MAX:
+    if padded > INT32_MAX:
         check_each(ids, labs)
         raise ValueError(
             f"the batch has {padded} tokens (after padding), more than int32 cu_seqlens can hold "
-            f"({_INT32_MAX}); pack fewer samples"
+            f"({INT32_MAX}); pack fewer samples"
         )
     pad = padded - total
     seg_lens = lens + [pad] if pad else lens

@@ -230,6 +230,19 @@ def _account(
         alive_bytes[r] -= nbytes
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _links(kind: int, j: int, last: int) -> tuple[int, int]:
+    """The virtual stages whose records operation ``(kind, j)`` reads and writes (-1: none). F reads stage
+    ``j - 1``'s forward record and leaves one for stage ``j + 1``; B reads stage ``j + 1``'s backward record and
+    leaves one for stage ``j - 1``; W, and the ends of the chain, neither. Scalars only: array arguments of an
+    inlined function would be reference-counted on every operation."""
+    if kind == KIND_F:
+        return (j - 1 if j > 0 else -1), (j if j < last else -1)
+    if kind == KIND_B:
+        return (j + 1 if j < last else -1), (j if j > 0 else -1)
+    return -1, -1
+
+
 @numba.njit(cache=True, nogil=True)
 def simulate_into(
     code: int,
@@ -296,34 +309,19 @@ def simulate_into(
             kind, j, mb = pend[r, 0], pend[r, 1], pend[r, 2]
             slot = mb % ring
             row = mb if per_mb_t else 0
-            ready = 0.0
-            src = -1  # stage whose record this op reads
-            out = -1  # stage whose record this op writes
-            if kind == KIND_F:
-                if j > 0:
-                    if rec_mb[0, j - 1, slot] != mb:
-                        break
-                    ready, src = rec_t[0, j - 1, slot], j - 1
-                if j < S - 1:
-                    out = j
-                dur = d_f[row, j]
-            elif kind == KIND_B:
+            src, out = _links(kind, j, S - 1)
+            rk = 0 if kind == KIND_F else 1  # the records of forwards, or of backwards
+            if kind == KIND_B:
                 if f_done[j] <= mb:
-                    break
-                if j < S - 1:
-                    if rec_mb[1, j + 1, slot] != mb:
-                        break
-                    ready, src = rec_t[1, j + 1, slot], j + 1
-                if j > 0:
-                    out = j
-                dur = d_b[row, j]
-            else:
-                if b_done[j] <= mb:
-                    break
-                dur = d_w[row, j]
-            rk = 0 if kind == KIND_F else 1
+                    break  # a backward waits for its forward
+            elif kind == KIND_W and b_done[j] <= mb:
+                break  # a weight gradient waits for its backward
+            if src >= 0 and rec_mb[rk, src, slot] != mb:
+                break  # the input is not there yet
             if out >= 0 and rec_mb[rk, out, slot] != -1:
-                break
+                break  # the slot of the output is not read yet
+            ready = rec_t[rk, src, slot] if src >= 0 else 0.0
+            dur = d_f[row, j] if kind == KIND_F else (d_b[row, j] if kind == KIND_B else d_w[row, j])
             start = max(free[r], ready)
             end = start + dur
             free[r] = end

@@ -19,13 +19,14 @@ decoder layers per stage.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
+
+from .._checks import check_finite_non_negative
 
 __all__ = ["LayerProfile", "ModelProfile", "PROFILE_FIELDS", "as_profile", "load_profile"]
 
@@ -40,15 +41,6 @@ PROFILE_FIELDS: dict[str, str] = {
 }
 _TIME_FIELDS = ("forward_ms", "backward_ms")
 _BYTE_FIELDS = ("activation_bytes", "static_bytes", "output_bytes")
-
-
-def _check_time(where: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{where}: {name} must be a number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where}: {name} must be finite and >= 0, got {value}")
-    return value
 
 
 def _check_bytes(where: str, name: str, value: object) -> int:
@@ -81,7 +73,7 @@ class LayerProfile:
         if not isinstance(self.kind, str):
             raise TypeError(f"{where}: kind must be a str, got {type(self.kind).__name__}")
         for key in _TIME_FIELDS:
-            object.__setattr__(self, key, _check_time(where, key, getattr(self, key)))
+            object.__setattr__(self, key, check_finite_non_negative(key, getattr(self, key), where))
         for key in _BYTE_FIELDS:
             object.__setattr__(self, key, _check_bytes(where, key, getattr(self, key)))
 

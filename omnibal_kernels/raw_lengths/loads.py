@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._csr import take_rows
+from .._csr import offsets_from_counts, take_rows
 from ..lengths import Lengths
 from ..vision.loads import compute_loads
 from .media import VideoInfo
@@ -65,8 +65,7 @@ def media_loads(
         # is one tile, so the sequences follow from the ViT loads.
         frames = np.array([sum(f for _, f in v) for v in videos], dtype=np.int64)
         vit = loads.vit + frames
-        offsets = np.zeros(vit.shape[0] + 1, dtype=np.int64)
-        np.cumsum(vit, out=offsets[1:])
+        offsets = offsets_from_counts(vit)
         return Lengths(
             vit,
             loads.llm + frames * spec.num_image_token,

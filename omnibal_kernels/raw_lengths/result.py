@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._csr import check_offsets, row_ids, row_sums
+from .._csr import check_offsets, offsets_from_counts, row_ids, row_sums
 from .._files import atomic_write, write_json
 from ..lengths import Lengths, write_lengths
 from .issues import ISSUE_KINDS
@@ -221,8 +221,7 @@ def joined_loads(parts: Sequence[Any], labels: bool) -> dict[str, Any]:
         for name in ("index", "vit", "llm", "vit_seqlens")
     }
     counts = [np.diff(p.vit_seqlens_offsets) for p in parts]
-    offsets = np.zeros(sum(c.shape[0] for c in counts) + 1, dtype=np.int64)
-    np.cumsum(np.concatenate(counts) if counts else empty, out=offsets[1:])
+    offsets = offsets_from_counts(np.concatenate(counts) if counts else empty)
     out["vit_seqlens_offsets"] = offsets
     if any((p.label is not None) != labels for p in parts):
         raise ValueError("some parts carry label tokens and others not; count them with one setting")

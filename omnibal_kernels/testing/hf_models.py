@@ -9,11 +9,14 @@ sample's label tokens differ from its tokens. transformers is imported inside fu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from .. import _tiny_models
+from .._tiny_models import TinySizes
 from ..lengths import Lengths
 from ..packing.planned import sample_loads
 
@@ -23,6 +26,7 @@ __all__ = [
     "IMG_CONTEXT",
     "MERGE",
     "PATCH_DIM",
+    "SIZES",
     "TEMPORAL",
     "TILE_TOKENS",
     "VID",
@@ -46,114 +50,36 @@ PATCH, TEMPORAL, CHANNELS, MERGE = 2, 2, 3, 2
 PATCH_DIM = CHANNELS * TEMPORAL * PATCH * PATCH
 TILE = 16  # InternVL tile side; patch 4 -> 16 patches -> 4 tokens per tile after the 0.5 pixel shuffle
 TILE_TOKENS = 4
-TEXT: dict[str, Any] = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
+SIZES = TinySizes(
+    vocab=VOCAB,
+    hidden=32,
+    intermediate=64,
+    layers=1,
+    heads=2,
+    kv_heads=1,
+    patch=PATCH,
+    window=8,  # 8 px = 2 merged tokens: grids wider than that run the window attention and its reordering
+    tile=TILE,
+    tile_patch=4,
+    image_token=IMG,
+    video_token=VID,
+    vision_start_token=V_START,
+    vision_end_token=V_END,
+    internvl_image_token=IMG_CONTEXT,
 )
-
-
-def _llama() -> Any:
-    import transformers
-
-    return transformers.LlamaConfig(**TEXT)
-
-
-def _qwen2() -> Any:
-    import transformers
-
-    return transformers.Qwen2Config(**TEXT)
 
 
 def mrope_text_config() -> dict:
     """The text config of the Qwen-VL models (mRoPE sections)."""
-    return {**TEXT, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4}}
-
-
-def _qwen2_vl() -> Any:
-    import transformers
-
-    vision = dict(
-        depth=1,
-        embed_dim=32,
-        num_heads=2,
-        hidden_size=32,
-        mlp_ratio=2,
-        patch_size=PATCH,
-        temporal_patch_size=TEMPORAL,
-        in_channels=CHANNELS,
-        spatial_merge_size=MERGE,
-    )
-    return transformers.Qwen2VLConfig(
-        text_config=mrope_text_config(),
-        vision_config=vision,
-        image_token_id=IMG,
-        video_token_id=VID,
-        vision_start_token_id=V_START,
-        vision_end_token_id=V_END,
-    )
-
-
-def _qwen2_5_vl() -> Any:
-    import transformers
-
-    # window 8 px = 2 merged tokens: grids wider than that run the window attention and its reordering
-    vision = dict(
-        depth=2,
-        hidden_size=32,
-        out_hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        patch_size=PATCH,
-        temporal_patch_size=TEMPORAL,
-        in_channels=CHANNELS,
-        spatial_merge_size=MERGE,
-        window_size=8,
-        fullatt_block_indexes=[1],
-        tokens_per_second=2,
-    )
-    return transformers.Qwen2_5_VLConfig(
-        text_config=mrope_text_config(),
-        vision_config=vision,
-        image_token_id=IMG,
-        video_token_id=VID,
-        vision_start_token_id=V_START,
-        vision_end_token_id=V_END,
-    )
-
-
-def _internvl() -> Any:
-    import transformers
-
-    vision = dict(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=[TILE, TILE],
-        patch_size=[4, 4],
-    )
-    return transformers.InternVLConfig(
-        text_config={"model_type": "qwen2", **TEXT},
-        vision_config=vision,
-        image_token_id=IMG_CONTEXT,
-        downsample_ratio=0.5,
-    )
+    return _tiny_models.mrope_text_config(SIZES)
 
 
 CONFIGS: dict[str, Callable[[], Any]] = {
-    "llama": _llama,
-    "qwen2": _qwen2,
-    "qwen2_vl": _qwen2_vl,
-    "qwen2_5_vl": _qwen2_5_vl,
-    "internvl": _internvl,
+    "llama": partial(_tiny_models.llama_config, SIZES),
+    "qwen2": partial(_tiny_models.qwen2_config, SIZES),
+    "qwen2_vl": partial(_tiny_models.qwen2_vl_config, SIZES),
+    "qwen2_5_vl": partial(_tiny_models.qwen2_5_vl_config, SIZES),
+    "internvl": partial(_tiny_models.internvl_config, SIZES),
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import is_tensor
+from .._csr import check_int32_total, offsets_from_counts
 from .._shared_memory import in_worker, shared_tensors
 from .mrope import grid_rows, mrope_position_ids
 
@@ -142,10 +143,8 @@ def pack_vision_fields(
         segment_rows.append(np.repeat(rows[:, 1] * rows[:, 2], rows[:, 0]))
         grids.append(rows)
     seg = np.concatenate(segment_rows)
-    cu = np.zeros(seg.shape[0] + 1, dtype=np.int64)
-    np.cumsum(seg, out=cu[1:])
-    if cu[-1] >= 2**31:
-        raise ValueError(f"{int(cu[-1])} pixel rows overflow int32 vit_cu_seqlens")
+    cu = offsets_from_counts(seg)
+    check_int32_total("vit_cu_seqlens", int(cu[-1]), "pixel rows")
     parts = [samples[i][pixel_key] for i in with_pixels]
     if shared:
         rows_total = sum(int(p.shape[0]) for p in parts)

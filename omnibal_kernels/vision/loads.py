@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import QWEN2VL_MAX_RATIO, as_int_array, check_image_sizes, check_positive_int, is_tensor
+from .._csr import offsets_from_counts
 from .._progress import progress_bar
 from ..lengths import Lengths
 from .counts import internvl_num_tiles, qwen2vl_grid
@@ -205,8 +206,7 @@ class _ImageCounts:
         )
         # a sample's sequences in the order of its image rows
         order = np.argsort(owner, kind="stable")
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        offsets = offsets_from_counts(counts)
         seqlens = np.repeat(self.length[order], self.count[order])
         # made here and handed over read-only, so Lengths keeps them without a copy
         arrays = [vit, text + llm, seqlens, offsets]

@@ -204,6 +204,7 @@ def test_absurd_frame_counts_do_not_grow_memory(folders):
     assert peak < 16 * 2**20, peak
 
 
+@pytest.mark.slow
 def test_a_load_out_of_range_names_its_own_sample_when_frames_are_unbounded(folders):
     # Without the frame bound, Qwen2-VL's ViT load of 10**9 frames passes 2**31: that one sample is reported.
     records = [dict(TEXT)] * 13 + [_video(_frames(10**9))] + [dict(TEXT)] * 6
