@@ -408,9 +408,11 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
   int64_t exchanges = 0;
   const int64_t num_steps = static_cast<int64_t>(order.size()) / world_size;
   const size_t w = static_cast<size_t>(world_size);
+  // A refinement's work is bounded by the step's own samples (the neighbours' add candidates, not work), so the
+  // exchanges of an epoch cost at most twice work_per_sample per sample (a stuck step is refined twice).
   auto budget_for = [&]() {
     int64_t samples = 0;
-    for (const Index p : pool) samples += contents.size(p);
+    for (size_t k = 0; k < w; ++k) samples += contents.size(pool[k]);
     return samples > 0 && work_per_sample > std::numeric_limits<int64_t>::max() / samples
                ? std::numeric_limits<int64_t>::max()
                : work_per_sample * samples;
