@@ -23,6 +23,7 @@ ext_modules = [
                 "csrc/loads.cpp",
                 "csrc/plan.cpp",
                 "csrc/step_order.cpp",
+                "csrc/step_pool.cpp",
                 "csrc/step_refine.cpp",
             ]
         ),

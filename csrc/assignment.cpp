@@ -169,7 +169,20 @@ Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, 
   Index duplicated = 0;
   std::vector<Index> dropped;
   make_whole_steps(order, world_size, drop_last, ragged, duplicated, dropped);
+  // The packs sorted by cost and cut into steps are kept where the passes below, which move packs between
+  // steps before their exchanges, end up costing more over the epoch.
+  const bool one_part = totals.cost_dims == 1 && work_per_sample > 0;
+  const double sorted_epoch = one_part ? epoch_of(order, totals, world_size) : 0.0;
+  Packs sorted_packs;
+  PackLoads sorted_totals;
+  LargeVector<Index> sorted_order;
+  if (one_part) sorted_packs = packs, sorted_totals = totals, sorted_order = order;
+  if (work_per_sample > 0) lift_stuck_packs(order, packs, totals, costs, world_size);
   refine_steps(packs, totals, loads, costs, cap, order, world_size, work_per_sample);
+  settle_steps(order, totals, world_size);
+  if (one_part && epoch_of(order, totals, world_size) > sorted_epoch) {
+    packs = std::move(sorted_packs), totals = std::move(sorted_totals), order = std::move(sorted_order);
+  }
   Rng rng(derive_seed(seed, kStreamAssign));
   const Index num_steps = static_cast<Index>(order.size()) / world_size;
   LargeVector<Index> step_order = stratified_order(num_steps, rng);

@@ -1,7 +1,8 @@
 // Step balance, the passes of the balanced assignment that decide which packs train side by side in one step:
-// split_to_whole_steps and cost_order (step_order.cpp) make the steps, refine_steps (step_refine.cpp) then
-// exchanges samples between the packs of a step, within the capacities, so that its costliest pack costs
-// little more than the step's mean.
+// split_to_whole_steps, cost_order and lift_stuck_packs (step_order.cpp) make the steps, refine_steps
+// (step_refine.cpp, on the pools of step_pool.hpp) then exchanges samples between the packs of a step, and
+// with its neighbouring steps, within the capacities, so that its costliest pack costs little more than the
+// step's mean; settle_steps trades packs between steps after that.
 //
 // A data-parallel step waits for its slowest rank: the epoch costs the sum over steps of the step's costliest
 // pack, at least the total cost over world_size. Cutting packs sorted by cost into runs of world_size puts
@@ -19,9 +20,9 @@
 namespace omnibal {
 
 // A step is balanced enough once its costliest pack is within this share of the step's mean cost: the
-// step then takes at most 0.1% longer than its ideal, five times inside the tightest target on the epoch
-// cost (0.5% over the ideal, at 8 and 64 ranks). Below that, more exchanges cost planning time for no
-// visible gain.
+// step then takes at most 0.1% longer than its ideal, five times inside the target on the epoch cost at 64
+// ranks and more (0.5% over the epoch bound), half the one at 8 ranks (0.2%). Below that, more exchanges cost
+// planning time for no visible gain.
 constexpr double kRefineTolerance = 1e-3;
 
 // Every pack's cost parts: the costs of its samples, summed in pack order, plus costs.per_pack in the last.
@@ -30,10 +31,11 @@ void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& to
 void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackLoads& totals);
 
 // Raises the number of packs to a multiple of world_size, so that no slot repeats a pack and none is dropped:
-// the costliest packs of two or more samples are each split in two halves of near-equal cost (samples by
-// decreasing cost, ties by sample id, each to the half with the lower cost so far, on a tie the one with fewer
-// samples). Does nothing when there are fewer such packs than needed (make_whole_steps then repeats or drops
-// packs). New packs are appended after the others; `totals` is kept in step. Returns the number of packs split.
+// the packs of two or more samples whose smaller half can cost the most (at most half the pack, at most the pack
+// less its costliest sample) are each split in two halves of near-equal cost (samples by decreasing cost, ties
+// by sample id, each to the half with the lower cost so far, on a tie the one with fewer samples). Does nothing when
+// there are fewer such packs than needed (make_whole_steps then repeats or drops packs). New packs are appended after
+// the others; `totals` is kept in step. Returns the number of packs split.
 Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs,
                            Index world_size);
 
@@ -41,6 +43,25 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
 // part of wider spread, blocks of steps re-sorted by the other, the block size chosen from the two spreads
 // so that a step spans as small a share of each (step_order.cpp).
 LargeVector<Index> cost_order(const PackLoads& totals, Index world_size);
+
+// The epoch cost of `order` cut into steps of world_size packs: the sum over steps of the costliest pack.
+double epoch_of(const LargeVector<Index>& order, const PackLoads& totals, Index world_size);
+
+// Moves the packs that would stick out of their step up one step: a pack whose costliest sample (its floor,
+// which exchanges of its other samples cannot take out) costs more than its step's mean within kRefineTolerance
+// trades places with the cheapest pack of the step above that does not stick out of this one. Such a pack costs
+// no more than any pack of the step above, so there it stays below that step's mean. Steps are taken from the
+// costliest down; packs that appear more than once in `order` stay where they are. One cost part only (two:
+// nothing moves). Returns the number of packs moved.
+Index lift_stuck_packs(LargeVector<Index>& order, const Packs& packs, const PackLoads& totals, const SampleCosts& costs,
+                       Index world_size);
+
+// After the exchanges: walking down from the costliest step, a step's costliest packs trade places with the
+// cheapest packs of the step above while they cost more than those and no more than that step's costliest
+// pack (each trade lowers or keeps both steps' costliest packs); then, where the same packs sorted by cost and
+// cut into steps cost less over the epoch, `order` becomes that. Packs that appear more than once in `order`
+// stay where they are. One cost part only (two: nothing changes). Returns the number of trades.
+Index settle_steps(LargeVector<Index>& order, const PackLoads& totals, Index world_size);
 
 // For every step (the packs order[s * world_size : (s + 1) * world_size]), repeatedly lowers the cost of the
 // step's costliest pack by exchanging samples with a lighter pack of the step: a move of one sample or a

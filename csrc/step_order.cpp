@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -81,17 +82,47 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
   const Index n = packs.size();
   const Index need = (world_size - n % world_size) % world_size;
   if (need == 0) return 0;
-  std::vector<Index> candidates;
+  // A split pack's new half costs at most its cost less its costliest sample, and at most half its cost: the
+  // packs whose new half can cost the most are split, so that the new packs are no lighter than need be (a
+  // pack of one costly sample and a light one would give a nearly empty pack, and the cheapest step, which
+  // waits for its costliest pack, would be one of such packs and a few full ones).
+  // Packs are read in decreasing cost until the need-th largest half found is at least half the cost of the
+  // next pack, which no later pack can beat: a few more than `need` packs, not all of them.
+  LargeVector<double> pack_cost(static_cast<size_t>(n));
+  Index splittable = 0;
   for (Index p = 0; p < n; ++p) {
-    if (packs.offsets[static_cast<size_t>(p) + 1] - packs.offsets[static_cast<size_t>(p)] >= 2) candidates.push_back(p);
+    const bool two = packs.offsets[static_cast<size_t>(p) + 1] - packs.offsets[static_cast<size_t>(p)] >= 2;
+    pack_cost[static_cast<size_t>(p)] = two ? totals.cost_sum(p) : 0.0;
+    splittable += two ? 1 : 0;
   }
-  if (static_cast<Index>(candidates.size()) < need) return 0;
-  auto costlier = [&](Index a, Index b) {
-    const double ca = totals.cost_sum(a), cb = totals.cost_sum(b);
-    return ca != cb ? ca > cb : a < b;
+  if (splittable < need) return 0;
+  const LargeVector<Index> by_cost = sorted_desc(pack_cost.data(), static_cast<size_t>(n));
+  std::vector<std::pair<double, Index>> halves;  // (-half, pack): the largest halves first in a max-heap order
+  auto half_of = [&](Index p) {
+    double top = 0.0;
+    for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
+      top = std::max(top, costs.total(packs.samples[static_cast<size_t>(i)]));
+    }
+    const double pack_cost = totals.cost_sum(p) - costs.per_pack;
+    return std::min(0.5 * pack_cost, pack_cost - top);
   };
-  std::nth_element(candidates.begin(), candidates.begin() + (need - 1), candidates.end(), costlier);
-  candidates.resize(static_cast<size_t>(need));
+  auto smaller_half = [](const std::pair<double, Index>& a, const std::pair<double, Index>& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;  // a min-heap of (half, pack)
+  };
+  for (const Index p : by_cost) {
+    if (packs.offsets[static_cast<size_t>(p) + 1] - packs.offsets[static_cast<size_t>(p)] < 2) continue;
+    if (static_cast<Index>(halves.size()) == need &&
+        halves.front().first >= 0.5 * (totals.cost_sum(p) - costs.per_pack))
+      break;
+    halves.emplace_back(half_of(p), p);
+    std::push_heap(halves.begin(), halves.end(), smaller_half);
+    if (static_cast<Index>(halves.size()) > need) {
+      std::pop_heap(halves.begin(), halves.end(), smaller_half);
+      halves.pop_back();
+    }
+  }
+  std::vector<Index> candidates;
+  for (const auto& h : halves) candidates.push_back(h.second);
   std::sort(candidates.begin(), candidates.end());
   // Each split pack keeps its first half; the second halves become packs n, n + 1, ... in candidate order.
   std::vector<std::vector<Index>> first(static_cast<size_t>(need)), second(static_cast<size_t>(need));
@@ -190,6 +221,142 @@ LargeVector<Index> cost_order(const PackLoads& totals, Index world_size) {
               });
   }
   return order;
+}
+
+}  // namespace omnibal
+
+namespace omnibal {
+
+Index lift_stuck_packs(LargeVector<Index>& order, const Packs& packs, const PackLoads& totals, const SampleCosts& costs,
+                       Index world_size) {
+  if (totals.cost_dims != 1 || world_size < 2) return 0;
+  const size_t w = static_cast<size_t>(world_size);
+  const size_t steps = order.size() / w;
+  if (steps < 2) return 0;
+  const Index n = packs.size();
+  // A pack's floor: its costliest sample, what exchanges of its other samples cannot take out (read when
+  // needed: only packs above their step's mean can stick out).
+  std::vector<double> floors(static_cast<size_t>(n), -1.0);
+  auto floor = [&](Index p) {
+    double& f = floors[static_cast<size_t>(p)];
+    if (f < 0.0) {
+      double top = 0.0;
+      for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
+        top = std::max(top, costs.cost[packs.samples[static_cast<size_t>(i)]]);
+      }
+      f = top + costs.per_pack;
+    }
+    return f;
+  };
+  std::vector<Index> uses(static_cast<size_t>(n), 0);
+  for (const Index p : order) ++uses[static_cast<size_t>(p)];
+  auto step_sum = [&](size_t s) {
+    double sum = 0.0;
+    for (size_t k = s * w; k < (s + 1) * w; ++k) sum += totals.cost[static_cast<size_t>(order[k])];
+    return sum;
+  };
+  std::vector<char> lifted(static_cast<size_t>(n), 0);
+  Index moved = 0;
+  double above = step_sum(0);
+  for (size_t s = 1; s < steps; ++s) {
+    double sum = step_sum(s);
+    // the cheapest packs of step s - 1 that may come down: scanned from its end (packs sorted by cost)
+    size_t down = s * w;
+    for (size_t k = s * w; k < (s + 1) * w; ++k) {
+      const Index p = order[k];
+      if (uses[static_cast<size_t>(p)] != 1) continue;
+      const double limit = (1.0 + kRefineTolerance) * sum / static_cast<double>(w);
+      if (!(totals.cost[static_cast<size_t>(p)] > limit) || !(floor(p) > limit)) continue;
+      // the cheapest pack of step s - 1 that is not stuck here, nor lifted into it
+      while (down > (s - 1) * w) {
+        const Index q = order[down - 1];
+        if (uses[static_cast<size_t>(q)] == 1 && !lifted[static_cast<size_t>(q)] && floor(q) <= limit) break;
+        --down;
+      }
+      if (down == (s - 1) * w) break;
+      // The pack brought down must not cost more over the sticking one than that one does over the mean: this
+      // step's exchanges then have at most twice that excess to place, in a pack whose samples can move.
+      const double cost_p = totals.cost[static_cast<size_t>(p)];
+      if (totals.cost[static_cast<size_t>(order[down - 1])] - cost_p > cost_p - sum / static_cast<double>(w)) continue;
+      const Index q = order[--down];
+      const double delta = totals.cost[static_cast<size_t>(q)] - cost_p;
+      std::swap(order[k], order[down]);
+      lifted[static_cast<size_t>(p)] = 1;
+      sum += delta;
+      above -= delta;
+      ++moved;
+    }
+    above = sum;
+  }
+  return moved;
+}
+
+}  // namespace omnibal
+
+namespace omnibal {
+
+namespace {
+
+constexpr double kNoCost = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
+double epoch_of(const LargeVector<Index>& order, const PackLoads& totals, Index world_size) {
+  const size_t w = static_cast<size_t>(world_size);
+  double epoch = 0.0;
+  for (size_t s = 0; s + w <= order.size(); s += w) {
+    double top = 0.0;
+    for (size_t k = s; k < s + w; ++k) top = std::max(top, totals.cost_sum(order[k]));
+    epoch += top;
+  }
+  return epoch;
+}
+
+Index settle_steps(LargeVector<Index>& order, const PackLoads& totals, Index world_size) {
+  if (totals.cost_dims != 1 || world_size < 2) return 0;
+  const size_t w = static_cast<size_t>(world_size);
+  const size_t steps = order.size() / w;
+  std::vector<Index> uses(totals.cost.size(), 0);
+  for (const Index p : order) ++uses[static_cast<size_t>(p)];
+  auto cost = [&](Index p) { return totals.cost[static_cast<size_t>(p)]; };
+  auto by_cost = [&](Index a, Index b) { return cost(a) != cost(b) ? cost(a) < cost(b) : a < b; };
+  Index swapped = 0;
+  for (size_t s = 1; s < steps; ++s) {
+    const auto above = order.begin() + static_cast<std::ptrdiff_t>((s - 1) * w);
+    const auto here = above + static_cast<std::ptrdiff_t>(w);
+    double lightest_above = kNoCost, heaviest_here = 0.0;
+    for (size_t k = 0; k < w; ++k) {
+      lightest_above = std::min(lightest_above, cost(*(above + static_cast<std::ptrdiff_t>(k))));
+      heaviest_here = std::max(heaviest_here, cost(*(here + static_cast<std::ptrdiff_t>(k))));
+    }
+    if (!(heaviest_here > lightest_above)) continue;  // nothing to trade
+    std::sort(above, here, by_cost);                  // lightest first
+    std::sort(here, here + static_cast<std::ptrdiff_t>(w), [&](Index a, Index b) { return by_cost(b, a); });
+    const double top = cost(*(here - 1));
+    size_t i = 0, j = 0;
+    while (i < w && j < w) {
+      Index& light = *(above + static_cast<std::ptrdiff_t>(i));
+      Index& heavy = *(here + static_cast<std::ptrdiff_t>(j));
+      if (uses[static_cast<size_t>(light)] != 1) {
+        ++i;
+        continue;
+      }
+      if (uses[static_cast<size_t>(heavy)] != 1) {
+        ++j;
+        continue;
+      }
+      if (!(cost(heavy) > cost(light) && cost(heavy) <= top)) break;
+      std::swap(light, heavy);
+      ++i, ++j, ++swapped;
+    }
+  }
+  // The same packs sorted by cost and cut into steps, where that is cheaper.
+  LargeVector<double> slot_cost(order.size());
+  for (size_t k = 0; k < order.size(); ++k) slot_cost[k] = cost(order[k]);
+  LargeVector<Index> sorted = sorted_desc(slot_cost.data(), order.size());
+  for (Index& k : sorted) k = order[static_cast<size_t>(k)];
+  if (epoch_of(sorted, totals, world_size) < epoch_of(order, totals, world_size)) order.swap(sorted);
+  return swapped;
 }
 
 }  // namespace omnibal

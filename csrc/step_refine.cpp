@@ -1,216 +1,170 @@
-// refine_steps (step_balance.hpp): sample exchanges between the packs of one step, the heavy pack's partner
-// chosen with arg-min trees over the step's packs, the samples exchanged found by binary search in each pack's
-// samples sorted by cost.
+// refine_steps (step_balance.hpp): sample exchanges that lower each step's costliest pack. The heavy pack's
+// partners: the step's lightest pack and a few others in turn (moves and swaps, found by binary search in each
+// pack's samples sorted by cost), and any pack of the pool (swaps found in all the pool's samples sorted by cost,
+// and by ViT load then cost). The pool is the step's own packs; a step left above its mean then also draws on
+// the packs of the steps before and after it, each kept below its own ceiling.
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
 
 #include "step_balance.hpp"
+#include "step_pool.hpp"
 
 namespace omnibal {
 namespace {
 
-// Samples tried on each side of a binary search's position (the nearest costs may not fit the capacities).
+// Samples tried on each side of a binary search's position in one pack (the nearest costs may not fit).
 constexpr int64_t kNeighbours = 4;
 // Samples of the heavy pack tried as the one given in a swap: all of them up to this many, else this many
 // evenly spaced in cost order (in large packs a move of one sample nearly always moves the cost wanted).
 constexpr int64_t kSwapScan = 64;
-// Besides the step's lightest pack, this many packs of the step, in turn, are tried on every exchange, and
-// every pack of the step on at most kFullScansPerStep exchanges where those give none.
+// Besides the step's lightest pack, this many packs of the step, in turn, are tried on every exchange.
 constexpr int64_t kRotatingCandidates = 4;
-constexpr int kFullScansPerStep = 8;
+// Samples tried on each side of the cost wanted in the whole pool, and in each group of one ViT load: many
+// packs hold samples of near cost, and only some of those packs are light enough or have the room.
+constexpr int64_t kPoolNeighbours = 32;
+// Groups of one ViT load tried on each side of the given sample's (where the ViT capacity binds, only samples of
+// nearly the same ViT load can trade places).
+constexpr int64_t kVitGroups = 8;
+// Samples tried on each side of the cost wanted within one group of one ViT load (few share a load exactly).
+constexpr int64_t kGroupNeighbours = 4;
+// Set exchanges (one sample for two): the heavy pack's costliest samples given, the partner's samples tried as
+// the first of the two (all up to this many, else evenly spaced), and the neighbours of the second's cost tried.
+constexpr int64_t kSetGivers = 8;
+constexpr int64_t kSetScan = 16;
+constexpr int64_t kSetNeighbours = 2;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+// Samples that move one way in an exchange: none, one or two.
+struct Moving {
+  Entry e[2]{};
+  int n = 0;
 
-// Index of the smallest key among n, with updates in O(log n); ties go to the lower index.
-class ArgMin {
- public:
-  void reset(int64_t n) {
-    size_ = 1;
-    while (size_ < n) size_ <<= 1;
-    key_.assign(static_cast<size_t>(size_), kInf);
-    node_.assign(static_cast<size_t>(2 * size_), -1);
-  }
-  void set(int64_t i, double key) {
-    key_[static_cast<size_t>(i)] = key;
-    int64_t x = i + size_;
-    node_[static_cast<size_t>(x)] = key < kInf ? i : -1;
-    for (x >>= 1; x >= 1; x >>= 1)
-      node_[static_cast<size_t>(x)] = pick(node_[static_cast<size_t>(2 * x)], node_[static_cast<size_t>(2 * x + 1)]);
-  }
-  int64_t best() const { return node_[1]; }  // -1 when every key is infinite
-
- private:
-  int64_t pick(int64_t a, int64_t b) const {
-    if (a < 0) return b;
-    if (b < 0) return a;
-    return key_[static_cast<size_t>(b)] < key_[static_cast<size_t>(a)] ? b : a;
-  }
-  int64_t size_ = 1;
-  std::vector<double> key_;
-  std::vector<int64_t> node_;
+  Moving() = default;
+  explicit Moving(const Entry& a) : n(1) { e[0] = a; }
+  Moving(const Entry& a, const Entry& b) : n(2) { e[0] = a, e[1] = b; }
+  double cost(int d) const { return (n > 0 ? e[0].cost[d] : 0.0) + (n > 1 ? e[1].cost[d] : 0.0); }
+  int64_t vit() const { return (n > 0 ? e[0].vit : 0) + (n > 1 ? e[1].vit : 0); }
+  int64_t llm() const { return (n > 0 ? e[0].llm : 0) + (n > 1 ? e[1].llm : 0); }
 };
 
-// At most this many cost parts (SampleCosts::dims): the step's time, or the ViT's and the LLM's.
-constexpr int kMaxDims = 2;
-
-struct Entry {
-  double cost[kMaxDims];
-  int64_t vit, llm;
-  Index id;
-};
-
-// Orders entries by cost part d, ties by id.
-struct Cheaper {
-  int d;
-  bool operator()(const Entry& a, const Entry& b) const {
-    return a.cost[d] != b.cost[d] ? a.cost[d] < b.cost[d] : a.id < b.id;
-  }
-};
-
-// First position in `e` (sorted by cost part d) whose part d is >= c.
-int64_t lower_cost(const std::vector<Entry>& e, int d, double c) {
-  return std::lower_bound(e.begin(), e.end(), c, [d](const Entry& x, double v) { return x.cost[d] < v; }) - e.begin();
-}
-
-int64_t log2_ceil(size_t n) {
-  int64_t k = 1;
-  while ((size_t{1} << k) < n) ++k;
-  return k;
-}
-
-// Sorts (key, id) pairs by key, ties by id (ids >= 0): at this many pairs and more, a stable radix sort in
-// 11-bit digits, on the id and then on the key, skipping the digits every pair shares; below, std::sort.
-constexpr size_t kRadixPairs = 2048;
-using KeyedId = std::pair<uint64_t, Index>;
-
-void sort_keyed(std::vector<KeyedId>& v, std::vector<KeyedId>& scratch) {
-  if (v.size() < kRadixPairs) {
-    std::sort(v.begin(), v.end());
-    return;
-  }
-  constexpr int kBits = 11;
-  constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
-  std::vector<size_t> count(size_t{1} << kBits);
-  scratch.resize(v.size());
-  auto pass = [&](auto digit) {
-    std::fill(count.begin(), count.end(), 0);
-    for (const KeyedId& e : v) ++count[digit(e)];
-    if (count[digit(v[0])] == v.size()) return;
-    size_t sum = 0;
-    for (size_t& c : count) sum += std::exchange(c, sum);
-    for (const KeyedId& e : v) scratch[count[digit(e)]++] = e;
-    v.swap(scratch);
-  };
-  uint64_t max_id = 0;
-  for (const KeyedId& e : v) max_id = std::max(max_id, static_cast<uint64_t>(e.second));
-  for (int shift = 0; shift < 64 && (max_id >> shift) != 0; shift += kBits) {
-    pass([shift](const KeyedId& e) { return static_cast<size_t>((static_cast<uint64_t>(e.second) >> shift) & kMask); });
-  }
-  for (int shift = 0; shift < 64; shift += kBits) {
-    pass([shift](const KeyedId& e) { return static_cast<size_t>((e.first >> shift) & kMask); });
-  }
-}
-
-// The exchange chosen for the heavy pack: `x` leaves it for pack `other`, `y` (unless has_y) comes back.
+// The exchange chosen for the heavy pack: `x` leaves it for pack `other`, `y` comes back.
 struct Exchange {
-  double top = kInf;    // the larger score of the two packs after it
+  double top = kInf;    // the larger score of the two packs after it, at least 1 (the step's mean)
   double error = kInf;  // |cost moved - cost wanted|, in the heavy pack's worst part
   int64_t other = -1;
-  Entry x{}, y{};
-  bool has_y = false;
+  Moving x, y;
+
+  // Lower the larger of the two packs' scores, down to the step's mean (below it both are as good as can be);
+  // then move a cost nearer the one wanted.
+  bool better_than(const Exchange& e) const { return top != e.top ? top < e.top : error < e.error; }
 };
+
+// How a refinement ended.
+enum class Ending { kNothingToDo, kBalanced, kStuck, kWorkSpent };
 
 class StepRefiner {
  public:
   StepRefiner(PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap)
-      : totals_(totals), loads_(loads), costs_(costs), cap_(cap), dims_(costs.dims) {}
+      : totals_(totals), pool_(totals, loads, costs, cap), cap_(cap), dims_(costs.dims) {}
 
-  // Refines the step made of packs ids[0:w] (frozen[k] marks the ones to leave alone) within `budget` units
-  // of work; returns the number of exchanges. Its packs' samples are then in content(k).
-  int64_t refine(const Index* ids, const std::vector<char>& frozen, int64_t w, int64_t budget, const Packs& packs) {
-    ids_ = ids;
-    frozen_ = &frozen;
+  // Refines the step made of the first `w` packs of `ids`. The others come from neighbouring steps (one cost
+  // part only) and take cost up to ceiling[k - w] each: the next `before` from the step before, whose
+  // costliest pack they stay below (cost moves there even once this step is balanced: every unit this step
+  // gives lowers it), the rest from the step after (only while this step is above its mean). frozen[k] marks
+  // packs to leave alone. Spends at most `budget` units of work; returns the number of exchanges. The pool's
+  // packs' samples are then in content(k).
+  int64_t refine(const std::vector<Index>& ids, int64_t w, int64_t before, const std::vector<char>& frozen,
+                 const std::vector<double>& ceiling, int64_t budget, const PackContents& contents) {
+    w_ = w;
+    before_end_ = w + before;
+    ceiling_ = &ceiling;
+    ending_ = Ending::kNothingToDo;
     for (int d = 0; d < dims_; ++d) {
       double sum = 0.0;
-      for (int64_t k = 0; k < w; ++k) sum += part(k, d);
-      mean_[d] = sum / static_cast<double>(w);
-      inv_[d] = mean_[d] > 0.0 ? 1.0 / mean_[d] : 0.0;
+      for (int64_t k = 0; k < w; ++k) sum += totals_.cost[static_cast<size_t>(ids[static_cast<size_t>(k)] * dims_ + d)];
+      sum_[d] = sum;
     }
-    // A pack's score: its largest part relative to the step's mean of that part (1: the least largest pack
-    // a step can have). Nothing to gain below 1 within tolerance, or below a pack that cannot change.
-    double floor = 1.0 + kRefineTolerance, top = 0.0;
+    set_mean();
+    frozen_top_.fill(0.0);
+    double top = 0.0;
     for (int64_t k = 0; k < w; ++k) {
-      if (frozen[static_cast<size_t>(k)]) floor = std::max(floor, score(k));
-      else top = std::max(top, score(k));
+      const Index p = ids[static_cast<size_t>(k)];
+      if (!frozen[static_cast<size_t>(k)]) {
+        top = std::max(top, raw_score(p));
+        continue;
+      }
+      for (int d = 0; d < dims_; ++d) {
+        frozen_top_[d] = std::max(frozen_top_[d], totals_.cost[static_cast<size_t>(p * dims_ + d)]);
+      }
     }
-    if (top <= floor || budget <= 0) return 0;
-    if (static_cast<int64_t>(content_.size()) < w) content_.resize(static_cast<size_t>(w));
+    if ((top <= floor() && before == 0) || budget <= 0) return 0;
+    pool_.load(ids, frozen, contents);
     heaviest_.reset(w);
     lightest_.reset(w);
-    for (int64_t k = 0; k < w; ++k) {
-      if (frozen[static_cast<size_t>(k)]) continue;
-      // Sorted by part 0 as (cost, id) pairs of integers, a third of an entry's size, then the entries filled in
-      // order. Costs are finite and >= 0, so their bit patterns order as they do.
-      const size_t p = static_cast<size_t>(ids[k]);
-      keys_.clear();
-      for (Index i = packs.offsets[p]; i < packs.offsets[p + 1]; ++i) {
-        const Index id = packs.samples[static_cast<size_t>(i)];
-        const double cost = costs_.cost[id * dims_] + 0.0;  // -0.0 as +0.0
-        uint64_t bits;
-        std::memcpy(&bits, &cost, sizeof bits);
-        keys_.push_back({bits, id});
-      }
-      sort_keyed(keys_, keys_scratch_);
-      std::vector<Entry>& e = content_[static_cast<size_t>(k)][0];
-      e.clear();
-      for (const auto& key : keys_) {
-        const Index id = key.second;
-        Entry x{{0.0, 0.0}, loads_.vit[id], loads_.llm[id], id};
-        for (int d = 0; d < dims_; ++d) x.cost[d] = costs_.cost[id * dims_ + d];
-        e.push_back(x);
-      }
-      for (int d = 1; d < dims_; ++d) {
-        std::vector<Entry>& sorted = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
-        sorted = e;
-        std::sort(sorted.begin(), sorted.end(), Cheaper{d});
-      }
-      update(k);
+    sink_.reset(before);
+    spill_.reset(static_cast<int64_t>(ids.size()) - before_end_);
+    for (int64_t k = 0; k < static_cast<int64_t>(ids.size()); ++k) {
+      if (!frozen[static_cast<size_t>(k)]) update(k);
     }
     work_ = 0;
     int64_t exchanges = 0, cursor = 0;
-    int full_scans = 0;
-    while (work_ < budget) {
+    while (true) {
+      if (work_ >= budget) {
+        ending_ = Ending::kWorkSpent;
+        break;
+      }
       const int64_t a = heaviest_.best();
-      if (a < 0 || score(a) <= floor) break;
+      above_ = a >= 0 && score(a) > floor();
+      if (a < 0 || (!above_ && sink_.best() < 0)) {
+        ending_ = Ending::kBalanced;
+        break;
+      }
       Exchange best;
       tried_.clear();
-      try_pair(a, lightest_.best(), best);
-      for (int64_t r = 0; r < std::min(kRotatingCandidates, w); ++r) try_pair(a, (cursor++) % w, best);
-      if (best.other < 0 && full_scans < kFullScansPerStep) {
-        ++full_scans;
-        for (int64_t b = 0; b < w; ++b) try_pair(a, b, best);
+      if (above_) {
+        try_pair(a, lightest_.best(), best);
+        for (int64_t r = 0; r < std::min(kRotatingCandidates, w); ++r) try_pair(a, (cursor++) % w, best);
+        if (spill_.best() >= 0) try_pair(a, before_end_ + spill_.best(), best);
       }
-      if (best.other < 0) break;
+      if (sink_.best() >= 0) try_pair(a, w_ + sink_.best(), best);
+      try_pool(a, best);
+      // Set exchanges cost more to search: only where no single sample or pair of samples trades places.
+      if (best.other < 0) try_sets(a, best);
+      if (best.other < 0) {
+        ending_ = above_ ? Ending::kStuck : Ending::kBalanced;
+        break;
+      }
       apply(a, best);
       ++exchanges;
     }
     return exchanges;
   }
 
-  const std::vector<Entry>& content(int64_t k) const { return content_[static_cast<size_t>(k)][0]; }
+  // Whether the last refinement stopped with its costliest pack above the mean, no exchange lowering it.
+  bool stuck() const { return ending_ == Ending::kStuck; }
+  const std::vector<Entry>& content(int64_t k) const { return pool_.content(k, 0); }
 
  private:
-  double part(int64_t k, int d) const { return totals_.cost[static_cast<size_t>(ids_[k] * dims_ + d)]; }
+  double part(int64_t k, int d) const { return totals_.cost[static_cast<size_t>(pool_.id(k) * dims_ + d)]; }
   double score(int64_t k) const {
     double s = 0.0;
     for (int d = 0; d < dims_; ++d) s = std::max(s, part(k, d) * inv_[d]);
     return s;
+  }
+  double raw_score(Index p) const {
+    double s = 0.0;
+    for (int d = 0; d < dims_; ++d) s = std::max(s, totals_.cost[static_cast<size_t>(p * dims_ + d)] * inv_[d]);
+    return s;
+  }
+  // Nothing to gain below 1 within tolerance, or below a pack that cannot change.
+  double floor() const {
+    double f = 1.0 + kRefineTolerance;
+    for (int d = 0; d < dims_; ++d) f = std::max(f, frozen_top_[d] * inv_[d]);
+    return f;
   }
   int worst_part(int64_t k) const {
     int worst = 0;
@@ -219,52 +173,89 @@ class StepRefiner {
     }
     return worst;
   }
-
-  void update(int64_t k) {
-    heaviest_.set(k, -score(k));
-    lightest_.set(k, score(k));
+  bool own(int64_t k) const { return k < w_; }
+  bool sink(int64_t k) const { return k >= w_ && k < before_end_; }
+  double ceiling(int64_t k) const { return (*ceiling_)[static_cast<size_t>(k - w_)]; }
+  void set_mean() {
+    for (int d = 0; d < dims_; ++d) {
+      mean_[d] = sum_[d] / static_cast<double>(w_);
+      inv_[d] = mean_[d] > 0.0 ? 1.0 / mean_[d] : 0.0;
+    }
   }
 
-  // The exchange between heavy pack a and pack b that moves a cost, in a's worst part, nearest to the one
-  // wanted: what brings a down to the step's mean without raising b above it (half their gap when b is
-  // above the mean already); it must leave both packs' scores below a's. Kept in `best` when it leaves the
-  // larger of the two scores lower than best's.
-  void try_pair(int64_t a, int64_t b, Exchange& best) {
-    if (b < 0 || b == a || (*frozen_)[static_cast<size_t>(b)]) return;
-    if (std::find(tried_.begin(), tried_.end(), b) != tried_.end()) return;
-    tried_.push_back(b);
-    const int d = worst_part(a);
-    const double ca = part(a, d), cb = part(b, d), gap = ca - cb, mean = mean_[d];
-    if (!(gap > 0.0)) return;
-    const double want = cb < mean ? std::min(ca - mean, mean - cb) : 0.5 * gap;
-    const size_t pa = static_cast<size_t>(ids_[a]), pb = static_cast<size_t>(ids_[b]);
-    const int64_t room_av = cap_.vit - totals_.vit[pa], room_at = cap_.llm - totals_.llm[pa];
-    const int64_t room_bv = cap_.vit - totals_.vit[pb], room_bt = cap_.llm - totals_.llm[pb];
-    const std::vector<Entry>& A = content_[static_cast<size_t>(a)][static_cast<size_t>(d)];
-    const std::vector<Entry>& B = content_[static_cast<size_t>(b)][static_cast<size_t>(d)];
-    const int64_t na = static_cast<int64_t>(A.size()), nb = static_cast<int64_t>(B.size());
-    const double limit = score(a);
-    Exchange pair;
-    // x leaves a for b, y (if any) comes back: both packs' scores after it, against a's now.
-    auto consider = [&](const Entry& x, const Entry* y) {
-      const double moved = x.cost[d] - (y != nullptr ? y->cost[d] : 0.0);
-      const double error = std::fabs(moved - want);
-      if (!(moved > 0.0) || error >= pair.error) return;
-      double sa = 0.0, sb = 0.0;
+  // Tree keys: with one cost part the cost itself, which a change of the step's mean leaves in order; a
+  // neighbouring step's pack by the cost it can still take (none: out of the tree).
+  void update(int64_t k) {
+    if (!own(k)) {
+      const double room = ceiling(k) - part(k, 0);
+      (sink(k) ? sink_ : spill_).set(sink(k) ? k - w_ : k - before_end_, room > 0.0 ? -room : kInf);
+      return;
+    }
+    const double key = dims_ == 1 ? part(k, 0) : score(k);
+    heaviest_.set(k, -key);
+    lightest_.set(k, key);
+  }
+
+  // Scores `x` leaving heavy pack a for pack b and `y` coming back, in a's worst part d, against a's score now
+  // and `want`, the cost a should give; kept in `best` when better and within both packs' capacities. A pack of a
+  // neighbouring step must stay within its ceiling, and then counts as at the mean; while the step is balanced,
+  // cost only sinks into the step before.
+  void consider(int64_t a, int64_t b, int d, double want, const Moving& x, const Moving& y, Exchange& best) const {
+    const double moved = x.cost(d) - y.cost(d);
+    if (!(moved > 0.0) || (!above_ && !sink(b))) return;
+    const size_t pa = static_cast<size_t>(pool_.id(a)), pb = static_cast<size_t>(pool_.id(b));
+    const int64_t dv = y.vit() - x.vit(), dt = y.llm() - x.llm();
+    if (dv > cap_.vit - totals_.vit[pa] || -dv > cap_.vit - totals_.vit[pb] || dt > cap_.llm - totals_.llm[pa] ||
+        -dt > cap_.llm - totals_.llm[pb])
+      return;
+    double sa = 0.0, sb = 0.0;
+    if (own(b)) {
       for (int q = 0; q < dims_; ++q) {
-        const double delta = x.cost[q] - (y != nullptr ? y->cost[q] : 0.0);
+        const double delta = x.cost(q) - y.cost(q);
         sa = std::max(sa, (part(a, q) - delta) * inv_[q]);
         sb = std::max(sb, (part(b, q) + delta) * inv_[q]);
       }
-      if (!(std::max(sa, sb) < limit)) return;
-      pair = Exchange{std::max(sa, sb), error, b, x, y != nullptr ? *y : Entry{}, y != nullptr};
-    };
+    } else {
+      if (part(b, 0) + moved > ceiling(b)) return;
+      sa = (part(a, 0) - moved) * inv_[0];
+    }
+    if (!(std::max(sa, sb) < score(a))) return;
+    const Exchange e{std::max({sa, sb, 1.0}), std::fabs(moved - want), b, x, y};
+    if (e.better_than(best)) best = e;
+  }
+
+  // The cost heavy pack a should give: down to the step's mean; once the step is balanced (cost sinking into
+  // the step before), down to its lightest pack, or by what its room above the mean allows.
+  double give(int64_t a, int d) const {
+    const double excess = part(a, d) - mean_[d];
+    if (above_) return excess;
+    const int64_t l = lightest_.best();
+    return std::max(part(a, d) - part(l, d), excess) + kRefineTolerance * mean_[d];
+  }
+
+  // The cost pack b may take: up to the step's mean (its ceiling for a neighbouring step's pack).
+  double take(int64_t b, int d) const { return own(b) ? mean_[d] - part(b, d) : ceiling(b) - part(b, 0); }
+
+  // Moves and swaps between heavy pack a and pack b, moving a cost in a's worst part near the one wanted: what
+  // brings a down to the step's mean without raising b above it (half their gap when b is above the mean).
+  void try_pair(int64_t a, int64_t b, Exchange& best) {
+    if (b < 0 || b == a || pool_.frozen(b)) return;
+    if (std::find(tried_.begin(), tried_.end(), b) != tried_.end()) return;
+    tried_.push_back(b);
+    const int d = worst_part(a);
+    const double room = take(b, d);
+    if (!own(b) && !(room > 0.0)) return;
+    const double gap = part(a, d) - part(b, d);
+    if (own(b) && !(gap > 0.0)) return;
+    const double want = room > 0.0 ? std::min(give(a, d), room) : 0.5 * gap;
+    const std::vector<Entry>& A = pool_.content(a, d);
+    const std::vector<Entry>& B = pool_.content(b, d);
+    const int64_t na = static_cast<int64_t>(A.size()), nb = static_cast<int64_t>(B.size());
     if (na > 1) {  // a move leaves a at least one sample
       const int64_t at = lower_cost(A, d, want);
       work_ += log2_ceil(A.size()) + 2 * kNeighbours;
       for (int64_t i = std::max<int64_t>(0, at - kNeighbours); i < std::min(na, at + kNeighbours); ++i) {
-        const Entry& x = A[static_cast<size_t>(i)];
-        if (x.vit <= room_bv && x.llm <= room_bt) consider(x, nullptr);
+        consider(a, b, d, want, Moving(A[static_cast<size_t>(i)]), Moving(), best);
       }
     }
     const int64_t scan = std::min(na, kSwapScan);
@@ -274,107 +265,126 @@ class StepRefiner {
       const int64_t at = lower_cost(B, d, x.cost[d] - want);
       work_ += search;
       for (int64_t j = std::max<int64_t>(0, at - kNeighbours); j < std::min(nb, at + kNeighbours); ++j) {
-        const Entry& y = B[static_cast<size_t>(j)];
-        const int64_t dv = y.vit - x.vit, dt = y.llm - x.llm;
-        if (dv <= room_av && -dv <= room_bv && dt <= room_at && -dt <= room_bt) consider(x, &y);
+        consider(a, b, d, want, Moving(x), Moving(B[static_cast<size_t>(j)]), best);
       }
     }
-    if (pair.other >= 0 && pair.top < best.top) best = pair;
   }
 
-  // Takes `e` out of every sorted copy of pack k's samples, or puts it in.
-  void remove(int64_t k, const Entry& e) {
-    for (int d = 0; d < dims_; ++d) {
-      std::vector<Entry>& v = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
-      v.erase(std::lower_bound(v.begin(), v.end(), e, Cheaper{d}));
-    }
-  }
-  void insert(int64_t k, const Entry& e) {
-    for (int d = 0; d < dims_; ++d) {
-      std::vector<Entry>& v = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
-      v.insert(std::lower_bound(v.begin(), v.end(), e, Cheaper{d}), e);
-    }
-  }
-  // Replaces `out` by `in` in every sorted copy of pack k's samples, shifting only the entries between their
-  // places (a swap exchanges samples of near costs: few entries, where an erase and an insert move half the
-  // pack each). Returns the number of entries shifted.
-  int64_t replace(int64_t k, const Entry& out, const Entry& in) {
-    int64_t shifted = 0;
-    for (int d = 0; d < dims_; ++d) {
-      std::vector<Entry>& v = content_[static_cast<size_t>(k)][static_cast<size_t>(d)];
-      const auto at_out = std::lower_bound(v.begin(), v.end(), out, Cheaper{d});
-      const auto at_in = std::lower_bound(v.begin(), v.end(), in, Cheaper{d});
-      if (at_in > at_out) {  // entries between are above `out` and below `in`: one place down
-        std::move(at_out + 1, at_in, at_out);
-        *(at_in - 1) = in;
-        shifted += at_in - at_out;
-      } else {  // entries between are at or above `in` and below `out`: one place up
-        std::move_backward(at_in, at_out, at_out + 1);
-        *at_in = in;
-        shifted += at_out - at_in + 1;
+  // a gives one of its costliest samples and takes two of b's whose costs sum to nearly that less `want`: moves
+  // cost where one-for-one trades cannot, as between packs full of text (the attention term of one long sample
+  // against two of half its length) or full of images of many sizes.
+  void try_one_for_two(int64_t a, int64_t b, int d, double want, Exchange& best) {
+    const std::vector<Entry>& A = pool_.content(a, d);
+    const std::vector<Entry>& B = pool_.content(b, d);
+    const int64_t na = static_cast<int64_t>(A.size()), nb = static_cast<int64_t>(B.size());
+    if (nb < 2) return;
+    const int64_t givers = std::min(na, kSetGivers), takers = std::min(nb, kSetScan);
+    for (int64_t i = na - givers; i < na; ++i) {
+      const Entry& x = A[static_cast<size_t>(i)];
+      for (int64_t s = 0; s < takers; ++s) {
+        const int64_t j = takers == nb ? s : s * nb / takers;
+        const Entry& y1 = B[static_cast<size_t>(j)];
+        const double rest = x.cost[d] - want - y1.cost[d];
+        if (!(rest > 0.0)) continue;
+        const int64_t at = lower_cost(B, d, rest);
+        work_ += log2_ceil(B.size()) + 2 * kSetNeighbours;
+        for (int64_t k = std::max<int64_t>(0, at - kSetNeighbours); k < std::min(nb, at + kSetNeighbours); ++k) {
+          if (k != j) consider(a, b, d, want, Moving(x), Moving(y1, B[static_cast<size_t>(k)]), best);
+        }
       }
     }
-    return shifted;
+  }
+
+  // Swaps of heavy pack a's samples with any of the pool's: for each sample x of a, the samples whose cost is
+  // nearest to x's less what brings a down to the step's mean, in all the pool and among those of nearly x's
+  // ViT load, whichever pack holds them.
+  void try_pool(int64_t a, Exchange& best) {
+    const int d = worst_part(a);
+    const double want = give(a, d);
+    if (!(want > 0.0)) return;
+    const std::vector<Entry>& A = pool_.content(a, d);
+    const int64_t na = static_cast<int64_t>(A.size());
+    const int64_t scan = std::min(na, kSwapScan);
+    for (int64_t s = 0; s < scan; ++s) {
+      const Entry& x = A[static_cast<size_t>(scan == na ? s : s * na / scan)];
+      const double target = x.cost[d] - want;
+      work_ += pool_.near_cost(d, target, kPoolNeighbours, [&](const Entry& y, int64_t b) {
+        if (b != a) consider(a, b, d, want, Moving(x), Moving(y), best);
+      });
+      try_vit_near(a, d, want, Moving(x), best, kGroupNeighbours);
+    }
+  }
+
+  // One of a's samples for two of a partner's (the partners tried above), and two of a's for one of the pool's
+  // of nearly their ViT load together: where the ViT capacity binds and ViT loads take many values, a pair's
+  // sum finds a sample of its load where a single one finds none.
+  void try_sets(int64_t a, Exchange& best) {
+    const int d = worst_part(a);
+    for (const int64_t b : tried_) try_one_for_two(a, b, d, std::min(give(a, d), std::max(take(b, d), 0.0)), best);
+    const double want = give(a, d);
+    if (!(want > 0.0)) return;
+    const std::vector<Entry>& A = pool_.content(a, d);
+    const int64_t na = static_cast<int64_t>(A.size()), pairs = std::min(na, kSetGivers);
+    for (int64_t i = na - pairs; i < na; ++i) {
+      for (int64_t j = i + 1; j < na; ++j) {
+        try_vit_near(a, d, want, Moving(A[static_cast<size_t>(i)], A[static_cast<size_t>(j)]), best, kSetNeighbours);
+      }
+    }
+  }
+
+  // The samples of the pool whose ViT load is nearest to x's (within a's room above it) and whose cost is
+  // nearest to x's less `want`, as one for x.
+  void try_vit_near(int64_t a, int d, double want, const Moving& x, Exchange& best, int64_t around) {
+    const int64_t hi = x.vit() + (cap_.vit - totals_.vit[static_cast<size_t>(pool_.id(a))]);
+    work_ +=
+        pool_.near_vit_and_cost(d, x.vit(), hi, x.cost(d) - want, kVitGroups, around, [&](const Entry& y, int64_t b) {
+          if (b != a) consider(a, b, d, want, x, Moving(y), best);
+        });
   }
 
   void apply(int64_t a, const Exchange& ex) {
     const int64_t b = ex.other;
-    const int64_t search = dims_ * 2 * (log2_ceil(content(a).size()) + log2_ceil(content(b).size()));
-    if (ex.has_y) {
-      work_ += search + replace(a, ex.x, ex.y) + replace(b, ex.y, ex.x);
-    } else {
-      remove(a, ex.x);
-      insert(b, ex.x);
-      work_ += search + dims_ * static_cast<int64_t>(content(a).size() + content(b).size());
-    }
-    const size_t pa = static_cast<size_t>(ids_[a]), pb = static_cast<size_t>(ids_[b]);
-    const Entry none{{0.0, 0.0}, 0, 0, -1};
-    const Entry& y = ex.has_y ? ex.y : none;
-    totals_.vit[pa] += y.vit - ex.x.vit;
-    totals_.llm[pa] += y.llm - ex.x.llm;
-    totals_.vit[pb] += ex.x.vit - y.vit;
-    totals_.llm[pb] += ex.x.llm - y.llm;
-    for (int d = 0; d < dims_; ++d) {
-      totals_.cost[pa * static_cast<size_t>(dims_) + static_cast<size_t>(d)] += y.cost[d] - ex.x.cost[d];
-      totals_.cost[pb * static_cast<size_t>(dims_) + static_cast<size_t>(d)] += ex.x.cost[d] - y.cost[d];
+    // one-for-one first, then what is left moves alone
+    const int paired = std::min(ex.x.n, ex.y.n);
+    for (int k = 0; k < paired; ++k) work_ += pool_.exchange(a, b, ex.x.e[k], &ex.y.e[k]);
+    for (int k = paired; k < ex.x.n; ++k) work_ += pool_.exchange(a, b, ex.x.e[k], nullptr);
+    for (int k = paired; k < ex.y.n; ++k) work_ += pool_.exchange(b, a, ex.y.e[k], nullptr);
+    if (!own(b)) {  // cost left the step
+      sum_[0] -= ex.x.cost(0) - ex.y.cost(0);
+      set_mean();
     }
     update(a);
     update(b);
   }
 
   PackLoads& totals_;
-  const Loads& loads_;
-  const SampleCosts& costs_;
+  StepPool pool_;
   Capacity cap_;
   int dims_;
-  const Index* ids_ = nullptr;
-  const std::vector<char>* frozen_ = nullptr;
-  double mean_[kMaxDims] = {0.0, 0.0}, inv_[kMaxDims] = {0.0, 0.0};
+  int64_t w_ = 0, before_end_ = 0;
+  bool above_ = true;  // the heaviest pack is above the step's mean (else cost only sinks into the step before)
+  const std::vector<double>* ceiling_ = nullptr;
+  std::array<double, kMaxDims> sum_{}, mean_{}, inv_{}, frozen_top_{};
   int64_t work_ = 0;
-  ArgMin heaviest_, lightest_;
-  std::vector<std::array<std::vector<Entry>, kMaxDims>> content_;
+  Ending ending_ = Ending::kNothingToDo;
+  ArgMin heaviest_, lightest_, sink_, spill_;
   std::vector<int64_t> tried_;
-  std::vector<KeyedId> keys_, keys_scratch_;
 };
 
-// The packs with the samples of the refined ones (moved_start[p] >= 0: moved[start : start + size]) replaced.
-Packs rebuild(const Packs& packs, const std::vector<Index>& moved_start, const std::vector<Index>& moved_size,
-              const std::vector<Index>& moved) {
-  Packs out;
-  out.samples.reserve(packs.samples.size());
-  out.offsets.reserve(packs.offsets.size());
-  for (Index p = 0; p < packs.size(); ++p) {
-    const size_t q = static_cast<size_t>(p);
-    if (moved_start[q] >= 0) {
-      const auto first = moved.begin() + moved_start[q];
-      out.samples.insert(out.samples.end(), first, first + moved_size[q]);
-    } else {
-      out.samples.insert(out.samples.end(), packs.samples.begin() + packs.offsets[q],
-                         packs.samples.begin() + packs.offsets[q + 1]);
+// Whether the step of packs ids[0:w] has its costliest pack within tolerance of the mean in every part (then
+// refine would return at once): told from the costs alone, without reading the packs.
+bool balanced(const PackLoads& totals, const Index* ids, Index w) {
+  const int dims = totals.cost_dims;
+  for (int d = 0; d < dims; ++d) {
+    double sum = 0.0, top = 0.0;
+    for (Index k = 0; k < w; ++k) {
+      const double c = totals.cost[static_cast<size_t>(ids[k] * dims + d)];
+      sum += c;
+      top = std::max(top, c);
     }
-    out.close_pack();
+    if (top * static_cast<double>(w) > (1.0 + kRefineTolerance) * sum) return false;
   }
-  return out;
+  return true;
 }
 
 }  // namespace
@@ -386,56 +396,91 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
   // show in every slot they fill.
   std::vector<Index> uses(static_cast<size_t>(packs.size()), 0);
   for (const Index p : order) ++uses[static_cast<size_t>(p)];
+  auto is_frozen = [&](Index p) {
+    const size_t q = static_cast<size_t>(p);
+    return uses[q] != 1 || totals.vit[q] > cap.vit || totals.llm[q] > cap.llm;
+  };
   StepRefiner refiner(totals, loads, costs, cap);
-  std::vector<char> frozen(static_cast<size_t>(world_size));
-  std::vector<Index> moved_start, moved_size, moved;
+  PackContents contents(packs);
+  std::vector<Index> pool;
+  std::vector<char> frozen;
+  std::vector<double> ceiling;
   int64_t exchanges = 0;
   const int64_t num_steps = static_cast<int64_t>(order.size()) / world_size;
-  const int dims = totals.cost_dims;
+  const size_t w = static_cast<size_t>(world_size);
+  // A refinement's work is bounded by the step's own samples (the neighbours' add candidates, not work), so the
+  // exchanges of an epoch cost at most twice work_per_sample per sample (a stuck step is refined twice).
+  auto budget_for = [&]() {
+    int64_t samples = 0;
+    for (size_t k = 0; k < w; ++k) samples += contents.size(pool[k]);
+    return samples > 0 && work_per_sample > std::numeric_limits<int64_t>::max() / samples
+               ? std::numeric_limits<int64_t>::max()
+               : work_per_sample * samples;
+  };
+  auto save = [&]() {
+    for (size_t k = 0; k < pool.size(); ++k) {
+      if (!frozen[k]) contents.store(pool[k], refiner.content(static_cast<int64_t>(k)));
+    }
+  };
+  // Step t's costliest pack and mean cost (one cost part).
+  auto top_and_mean = [&](int64_t t) {
+    const Index* other = order.data() + t * world_size;
+    double sum = 0.0, top = 0.0;
+    for (size_t k = 0; k < w; ++k) {
+      const double c = totals.cost[static_cast<size_t>(other[k])];
+      sum += c;
+      top = std::max(top, c);
+    }
+    return std::make_pair(top, sum / static_cast<double>(world_size));
+  };
+  auto add_step = [&](int64_t t, double limit) {
+    const Index* other = order.data() + t * world_size;
+    for (size_t k = 0; k < w; ++k) {
+      pool.push_back(other[k]);
+      frozen.push_back(is_frozen(other[k]) ? 1 : 0);
+      ceiling.push_back(limit);
+    }
+  };
+  const bool one_part = totals.cost_dims == 1;
   for (int64_t s = 0; s < num_steps; ++s) {
     const Index* ids = order.data() + s * world_size;
-    // A step whose costliest pack is within tolerance of the mean, in every part, has nothing to gain (refine
-    // would return at once): told from the costs alone, without reading the packs.
-    bool balanced = true;
-    for (int d = 0; d < dims && balanced; ++d) {
-      double sum = 0.0, top = 0.0;
-      for (int64_t k = 0; k < world_size; ++k) {
-        const double c = totals.cost[static_cast<size_t>(ids[k] * dims + d)];
-        sum += c;
-        top = std::max(top, c);
-      }
-      balanced = top * static_cast<double>(world_size) <= (1.0 + kRefineTolerance) * sum;
+    // A step before this one whose costliest pack stands above its mean (a pack no exchange could lower) has
+    // room below that pack: cost this step gives there lowers this step and raises nothing.
+    double before_top = 0.0;
+    bool sink = false;
+    if (one_part && s > 0) {
+      const auto [top, mean] = top_and_mean(s - 1);
+      before_top = top;
+      sink = top > (1.0 + kRefineTolerance) * mean;
     }
-    if (balanced) continue;
-    int64_t samples = 0;
-    for (int64_t k = 0; k < world_size; ++k) {
-      const size_t p = static_cast<size_t>(ids[k]);
-      frozen[static_cast<size_t>(k)] = uses[p] != 1 || totals.vit[p] > cap.vit || totals.llm[p] > cap.llm;
-      samples += packs.offsets[p + 1] - packs.offsets[p];
-    }
-    const int64_t budget = samples > 0 && work_per_sample > std::numeric_limits<int64_t>::max() / samples
-                               ? std::numeric_limits<int64_t>::max()
-                               : work_per_sample * samples;
-    const int64_t made = refiner.refine(ids, frozen, world_size, budget, packs);
-    if (made == 0) continue;
+    if (!sink && balanced(totals, ids, world_size)) continue;
+    pool.assign(ids, ids + world_size);
+    frozen.resize(w);
+    for (size_t k = 0; k < w; ++k) frozen[k] = is_frozen(pool[k]);
+    ceiling.clear();
+    if (sink) add_step(s - 1, before_top);
+    int64_t made = refiner.refine(pool, world_size, sink ? world_size : 0, frozen, ceiling, budget_for(), contents);
+    if (made > 0) save();
     exchanges += made;
-    if (moved_start.empty()) {
-      moved_start.assign(static_cast<size_t>(packs.size()), -1);
-      moved_size.assign(static_cast<size_t>(packs.size()), 0);
-    }
-    for (int64_t k = 0; k < world_size; ++k) {
-      if (frozen[static_cast<size_t>(k)]) continue;
-      const size_t p = static_cast<size_t>(ids[k]);
-      moved_start[p] = static_cast<Index>(moved.size());
-      for (const Entry& e : refiner.content(k)) moved.push_back(e.id);
-      moved_size[p] = static_cast<Index>(moved.size()) - moved_start[p];
-    }
+    if (!refiner.stuck() || !one_part) continue;
+    // Still above its mean: the packs of the step before may take cost up to that step's costliest pack (which
+    // they do not raise), those of the step after up to that step's mean (which its refinement then balances).
+    pool.resize(w);
+    frozen.resize(w);
+    ceiling.clear();
+    const bool has_before = s > 0, has_after = s + 1 < num_steps;
+    if (has_before) add_step(s - 1, top_and_mean(s - 1).first);
+    if (has_after) add_step(s + 1, top_and_mean(s + 1).second);
+    if (!has_before && !has_after) continue;
+    made = refiner.refine(pool, world_size, has_before ? world_size : 0, frozen, ceiling, budget_for(), contents);
+    if (made > 0) save();
+    exchanges += made;
   }
   if (exchanges > 0) {
-    packs = rebuild(packs, moved_start, moved_size, moved);
+    packs = contents.rebuild();
     // The changed packs' costs summed afresh in pack order: the same sums a caller recomputes from the plan.
     for (Index p = 0; p < packs.size(); ++p) {
-      if (moved_start[static_cast<size_t>(p)] >= 0) fill_pack_cost(packs, costs, p, totals);
+      if (contents.changed(p)) fill_pack_cost(packs, costs, p, totals);
     }
   }
   return exchanges;

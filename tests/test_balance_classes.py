@@ -71,6 +71,50 @@ def test_fitted_capacities_hold_every_sample(n, target, data_seed, text_share):
     assert (caps.vit_capacity == 0) == (vit.sum() == 0)
 
 
+def _half_capacity_room(load: np.ndarray, capacity: int) -> tuple[float, float]:
+    """(room the samples over half the capacity leave in their packs, less one unit each for the capacity's
+    rounding up to an integer; load of the others)."""
+    big = 2 * load > capacity
+    return float((capacity - 1 - load[big]).sum()), float(load[~big].sum())
+
+
+def test_samples_over_half_a_capacity_get_capacities_they_can_share():
+    # OCR pages of 7-13 tiles beside text: at 4 samples per pack the ViT capacity would be 13 tiles, no two
+    # pages could share a pack, and every page would train alone (the same packs every epoch, packs 1.3x the
+    # volume bound); the capacity is raised until the smaller samples can fill the pages' packs.
+    rng = np.random.default_rng(0)
+    n = 20_000
+    page = rng.random(n) < 0.3
+    vit = np.where(page, rng.integers(7, 14, n), 0)
+    llm = vit * 256 + rng.integers(50, 3000, n)
+    lengths = Lengths(vit, llm)
+    with pytest.warns(UserWarning, match="over half a capacity"):
+        caps = search_capacity(lengths, PlanOptions(target_batch_size=4))
+    room, small = _half_capacity_room(vit, caps.vit_capacity)
+    assert room <= small and caps.vit_capacity > 13 and caps.raised
+    plan = plan_packs(lengths, PlanOptions(seed=0), world_size=8)
+    report = balance_report(plan, lengths)
+    assert report.num_packs <= 1.03 * pack_lower_bounds(lengths, plan.vit_capacity, plan.llm_capacity).volume
+    assert repeated_pack_share(plan, plan_packs(lengths, PlanOptions(seed=0), world_size=8, epoch=1)) < 0.10
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 400), target=st.floats(0.5, 30), data_seed=st.integers(0, 2**32), big=st.floats(0, 1))
+def test_searched_capacities_leave_no_more_room_than_the_smaller_samples_fill(n, target, data_seed, big):
+    rng = np.random.default_rng(data_seed)
+    vit = np.where(rng.random(n) < big, rng.integers(500, 1000, n), rng.integers(0, 200, n))
+    llm = vit // 4 + rng.integers(1, 500, n)
+    caps = search_capacity(Lengths(vit, llm), PlanOptions(target_batch_size=target))
+    if vit.sum() == 0:
+        return
+    room, small = _half_capacity_room(vit, caps.vit_capacity)
+    assert room <= small
+    text = rng.integers(1, 1000, n) * np.where(rng.random(n) < big, 30, 1)
+    caps = search_capacity(Lengths(np.zeros(n, np.int64), text), PlanOptions(target_batch_size=target))
+    room, small = _half_capacity_room(text, caps.llm_capacity)
+    assert room <= small
+
+
 # --- the assignment: every step's cost balanced, at every world size -----------------------------------------
 
 CASES = [

@@ -233,3 +233,89 @@ def test_exchanges_in_packs_of_thousands_of_samples_keep_invariants(distinct, wo
         cost_sorted = plan_packs(lengths, options, world_size=world_size)
     cost = CostModel.internvl_7b()
     assert _epoch_cost(plan, lengths, cost) <= _epoch_cost(cost_sorted, lengths, cost) * (1 + 1e-12)
+
+
+# --- whole steps, sticking packs, and the guarantee against the packs sorted by cost ---------------------------
+
+
+def test_split_packs_are_those_whose_new_half_costs_most():
+    # Best fit gives three full packs of 90 + 10 tokens and one of 50 + 50; five ranks need one more pack. The
+    # costliest pack split would leave a pack of 10 tokens (a step's slowest rank waits for a 90 beside it);
+    # the 50 + 50 pack splits into two halves of 50.
+    lengths = Lengths(np.zeros(8, np.int64), np.array([90, 10, 90, 10, 90, 10, 50, 50], np.int64))
+    with pytest.MonkeyPatch.context() as mp:  # the split alone, no exchange
+        mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
+        plan = plan_packs(
+            lengths, PlanOptions(vit_capacity=0, llm_capacity=100, cost_model=CostModel.tokens_only()), world_size=5
+        )
+    assert plan.num_packs == 5 and plan.duplicated_slots == 0
+    tokens = sorted(int(lengths.llm[plan.pack(p)].sum()) for p in range(plan.num_packs))
+    assert tokens == [50, 50, 100, 100, 100]
+
+
+def _sorted_epoch(plan, lengths: Lengths, cost: CostModel) -> float:
+    """The plan's distinct packs sorted by cost and cut into runs of the world size (as the suite measures)."""
+    pack_cost = cost.pack_costs(lengths, plan)
+    distinct = np.sort(pack_cost[np.unique(plan.step_packs)])[::-1]
+    return float(distinct[:: plan.world_size].sum())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 3000),
+    world_size=st.sampled_from([2, 3, 8, 16, 64, 256]),
+    model=st.sampled_from(["internvl_7b", "qwen2_vl_7b", "llama_7b"]),
+    single_share=st.sampled_from([0.0, 0.2, 0.6]),
+    seed=st.integers(0, 2**64 - 1),
+    data_seed=st.integers(0, 2**32 - 1),
+)
+def test_never_above_its_own_packs_sorted_by_cost(n, world_size, model, single_share, seed, data_seed):
+    # Samples that fill a pack alone (sticking out of their step) beside small ones: the passes that move packs
+    # between steps, the exchanges with neighbouring steps and the trades after them never leave the plan
+    # above its own packs sorted by cost, nor above the packs it started from sorted by cost.
+    from omnibal_kernels.balance import named_cost_model
+
+    rng = np.random.default_rng(data_seed)
+    big = rng.random(n) < single_share
+    vit = np.where(big, rng.integers(600, 1000, n), rng.integers(0, 300, n))
+    llm = vit // 4 + np.where(big, rng.integers(2000, 4000, n), rng.integers(1, 1500, n))
+    lengths = Lengths(vit, llm)
+    cost = named_cost_model(model)
+    options = PlanOptions(cost_model=cost, seed=seed, vit_capacity=1000, llm_capacity=4500)
+    plan = plan_packs(lengths, options, world_size=world_size)
+    epoch = _epoch_cost(plan, lengths, cost)
+    if plan.duplicated_slots == 0:
+        assert epoch <= _sorted_epoch(plan, lengths, cost) * (1 + 1e-12)
+        _check_exactly_once_within_capacities(plan, lengths)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
+        unrefined = plan_packs(lengths, options, world_size=world_size)
+    assert epoch <= _epoch_cost(unrefined, lengths, cost) * (1 + 1e-12) + 1e-300
+
+
+def test_the_report_names_the_samples_that_raise_the_bound():
+    from omnibal_kernels import balance_report
+    from omnibal_kernels.balance.report import BOUND_NOTE_ABOVE, MAX_BOUND_SAMPLES
+
+    # long-tailed text to 64k tokens: the capacity holds a 64k sample, and 64 ranks get few steps
+    rng = np.random.default_rng(0)
+    tokens = np.clip(np.round(rng.lognormal(np.log(900), 1.1, 60_000)), 16, 65_536).astype(np.int64)
+    lengths = Lengths(np.zeros_like(tokens), tokens)
+    cost = CostModel.internvl_7b()
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=0, llm_capacity=65_536), world_size=64)
+    report = balance_report(plan, lengths)
+    assert report.bound_over_ideal == pytest.approx(report.epoch_bound / report.epoch_ideal)
+    assert report.bound_over_ideal > 1 + BOUND_NOTE_ABOVE
+    costs = cost.sample_costs(lengths)
+    average_pack = report.epoch_ideal / report.num_steps
+    assert report.bound_sample_count == int((costs > average_pack).sum()) > 0
+    ids = np.array(report.bound_samples)
+    assert 0 < ids.size <= MAX_BOUND_SAMPLES and (costs[ids] > average_pack).all()
+    assert (np.diff(costs[ids]) <= 0).all() and costs[ids[0]] == costs.max()  # costliest first
+    assert f"{report.num_steps} steps of 64 ranks" in report.bound_note and "more data per epoch" in report.bound_note
+    assert report.to_dict()["bound_samples"] == list(report.bound_samples)
+    # many steps: the bound is the ideal, nothing to say
+    plan = plan_packs(lengths, PlanOptions(vit_capacity=0, llm_capacity=65_536), world_size=8)
+    report = balance_report(plan, lengths)
+    assert report.bound_over_ideal <= 1 + BOUND_NOTE_ABOVE
+    assert report.bound_samples == () and report.bound_sample_count == 0 and report.bound_note == ""

@@ -35,6 +35,10 @@ REPORT_KEYS = {
     "epoch_bound",
     "epoch_over_ideal",
     "epoch_over_bound",
+    "bound_over_ideal",
+    "bound_samples",
+    "bound_sample_count",
+    "bound_note",
     "cost_model",
 }
 

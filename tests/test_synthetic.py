@@ -5,6 +5,10 @@ import pytest
 
 from omnibal_kernels.synthetic import DISTRIBUTIONS, synthetic_lengths, synthetic_samples
 
+# Loads of two of the first seven classes, drawn before the held-out classes were added.
+TEXT_LONG_TAIL_1000_SUM = 1_611_564
+VIDEO_MIX_1000_VIT_SUM = 5_669_992
+
 
 @pytest.mark.parametrize("kind", sorted(DISTRIBUTIONS))
 def test_same_seed_same_loads_other_seed_other_loads(kind):
@@ -78,3 +82,27 @@ def test_vit_seqlens_follow_the_vision_towers():
         assert (frames == frames[0]).all()
     with pytest.raises(ValueError, match="kind must be one of"):
         synthetic_samples("no_such_kind", 10)
+
+
+def test_shapes_of_the_held_out_classes():
+    documents = synthetic_samples("interleaved_documents", 5_000)
+    images = np.diff(documents.vit_seqlens_offsets)
+    assert images.min() == 2 and images.max() == 8  # one ViT sequence per image
+    assert (documents.lengths.llm - documents.lengths.vit // 4 >= 200).all()  # long text beside the images
+    text = synthetic_lengths("long_text_128k", 20_000)
+    assert (text.vit == 0).all() and text.llm.max() <= 131_072 and text.llm.max() > 100_000
+    assert 0.03 < float((text.llm >= 16_384).mean()) < 0.08  # the 2% documents and the body's tail
+    clusters = synthetic_lengths("clustered_mix", 20_000)
+    pages = clusters.vit > 0
+    assert 0.25 < float(pages.mean()) < 0.35 and clusters.vit[pages].min() >= 7 and clusters.vit.max() == 13
+    highres = synthetic_samples("patch_highres", 5_000)
+    assert (np.diff(highres.vit_seqlens_offsets) == 1).all() and highres.vit_seqlens.max() <= 4096 * 4
+    video = synthetic_samples("video_long", 5_000)
+    groups = np.diff(video.vit_seqlens_offsets)
+    assert groups.min() >= 4 and groups.max() <= 256 and (groups > 64).any()  # 8-512 frames, 2 per group
+
+
+def test_the_first_seven_classes_draw_as_before_new_ones_were_added():
+    # each class has its own random stream: adding a class leaves the others' draws as they were
+    assert int(synthetic_lengths("text_long_tail", 1_000, seed=0).llm.sum()) == TEXT_LONG_TAIL_1000_SUM
+    assert int(synthetic_lengths("video_mix", 1_000, seed=0).vit.sum()) == VIDEO_MIX_1000_VIT_SUM

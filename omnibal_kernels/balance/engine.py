@@ -3,14 +3,19 @@
 Methods:
 
 * ``"balanced"`` (default): randomized two-dimensional best fit in rounds (packs at the physical limit of
-  the binding capacity), the costliest packs split in two where that makes the pack count a multiple of
-  ``world_size`` (no pack repeated, none dropped), packs sorted by cost and cut into steps, then samples
-  exchanged (moves and swaps, within the capacities) between the packs of each step until its costliest
-  pack, what the step waits for, costs about the step's mean. A pack costs its samples'
-  ``cost_model.sample_costs`` plus ``per_pack``; with ``objective="stages"`` its ViT and LLM costs are
-  balanced each on its own (a pack's score is the larger of the two, each relative to the step's mean).
-  Steps are laid out in a stratified random order (no load trend over the epoch) and ranks are shuffled
-  within a step.
+  the binding capacity); where the pack count is not a multiple of ``world_size``, the packs whose smaller half
+  can cost the most are split in two (no pack repeated, none dropped, no nearly empty pack); packs sorted by
+  cost and cut into steps, a pack whose costliest sample alone stands above its step's mean moved up one step;
+  then samples exchanged (moves, one-for-one swaps and one-for-two trades, within the capacities) between the
+  packs of each step until its costliest pack, what the step waits for, costs about the step's mean, partners
+  found among all the step's samples by cost and by ViT load; a step left above its mean also trades with the
+  packs of the steps before and after it, and cost sinks into a step before whose costliest pack cannot come
+  down; after the exchanges a step's costliest packs trade places with cheaper ones of the step above, and
+  the plan is never above its own packs sorted by cost, nor above the packs it started from. A pack costs
+  its samples' ``cost_model.sample_costs`` plus ``per_pack``; with ``objective="stages"`` its ViT and LLM
+  costs are balanced each on its own within each step (a pack's score is the larger of the two, each relative
+  to the step's mean). Steps are laid out in a stratified random order (no load trend over the epoch) and
+  ranks are shuffled within a step.
 * ``"isf"``: the OmniBal paper's Iterative Sampling and Filtering, packs to ranks in random order.
 * ``"random"``: random next-fit packs, in random order (the baseline).
 

@@ -4,7 +4,7 @@ epoch cost against its ideal and its lower bound (:mod:`omnibal_kernels.balance.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -13,7 +13,22 @@ from .bound import costs_epoch_bound, min_packs
 from .cost import CostModel
 from .packs import Plan
 
-__all__ = ["BalanceReport", "balance_report", "dist_ratio", "epoch_cost", "mean_over_max", "pack_costs", "pack_sums"]
+__all__ = [
+    "BOUND_NOTE_ABOVE",
+    "MAX_BOUND_SAMPLES",
+    "BalanceReport",
+    "balance_report",
+    "dist_ratio",
+    "epoch_cost",
+    "mean_over_max",
+    "pack_costs",
+    "pack_sums",
+]
+
+# The report names the samples that hold the bound up where it is above the ideal by more than this share
+# (below it, rounding in the bound's levels and a few costly samples are all it shows).
+BOUND_NOTE_ABOVE = 1e-3
+MAX_BOUND_SAMPLES = 20
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,16 @@ class BalanceReport:
         epoch_over_ideal: ``epoch_cost / epoch_ideal`` (1 when both are 0).
         epoch_over_bound: ``epoch_cost / epoch_bound`` (1 when both are 0): how far the plan is from the best
             any plan could do, as far as the bound can tell.
+        bound_over_ideal: ``epoch_bound / epoch_ideal`` (1 when both are 0): above 1 where no plan of these
+            samples can keep every rank busy every step.
+        bound_samples: where ``bound_over_ideal`` exceeds :data:`BOUND_NOTE_ABOVE`, the scheduled samples that
+            each cost more than an average pack (``epoch_ideal / num_steps``), costliest first (at most
+            :data:`MAX_BOUND_SAMPLES`): a step that holds one waits at least for it, and with few steps such
+            samples hold most steps above their mean; else empty.
+        bound_sample_count: how many scheduled samples cost more than an average pack (where
+            ``bound_samples`` is filled; else 0).
+        bound_note: where ``bound_samples`` is filled, one sentence saying so and what lowers the bound (more data
+            per epoch, lower capacities with context parallelism for the longest samples); else "".
     """
 
     num_samples: int
@@ -67,9 +92,15 @@ class BalanceReport:
     epoch_bound: float = 0.0
     epoch_over_ideal: float = 1.0
     epoch_over_bound: float = 1.0
+    bound_over_ideal: float = 1.0
+    bound_samples: tuple[int, ...] = ()
+    bound_sample_count: int = 0
+    bound_note: str = ""
 
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["bound_samples"] = list(self.bound_samples)
+        return out
 
 
 def dist_ratio(step_loads: np.ndarray, min_denominator: float = 0.0) -> float:
@@ -131,8 +162,9 @@ def _epoch_fields(
     sample_costs: np.ndarray,
     pack_cost: np.ndarray,
     scheduled: np.ndarray,
-) -> dict[str, float]:
-    """The report's ``epoch_*`` fields, the ideal and the bound over the samples ``plan`` schedules."""
+) -> dict[str, Any]:
+    """The report's ``epoch_*`` and ``bound_*`` fields, the ideal and the bound over the samples ``plan``
+    schedules."""
     cost = _slowest_sum(plan, pack_cost)
     in_slot = np.zeros(plan.num_packs, bool)
     in_slot[scheduled] = True
@@ -150,13 +182,38 @@ def _epoch_fields(
         world_size=plan.world_size,
         per_pack=cost_model.per_pack,
     )
-    return dict(
+    fields: dict[str, Any] = dict(
         epoch_cost=cost,
         epoch_ideal=ideal,
         epoch_bound=bound,
         epoch_over_ideal=_ratio(cost, ideal),
         epoch_over_bound=_ratio(cost, bound),
+        bound_over_ideal=_ratio(bound, ideal),
     )
+    if fields["bound_over_ideal"] > 1 + BOUND_NOTE_ABOVE and plan.num_steps:
+        fields.update(_bound_samples(plan, samples, costs, ideal, fields["bound_over_ideal"]))
+    return fields
+
+
+def _bound_samples(
+    plan: Plan, samples: np.ndarray, costs: np.ndarray, ideal: float, bound_over_ideal: float
+) -> dict[str, Any]:
+    """The report's ``bound_*`` fields where the bound is above the ideal: the samples costlier than an average
+    pack and the note that says why the bound rose and what lowers it."""
+    average_pack = ideal / plan.num_steps
+    above = np.flatnonzero(costs > average_pack)
+    above = above[np.lexsort((samples[above], -costs[above]))]
+    ids = tuple(int(i) for i in samples[above[:MAX_BOUND_SAMPLES]])
+    largest = (
+        f"; the costliest, sample {ids[0]}, costs {costs[above[0]] / average_pack:.2f}x an average pack" if ids else ""
+    )
+    note = (
+        f"the epoch bound is {bound_over_ideal:.4f}x the ideal: {plan.num_steps} steps of {plan.world_size} ranks, "
+        f"and {above.size} samples each cost more than an average pack{largest}. A step that holds such a sample "
+        "waits for it; more data per epoch (more steps to spread them over) or lower capacities, with context "
+        "parallelism for the longest samples, lower the bound"
+    )
+    return dict(bound_samples=ids, bound_sample_count=int(above.size), bound_note=note)
 
 
 def balance_report(plan: Plan, lengths: Lengths, cost_model: Optional[CostModel] = None) -> BalanceReport:

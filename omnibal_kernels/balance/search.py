@@ -5,7 +5,10 @@
   pack (``HEADROOM_SIGMAS`` standard deviations of a pack's token excess over the ratio), so the ViT load
   binds and the LLM load keeps room for the exchanges that balance steps; text-only data has only the LLM
   capacity. Both are sized so that packs hold ``target_batch_size`` samples on average, and raised together,
-  keeping their ratio, until the largest sample fits: by default no sample is oversize.
+  keeping their ratio, until the largest sample fits: by default no sample is oversize. Then, where the
+  samples over half the binding capacity (no two of which share a pack) leave more room in their packs than
+  the smaller samples hold, packs cannot reach that capacity: both are raised until the smaller samples can
+  fill that room (``_pairing_scale``), and ``search_capacity`` warns.
 * ``isf``: the OmniBal authors' grid, an LLM step of ``tokens_per_vit_unit`` tokens (the mean 256-binned
   sample length over the mean ViT load, rounded down to a multiple of 16) from 4096 tokens and one ViT unit
   per step: candidate ``k`` is ``(4096 // step + k, 4096 + k * step)``. As the authors, every candidate whose
@@ -111,12 +114,22 @@ def search_capacity(
         raise ValueError("lengths is empty")
     # A pack cannot hold more samples than there are: aim at most at one pack of everything.
     target = min(options.target_batch_size, float(n))
-    caps = (
-        _fitted_capacities(lengths, target)
-        if options.method != "isf"
-        else _isf_capacities(lengths, target, options, world_size, progress)
-    )
-    if caps.raised:
+    if options.method != "isf":
+        caps, reason = _fitted_capacities(lengths, target)
+    else:
+        caps = _isf_capacities(lengths, target, options, world_size, progress)
+        reason = "largest" if caps.raised else ""
+    if reason == "pairs":
+        warnings.warn(
+            f"target_batch_size={options.target_batch_size:g}: at the capacities it gives, the samples over half a "
+            "capacity leave more room in their packs than the smaller samples can fill, so packs could not reach "
+            f"the capacity; they were raised to ViT {caps.vit_capacity} / LLM {caps.llm_capacity}: packs hold about "
+            f"{caps.predicted_batch_size:.3g} samples on average (predicted_batch_size), not "
+            f"{options.target_batch_size:g}; give the capacities to keep smaller packs",
+            UserWarning,
+            stacklevel=2,
+        )
+    elif caps.raised:
         stats = lengths.stats()
         warnings.warn(
             f"target_batch_size={options.target_batch_size:g}: the capacities it gives cannot hold the largest "
@@ -170,19 +183,24 @@ def _isf_capacities(
     return Capacities(qv, qt, *default_isf_thresholds(qv, qt), predicted(k), raised)
 
 
-def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
-    """Capacities at the data's ratio (plus headroom) for ``target`` samples per pack, holding every sample."""
+def _fitted_capacities(lengths: Lengths, target: float) -> tuple[Capacities, str]:
+    """Capacities at the data's ratio (plus headroom) for ``target`` samples per pack, holding every sample, and
+    why they were raised past the target's ("": they were not; "largest": to hold the largest sample; "pairs": so
+    that the samples over half the binding capacity can be filled, see :func:`_pairing_scale`)."""
     n = len(lengths)
     stats = lengths.stats()
     vit_total, llm_total = float(stats.vit_sum), float(stats.llm_sum)
+    stride = max(n // _SPREAD_SAMPLES, 1)
     if vit_total == 0:  # text only: one capacity
         wanted = max(math.ceil(target * llm_total / n), 1)
         llm_cap = max(wanted, int(stats.llm_max))
+        paired_cap = math.ceil(_pairing_scale(lengths.llm[::stride], lambda cap: cap, float(llm_cap)) - 1e-9)
+        reason = "pairs" if paired_cap > llm_cap else ("largest" if llm_cap > wanted else "")
+        llm_cap = max(llm_cap, paired_cap)
         return Capacities(
-            0, llm_cap, *default_isf_thresholds(0, llm_cap), n / max(llm_total / llm_cap, 1.0), llm_cap > wanted
-        )
+            0, llm_cap, *default_isf_thresholds(0, llm_cap), n / max(llm_total / llm_cap, 1.0), bool(reason)
+        ), reason
     tokens_per_unit = llm_total / vit_total
-    stride = max(n // _SPREAD_SAMPLES, 1)
     vit = lengths.vit[::stride].astype(np.float64)
     excess = lengths.llm[::stride] - vit * tokens_per_unit  # tokens beyond the ratio, per sample
     excess_std = float(np.sqrt(np.mean(excess * excess)))
@@ -201,11 +219,45 @@ def _fitted_capacities(lengths: Lengths, target: float) -> Capacities:
         if need <= 1.0:
             break
         scale *= need
+    reason = "largest" if scale > target else ""
+    paired = _pairing_scale(vit, lambda s: caps(s)[0], scale)
+    if paired > scale:
+        scale, reason = paired, "pairs"
     qv, qt = caps(scale)
     qv_int = max(math.ceil(qv - 1e-9), int(stats.vit_max), 1)
     qt_int = max(math.ceil(qt - 1e-9), int(stats.llm_max), 1)
     packs = max(vit_total / qv_int, llm_total / qt_int, 1.0)
-    return Capacities(qv_int, qt_int, *default_isf_thresholds(qv_int, qt_int), n / packs, scale > target)
+    return Capacities(qv_int, qt_int, *default_isf_thresholds(qv_int, qt_int), n / packs, bool(reason)), reason
+
+
+def _pairing_scale(load: np.ndarray, capacity_at: Callable[[float], float], start: float) -> float:
+    """The least scale from ``start`` at which the samples at or below half the binding capacity
+    (``capacity_at(scale)``) hold at least as much load as the room the samples above half of it leave.
+
+    No two samples over half a capacity share a pack, so each needs smaller ones to fill the rest of its pack;
+    where the smaller ones hold less than that room, packs cannot reach the capacity and their count stays
+    above the volume bound (and samples alone in a pack repeat in every epoch). ``load``: the binding load of (a
+    strided subset of) the samples. Returns ``start`` when it holds there.
+    """
+    low = start
+    load = np.sort(np.asarray(load, np.float64))
+    total = np.concatenate([[0.0], np.cumsum(load)])
+
+    def unfilled(scale: float) -> bool:
+        cap = capacity_at(scale)
+        half = int(np.searchsorted(load, cap / 2, side="right"))  # load[:half] <= cap / 2
+        room = (load.size - half) * cap - (total[-1] - total[half])
+        return bool(room > total[half])
+
+    if load.size == 0 or not unfilled(low):
+        return low
+    high = low
+    while unfilled(high):  # at twice the largest load no sample is over half the capacity
+        high *= 2.0
+    for _ in range(40):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if unfilled(mid) else (low, mid)
+    return high
 
 
 # ISF packs and orders without a cost model; the report of a candidate does not depend on this one.

@@ -4,8 +4,8 @@ A data-parallel step waits for its slowest rank, so the epoch costs the sum over
 (``epoch_cost``). Per (class, cost model, world size), ``balanced`` with the default capacity search (4 samples
 per pack) planned *with that cost model*, on enough samples for at least 50 steps (and at least 70,000):
 
-* ``epoch / ideal`` <= 1.005 up to 64 ranks and <= 1.02 above; or, where ``epoch_bound`` (a proven lower bound,
-  :mod:`omnibal_kernels.balance.bound`) shows the ideal cannot be reached, ``epoch / bound`` <= 1.002;
+* ``epoch / bound`` <= 1.002 at 8 ranks and <= 1.005 above, ``epoch_bound`` being a proven lower bound on the
+  epoch cost of any plan (:mod:`omnibal_kernels.balance.bound`; the ideal, where nothing forces it higher);
 * never above the same packs sorted by cost and cut into runs of ``world_size`` (``sorted``);
 * packs within 3% of the volume bound; every sample in exactly one distinct pack; under 10% of the packs of
   epoch 0 again in epoch 1;
@@ -16,7 +16,9 @@ per pack) planned *with that cost model*, on enough samples for at least 50 step
 
 The cost models: InternVL-style tile classes under ``internvl_7b``; the Qwen2-VL patch classes, with one ViT
 sequence per image and video frame group, under ``qwen2_vl_7b`` and ``qwen2_5_vl_7b``; long-context text under
-``llama_7b`` (:mod:`omnibal_kernels.balance.cost_models`). ``quick``: 8 ranks on the samples for 50 steps, the
+``llama_7b`` (:mod:`omnibal_kernels.balance.cost_models`). The last five classes of :data:`CLASS_MODELS` are the
+held-out ones of :mod:`omnibal_kernels.synthetic`, which the planner's settings were not chosen on. Planning speed
+is also measured at 1024 ranks (reported, not targeted). ``quick``: 8 ranks on the samples for 50 steps, the
 modes on 20,000 samples and the planning speed on 100,000.
 """
 
@@ -63,10 +65,17 @@ CLASS_MODELS = (
     ("patch_multires", "qwen2_5_vl_7b"),
     ("video_mix", "qwen2_vl_7b"),
     ("video_mix", "qwen2_5_vl_7b"),
+    ("interleaved_documents", "qwen2_vl_7b"),
+    ("long_text_128k", "llama_7b"),
+    ("clustered_mix", "internvl_7b"),
+    ("patch_highres", "qwen2_5_vl_7b"),
+    ("video_long", "qwen2_vl_7b"),
 )
-# epoch / ideal targets up to 64 ranks and above; epoch / bound where the bound is above them
-SMALL_WORLD, SMALL_TARGET, LARGE_TARGET, BOUND_TARGET = 64, 1.005, 1.02, 1.002
+# epoch / bound targets at SMALL_WORLD ranks and fewer, and above
+SMALL_WORLD, SMALL_TARGET, LARGE_TARGET = 8, 1.002, 1.005
 MAX_PACKS_OVER_VOLUME, MAX_REPEATED, MAX_ARGSORTS = 1.03, 0.10, 5.0
+# world size of the second planning-speed measurement (reported beside the 8-rank one, not targeted)
+LARGE_PLANNING_WORLD = 1024
 
 
 def _class_lengths(kind: str, world_size: int, pilot: int, least: int) -> Lengths:
@@ -117,20 +126,13 @@ def time_target_row(kind: str, model_name: str, lengths: Lengths, world_size: in
 
 
 def time_target_misses(row: dict[str, Any]) -> list[str]:
-    """The targets ``row`` misses, each saying why: an epoch target missed names the bound over the ideal, which
-    says whether the ideal is shown out of reach."""
+    """The targets ``row`` misses, each saying why: an epoch target missed names the bound over the ideal."""
     target = SMALL_TARGET if row["world_size"] <= SMALL_WORLD else LARGE_TARGET
     misses = []
-    if row["epoch_over_ideal"] > target:
-        if row["bound_over_ideal"] <= target:
-            misses.append(
-                f"epoch/ideal {row['epoch_over_ideal']:.4f} > {target}, bound/ideal {row['bound_over_ideal']:.4f}"
-            )
-        elif row["epoch_over_bound"] > BOUND_TARGET:
-            misses.append(
-                f"epoch/bound {row['epoch_over_bound']:.4f} > {BOUND_TARGET} (bound/ideal "
-                f"{row['bound_over_ideal']:.4f} > {target})"
-            )
+    if row["epoch_over_bound"] > target:
+        misses.append(
+            f"epoch/bound {row['epoch_over_bound']:.4f} > {target} (bound/ideal {row['bound_over_ideal']:.4f})"
+        )
     if row["epoch_over_ideal"] > row["sorted_over_ideal"] * (1 + 1e-9):
         misses.append(f"above sorted ({row['sorted_over_ideal']:.4f})")
     if row["packs_over_volume"] > MAX_PACKS_OVER_VOLUME:
@@ -156,7 +158,7 @@ def time_targets_table(
             row["misses"] = time_target_misses(row)
             if say is not None:
                 say(
-                    f"  {kind} / {model_name} at {world_size} ranks: epoch/ideal {row['epoch_over_ideal']:.4f}"
+                    f"  {kind} / {model_name} at {world_size} ranks: epoch/bound {row['epoch_over_bound']:.4f}"
                     + (f"; misses {', '.join(row['misses'])}" if row["misses"] else "")
                 )
             rows.append(row)
