@@ -396,7 +396,11 @@ def _time_targets(report: dict[str, Any]) -> list[str]:
             ],
             "llrrr",
         )
-    out += [
+    return out + _planning_speed(report)
+
+
+def _planning_speed(report: dict[str, Any]) -> list[str]:
+    out = [
         "Planning speed (balanced with its capacity search, 8 ranks) against `numpy.argsort` of the token "
         "counts, best of 5 taking turns; target <= 5x.",
         "",
