@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "BalanceReport": "balance",
     "OversizeError": "balance",
     "TooFewPacksError": "balance",
+    "OmnibalWarning": "_warnings",
     "ContextParallelOptions": "context_parallel",
     # training: samplers over plans
     "BalancedBatchSampler": "sampler",

@@ -17,7 +17,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "omnibal_kernels"
 # Lowest first. A new module must be placed here (the test fails until it is).
 LAYERS: list[tuple[str, ...]] = [
     # helpers that know nothing of the flow
-    ("_ext", "_lazy", "_progress", "_checks", "_files", "_shared_memory", "_csr", "_flops", "_tiny_models", "data"),
+    (
+        "_ext",
+        "_lazy",
+        "_warnings",
+        "_progress",
+        "_checks",
+        "_files",
+        "_shared_memory",
+        "_csr",
+        "_flops",
+        "_tiny_models",
+        "data",
+    ),
     ("_contracts",),  # per op: argument checks and result types, shared by the kernels and their CPU twins
     ("cpu",),  # the CPU twins (numba, numpy, torch); never import ops/
     ("ops",),  # Triton kernels; CPU data goes down to cpu/

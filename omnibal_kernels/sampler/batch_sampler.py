@@ -10,6 +10,7 @@ import numpy as np
 import torch.utils.data
 
 from .._checks import check_epoch, check_int, check_positive_int, default_world
+from .._warnings import OmnibalWarning
 from ..balance.options import PlanOptions
 from ..balance.packs import Plan, as_lengths
 from ..context_parallel.options import ContextParallelOptions
@@ -73,7 +74,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             not matching the dataset, bad groups or options (naming the argument, group or sample).
 
     Warns:
-        UserWarning: capacities raised past those of ``target_batch_size`` (at construction), an epoch whose
+        OmnibalWarning: capacities raised past those of ``target_batch_size`` (at construction), an epoch whose
             reused packs repeat more than 5% of its samples (once), a wrapped dataset iterated without
             label counts in the lengths outside :func:`omnibal_kernels.loss.step_batches` (once), and a sampler
             planned with context parallelism iterated before :meth:`wrap` (once).
@@ -165,7 +166,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 f"micro_steps_per_step {self.micro_steps_per_step} = {slots} packs, and the ragged last step is "
                 f"filled with reused packs (packs hold about {schedule.mean_pack_size:.3g} samples); pass "
                 "drop_last=True to drop it instead, or use more samples, fewer ranks or smaller packs",
-                UserWarning,
+                OmnibalWarning,
                 stacklevel=3,
             )
         return schedule
@@ -191,7 +192,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 f"{self.context_parallel.size} ranks of a group get the same pack, and only batches of "
                 "sampler.wrap(dataset) tell the collator (PackCollator) which shard is this rank's; iterated "
                 "without it, every rank of the group trains the whole pack unless your collate_fn shards it",
-                UserWarning,
+                OmnibalWarning,
                 stacklevel=2,
             )
         if (
@@ -206,7 +207,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 "num_items_in_batch and a model's loss would be a mean per pack, not over the optimizer step: "
                 "iterate omnibal_kernels.step_batches(loader), which counts each step's label tokens with one "
                 "all-reduce, or load lengths with label counts",
-                UserWarning,
+                OmnibalWarning,
                 stacklevel=2,
             )
         return self._batches()

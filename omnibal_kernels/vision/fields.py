@@ -11,6 +11,7 @@ import numpy as np
 from .._checks import is_tensor
 from .._csr import check_int32_total, offsets_from_counts
 from .._shared_memory import in_worker, shared_tensors
+from .._warnings import OmnibalWarning
 from .mrope import grid_rows, mrope_position_ids
 
 __all__ = [
@@ -276,6 +277,7 @@ def pack_batch_vision(samples: Sequence[Mapping[str, Any]], fields: dict, option
             warnings.warn(
                 "samples carry image_grid_thw/video_grid_thw but image_token_id is not set: "
                 "position_ids stay 1-D text positions, not Qwen2-VL mRoPE (pass image_token_id)",
+                OmnibalWarning,
                 stacklevel=5,
             )
         return
