@@ -212,3 +212,32 @@ def test_vision_shards_move_with_the_batch():
     assert shard.vision.gather_index.is_meta and shard.vision.send_index.is_meta
     assert shard.batch["pixel_values"] is moved["pixel_values"]  # the rank's pixels only, moved once
     assert "vision=VisionShard(rank=1" in repr(shard)
+
+
+def test_the_report_prices_each_cp_ranks_share_of_the_images():
+    from omnibal_kernels.context_parallel import context_parallel_rank_times, context_parallel_report
+    from omnibal_kernels.context_parallel.vision import sample_unit_costs
+
+    rng = np.random.default_rng(4)
+    n = 120
+    seqlens = [rng.integers(16, 1024, int(k)) for k in rng.integers(0, 4, n)]
+    vit = np.array([int(s.sum()) for s in seqlens], np.int64)
+    llm = vit // 4 + rng.integers(20, 400, n)
+    offsets = np.r_[0, np.cumsum([s.size for s in seqlens])].astype(np.int64)
+    lengths = ok.Lengths(vit, llm, vit_seqlens=np.concatenate(seqlens).astype(np.int64), vit_seqlens_offsets=offsets)
+    cp = ContextParallelOptions(size=4, strategy="hybrid")
+    plan = ok.plan_packs(
+        lengths, ok.PlanOptions(llm_capacity=8192, vit_capacity=16_384, context_parallel=cp), world_size=2
+    )
+    report = context_parallel_report(plan, lengths)
+    assert report.vit_times is not None and report.vit_times.shape == report.times.shape
+    for step in range(plan.num_steps):
+        for group in range(2):
+            ids = plan.pack(int(plan.step_packs[step, group]))
+            costs = sample_unit_costs(vit, ids, cp.cost, lengths.vit_seqlens, offsets)
+            np.testing.assert_allclose(report.vit_times[step, group].sum(), costs.sum())
+            text = context_parallel_rank_times(llm[ids], cp).times
+            np.testing.assert_allclose(report.times[step, group], text + report.vit_times[step, group])
+    assert report.to_dict()["worst_vit_imbalance"] >= 1.0
+    text_only = context_parallel_report(plan, ok.Lengths(np.zeros(n, np.int64), llm))
+    assert not text_only.vit_times.any() and text_only.to_dict()["worst_vit_imbalance"] == 1.0

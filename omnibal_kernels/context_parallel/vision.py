@@ -37,6 +37,7 @@ __all__ = [
     "exchange_vision_rows",
     "patch_units",
     "plan_vision",
+    "sample_unit_costs",
     "tile_units",
 ]
 
@@ -139,6 +140,27 @@ def _units(parts: Sequence[tuple[np.ndarray, ...]], unit_cost: Callable[[np.ndar
     grids = np.concatenate(grid).astype(np.int64).reshape(-1, 3)
     kind_, item_, pixel_start_, rows_, feature_start_, features_ = cat
     return VisionUnits(kind_, item_, pixel_start_, rows_, feature_start_, features_, grids, unit_cost(rows_))
+
+
+def sample_unit_costs(
+    vit: np.ndarray,
+    ids: np.ndarray,
+    cost: ContextParallelCost,
+    vit_seqlens: Optional[np.ndarray] = None,
+    vit_seqlens_offsets: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """The ViT cost of every unit of the samples ``ids`` from their loads alone (a length file's): each ViT
+    sequence of ``vit_seqlens`` is a unit of ``s`` rows; without them a sample's whole ViT load ``vit[i]`` is one
+    unit (as :class:`~omnibal_kernels.CostModel` counts it)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if vit_seqlens is not None and vit_seqlens_offsets is not None:
+        starts, ends = vit_seqlens_offsets[ids], vit_seqlens_offsets[ids + 1]
+        spans = [vit_seqlens[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        seq = np.concatenate(spans) if spans else np.zeros(0, np.int64)
+    else:
+        seq = vit[ids]
+    seq = seq[seq > 0]
+    return _unit_cost(seq, seq, cost)
 
 
 def divide_vision_units(costs: np.ndarray, size: int, prefer: Optional[np.ndarray] = None) -> np.ndarray:
