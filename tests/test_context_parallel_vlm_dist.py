@@ -128,10 +128,13 @@ def _errors(rank: int) -> list[str]:
     from omnibal_kernels.context_parallel import apply_context_parallel
 
     model = apply_context_parallel(tiny_model("qwen2_vl"))
+    options = ok.PackCollator.for_model(model, warmup=False).options
+    replicating = ok.PackCollator(options, context_parallel=_options(2, "zigzag"), context_parallel_rank=rank)
     messages = []
     for batch in (
         _collate("qwen2_vl", "mixed", 4, "zigzag", rank),
         ok.PackCollator.for_model(model, warmup=False)(pack("qwen2_vl", "mixed")),
+        replicating(pack("qwen2_vl", "mixed")),
     ):
         try:
             model(**batch)
@@ -239,10 +242,13 @@ def test_the_exchange_delivers_rows_and_returns_their_gradients():
 
 @pytest.mark.slow
 def test_a_batch_for_another_group_or_from_another_collator_is_refused():
+    """A shard for 4 ranks on a group of 2, a whole pack, and a shard whose pixels are the pack's (the generic
+    collator copies them to every rank) each fail before the forward runs."""
     for rank, messages in enumerate(r["errors"] for r in _run(2)):
-        assert len(messages) == 2
+        assert len(messages) == 3
         assert f"rank {rank}'s shard for a group of 4" in messages[0] and "group of 2" in messages[0]
-        assert "another collator" in messages[1]
+        assert "no context_parallel_shard" in messages[1] and "another collator" in messages[1]
+        assert "no vision routing" in messages[2]
 
 
 def test_an_unroutable_model_class_is_named():
