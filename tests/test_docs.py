@@ -23,7 +23,15 @@ def test_the_guides_have_snippets() -> None:
     assert any(_blocks(page.read_text(encoding="utf-8")) for page in PAGES)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+# Pages whose snippets start processes (seconds, not milliseconds).
+SLOW_PAGES = {"vlm-context-parallel.md"}
+
+
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(page, marks=pytest.mark.slow) if page.name in SLOW_PAGES else page for page in PAGES],
+    ids=[page.name for page in PAGES],
+)
 def test_guide_snippets_run(page: Path) -> None:
     namespace: dict[str, object] = {"__name__": f"docs.guides.{page.stem}"}
     for line, code in _blocks(page.read_text(encoding="utf-8")):
