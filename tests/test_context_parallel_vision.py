@@ -241,3 +241,16 @@ def test_the_report_prices_each_cp_ranks_share_of_the_images():
     assert report.to_dict()["worst_vit_imbalance"] >= 1.0
     text_only = context_parallel_report(plan, ok.Lengths(np.zeros(n, np.int64), llm))
     assert not text_only.vit_times.any() and text_only.to_dict()["worst_vit_imbalance"] == 1.0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_token_keeps_the_unsharded_packs_mrope_position(strategy):
+    rng = np.random.default_rng(5)
+    samples = [qwen_sample(rng, [(1, 4, 8)], [(2, 4, 4)], seconds=[2.0]), qwen_sample(rng, [(1, 2, 2)])]
+    full = ok.PackCollator.for_model(config("qwen2_5_vl"), warmup=False)(samples)
+    for b in _collators("qwen2_5_vl", 3, strategy):
+        b = b(samples)
+        held = b["context_parallel_shard"].indices
+        assert b["position_ids"].shape == (4, 1, held.numel())
+        assert torch.equal(b["position_ids"], full["position_ids"][..., held])
+        assert torch.equal(b["input_ids"][0], full["input_ids"][0, held])

@@ -26,8 +26,8 @@ import omnibal_kernels as ok
 from omnibal_kernels.context_parallel import ContextParallelOptions
 from omnibal_kernels.testing.hf_models import config, internvl_sample, qwen_sample, text_ids, tiny_model
 
-MODELS = ["qwen2_vl", "qwen2_5_vl", "internvl"]
-STRATEGIES = ["zigzag", "per_document", "hybrid", "contiguous"]
+MODELS = ["qwen2_vl", "qwen2_5_vl", "internvl", "llama"]
+STRATEGIES = ["zigzag", "per_document", "hybrid", "contiguous", "auto"]
 PACKS = ["mixed", "text_first", "cut_image"]
 
 
@@ -42,6 +42,8 @@ def pack(model: str, name: str) -> list[dict[str, Any]]:
     ``cut_image`` (one image whose placeholder run the ``contiguous`` boundary cuts)."""
     rng = np.random.default_rng(PACKS.index(name))
     torch.manual_seed(PACKS.index(name))
+    if model == "llama":  # a text model through the same entry point
+        return [_text(rng, 40), _text(rng, 3), _text(rng, 90), _text(rng, 1 + PACKS.index(name))]
     if model == "internvl":
         if name == "mixed":
             return [internvl_sample(rng, 2), _text(rng, 9), internvl_sample(rng, 3), internvl_sample(rng, 1)]
@@ -83,6 +85,7 @@ def _train(name: str, world: int, rank: int, group: Any, cases: list[tuple[str, 
         both = torch.cat([loss.detach().reshape(1), _grads(model)])
         dist.all_reduce(both, group=group)
         out[name, pack_name, strategy] = both
+        out[name, pack_name, strategy, "no_grad"] = {n for n, p in model.named_parameters() if p.grad is None}
     return out
 
 
@@ -120,7 +123,7 @@ def _collate(name: str, pack_name: str, size: int, strategy: str, rank: int) -> 
 def _cases(world: int) -> dict[str, list[tuple[str, str]]]:
     if world == 2:
         return {name: [(p, s) for p in PACKS for s in STRATEGIES] for name in MODELS}
-    return {name: [("mixed", "zigzag"), ("mixed", "hybrid"), ("cut_image", "contiguous")] for name in MODELS[:2]}
+    return {name: [("mixed", "zigzag"), ("mixed", "hybrid"), ("cut_image", "contiguous")] for name in MODELS}
 
 
 def _errors(rank: int) -> list[str]:
@@ -168,20 +171,24 @@ def _run(world: int) -> list[dict]:
 
 
 @functools.cache
-def _reference(name: str, pack_name: str) -> torch.Tensor:
-    """The unsharded packed model's loss and gradients (sdpa attention, one process)."""
+def _reference(name: str, pack_name: str) -> tuple[torch.Tensor, set[str]]:
+    """The unsharded packed model's loss and gradients (sdpa attention, one process), and the parameters
+    without a gradient."""
     model = tiny_model(name)
     loss = model(**ok.PackCollator.for_model(model, warmup=False)(pack(name, pack_name))).loss
     loss.backward()
-    return torch.cat([loss.detach().reshape(1), _grads(model)])
+    unused = {n for n, p in model.named_parameters() if p.grad is None}
+    return torch.cat([loss.detach().reshape(1), _grads(model)]), unused
 
 
 def _check(world: int) -> None:
     ranks = _run(world)
     for name, cases in _cases(world).items():
         for pack_name, strategy in cases:
-            got, want = ranks[0][name, pack_name, strategy], _reference(name, pack_name)
+            got, (want, unused) = ranks[0][name, pack_name, strategy], _reference(name, pack_name)
             where = f"{name}, {pack_name}, {strategy}, {world} ranks"
+            for r in range(world):  # every parameter the model uses has a gradient on every rank (DDP needs it)
+                assert ranks[r][name, pack_name, strategy, "no_grad"] <= unused, where
             torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5, msg=lambda m, w=where: f"{w} loss: {m}")
             torch.testing.assert_close(got[1:], want[1:], rtol=1e-5, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
 

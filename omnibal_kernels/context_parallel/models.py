@@ -35,6 +35,17 @@ _GROUP_KEY = "context_parallel_group"
 # The inputs a vision-language forward would encode itself; the hook encodes the rank's units instead.
 _PIXEL_KEYS = ("pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 _HOOK_ATTR = "_omnibal_context_parallel_hook"
+# The submodules that make image features (Qwen-VL: visual; InternVL: vision_tower, multi_modal_projector).
+_VISION_MODULES = ("visual", "vision_tower", "multi_modal_projector")
+
+
+def _parameters(model: Any, name: str) -> list[torch.nn.Parameter]:
+    """The parameters of ``model``'s submodule ``name`` (found on the model or its inner ``model``)."""
+    for owner in (model, getattr(model, "model", None)):
+        module = getattr(owner, name, None)
+        if isinstance(module, torch.nn.Module):
+            return list(module.parameters())
+    return []
 
 
 def _model_kind(model: Any) -> str:
@@ -106,10 +117,9 @@ class _ContextParallelHook:
                     "context_parallel=...), which divides the pack's images among the ranks"
                 )
             return
-        embeddings = model.get_input_embeddings().weight
         own = self._encode(model, pixels, vision)
         if own is None:
-            own = embeddings.new_zeros((0, embeddings.shape[1])).requires_grad_(torch.is_grad_enabled())
+            own = self._nothing_encoded(model)
         rows = exchange_vision_rows(own, vision, group)
         kinds = set(vision.work.units.kind.tolist())
         outputs: dict[str, Any] = {}
@@ -142,6 +152,21 @@ class _ContextParallelHook:
                 )
                 parts.append(torch.cat(list(out.pooler_output), dim=0))
         return torch.cat(parts, dim=0) if parts else None
+
+    @staticmethod
+    def _nothing_encoded(model: Any) -> torch.Tensor:
+        """The features of a rank that encodes no unit of a pack with images: no rows, but in the graph of every
+        vision parameter with a zero weight, so that each gets a gradient (0) on this rank as on the others (DDP
+        expects every parameter used) and the exchange's backward runs here too."""
+        embeddings = model.get_input_embeddings().weight
+        empty = embeddings.new_zeros((0, embeddings.shape[1]))
+        if not torch.is_grad_enabled():
+            return empty
+        vision = [p for name in _VISION_MODULES for p in _parameters(model, name) if p.requires_grad]
+        if not vision:
+            return empty.requires_grad_()
+        anchor = torch.stack([p.sum().to(empty.dtype) for p in vision]).sum()
+        return empty + 0.0 * anchor
 
     def _encoder_output(self, rows: torch.Tensor) -> Any:
         from transformers.modeling_outputs import BaseModelOutputWithPooling
