@@ -254,3 +254,22 @@ def test_every_token_keeps_the_unsharded_packs_mrope_position(strategy):
         assert b["position_ids"].shape == (4, 1, held.numel())
         assert torch.equal(b["position_ids"], full["position_ids"][..., held])
         assert torch.equal(b["input_ids"][0], full["input_ids"][0, held])
+
+
+def test_a_planned_sampler_gives_each_cp_rank_its_share_of_the_images():
+    from omnibal_kernels.testing.hf_models import lengths_of, training_samples
+
+    samples = training_samples("qwen2_vl", 24, seed=2)
+    options = ok.PlanOptions(target_batch_size=4, drop_last=True, context_parallel=ContextParallelOptions(size=2))
+    collate = ok.PackCollator.for_model(config("qwen2_vl"), warmup=False)  # CP options and rank from the sampler
+    ranks = []
+    for rank in range(2):
+        sampler = ok.BalancedBatchSampler(lengths_of(samples), options, world_size=2, rank=rank)
+        loader = torch.utils.data.DataLoader(sampler.wrap(samples), batch_sampler=sampler, collate_fn=collate)
+        ranks.append(list(loader))
+    assert len(ranks[0]) == len(ranks[1]) > 0
+    for a, b in zip(*ranks):
+        va, vb = a["context_parallel_shard"].vision, b["context_parallel_shard"].vision
+        assert (va.rank, vb.rank) == (0, 1) and va.work.units.num_units == va.units.numel() + vb.units.numel()
+        assert a["pixel_values"].shape[0] + b["pixel_values"].shape[0] == int(va.work.units.pixel_rows.sum())
+        assert int(a["num_items_in_batch"]) == int(b["num_items_in_batch"])

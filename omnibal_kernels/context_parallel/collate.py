@@ -238,7 +238,7 @@ def shard_vision(
         )
     ids = fields["input_ids"][0].cpu().numpy()
     indices = [s.indices.cpu().numpy() for s in sharded.shards]
-    vision = plan_vision(ids, indices, units, (tokens.image_token_id, tokens.video_token_id))[rank]
+    vision = plan_vision(ids, indices, units, (tokens.image_token_id, tokens.video_token_id), ranks=[rank])[0]
     if tokens.tokens_per_tile is not None:
         assert pixels is not None
         rank_fields = {"pixel_values": pixels.index_select(0, vision.units.to(pixels.device))}

@@ -319,8 +319,9 @@ def plan_vision(
     rank_indices: Sequence[np.ndarray],
     units: VisionUnits,
     token_ids: tuple[Optional[int], Optional[int]],
+    ranks: Optional[Sequence[int]] = None,
 ) -> list[VisionShard]:
-    """Every CP rank's :class:`VisionShard` for one pack.
+    """Every CP rank's :class:`VisionShard` for one pack (or those of ``ranks``: a collator needs its own).
 
     Args:
         input_ids: ``(T,)`` the packed tokens.
@@ -328,6 +329,7 @@ def plan_vision(
             the shards' ``indices``.
         units: the pack's units (:func:`patch_units`, :func:`tile_units`).
         token_ids: the image and the video placeholder ids (None: no such kind).
+        ranks: the ranks whose shards to build (None: all, in rank order).
 
     Raises:
         ValueError: placeholders that do not match the units' embedding rows.
@@ -388,7 +390,7 @@ def plan_vision(
     )
     return [
         _rank_shard(r, size, assign, encoded, counts_kind, sources, rows, sent, work, exchanged > 0)
-        for r in range(size)
+        for r in (range(size) if ranks is None else ranks)
     ]
 
 
