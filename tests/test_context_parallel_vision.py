@@ -35,8 +35,9 @@ def _global_rows(units, ids: np.ndarray) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def _simulated_exchange(shards: list) -> list[np.ndarray]:
-    """Each rank's placeholder rows after the exchange, as global feature ids, from its shard's routing alone."""
+def _simulated_exchange(shards: list) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each rank's placeholder rows after the exchange, as global feature ids, and the rank each came from, from
+    its shard's routing alone."""
     size = len(shards)
     own = []
     for s in shards:
@@ -54,14 +55,16 @@ def _simulated_exchange(shards: list) -> list[np.ndarray]:
         sent = [own[s.rank][i] for i in s.vision.send_index.tolist()]
         starts = np.r_[0, np.cumsum(s.vision.send_counts)]
         outboxes.append([sent[starts[d] : starts[d + 1]] for d in range(size)])
-    out = []
+    out, origins = [], []
     for s in shards:
         received = [row for src in range(size) for row in outboxes[src][s.rank]]
+        origin = [s.rank] * len(own[s.rank]) + [src for src in range(size) for _ in outboxes[src][s.rank]]
         for src in range(size):
             assert len(outboxes[src][s.rank]) == s.vision.recv_counts[src]
-        rows = np.array(own[s.rank] + received, dtype=np.int64)
-        out.append(rows[s.vision.gather_index.numpy()])
-    return out
+        gather = s.vision.gather_index.numpy()
+        out.append(np.array(own[s.rank] + received, dtype=np.int64)[gather])
+        origins.append(np.array(origin, dtype=np.int64)[gather])
+    return out, origins
 
 
 def _expected_rows(batch_full: dict, shard, image_token: int, video_token: int | None) -> np.ndarray:
@@ -87,12 +90,15 @@ def _check_pack(name: str, samples: list, size: int, strategy: str) -> list:
         return batches
     video_token = None if name == "internvl" else VID
     image_token = IMG_CONTEXT if name == "internvl" else IMG
-    got = _simulated_exchange(shards)
-    for s, rows in zip(shards, got):
-        np.testing.assert_array_equal(rows, _expected_rows(full, s, image_token, video_token))
-        # the rows it received came from the rank that encoded their unit
-    everything = np.sort(np.concatenate(got))
+    got, origins = _simulated_exchange(shards)
     units = shards[0].vision.work.units
+    for s, rows, origin in zip(shards, got, origins):
+        np.testing.assert_array_equal(rows, _expected_rows(full, s, image_token, video_token))
+        # each row came from the rank that encoded its unit
+        kind, row = rows // 10**6, rows % 10**6
+        unit = [np.flatnonzero((units.kind == k) & (units.feature_start <= r))[-1] for k, r in zip(kind, row)]
+        np.testing.assert_array_equal(origin, s.vision.work.assignment[np.array(unit, dtype=np.int64)])
+    everything = np.sort(np.concatenate(got))
     np.testing.assert_array_equal(everything, np.sort(_global_rows(units, np.arange(units.num_units))))
     # every unit encoded by exactly one rank, its pixels those of the pack
     encoded = np.sort(np.concatenate([s.vision.units.numpy() for s in shards]))
