@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .cost import ContextParallelCost
+from .exchange import exchange_rows
 
 __all__ = [
     "VisionShard",
@@ -451,8 +452,6 @@ def exchange_vision_rows(features: torch.Tensor, shard: VisionShard, group: Any 
         ``(image_rows + video_rows, hidden)``: the rows of its image placeholders then its video placeholders,
         in local token order. Gradients go back to the encoding ranks' ``features``.
     """
-    from .attention import _Exchange
-
     want = shard.encoded_image_rows + shard.encoded_video_rows
     if features.dim() != 2 or features.shape[0] != want:
         raise ValueError(
@@ -465,6 +464,6 @@ def exchange_vision_rows(features: torch.Tensor, shard: VisionShard, group: Any 
     rows = features
     if shard.group_exchanges:
         sent = features.index_select(0, shard.send_index)
-        got = _Exchange.apply(sent, list(shard.send_counts), list(shard.recv_counts), group)
+        got = exchange_rows(sent, shard.send_counts, shard.recv_counts, group)
         rows = torch.cat([features, got], dim=0)
     return rows.index_select(0, shard.gather_index)
