@@ -39,6 +39,7 @@ and collators. :mod:`.adapters` gives Megatron THD and ring-flash-attention inpu
 ``attention``  :func:`context_parallel_attention` over a process group
 ``adapters``   Megatron THD, ring-flash-attention and transformers
 ``collate``    the collator's side: a packed batch -> this rank's shard, weighted as the whole pack
+``exchange``   the all-to-all of rows with its gradient (K/V rows, embedding rows)
 ``vision``     a vision-language pack's images divided among the ranks, their embedding rows routed
 ``models``     :func:`apply_context_parallel`: a transformers model (text or vision-language) on CP shards
 ``report``     :func:`context_parallel_report`: every CP rank's time for every step of a plan

@@ -198,6 +198,11 @@ class PackCollator:
         ``image_grid_thw``; InternVL tiles ``(n, C, H, W)``), ``pixel_values_videos``, ``video_grid_thw``,
         ``second_per_grid_ts``. :func:`~omnibal_kernels.packing.unpack_batch` needs the full batch of a plain
         :class:`PackCollator`.
+
+        With ``context_parallel.size > 1`` each batch is this CP rank's shard; for Qwen2-VL, Qwen2.5-VL and
+        InternVL it holds the pixels and grids of the rank's share of the pack's images and their embedding
+        routing (:mod:`omnibal_kernels.context_parallel.collate`), which a model prepared by
+        :func:`omnibal_kernels.context_parallel.apply_context_parallel` reads (docs/guides/vlm-context-parallel.md).
         """
         spec = model_inputs(model_or_config)
         options = check_options("PackCollator.for_model", options).replace(**spec.options)
