@@ -67,6 +67,8 @@ def _grads(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _options(size: int, strategy: str) -> ContextParallelOptions:
+    if strategy == "zigzag_padded":  # Megatron padding: models with 1-D positions only
+        return ContextParallelOptions(size=size, strategy="zigzag", pad_sequences=True)
     return ContextParallelOptions(size=size, strategy=strategy)
 
 
@@ -122,7 +124,8 @@ def _collate(name: str, pack_name: str, size: int, strategy: str, rank: int) -> 
 
 def _cases(world: int) -> dict[str, list[tuple[str, str]]]:
     if world == 2:
-        return {name: [(p, s) for p in PACKS for s in STRATEGIES] for name in MODELS}
+        padded = {"internvl": [(p, "zigzag_padded") for p in PACKS], "llama": [("mixed", "zigzag_padded")]}
+        return {name: [(p, s) for p in PACKS for s in STRATEGIES] + padded.get(name, []) for name in MODELS}
     return {name: [("mixed", "zigzag"), ("mixed", "hybrid"), ("cut_image", "contiguous")] for name in MODELS}
 
 
@@ -214,6 +217,8 @@ def test_the_packs_hold_the_cases_they_name():
             assert min(v.units.numel() for v in cut) == 0
     mixed = _collate("qwen2_5_vl", "mixed", 2, "zigzag", 0)["context_parallel_shard"].vision
     assert set(mixed.work.units.kind.tolist()) == {0, 1}
+    padded = [_collate("internvl", p, 2, "zigzag_padded", 0)["context_parallel_shard"] for p in PACKS]
+    assert any(bool((s.indices < 0).any()) for s in padded)  # Megatron padding tokens among the shards
 
 
 @pytest.mark.slow
