@@ -132,32 +132,18 @@ qwen_samples = st.lists(
 )
 
 
-def _qwen_pack(specs: list, size: int, strategy: str, name: str, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    samples = [qwen_sample(rng, images, videos, seconds=[1.0] * len(videos) or None) for images, videos in specs]
-    _check_pack(name, samples, size, strategy)
-
-
-_QWEN_PACKS = (
+@settings(max_examples=40, deadline=None)
+@given(
     qwen_samples,
     st.integers(2, 4),
     st.sampled_from(STRATEGIES),
     st.sampled_from(["qwen2_vl", "qwen2_5_vl"]),
     st.integers(0, 99),
 )
-
-
-@settings(max_examples=6, deadline=None)
-@given(*_QWEN_PACKS)
 def test_every_placeholder_row_arrives_once_from_its_encoder(specs, size, strategy, name, seed):
-    _qwen_pack(specs, size, strategy, name, seed)
-
-
-@pytest.mark.slow
-@settings(max_examples=60, deadline=None)
-@given(*_QWEN_PACKS)
-def test_every_placeholder_row_arrives_once_from_its_encoder_many_packs(specs, size, strategy, name, seed):
-    _qwen_pack(specs, size, strategy, name, seed)
+    rng = np.random.default_rng(seed)
+    samples = [qwen_sample(rng, images, videos, seconds=[1.0] * len(videos) or None) for images, videos in specs]
+    _check_pack(name, samples, size, strategy)
 
 
 @settings(max_examples=15, deadline=None)
