@@ -287,3 +287,19 @@ def test_a_planned_sampler_gives_each_cp_rank_its_share_of_the_images():
         assert (va.rank, vb.rank) == (0, 1) and va.work.units.num_units == va.units.numel() + vb.units.numel()
         assert a["pixel_values"].shape[0] + b["pixel_values"].shape[0] == int(va.work.units.pixel_rows.sum())
         assert int(a["num_items_in_batch"]) == int(b["num_items_in_batch"])
+
+
+def test_vision_shards_come_through_dataloader_workers():
+    rng = np.random.default_rng(6)
+    pack = [qwen_sample(rng, [(1, 4, 4)], [(2, 2, 4)], seconds=[1.0]), qwen_sample(rng, [(1, 2, 2)])]
+    collate = _collators("qwen2_vl", 2)[1]
+    loader = torch.utils.data.DataLoader([pack], batch_size=None, collate_fn=collate, num_workers=1)
+    (got,) = list(loader)
+    want = collate(pack)
+    assert torch.equal(
+        got["context_parallel_shard"].vision.gather_index, want["context_parallel_shard"].vision.gather_index
+    )
+    assert (
+        torch.equal(got["pixel_values"], want["pixel_values"])
+        and got["context_parallel_shard"].vision.work.units.num_units == 4
+    )
