@@ -127,19 +127,3 @@ def test_plan_plot_draws_the_users_data(tmp_path: Path) -> None:
 def test_bench_rejects_an_unknown_part() -> None:
     proc = _cli("bench", "--only", "nothing", timeout=60)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
-
-
-def test_update_readme_splices_the_report_between_the_markers() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "benchmarks" / "update_readme.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    readme = "# B\n\n<!-- results:start -->\nold\n<!-- results:end -->\ntail\n"
-    out = module.splice(readme, "run line\n\n### Part\n\n| a |\n")
-    assert out == "# B\n\n<!-- results:start -->\nrun line\n\n#### Part\n\n| a |\n<!-- results:end -->\ntail\n"
-    assert module.splice(out, "new\n").count("new") == 1
-    with pytest.raises(ValueError, match="results:start"):
-        module.splice("# no markers\n", "x")
-    # the README of this checkout has its markers
-    module.splice((ROOT / "benchmarks" / "README.md").read_text(), "x")
