@@ -1,4 +1,4 @@
-"""Every ```python block of the pages under docs/ runs as written and its asserts hold.
+"""Every ```python block of README.md and of the pages under docs/ runs as written and its asserts hold.
 
 A page's blocks run in order in one namespace, each compiled at its line in the page (a failure points into the
 page), with a fresh temporary folder as the working directory (a snippet may write files). Blocks in any other
@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = sorted(DOCS.rglob("*.md"))
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 _FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 _MARKER = re.compile(r"<!-- docs-test: (\w+)(.*?) -->")
 _SLOW = "<!-- docs-test: slow -->"
@@ -55,8 +55,8 @@ def _param(page: Path) -> object:
 
 
 def test_the_pages_have_snippets() -> None:
-    assert PAGES, "docs/ has no page"
-    assert any(_blocks(page.read_text(encoding="utf-8")) for page in PAGES)
+    assert (ROOT / "README.md") in PAGES and len(PAGES) > 1
+    assert _blocks((ROOT / "README.md").read_text(encoding="utf-8")), "README.md has no python block"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)
