@@ -90,3 +90,18 @@ def test_page_snippets_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         if marker is not None and (marker[0] == "skip" or not torch.cuda.is_available()):
             continue
         exec(compile("\n" * line + code, str(page), "exec"), namespace)
+
+
+def test_the_api_pages_are_current() -> None:
+    """docs/api/ holds one entry per public class and function, at its module: regenerate with
+    ``python tests/docs_api.py`` when the public API changes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_api", Path(__file__).with_name("docs_api.py"))
+    assert spec is not None and spec.loader is not None
+    docs_api = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_api)
+    API, want = docs_api.API, docs_api.pages()
+    assert sorted(p.name for p in API.glob("*.md")) == sorted(want)
+    for name, text in want.items():
+        assert (API / name).read_text(encoding="utf-8") == text, f"docs/api/{name} is stale: python tests/docs_api.py"
