@@ -105,3 +105,13 @@ def test_the_api_pages_are_current() -> None:
     assert sorted(p.name for p in API.glob("*.md")) == sorted(want)
     for name, text in want.items():
         assert (API / name).read_text(encoding="utf-8") == text, f"docs/api/{name} is stale: python tests/docs_api.py"
+
+
+def test_ci_runs_the_readmes_test_command_and_builds_the_docs() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    command = re.search(r'pip install -e "\.\[test\]" && (python -m pytest[^\n]*)', readme)
+    assert command and command.group(1) == "python -m pytest -n auto"
+    assert "python3 -m pytest -q -n auto" in ci  # the same, quiet
+    assert any(line.startswith("python3 -m mkdocs build --strict") for line in ci)
+    assert '-m "not slow"' in readme
