@@ -97,6 +97,8 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
     assert text == to_markdown(report) and proc.stdout.strip() == text.strip()
     assert "### Measured DDP training" in text and "predicted by the cost model calibrated" in text
     assert "| bundled |" in text and "### Context parallelism" in text
+    assert {r["mix"] for r in report["cp_vision"]} == {"long_video_128k", "video_mix_64k", "image_docs_64k"}
+    assert "#### Vision-language packs under context parallelism" in text
     for name in ("rank_loads", "pack_loads", "planning_time", "step_time", "omniverse_steps"):
         png = tmp_path / "png" / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC, name

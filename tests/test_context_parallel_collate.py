@@ -183,10 +183,6 @@ def test_for_model_shards_keep_what_the_model_and_the_attention_take():
     assert batch["use_cache"] is False
     assert not {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q"} & set(batch)
     assert "ContextParallelOptions(size=2" in repr(collator) and "context_parallel_rank=1" in repr(collator)
-    with pytest.raises(ValueError, match="context_parallel.size"):
-        ok.PackCollator.for_model(
-            config("internvl"), context_parallel=ContextParallelOptions(size=2), context_parallel_rank=0
-        )
 
 
 def test_sampler_and_collator_give_a_cp_group_one_pack_and_each_rank_its_shard():

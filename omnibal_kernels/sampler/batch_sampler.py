@@ -334,6 +334,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                     self.lengths.llm,
                     self.context_parallel,
                     progress=progress,
+                    vision=self.lengths,
                 )
             schedule.report = make_report(
                 schedule, self._groups, self.micro_steps_per_step, self.micro_step_loads(schedule.epoch), cp
