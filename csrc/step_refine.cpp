@@ -2,7 +2,8 @@
 // partners: the step's lightest pack and a few others in turn (moves and swaps, found by binary search in each
 // pack's samples sorted by cost), and any pack of the pool (swaps found in all the pool's samples sorted by cost,
 // and by ViT load then cost). The pool is the step's own packs; a step left above its mean then also draws on
-// the packs of the steps before and after it, each kept below its own ceiling.
+// the packs of the steps before and after it, each kept below its own ceiling, and the step before it gives
+// cost to its packs up to its costliest one.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -37,8 +38,9 @@ constexpr int64_t kGroupNeighbours = 4;
 constexpr int64_t kSetGivers = 8;
 constexpr int64_t kSetScan = 16;
 constexpr int64_t kSetNeighbours = 2;
-// An exchange search that finds nothing is tried again with every count above this many times larger: a heavy
-// pack full in a capacity trades only with the few samples of nearly its load, which a wider search reaches
+// An exchange search that finds nothing is tried again with this many times the partners, samples scanned and
+// neighbours in cost and ViT load above (not the set exchanges', whose work grows fastest): a heavy pack full in a
+// capacity trades only with the few samples of nearly its load, which a wider search reaches
 // (the suite's time targets, omnibal_kernels.bench.time_targets, measure the epoch cost it gains).
 constexpr int64_t kWideReach = 8;
 
@@ -294,7 +296,7 @@ class StepRefiner {
     const std::vector<Entry>& B = pool_.content(b, d);
     const int64_t na = static_cast<int64_t>(A.size()), nb = static_cast<int64_t>(B.size());
     if (nb < 2) return;
-    const int64_t givers = std::min(na, wide(kSetGivers)), takers = std::min(nb, wide(kSetScan));
+    const int64_t givers = std::min(na, kSetGivers), takers = std::min(nb, kSetScan);
     for (int64_t i = na - givers; i < na; ++i) {
       const Entry& x = A[static_cast<size_t>(i)];
       for (int64_t s = 0; s < takers; ++s) {
@@ -303,9 +305,8 @@ class StepRefiner {
         const double rest = x.cost[d] - want - y1.cost[d];
         if (!(rest > 0.0)) continue;
         const int64_t at = lower_cost(B, d, rest);
-        work_ += log2_ceil(B.size()) + 2 * wide(kSetNeighbours);
-        for (int64_t k = std::max<int64_t>(0, at - wide(kSetNeighbours)); k < std::min(nb, at + wide(kSetNeighbours));
-             ++k) {
+        work_ += log2_ceil(B.size()) + 2 * kSetNeighbours;
+        for (int64_t k = std::max<int64_t>(0, at - kSetNeighbours); k < std::min(nb, at + kSetNeighbours); ++k) {
           if (k != j) consider(a, b, d, want, Moving(x), Moving(y1, B[static_cast<size_t>(k)]), best);
         }
       }
@@ -341,11 +342,10 @@ class StepRefiner {
     const double want = give(a, d);
     if (!(want > 0.0)) return;
     const std::vector<Entry>& A = pool_.content(a, d);
-    const int64_t na = static_cast<int64_t>(A.size()), pairs = std::min(na, wide(kSetGivers));
+    const int64_t na = static_cast<int64_t>(A.size()), pairs = std::min(na, kSetGivers);
     for (int64_t i = na - pairs; i < na; ++i) {
       for (int64_t j = i + 1; j < na; ++j) {
-        try_vit_near(a, d, want, Moving(A[static_cast<size_t>(i)], A[static_cast<size_t>(j)]), best,
-                     wide(kSetNeighbours));
+        try_vit_near(a, d, want, Moving(A[static_cast<size_t>(i)], A[static_cast<size_t>(j)]), best, kSetNeighbours);
       }
     }
   }
@@ -428,7 +428,8 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
   const int64_t num_steps = static_cast<int64_t>(order.size()) / world_size;
   const size_t w = static_cast<size_t>(world_size);
   // A refinement's work is bounded by the step's own samples (the neighbours' add candidates, not work), so the
-  // exchanges of an epoch cost at most twice work_per_sample per sample (a stuck step is refined twice).
+  // exchanges of an epoch cost at most three times work_per_sample per sample (a stuck step is refined twice, and
+  // the step before it once more).
   auto budget_for = [&]() {
     int64_t samples = 0;
     for (size_t k = 0; k < w; ++k) samples += contents.size(pool[k]);
@@ -492,6 +493,20 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     if (has_after) add_step(s + 1, top_and_mean(s + 1).second);
     if (!has_before && !has_after) continue;
     made = refiner.refine(pool, world_size, has_before ? world_size : 0, frozen, ceiling, budget_for(), contents);
+    if (made > 0) save();
+    exchanges += made;
+    if (!has_before) continue;
+    // Still above its mean: its packs may take cost up to its costliest pack, which they do not raise, from the
+    // step before, whose costliest pack that lowers (refined as a step whose step before is this one).
+    const auto [top, mean] = top_and_mean(s);
+    if (!(top > (1.0 + kRefineTolerance) * mean)) continue;
+    const Index* before = order.data() + (s - 1) * world_size;
+    pool.assign(before, before + world_size);
+    frozen.resize(w);
+    for (size_t k = 0; k < w; ++k) frozen[k] = is_frozen(pool[k]);
+    ceiling.clear();
+    add_step(s, top);
+    made = refiner.refine(pool, world_size, world_size, frozen, ceiling, budget_for(), contents);
     if (made > 0) save();
     exchanges += made;
   }
