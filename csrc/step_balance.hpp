@@ -68,12 +68,14 @@ Index settle_steps(LargeVector<Index>& order, const PackLoads& totals, Index wor
 // one-for-one swap, moving a cost as close as can be found to what brings the heavy pack down to the step's
 // mean without raising the light one above it (both packs stay within both capacities; every sample stays in
 // exactly one pack). Candidates come from binary searches in each pack's samples sorted by cost, a bounded
-// number per exchange, so an exchange's work does not grow with the square of a pack's size. A step stops when
-// its costliest pack is within kRefineTolerance of the mean, when no exchange lowers it, or when it has spent
-// work_per_sample units of work per sample of the step (0: no exchange); packs that appear more than once in
-// `order` (reused packs of a ragged step) and packs over a capacity (oversize singles) are left as they are.
-// Pack sizes may change; `packs` is rebuilt when anything moved. Deterministic: no randomness, a fixed scan
-// order. Returns the number of exchanges made.
+// number per exchange (a search that finds none is repeated once with a fixed multiple of them), so an exchange's
+// work does not grow with the square of a pack's size. A step stops when its costliest pack is within
+// kRefineTolerance of the mean, when no exchange lowers it, or when it has spent work_per_sample units of work per
+// sample of the step (0: no exchange). A step left above its mean then also exchanges with the packs of the steps
+// before and after it, and the step before gives cost to its packs up to its costliest one (one cost part
+// only). Packs that appear more than once in `order` (reused packs of a ragged step) and packs over a capacity
+// (oversize singles) are left as they are. Pack sizes may change; `packs` is rebuilt when anything moved.
+// Deterministic: no randomness, a fixed scan order. Returns the number of exchanges made.
 int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
                      const LargeVector<Index>& order, Index world_size, int64_t work_per_sample);
 

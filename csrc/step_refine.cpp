@@ -2,7 +2,8 @@
 // partners: the step's lightest pack and a few others in turn (moves and swaps, found by binary search in each
 // pack's samples sorted by cost), and any pack of the pool (swaps found in all the pool's samples sorted by cost,
 // and by ViT load then cost). The pool is the step's own packs; a step left above its mean then also draws on
-// the packs of the steps before and after it, each kept below its own ceiling.
+// the packs of the steps before and after it, each kept below its own ceiling, and the step before it gives
+// cost to its packs up to its costliest one.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -37,6 +38,11 @@ constexpr int64_t kGroupNeighbours = 4;
 constexpr int64_t kSetGivers = 8;
 constexpr int64_t kSetScan = 16;
 constexpr int64_t kSetNeighbours = 2;
+// An exchange search that finds nothing is tried again with this many times the partners, samples scanned and
+// neighbours in cost and ViT load above (not the set exchanges', whose work grows fastest): a heavy pack full in a
+// capacity trades only with the few samples of nearly its load, which a wider search reaches
+// (the suite's time targets, omnibal_kernels.bench.time_targets, measure the epoch cost it gains).
+constexpr int64_t kWideReach = 8;
 
 // Samples that move one way in an exchange: none, one or two.
 struct Moving {
@@ -124,16 +130,13 @@ class StepRefiner {
         break;
       }
       Exchange best;
-      tried_.clear();
-      if (above_) {
-        try_pair(a, lightest_.best(), best);
-        for (int64_t r = 0; r < std::min(kRotatingCandidates, w); ++r) try_pair(a, (cursor++) % w, best);
-        if (spill_.best() >= 0) try_pair(a, before_end_ + spill_.best(), best);
+      search(a, cursor, best);
+      // A wider search costs more work per exchange: only where the usual one finds nothing.
+      if (best.other < 0) {
+        reach_ = kWideReach;
+        search(a, cursor, best);
+        reach_ = 1;
       }
-      if (sink_.best() >= 0) try_pair(a, w_ + sink_.best(), best);
-      try_pool(a, best);
-      // Set exchanges cost more to search: only where no single sample or pair of samples trades places.
-      if (best.other < 0) try_sets(a, best);
       if (best.other < 0) {
         ending_ = above_ ? Ending::kStuck : Ending::kBalanced;
         break;
@@ -144,11 +147,26 @@ class StepRefiner {
     return exchanges;
   }
 
+  // Exchanges for heavy pack a with its partners and the pool, the set exchanges where none other is found.
+  void search(int64_t a, int64_t& cursor, Exchange& best) {
+    tried_.clear();
+    if (above_) {
+      try_pair(a, lightest_.best(), best);
+      for (int64_t r = 0; r < std::min(wide(kRotatingCandidates), w_); ++r) try_pair(a, (cursor++) % w_, best);
+      if (spill_.best() >= 0) try_pair(a, before_end_ + spill_.best(), best);
+    }
+    if (sink_.best() >= 0) try_pair(a, w_ + sink_.best(), best);
+    try_pool(a, best);
+    // Set exchanges cost more to search: only where no single sample or pair of samples trades places.
+    if (best.other < 0) try_sets(a, best);
+  }
+
   // Whether the last refinement stopped with its costliest pack above the mean, no exchange lowering it.
   bool stuck() const { return ending_ == Ending::kStuck; }
   const std::vector<Entry>& content(int64_t k) const { return pool_.content(k, 0); }
 
  private:
+  int64_t wide(int64_t k) const { return k * reach_; }
   double part(int64_t k, int d) const { return totals_.cost[static_cast<size_t>(pool_.id(k) * dims_ + d)]; }
   double score(int64_t k) const {
     double s = 0.0;
@@ -253,18 +271,18 @@ class StepRefiner {
     const int64_t na = static_cast<int64_t>(A.size()), nb = static_cast<int64_t>(B.size());
     if (na > 1) {  // a move leaves a at least one sample
       const int64_t at = lower_cost(A, d, want);
-      work_ += log2_ceil(A.size()) + 2 * kNeighbours;
-      for (int64_t i = std::max<int64_t>(0, at - kNeighbours); i < std::min(na, at + kNeighbours); ++i) {
+      work_ += log2_ceil(A.size()) + 2 * wide(kNeighbours);
+      for (int64_t i = std::max<int64_t>(0, at - wide(kNeighbours)); i < std::min(na, at + wide(kNeighbours)); ++i) {
         consider(a, b, d, want, Moving(A[static_cast<size_t>(i)]), Moving(), best);
       }
     }
-    const int64_t scan = std::min(na, kSwapScan);
-    const int64_t search = log2_ceil(B.size()) + 2 * kNeighbours;
+    const int64_t scan = std::min(na, wide(kSwapScan));
+    const int64_t search = log2_ceil(B.size()) + 2 * wide(kNeighbours);
     for (int64_t s = 0; s < scan && nb > 0; ++s) {
       const Entry& x = A[static_cast<size_t>(scan == na ? s : s * na / scan)];
       const int64_t at = lower_cost(B, d, x.cost[d] - want);
       work_ += search;
-      for (int64_t j = std::max<int64_t>(0, at - kNeighbours); j < std::min(nb, at + kNeighbours); ++j) {
+      for (int64_t j = std::max<int64_t>(0, at - wide(kNeighbours)); j < std::min(nb, at + wide(kNeighbours)); ++j) {
         consider(a, b, d, want, Moving(x), Moving(B[static_cast<size_t>(j)]), best);
       }
     }
@@ -304,14 +322,14 @@ class StepRefiner {
     if (!(want > 0.0)) return;
     const std::vector<Entry>& A = pool_.content(a, d);
     const int64_t na = static_cast<int64_t>(A.size());
-    const int64_t scan = std::min(na, kSwapScan);
+    const int64_t scan = std::min(na, wide(kSwapScan));
     for (int64_t s = 0; s < scan; ++s) {
       const Entry& x = A[static_cast<size_t>(scan == na ? s : s * na / scan)];
       const double target = x.cost[d] - want;
-      work_ += pool_.near_cost(d, target, kPoolNeighbours, [&](const Entry& y, int64_t b) {
+      work_ += pool_.near_cost(d, target, wide(kPoolNeighbours), [&](const Entry& y, int64_t b) {
         if (b != a) consider(a, b, d, want, Moving(x), Moving(y), best);
       });
-      try_vit_near(a, d, want, Moving(x), best, kGroupNeighbours);
+      try_vit_near(a, d, want, Moving(x), best, wide(kGroupNeighbours));
     }
   }
 
@@ -336,10 +354,10 @@ class StepRefiner {
   // nearest to x's less `want`, as one for x.
   void try_vit_near(int64_t a, int d, double want, const Moving& x, Exchange& best, int64_t around) {
     const int64_t hi = x.vit() + (cap_.vit - totals_.vit[static_cast<size_t>(pool_.id(a))]);
-    work_ +=
-        pool_.near_vit_and_cost(d, x.vit(), hi, x.cost(d) - want, kVitGroups, around, [&](const Entry& y, int64_t b) {
-          if (b != a) consider(a, b, d, want, x, Moving(y), best);
-        });
+    work_ += pool_.near_vit_and_cost(d, x.vit(), hi, x.cost(d) - want, wide(kVitGroups), around,
+                                     [&](const Entry& y, int64_t b) {
+                                       if (b != a) consider(a, b, d, want, x, Moving(y), best);
+                                     });
   }
 
   void apply(int64_t a, const Exchange& ex) {
@@ -366,6 +384,7 @@ class StepRefiner {
   const std::vector<double>* ceiling_ = nullptr;
   std::array<double, kMaxDims> sum_{}, mean_{}, inv_{}, frozen_top_{};
   int64_t work_ = 0;
+  int64_t reach_ = 1;  // the search's breadth, a multiple of the constants above
   Ending ending_ = Ending::kNothingToDo;
   ArgMin heaviest_, lightest_, sink_, spill_;
   std::vector<int64_t> tried_;
@@ -409,7 +428,8 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
   const int64_t num_steps = static_cast<int64_t>(order.size()) / world_size;
   const size_t w = static_cast<size_t>(world_size);
   // A refinement's work is bounded by the step's own samples (the neighbours' add candidates, not work), so the
-  // exchanges of an epoch cost at most twice work_per_sample per sample (a stuck step is refined twice).
+  // exchanges of an epoch cost at most three times work_per_sample per sample (a stuck step is refined twice, and
+  // the step before it once more).
   auto budget_for = [&]() {
     int64_t samples = 0;
     for (size_t k = 0; k < w; ++k) samples += contents.size(pool[k]);
@@ -473,6 +493,20 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     if (has_after) add_step(s + 1, top_and_mean(s + 1).second);
     if (!has_before && !has_after) continue;
     made = refiner.refine(pool, world_size, has_before ? world_size : 0, frozen, ceiling, budget_for(), contents);
+    if (made > 0) save();
+    exchanges += made;
+    if (!has_before) continue;
+    // Still above its mean: its packs may take cost up to its costliest pack, which they do not raise, from the
+    // step before, whose costliest pack that lowers (refined as a step whose step before is this one).
+    const auto [top, mean] = top_and_mean(s);
+    if (!(top > (1.0 + kRefineTolerance) * mean)) continue;
+    const Index* before = order.data() + (s - 1) * world_size;
+    pool.assign(before, before + world_size);
+    frozen.resize(w);
+    for (size_t k = 0; k < w; ++k) frozen[k] = is_frozen(pool[k]);
+    ceiling.clear();
+    add_step(s, top);
+    made = refiner.refine(pool, world_size, world_size, frozen, ceiling, budget_for(), contents);
     if (made > 0) save();
     exchanges += made;
   }
