@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from ._cli_args import OneLineParser, fraction
+
 __all__ = ["add_calibrate_parser", "add_lengths_parser", "build_parser", "main"]
 
 _REPORT_ROWS = (
@@ -59,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .omniverse.cli import add_parsers as add_omniverse_parsers
     from .pipeline.cli import add_parsers as add_pipeline_parsers
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="omnibal-kernels",
         description="Balance variable-length (vision-)language training data across data-parallel ranks.",
     )
@@ -403,9 +405,9 @@ def add_calibrate_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--image-scale",
-        type=float,
+        type=fraction,
         default=None,
-        help="Qwen-VL images at this share of their resolution (default: 1, or the tiny model's own)",
+        help="Qwen-VL images at this share of their resolution, in (0, 1] (default: 1, or the tiny model's own)",
     )
     p.add_argument("--holdout", type=float, default=0.5, help="share of packs predicted, not fitted (default 0.5)")
     p.add_argument("--seed", type=int, default=0)

@@ -19,7 +19,7 @@ from ..lengths import Lengths
 from .models import TINY_MODELS, build_model, model_config
 from .samples import SampleMaker
 from .timing import PackTimes, measure_pack_times
-from .workload import calibration_lengths, calibration_packs
+from .workload import calibration_lengths, calibration_packs, check_image_scale
 
 __all__ = ["Calibration", "calibrate", "pack_batches"]
 
@@ -89,6 +89,8 @@ def calibrate(
     """
     import torch
 
+    if image_scale is not None:
+        check_image_scale(image_scale)
     if isinstance(model, (str, os.PathLike)):
         if image_scale is None and isinstance(model, str) and model in TINY_MODELS:
             image_scale = TINY_MODELS[model].image_scale
@@ -102,7 +104,9 @@ def calibrate(
             f"model must be a model name, a config folder or a transformers model, got {type(model).__name__}"
         )
     if lengths is None:
-        lengths = calibration_lengths(config, num_samples, seed=seed, image_scale=image_scale or 1.0)
+        lengths = calibration_lengths(
+            config, num_samples, seed=seed, image_scale=1.0 if image_scale is None else image_scale
+        )
     packs = calibration_packs(lengths, num_packs, seed=seed)
     batches = pack_batches(model, lengths, packs, seed=seed)
     times = measure_pack_times(model, batches, repeats=repeats, warmup=warmup, clock=clock, progress=progress)
