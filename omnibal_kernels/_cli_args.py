@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import NoReturn
+from typing import Callable, NoReturn
 
-__all__ = ["OneLineParser", "finite_float", "fraction", "non_negative_float", "positive_float"]
+__all__ = ["OneLineParser", "finite_float", "fraction", "int_in", "non_negative_float", "positive_float"]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -16,7 +16,7 @@ class OneLineParser(argparse.ArgumentParser):
     and exit status 2, like every other bad input of the command line."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog.split()[0]}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -53,3 +53,18 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
     return value
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """The type of an integer flag in ``[low, high]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {text}")
+        return value
+
+    return parse

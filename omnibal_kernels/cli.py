@@ -465,7 +465,10 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``omnibal-kernels``; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (one line, status 2) or --help (status 0)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.func(args))
     except (ValueError, TypeError, OSError) as exc:

@@ -13,7 +13,9 @@ _GIB = 2**30
 
 def add_parsers(sub: Any) -> None:
     """Registers ``omniverse`` on an argparse sub-parser set."""
+    from .._cli_args import int_in
     from ..pipeline.estimate import CONFIGS
+    from ..pipeline.schedule import MAX_MICRO_BATCHES
 
     p = sub.add_parser(
         "omniverse",
@@ -29,7 +31,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--gpus", type=int, default=256, help="all GPUs (default 256)")
     p.add_argument("--pp", type=int, default=8, help="pipeline stages (default 8)")
     p.add_argument("--tp", type=int, default=4, help="tensor-parallel ranks per stage (default 4)")
-    p.add_argument("--micro-batches", type=int, default=32, help="micro-batches per pipeline and step (default 32)")
+    p.add_argument(
+        "--micro-batches",
+        type=int_in(1, MAX_MICRO_BATCHES),
+        default=32,
+        help="micro-batches per pipeline and step (default 32, at most 10**9)",
+    )
     p.add_argument("--memory-gb", type=float, default=80.0, help="GiB per GPU (default 80)")
     p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
     p.add_argument("--batch-size", type=int, default=4, help="samples per random padded micro-batch (default 4)")

@@ -15,8 +15,9 @@ _GIB = 2**30
 
 def add_parsers(sub: Any) -> None:
     """Registers ``partition`` and ``profile`` on an argparse sub-parser set."""
+    from .._cli_args import int_in
     from .partition import OBJECTIVES, RECOMPUTE_MODES
-    from .schedule import SCHEDULES
+    from .schedule import MAX_MICRO_BATCHES, SCHEDULES
 
     part = sub.add_parser(
         "partition",
@@ -32,7 +33,12 @@ def add_parsers(sub: Any) -> None:
         help="estimate the profile from a model config: internvl-300m-7b, internvl-6b-20b or an InternVL config.json",
     )
     part.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
-    part.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
+    part.add_argument(
+        "--micro-batches",
+        type=int_in(1, MAX_MICRO_BATCHES),
+        default=32,
+        help="micro-batches per step (default 32, at most 10**9)",
+    )
     part.add_argument(
         "--memory-gb", type=float, default=None, help="memory per stage in GiB (default: memory is no constraint)"
     )
