@@ -418,7 +418,10 @@ def add_calibrate_parser(subparsers: Any) -> None:
 
 def _run_calibrate(args: argparse.Namespace) -> int:
     from .calibration import calibrate
+    from .calibration.models import check_device
     from .lengths import load_lengths
+
+    check_device(args.device, "--device")
 
     folder = Path(args.output).parent
     if not folder.is_dir():

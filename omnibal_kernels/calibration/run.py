@@ -16,7 +16,7 @@ import numpy as np
 
 from ..balance.cost import CostFit, CostModel
 from ..lengths import Lengths
-from .models import TINY_MODELS, build_model, model_config
+from .models import TINY_MODELS, build_model, check_device, model_config
 from .samples import SampleMaker
 from .timing import PackTimes, measure_pack_times
 from .workload import calibration_lengths, calibration_packs, check_image_scale
@@ -87,16 +87,16 @@ def calibrate(
     Returns:
         :class:`Calibration`.
     """
-    import torch
 
     if image_scale is not None:
         check_image_scale(image_scale)
     if isinstance(model, (str, os.PathLike)):
+        check_device(device)  # before the model is read or built
+    if isinstance(model, (str, os.PathLike)):
         if image_scale is None and isinstance(model, str) and model in TINY_MODELS:
             image_scale = TINY_MODELS[model].image_scale
         config = model_config(model)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model = build_model(config, device=device, dtype=dtype)
+        model = build_model(config, device=check_device(device), dtype=dtype)
     elif hasattr(model, "config") and hasattr(model, "parameters"):
         config = model.config
     else:
