@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "OversizeError": "balance",
     "TooFewPacksError": "balance",
     "OmnibalWarning": "_warnings",
+    "TooFewPacksWarning": "_warnings",
     "ContextParallelOptions": "context_parallel",
     # training: samplers over plans
     "BalancedBatchSampler": "sampler",

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 from ._cli_args import OneLineParser, fraction
 
@@ -465,6 +466,26 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+_PYTHON_SHOWWARNING = warnings.showwarning
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Optional[TextIO] = None,
+    line: Optional[str] = None,
+) -> None:
+    """The library's warnings as one line of the command line's own; other warnings as Python shows them."""
+    from ._warnings import OmnibalWarning
+
+    if issubclass(category, OmnibalWarning):
+        print(f"omnibal-kernels: warning: {message}", file=sys.stderr)
+    else:
+        _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``omnibal-kernels``; returns the exit status."""
     parser = build_parser()
@@ -473,7 +494,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exc:  # a usage error (one line, status 2) or --help (status 0)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.func(args))
     except (ValueError, TypeError, OSError) as exc:
         # Bad input (the project raises ValueError/TypeError naming it) or a file that cannot be read or
         # written: one line and status 2. Anything else is a defect and keeps its traceback.

@@ -136,7 +136,7 @@ def test_cli_json_lists_every_configuration(capsys):
         (["--tp", "0"], "tp"),
         (["--micro-batches", "0"], "--micro-batches"),
         (["--micro-batches", "1000000000000"], "--micro-batches"),
-        (["--memory-gb", "-1"], "memory_gb"),
+        (["--memory-gb", "-1"], "--memory-gb"),
         (["--batch-size", "0"], "batch_size"),
         (["no-such-file.json"], "no-such-file.json"),
     ],

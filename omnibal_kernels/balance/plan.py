@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Optional, Union
 
 import numpy as np
 
 from .._checks import check_epoch
+from .._warnings import TooFewPacksWarning
 from ..lengths import Lengths
 from .engine import build_plan
 from .options import PlanOptions, check_options, check_world_size
@@ -50,6 +52,9 @@ def plan_packs(
     Raises:
         OversizeError: a sample alone exceeds a capacity and ``oversize="error"`` (naming the samples).
         TooFewPacksError: ``drop_last=True`` and fewer packs than ``world_size`` (no whole step).
+
+    Warns:
+        TooFewPacksWarning: fewer packs than ``world_size`` (``drop_last=False``): the one step repeats packs.
         ValueError/TypeError: bad options, naming the argument.
     """
     start = time.perf_counter()
@@ -63,6 +68,14 @@ def plan_packs(
         caps = search_capacity(lengths, options, world_size=world_size)
         options = options.replace(vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity)
     plan = build_plan(lengths, options, world_size=world_size, epoch=epoch, start=start)
+    if plan.num_packs < world_size:
+        warnings.warn(
+            f"only {plan.num_packs} pack(s) for world_size {world_size}: the plan's one step trains each pack about "
+            f"{world_size / plan.num_packs:.1f} times (BalancedBatchSampler refuses this with TooFewPacksError); "
+            "use fewer ranks or smaller capacities",
+            TooFewPacksWarning,
+            stacklevel=2,
+        )
     if options.context_parallel.enabled:
         plan = dataclasses.replace(plan, context_parallel=options.context_parallel)
     return plan

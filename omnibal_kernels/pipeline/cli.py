@@ -15,7 +15,7 @@ _GIB = 2**30
 
 def add_parsers(sub: Any) -> None:
     """Registers ``partition`` and ``profile`` on an argparse sub-parser set."""
-    from .._cli_args import int_in
+    from .._cli_args import fraction, int_in, non_negative_float, positive_float
     from .partition import OBJECTIVES, RECOMPUTE_MODES
     from .schedule import MAX_MICRO_BATCHES, SCHEDULES
 
@@ -40,7 +40,10 @@ def add_parsers(sub: Any) -> None:
         help="micro-batches per step (default 32, at most 10**9)",
     )
     part.add_argument(
-        "--memory-gb", type=float, default=None, help="memory per stage in GiB (default: memory is no constraint)"
+        "--memory-gb",
+        type=positive_float,
+        default=None,
+        help="memory per stage in GiB (default: memory is no constraint)",
     )
     part.add_argument(
         "--schedule",
@@ -67,7 +70,7 @@ def add_parsers(sub: Any) -> None:
         default="plan",
         help="plan: optimal per stage (default); uniform: none if it fits, else every layer",
     )
-    part.add_argument("--link-gb-per-s", type=float, default=25.0, help="GB/s between stages (default 25)")
+    part.add_argument("--link-gb-per-s", type=non_negative_float, default=25.0, help="GB/s between stages (default 25)")
     part.add_argument(
         "--fix",
         action="append",
@@ -78,14 +81,16 @@ def add_parsers(sub: Any) -> None:
     part.add_argument(
         "--vit-on-first-stage", action="store_true", help="keep every 'vit' layer on stage 0 and nothing else there"
     )
-    part.add_argument("--pack-tiles", type=float, default=16.0, help="--config: ViT tiles per micro-batch")
-    part.add_argument("--pack-tokens", type=float, default=5376.0, help="--config: LLM tokens per micro-batch")
+    part.add_argument("--pack-tiles", type=non_negative_float, default=16.0, help="--config: ViT tiles per micro-batch")
+    part.add_argument("--pack-tokens", type=positive_float, default=5376.0, help="--config: LLM tokens per micro-batch")
     part.add_argument("--pack-samples", type=int, default=4, help="--config: samples per micro-batch")
-    part.add_argument("--tflops", type=float, default=312.0, help="--config: device peak TFLOP/s (default 312)")
-    part.add_argument("--efficiency", type=float, default=0.5, help="--config: fraction of peak (default 0.5)")
+    part.add_argument(
+        "--tflops", type=positive_float, default=312.0, help="--config: device peak TFLOP/s (default 312)"
+    )
+    part.add_argument("--efficiency", type=fraction, default=0.5, help="--config: fraction of peak (default 0.5)")
     part.add_argument(
         "--static-bytes-per-param",
-        type=float,
+        type=non_negative_float,
         default=16.0,
         help="--config: weights + gradients + optimizer bytes per parameter (default 16, mixed-"
         "precision Adam; 4 + 12 / DP with a distributed optimizer over DP ranks)",
@@ -105,10 +110,10 @@ def add_parsers(sub: Any) -> None:
         help="tiny-vlm, or MODULE:FUNCTION returning (layers, inputs) or (layers, inputs, kinds)",
     )
     prof.add_argument("--config", default=None, help="estimate from a model config instead (as for partition)")
-    prof.add_argument("--pack-tiles", type=float, default=16.0)
-    prof.add_argument("--pack-tokens", type=float, default=5376.0)
+    prof.add_argument("--pack-tiles", type=non_negative_float, default=16.0)
+    prof.add_argument("--pack-tokens", type=positive_float, default=5376.0)
     prof.add_argument("--pack-samples", type=int, default=4)
-    prof.add_argument("--static-bytes-per-param", type=float, default=16.0)
+    prof.add_argument("--static-bytes-per-param", type=non_negative_float, default=16.0)
     prof.add_argument("--repeats", type=int, default=3, help="timed runs per layer (median)")
     prof.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring")
     prof.add_argument("--out", default=None, help="write the profile to this JSON file")
