@@ -226,6 +226,8 @@ def _check_output_path(path: str) -> None:
 
 
 def _read_lengths_records(path: Path) -> list[Mapping[str, Any]]:
+    if not path.exists():
+        raise FileNotFoundError(f"records file not found: {path}")
     if path.is_dir():
         raise ValueError(f"{path}: is a directory, not a records file")
     try:
@@ -466,6 +468,14 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _said(exc: Exception) -> str:
+    """An error as one line: an OSError that carries its file says which file and what went wrong with it,
+    never a bare ``[Errno N]``."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None and str(exc.filename) not in exc.args:
+        return f"{exc.filename}: {exc.strerror}"
+    return " ".join(str(exc).split())
+
+
 _PYTHON_SHOWWARNING = warnings.showwarning
 
 
@@ -500,7 +510,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, TypeError, OSError) as exc:
         # Bad input (the project raises ValueError/TypeError naming it) or a file that cannot be read or
         # written: one line and status 2. Anything else is a defect and keeps its traceback.
-        print(f"omnibal-kernels: error: {exc}", file=sys.stderr)
+        print(f"omnibal-kernels: error: {_said(exc)}", file=sys.stderr)
         return 2
 
 

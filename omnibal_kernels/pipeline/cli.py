@@ -139,14 +139,27 @@ def _config_profile(args: argparse.Namespace) -> Any:
     )
 
 
-def _fixed_starts(args: argparse.Namespace, profile: Any) -> dict[int, int]:
+def _fixed_starts(args: argparse.Namespace, profile: Any, stages: int) -> dict[int, int]:
+    """The boundaries ``--fix`` and ``--vit-on-first-stage`` ask for, each checked against the ``stages``
+    (virtual) stages and the profile's layers in the flag's own words."""
     fixed = {}
     for item in args.fix:
         stage, sep, layer = item.partition(":")
         if not sep or not stage.strip().isdigit() or not layer.strip().isdigit():
             raise ValueError(f"--fix expects STAGE:LAYER with two integers, got {item!r}")
+        first = int(stage) == int(layer) == 0  # stage 0 starts at layer 0, the one place it can start
+        if not first and not (0 < int(stage) < stages and 0 < int(layer) < len(profile)):
+            raise ValueError(
+                f"--fix {item}: STAGE must be in [1, {stages - 1}] ({stages} stages) and LAYER in "
+                f"[1, {len(profile) - 1}] ({len(profile)} layers)"
+            )
         fixed[int(stage)] = int(layer)
     if args.vit_on_first_stage:
+        if stages < 2:
+            raise ValueError(
+                f"--vit-on-first-stage puts the ViT alone on stage 0 and the rest after it: it needs at least 2 "
+                f"stages, got {stages}"
+            )
         kinds = [layer.kind for layer in profile.layers]
         n_vit = 0
         while n_vit < len(kinds) and kinds[n_vit] == "vit":
@@ -182,7 +195,7 @@ def _run_partition(args: argparse.Namespace) -> int:
         method=args.method,
         objective=args.objective,
         recompute=args.recompute,
-        fixed_starts=_fixed_starts(args, profile),
+        fixed_starts=_fixed_starts(args, profile, args.stages * chunks),
         **common,
     )
     uniform = partition(profile, args.stages, method="uniform", recompute="uniform", **common)
