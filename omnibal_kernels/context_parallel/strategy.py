@@ -85,8 +85,8 @@ def plan_layout(seqlens: Any, options: ContextParallelOptions) -> tuple[Layout, 
         )
     # a layout faster than zigzag by moving more K/V rows is not taken: the exchange is what the cost model
     # knows least (the links' speed and overlap vary), so auto never trades more of it for predicted time
-    zigzag = built[_AUTO_CANDIDATES.index("zigzag")][1].kv_exchanged
-    frugal = [b for b in within if b[1].kv_exchanged <= zigzag] or within
+    zigzag = built[_AUTO_CANDIDATES.index("zigzag")]
+    frugal = [b for b in within if b[1].kv_exchanged <= zigzag[1].kv_exchanged] if zigzag in within else within
     best = frugal[0]
     for candidate in frugal[1:]:
         if candidate[1].step_time < best[1].step_time:
