@@ -60,9 +60,9 @@ __all__ = [
     "ScheduleResult",
     "check_micro_batches",
     "held_micro_batches",
+    "representative_micro_batches",
     "schedule_order",
     "simulate",
-    "representative_micro_batches",
     "stage_ranks",
     "steady_threshold",
 ]
