@@ -97,6 +97,11 @@ def add_parsers(sub: Any) -> None:
     )
     part.add_argument("--json", action="store_true", help="print one JSON object")
     part.set_defaults(func=_run_partition)
+    _add_profile_parser(sub)
+
+
+def _add_profile_parser(sub: Any) -> None:
+    from .._cli_args import non_negative_float, positive_float
 
     prof = sub.add_parser(
         "profile",
