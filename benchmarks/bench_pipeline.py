@@ -20,7 +20,7 @@ parameter). Every step time is the schedule simulator's (``pipeline.simulate``).
   "data" is the share of the bubble the packs add: the step with per-pack times against the same packs at
   their mean time.
 
-    python benchmarks/bench_pipeline.py [balance] [schedules] [data] [--markdown]   # --markdown: also README tables
+    python benchmarks/bench_pipeline.py [balance] [schedules] [data] [--markdown]   # --markdown: also as Markdown
     python -m pytest benchmarks/bench_pipeline.py  # pytest-benchmark: search time
 """
 
@@ -295,7 +295,7 @@ def main(argv: list[str]) -> None:
         make, show = tables[part]
         rows = make()
         show(rows, False)
-        if markdown:  # the README's form of the same rows
+        if markdown:  # the same rows as Markdown tables
             print()
             show(rows, True)
         print()

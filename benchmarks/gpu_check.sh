@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one script for the GPU machine (see the GPU section of the README). In one call, well inside
+# The one script for the GPU machine (see docs/guides/gpu-ops.md). In one call, well inside
 # 8 minutes: build the C++ extension in place, run the GPU-marked tests, run the GPU benchmarks, write
 # OUTDIR/gpu_report.json and print a short table last. Without CUDA every GPU step is skipped and says so.
 #

@@ -40,6 +40,8 @@ _EXPORTS: dict[str, str] = {
     "OversizeError": "balance",
     "TooFewPacksError": "balance",
     "OmnibalWarning": "_warnings",
+    "CapacityWarning": "_warnings",
+    "DuplicatesWarning": "_warnings",
     "TooFewPacksWarning": "_warnings",
     "ContextParallelOptions": "context_parallel",
     # training: samplers over plans

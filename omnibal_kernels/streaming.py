@@ -336,7 +336,8 @@ def streaming_report(
         all dropped by ``oversize="drop"``) while the stream can, dropping and reporting what it cannot schedule.
 
     Raises:
-        The streaming packer's errors (e.g. ``OversizeError`` with ``oversize="error"``, bad options).
+        ValueError/TypeError: the streaming packer's errors (e.g. ``OversizeError`` with ``oversize="error"``,
+            bad options).
     """
     options = _stream_options(options)
     buffer_size = check_positive_int("buffer_size", buffer_size)

@@ -36,3 +36,31 @@ def test_misses_are_reported():
     times["auto"] = times["contiguous"]  # slower than the best fixed strategy on this pack
     misses = _misses("long_and_short_128k", 2, times, rows)["auto"]
     assert len(misses) == 3 and "1.0500 > 1.02" in misses[0] and "0.50x" in misses[1] and "1 packs" in misses[2]
+
+
+def test_vision_rows_balance_the_vit_and_route_less_than_an_all_gather():
+    from omnibal_kernels.bench.context_parallel_vision import VISION_MIXES, cp_vision_rows, pack_work, vision_packs
+    from omnibal_kernels.bench.markdown import _cp_vision
+
+    rows = []
+    for mix, (_, capacity) in VISION_MIXES.items():
+        packs = vision_packs(mix, 2)
+        assert len(packs) == 2 and all(sum(s[0].size for s in p) <= capacity for p in packs)
+        for cp in (2, 8):
+            row = cp_vision_rows(mix, packs, cp)
+            assert row["worst_vit_imbalance_fair"] <= 1.05 and not row["misses"]
+            assert 0 < row["rows_vs_all_gather"] < 1 and row["step_split_vs_whole"] < 1
+            rows.append(row)
+        text, work = pack_work(packs[0], ContextParallelOptions(size=4))
+        assert text.shape == (4,) and np.isclose(work.times.sum(), work.units.cost.sum())
+    table = "\n".join(_cp_vision(rows))
+    assert "long_video_128k" in table and "Misses:" in table and "- none" in table
+
+
+def test_a_vision_miss_is_reported():
+    """Negative control: one unit per rank but three units: ViT max/mean over the target is a miss."""
+    from omnibal_kernels.bench.context_parallel_vision import IMAGE, cp_vision_rows
+
+    sample = (np.r_[np.zeros(10, np.int64), np.full(16, IMAGE), np.zeros(10, np.int64)], [(IMAGE, 1, 8, 8)])
+    row = cp_vision_rows("image_docs_64k", [[sample, sample, sample]], 2)
+    assert row["worst_vit_imbalance_fair"] > 1.05 and "ViT max/mean" in row["misses"][0]

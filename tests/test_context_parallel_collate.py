@@ -183,10 +183,6 @@ def test_for_model_shards_keep_what_the_model_and_the_attention_take():
     assert batch["use_cache"] is False
     assert not {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q"} & set(batch)
     assert "ContextParallelOptions(size=2" in repr(collator) and "context_parallel_rank=1" in repr(collator)
-    with pytest.raises(ValueError, match="context_parallel.size"):
-        ok.PackCollator.for_model(
-            config("internvl"), context_parallel=ContextParallelOptions(size=2), context_parallel_rank=0
-        )
 
 
 def test_sampler_and_collator_give_a_cp_group_one_pack_and_each_rank_its_shard():
@@ -282,13 +278,15 @@ def test_sampler_context_parallel_arguments_are_named():
         ok.PlanOptions(context_parallel=2)  # type: ignore[arg-type]
 
 
-def _readme_loop() -> str:
+def _guide_loop() -> str:
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    match = re.search(r"\*\*A DataLoader per CP rank\.\*\*.*?```python\n(.*?)```", text, flags=re.S)
-    assert match, "README.md has no 'A DataLoader per CP rank' example"
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guides" / "context-parallel.md"
+    match = re.search(
+        r"^## A DataLoader per CP rank\n.*?```python\n(.*?)```", guide.read_text(encoding="utf-8"), re.S | re.M
+    )
+    assert match, "the context-parallel guide has no 'A DataLoader per CP rank' example"
     return match.group(1)
 
 
@@ -310,8 +308,8 @@ class _TokenModel(torch.nn.Module):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:epoch 0")
-def test_the_readme_loop_trains_the_gradient_of_the_packs():
-    """The README's example on 2 groups of 2 CP ranks has the gradient of 2 data-parallel ranks without CP
+def test_the_guides_loop_trains_the_gradient_of_the_packs():
+    """The guide's example on 2 groups of 2 CP ranks has the gradient of 2 data-parallel ranks without CP
     (gradients averaged over the ranks, as DDP does), and fails it when both ranks of a group take shard 0."""
     rng = np.random.default_rng(2)
     samples = _samples(rng.integers(300, 4000, 64).tolist(), seed=2)
@@ -338,7 +336,7 @@ def test_the_readme_loop_trains_the_gradient_of_the_packs():
                 assert scope["report"] is None  # whole packs: nothing priced per CP rank
         return torch.cat([p.grad.reshape(-1) for p in model.parameters()]) / world_size
 
-    code = _readme_loop()
+    code = _guide_loop()
     got = run(code, 4)
     want = run(code.replace("ContextParallelOptions(size=2)", "ContextParallelOptions(size=1)"), 2)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

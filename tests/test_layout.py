@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("context_parallel",),  # CP shards, their predicted times, CP attention (below the planner and the collator)
     ("lengths",),  # per-sample loads
     ("vision", "model_inputs"),  # counts, loads, buckets, mrope, batch fields; what a transformers model reads
+    ("context_parallel.models",),  # a transformers model prepared for CP shards (reads what the model takes)
     ("balance",),  # planning
     ("context_parallel.report",),  # a plan's packs priced per CP rank (the CP package's one module above planning)
     ("synthetic", "pipeline"),  # load distributions; model and memory balance (pipeline partitions)
@@ -54,7 +55,7 @@ LAYERS: list[tuple[str, ...]] = [
 
 
 # Modules of a package that sit on a layer of their own, above the rest of their package.
-_OWN_LAYER = ("context_parallel.report",)
+_OWN_LAYER = ("context_parallel.report", "context_parallel.models")
 
 
 def _unit(module: str) -> str:

@@ -197,12 +197,12 @@ def test_cli_partition_json_keys(tmp_path, capsys):
     assert captured.err.startswith("omnibal-kernels: warning: no --memory-gb") and f"{peak:.1f} GiB" in captured.err
 
 
-def test_cli_partition_default_micro_batches_are_the_readmes():
+def test_cli_partition_default_micro_batches_are_the_guides():
     from omnibal_kernels.cli import build_parser
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "pipeline.md").read_text()
     default = build_parser().parse_args(["partition", "--stages", "2"]).micro_batches
-    assert f"--micro-batches {default}" in readme and re.search(rf"\b{default}\s+micro-batches", readme)
+    assert f"--micro-batches {default}" in guide and re.search(rf"\b{default}\s+micro-batches", guide)
 
 
 def test_cli_partition_profile_file_and_errors(tmp_path, capsys):

@@ -121,6 +121,8 @@ def test_apply_recompute_keeps_the_gradients_and_rejects_unknown_names():
         apply_recompute(wrapped, ["vit_9"])
 
 
+# torch's pipelining tracer warns of its own deprecated LeafSpec use, not of anything here.
+@pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
 @pytest.mark.slow
 def test_split_spec_with_the_pipelining_tracer():
     """The tracer front end takes the split spec (on a chain it can trace: the tiny VLM's ViT runs varlen

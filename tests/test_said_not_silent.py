@@ -40,7 +40,8 @@ def test_cli_plan_says_it_in_one_line(tmp_path):
     path = tmp_path / "l.npz"
     write_lengths(path, _lengths(2000))
     err = io.StringIO()
-    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+    with warnings.catch_warnings(), redirect_stderr(err), redirect_stdout(io.StringIO()):
+        warnings.simplefilter("always", TooFewPacksWarning)  # shown, as outside the test suite
         status = main(["plan", str(path), "--world-size", "5000", "--vit-capacity", "8", "--llm-capacity", "800"])
     lines = [line for line in err.getvalue().splitlines() if line.strip()]
     assert status == 0 and len(lines) == 1 and lines[0].startswith("omnibal-kernels: warning: only ")

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple, Optional, Union
 import numpy as np
 
 from .._progress import progress_bar
-from .._warnings import OmnibalWarning
+from .._warnings import CapacityWarning
 from ..lengths import Lengths
 from .cost import CostModel
 from .engine import build_plan
@@ -99,7 +99,7 @@ def search_capacity(
         the thresholds are ISF's defaults (``vit_capacity`` and ``llm_capacity - 128``).
 
     Warns:
-        OmnibalWarning: when the capacities had to be raised past the target's so that the largest sample fits
+        CapacityWarning: when the capacities had to be raised past the target's so that the largest sample fits
             (``raised``), naming that sample's loads and the predicted mean samples per pack.
     """
     options = check_options(options)
@@ -127,7 +127,7 @@ def search_capacity(
             f"the capacity; they were raised to ViT {caps.vit_capacity} / LLM {caps.llm_capacity}: packs hold about "
             f"{caps.predicted_batch_size:.3g} samples on average (predicted_batch_size), not "
             f"{options.target_batch_size:g}; give the capacities to keep smaller packs",
-            OmnibalWarning,
+            CapacityWarning,
             stacklevel=2,
         )
     elif caps.raised:
@@ -138,7 +138,7 @@ def search_capacity(
             f"{caps.vit_capacity} / LLM {caps.llm_capacity}: packs hold about {caps.predicted_batch_size:.3g} "
             f"samples on average (predicted_batch_size), not {options.target_batch_size:g}; give the capacities "
             "with oversize='single' to keep smaller packs",
-            OmnibalWarning,
+            CapacityWarning,
             stacklevel=2,
         )
     return caps

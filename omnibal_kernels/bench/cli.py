@@ -41,7 +41,20 @@ def add_bench_parser(sub: Any) -> None:
         help="with the omniverse part: write the page 'Reproducing the paper' (and, with matplotlib, its plot in "
         "img/ beside it)",
     )
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--docs-page",
+        default=None,
+        metavar="PATH",
+        help="write the docs page of results (docs/benchmarks.md), its header naming machine, date and commit, "
+        "and, with matplotlib, its pictures in img/benchmarks/ beside it",
+    )
+    bench.add_argument(
+        "--from-json",
+        default=None,
+        metavar="PATH",
+        help="write the outputs from a report saved with --json instead of running the suite",
+    )
+    bench.add_argument("--seed", type=int, default=None, help="seed of every draw and plan (default 0)")
     bench.set_defaults(func=run_bench)
 
 
@@ -80,6 +93,51 @@ def _write_paper_page(report: dict[str, Any], path: Path) -> None:
     print(f"[bench] wrote {path}", file=sys.stderr)
 
 
+def _write_docs_page(report: dict[str, Any], path: Path) -> None:
+    from .markdown import docs_page
+
+    images: list[str] = []
+    try:
+        from .plots import plot_report
+
+        folder = path.parent / "img" / "benchmarks"
+        images = [p.relative_to(path.parent).as_posix() for p in plot_report(report, folder)]
+    except ImportError:
+        print("[bench] no matplotlib: the page is written without its pictures", file=sys.stderr)
+    write_atomic(path, docs_page(report, sorted(images, key=_image_order)))
+    print(f"[bench] wrote {path}", file=sys.stderr)
+
+
+def _image_order(image: str) -> int:
+    from .markdown import DOCS_PAGE_IMAGES
+
+    names = list(DOCS_PAGE_IMAGES)
+    name = image.rsplit("/", 1)[-1]
+    return names.index(name) if name in names else len(names)
+
+
+def _load_report(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A report saved with ``--json``; the options that choose what to run do not apply to it."""
+    given = [
+        flag
+        for flag, value in (
+            ("--only", args.only is not None),
+            ("--quick", args.quick),
+            ("--seed", args.seed is not None),
+        )
+        if value
+    ]
+    if given:
+        raise ValueError(f"--from-json writes a saved report: {', '.join(given)} cannot apply to it")
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--from-json {path}: not a report saved with --json ({e})") from None
+    if not isinstance(report, dict) or "environment" not in report:
+        raise ValueError(f"--from-json {path}: not a report saved with --json (no 'environment')")
+    return report
+
+
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -93,7 +151,11 @@ def run_bench(args: argparse.Namespace) -> int:
         check_plot_dependency()  # before minutes of benchmarks, not after
     if args.paper_page and args.only and "omniverse" not in args.only:
         raise ValueError("--paper-page needs the omniverse part (--only omniverse, or no --only)")
-    report = run_suite(args.only, quick=args.quick, seed=args.seed, log=lambda line: print(line, file=sys.stderr))
+    if args.from_json:
+        report = _load_report(args.from_json, args)
+    else:
+        seed = 0 if args.seed is None else args.seed
+        report = run_suite(args.only, quick=args.quick, seed=seed, log=lambda line: print(line, file=sys.stderr))
     text = to_markdown(report)
     if args.json_path:
         write_atomic(args.json_path, json.dumps(report, indent=1))
@@ -106,5 +168,7 @@ def run_bench(args: argparse.Namespace) -> int:
             print(f"[bench] wrote {path}", file=sys.stderr)
     if args.paper_page:
         _write_paper_page(report, Path(args.paper_page))
+    if args.docs_page:
+        _write_docs_page(report, Path(args.docs_page))
     print(text)
     return 0

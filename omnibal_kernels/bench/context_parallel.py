@@ -33,6 +33,9 @@ the mean, worst pack (activation memory grows with it). Targets: hybrid and auto
 mixes with short sequences auto exchanges at most a quarter of ``zigzag_megatron``'s K/V; on every pack auto
 exchanges no more K/V than ``zigzag`` and is never predicted slower than the best fixed strategy that exchanges no
 more. Misses are listed, never dropped.
+
+Vision-language mixes (``cp_vision``: each pack's images divided among the CP ranks, their embedding rows
+routed) are described in :mod:`.context_parallel_vision`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from ..context_parallel.options import ContextParallelOptions, Strategy
 from ..lengths import Lengths, default_lengths
 from ..synthetic import synthetic_lengths
 from ..vision import qwen2vl_grid
+from .context_parallel_vision import VISION_MIXES, cp_vision_rows, vision_packs
 from .runner import Config, register
 
 CP_SIZES = (2, 4, 8)
@@ -202,4 +206,9 @@ def run(config: Config) -> dict[str, Any]:
         config.say(f"[bench] cp: {mix}, {len(packs)} packs")
         for context_parallel_size in sizes["cp_sizes"]:
             rows += cp_rows(mix, packs, context_parallel_size)
-    return {"cp": rows}
+    vision = []
+    for mix in VISION_MIXES:
+        vision_mix = vision_packs(mix, sizes["packs"], config.seed)
+        config.say(f"[bench] cp: {mix} (vision), {len(vision_mix)} packs")
+        vision += [cp_vision_rows(mix, vision_mix, size) for size in sizes["cp_sizes"]]
+    return {"cp": rows, "cp_vision": vision}

@@ -40,8 +40,16 @@ and collators. :mod:`.adapters` gives Megatron THD and ring-flash-attention inpu
 ``attention``  :func:`context_parallel_attention` over a process group
 ``adapters``   Megatron THD, ring-flash-attention and transformers
 ``collate``    the collator's side: a packed batch -> this rank's shard, weighted as the whole pack
+``exchange``   the all-to-all of rows with its gradient (K/V rows, embedding rows)
+``vision``     a vision-language pack's images divided among the ranks, their embedding rows routed
+``models``     :func:`apply_context_parallel`: a transformers model (text or vision-language) on CP shards
 ``report``     :func:`context_parallel_report`: every CP rank's time for every step of a plan
 =============  ======================================================================================
+
+Vision-language models (Qwen2-VL, Qwen2.5-VL, InternVL): ``PackCollator.for_model(model, context_parallel=...)``
+gives each rank its tokens and a balanced share of the pack's images to encode, and
+``apply_context_parallel(model, cp_group)`` makes ``model(**batch)`` route the embedding rows to the ranks
+holding their placeholders (docs/guides/vlm-context-parallel.md).
 """
 
 from __future__ import annotations
@@ -63,6 +71,10 @@ _EXPORTS = {
     "megatron_thd_params": "adapters",
     "ring_flash_attn_inputs": "adapters",
     "register_transformers_attention": "adapters",
+    "VisionShard": "vision",
+    "VisionWork": "vision",
+    "exchange_vision_rows": "vision",
+    "apply_context_parallel": "models",
     "ContextParallelReport": "report",
     "context_parallel_report": "report",
 }

@@ -12,40 +12,14 @@ one message. Works on any process group whose backend has ``all_to_all_single`` 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
 from ..attention import varlen_attention
+from .exchange import exchange_rows
 from .shard import ContextParallelShard
 
 __all__ = ["context_parallel_attention"]
-
-
-class _Exchange(torch.autograd.Function):
-    """All-to-all of rows: forward sends ``send_counts`` rows to each rank, backward returns their gradients."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: dist.ProcessGroup | None
-    ) -> torch.Tensor:
-        ctx.counts = (send_counts, recv_counts)
-        ctx.group = group
-        out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
-        dist.all_to_all_single(
-            out, rows.contiguous(), output_split_sizes=recv_counts, input_split_sizes=send_counts, group=group
-        )
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        send_counts, recv_counts = ctx.counts
-        back = grad.new_empty((sum(send_counts), *grad.shape[1:]))
-        dist.all_to_all_single(
-            back, grad.contiguous(), output_split_sizes=send_counts, input_split_sizes=recv_counts, group=ctx.group
-        )
-        return back, None, None, None
 
 
 def _check_group(shard: ContextParallelShard, group: dist.ProcessGroup | None) -> None:
@@ -108,7 +82,7 @@ def context_parallel_attention(
         _check_group(shard, group)
     if shard.group_exchanges:
         sent = kv.index_select(0, shard.send_index)
-        got = _Exchange.apply(sent, list(shard.send_counts), list(shard.recv_counts), group)
+        got = exchange_rows(sent, shard.send_counts, shard.recv_counts, group)
         kv = torch.cat([kv, got], dim=0)
     keys = kv.index_select(0, shard.key_index)
     return varlen_attention(

@@ -7,6 +7,11 @@ from its samples' LLM lengths, in pack order, with
 :func:`~omnibal_kernels.context_parallel.context_parallel_rank_times` (the layout the collator builds for the
 same batch and options), so that imbalance inside a group is reported, not hidden behind balanced pack totals.
 A sampler's report (:meth:`~omnibal_kernels.BalancedBatchSampler.report`) holds the same for its micro-steps.
+
+Vision-language samples (a ViT load in the lengths) add each CP rank's share of the pack's ViT work: the
+pack's images (each ViT sequence of ``vit_seqlens``, else each sample's whole ViT load) divided among the CP
+ranks as the collator divides them (:func:`~omnibal_kernels.context_parallel.vision.divide_vision_units`),
+priced by the cost's ViT terms, so a rank's time is what it waits for: its tokens and its images.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from ..balance.packs import Plan, as_lengths
 from ..lengths import Lengths
 from .options import ContextParallelOptions, check_options
 from .strategy import context_parallel_rank_times
+from .vision import divide_vision_units, sample_unit_costs
 
 __all__ = ["ContextParallelReport", "context_parallel_report", "slot_rank_times"]
 
@@ -38,6 +44,8 @@ class ContextParallelReport:
         kv_exchanged: ``(steps, groups)`` int64 K/V rows the ranks of the group receive.
         padding: ``(steps, groups)`` int64 tokens the layout adds (Megatron padding).
         strategies: ``(steps, groups)`` the strategy of each pack's layout (``"auto"`` resolved).
+        vit_times: ``(steps, groups, C)`` float64 each CP rank's share of the pack's ViT work (in ``times``
+            too); zeros for text-only packs.
     """
 
     options: ContextParallelOptions
@@ -46,6 +54,14 @@ class ContextParallelReport:
     kv_exchanged: np.ndarray
     padding: np.ndarray
     strategies: np.ndarray
+    vit_times: Optional[np.ndarray] = None
+
+    @property
+    def vit_imbalance(self) -> np.ndarray:
+        """``(steps, groups)`` the most ViT work of a CP rank over the mean (1.0: balanced or no images)."""
+        vit = np.zeros_like(self.times) if self.vit_times is None else self.vit_times
+        mean = vit.mean(axis=2)
+        return np.where(mean > 0, vit.max(axis=2) / np.where(mean > 0, mean, 1.0), 1.0)
 
     @property
     def group_imbalance(self) -> np.ndarray:
@@ -83,6 +99,7 @@ class ContextParallelReport:
             "kv_exchanged_per_step": float(self.kv_exchanged.sum()) / steps,
             "padding_per_step": float(self.padding.sum()) / steps,
             "strategies": {str(n): int(c) for n, c in zip(names, counts)},
+            "worst_vit_imbalance": float(self.vit_imbalance.max()) if imbalance.size else 1.0,
         }
 
 
@@ -94,6 +111,7 @@ def slot_rank_times(
     options: ContextParallelOptions,
     *,
     progress: Optional[bool] = None,
+    vision: Optional[Lengths] = None,
 ) -> ContextParallelReport:
     """The :class:`ContextParallelReport` of a table of pack ids.
 
@@ -103,18 +121,26 @@ def slot_rank_times(
         llm: per-sample LLM tokens, indexed by the ids in ``pack_samples``.
         options: the context-parallel options, as :func:`~.strategy.context_parallel_rank_times` takes them.
         progress: a progress bar over the distinct packs (default: when stderr is a terminal).
+        vision: the samples' loads (``vit`` and ``vit_seqlens``, indexed like ``llm``) to price each CP rank's
+            share of the pack's ViT work; None: text only.
     """
     options = check_options(options, "options")
     cp = options.size
+    has_vit = vision is not None and bool(np.any(vision.vit))
     slots = np.asarray(slots, dtype=np.int64)
     distinct, inverse = np.unique(slots, return_inverse=True)
     n = distinct.size
-    times, tokens = np.zeros((n, cp)), np.zeros((n, cp), np.int64)
+    times, tokens, vit = np.zeros((n, cp)), np.zeros((n, cp), np.int64), np.zeros((n, cp))
     kv, padding, names = np.zeros(n, np.int64), np.zeros(n, np.int64), np.empty(n, dtype=object)
     bar = progress_bar(n, "context-parallel rank times", progress)
     try:
         for i, p in enumerate(distinct.tolist()):
-            rt = context_parallel_rank_times(llm[pack_samples[pack_offsets[p] : pack_offsets[p + 1]]], options)
+            ids = pack_samples[pack_offsets[p] : pack_offsets[p + 1]]
+            rt = context_parallel_rank_times(llm[ids], options)
+            if has_vit:
+                assert vision is not None
+                costs = sample_unit_costs(vision.vit, ids, options.cost, vision.vit_seqlens, vision.vit_seqlens_offsets)
+                vit[i] = np.bincount(divide_vision_units(costs, cp), weights=costs, minlength=cp)
             times[i], tokens[i], kv[i], padding[i], names[i] = (
                 rt.times,
                 rt.tokens,
@@ -127,7 +153,13 @@ def slot_rank_times(
         bar.close()
     inverse = inverse.reshape(slots.shape)
     return ContextParallelReport(
-        options, times[inverse], tokens[inverse], kv[inverse], padding[inverse], names[inverse].astype(str)
+        options,
+        (times + vit)[inverse],
+        tokens[inverse],
+        kv[inverse],
+        padding[inverse],
+        names[inverse].astype(str),
+        vit[inverse],
     )
 
 
@@ -150,7 +182,8 @@ def context_parallel_report(
 
     Returns:
         :class:`ContextParallelReport` with ``(num_steps, world_size, C)`` times. Each pack is priced by its
-        samples' lengths; a padding segment that a collator's static shapes add is not in them.
+        samples' lengths (their ViT loads included: each rank's share of the pack's images); a padding segment
+        that a collator's static shapes add is not in them.
 
     Raises:
         ValueError: lengths of another size than the plan's input, and what ``context_parallel_rank_times``
@@ -163,5 +196,5 @@ def context_parallel_report(
         raise ValueError(f"plan was made for {plan.num_input_samples} samples, lengths has {len(lengths)}")
     options = plan.context_parallel if options is None else check_options(options, "options")
     return slot_rank_times(
-        plan.pack_offsets, plan.pack_samples, plan.step_packs, lengths.llm, options, progress=progress
+        plan.pack_offsets, plan.pack_samples, plan.step_packs, lengths.llm, options, progress=progress, vision=lengths
     )

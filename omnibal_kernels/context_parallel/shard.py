@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast, overload
+from typing import TYPE_CHECKING, Any, Optional, cast, overload
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from .layout import Layout
 from .options import ContextParallelOptions
 from .strategy import plan_layout
 from .tokens import RankPlan, rank_plans
+
+if TYPE_CHECKING:
+    from .vision import VisionShard
 
 __all__ = ["ContextParallelShard", "ContextParallelShards", "shard_for_context_parallel"]
 
@@ -67,6 +70,8 @@ class ContextParallelShard:
         send_counts, recv_counts: rows sent to / received from each rank (tuples of ``context_parallel_size`` ints).
         group_exchanges: whether any rank of the group exchanges K/V (every rank skips the collective when
             none does).
+        vision: a vision-language pack's vision work and embedding routing for this rank
+            (:class:`~.vision.VisionShard`; ``PackCollator.for_model`` of a vision-language model sets it), or None.
     """
 
     rank: int
@@ -84,6 +89,7 @@ class ContextParallelShard:
     send_counts: tuple[int, ...]
     recv_counts: tuple[int, ...]
     group_exchanges: bool
+    vision: Optional[VisionShard] = None
 
     @property
     def num_tokens(self) -> int:
@@ -94,7 +100,9 @@ class ContextParallelShard:
         return (
             f"ContextParallelShard(rank={self.rank}, context_parallel_size={self.context_parallel_size}, "
             f"strategy={self.strategy!r}, "
-            f"tokens={self.num_tokens}, received={sum(self.recv_counts)})"
+            f"tokens={self.num_tokens}, received={sum(self.recv_counts)}"
+            + ("" if self.vision is None else f", vision={self.vision!r}")
+            + ")"
         )
 
     def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ContextParallelShard:
@@ -105,7 +113,8 @@ class ContextParallelShard:
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        return dataclasses.replace(self, batch=batch, **tensors)
+        vision = None if self.vision is None else self.vision._map_tensors(fn)
+        return dataclasses.replace(self, batch=batch, vision=vision, **tensors)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ContextParallelShard:
         """A copy with every tensor (the batch's included) on ``device``."""

@@ -115,6 +115,6 @@ def context_parallel_rank_times(seqlens: Any, options: ContextParallelOptions) -
 
     Raises:
         TypeError/ValueError: a bad argument, named; ValueError when no layout of the strategy keeps every
-        rank within ``max_rank_tokens``.
+            rank within ``max_rank_tokens``.
     """
     return plan_layout(seqlens, options)[1]

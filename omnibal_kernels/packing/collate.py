@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from ..context_parallel.collate import per_token, resolve_rank, shard_fields
+from ..context_parallel.collate import VisionTokens, per_token, resolve_rank, shard_fields, shard_vision
 from ..context_parallel.options import ContextParallelOptions
 from ..cpu.varlen_metadata import warmup as _warmup_fill
-from ..model_inputs import ModelInputs, model_inputs
+from ..model_inputs import MROPE_MODEL_TYPES, TILE_MODEL_TYPES, ModelInputs, model_inputs
 from ..sampler.steps import PlannedSamples
 from .batch import TEXT_FIELDS, PackedBatch
 from .fields import add_sample_fields
@@ -24,6 +24,19 @@ __all__ = ["PackCollator", "pack_batch", "warmup"]
 # The forward arguments of vision-language models: their forward merges every image's features into the
 # placeholders of input_ids, which a context-parallel shard holds only a part of.
 _VISION_INPUTS = frozenset({"pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "image_flags"})
+
+
+def _vision_tokens(spec: ModelInputs) -> VisionTokens | None:
+    """The placeholder ids and vision geometry that shard a vision-language model's packs (Qwen2-VL,
+    Qwen2.5-VL, InternVL); None for other models."""
+    if spec.model_type in MROPE_MODEL_TYPES:
+        options = spec.options
+        return VisionTokens(
+            int(options["image_token_id"]), int(options["video_token_id"]), int(options["spatial_merge_size"])
+        )
+    if spec.model_type in TILE_MODEL_TYPES and spec.tile_token_id is not None:
+        return VisionTokens(spec.tile_token_id, None, 1, spec.tokens_per_tile)
+    return None
 
 
 def warmup(backend: str = "auto") -> None:
@@ -185,6 +198,11 @@ class PackCollator:
         ``image_grid_thw``; InternVL tiles ``(n, C, H, W)``), ``pixel_values_videos``, ``video_grid_thw``,
         ``second_per_grid_ts``. :func:`~omnibal_kernels.packing.unpack_batch` needs the full batch of a plain
         :class:`PackCollator`.
+
+        With ``context_parallel.size > 1`` each batch is this CP rank's shard; for Qwen2-VL, Qwen2.5-VL and
+        InternVL it holds the pixels and grids of the rank's share of the pack's images and their embedding
+        routing (:mod:`omnibal_kernels.context_parallel.collate`), which a model prepared by
+        :func:`omnibal_kernels.context_parallel.apply_context_parallel` reads (docs/guides/vlm-context-parallel.md).
         """
         spec = model_inputs(model_or_config)
         options = check_options("PackCollator.for_model", options).replace(**spec.options)
@@ -202,7 +220,7 @@ class PackCollator:
 
     def _check_model_shards(self, context_parallel: ContextParallelOptions) -> None:
         spec = self.model_inputs
-        if spec is not None and spec.keys & _VISION_INPUTS:
+        if spec is not None and spec.keys & _VISION_INPUTS and _vision_tokens(spec) is None:
             raise ValueError(
                 f"PackCollator.for_model: context_parallel.size={context_parallel.size} with a {spec.model_type!r} "
                 "model: its forward merges the features of all the pack's images into the placeholders it is "
@@ -276,7 +294,8 @@ class PackCollator:
         )
         counts = counts._replace(sample_targets=sharded.sample_targets)
         items = counts.num_items_in_batch if counts.num_items_in_batch is not None else sharded.num_items_in_batch
-        out = sharded.fields
+        tokens = None if spec is None else _vision_tokens(spec)
+        out = sharded.fields if tokens is None else shard_vision(fields, sharded, rank, tokens, context_parallel)
         if counts.takes_num_items and items is not None:
             out["num_items_in_batch"] = torch.tensor(items, dtype=torch.int64)
         return PackedBatch._wrap(out, counts)

@@ -10,7 +10,7 @@ import numpy as np
 import torch.utils.data
 
 from .._checks import check_epoch, check_int, check_positive_int, default_world
-from .._warnings import OmnibalWarning
+from .._warnings import DuplicatesWarning, OmnibalWarning
 from ..balance.options import PlanOptions
 from ..balance.packs import Plan, as_lengths
 from ..context_parallel.options import ContextParallelOptions
@@ -74,8 +74,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             not matching the dataset, bad groups or options (naming the argument, group or sample).
 
     Warns:
-        OmnibalWarning: capacities raised past those of ``target_batch_size`` (at construction), an epoch whose
-            reused packs repeat more than 5% of its samples (once), a wrapped dataset iterated without
+        CapacityWarning: capacities raised past those of ``target_batch_size`` (at construction).
+        DuplicatesWarning: an epoch whose reused packs repeat more than 5% of its samples (once).
+        OmnibalWarning: a wrapped dataset iterated without
             label counts in the lengths outside :func:`omnibal_kernels.loss.step_batches` (once), and a sampler
             planned with context parallelism iterated before :meth:`wrap` (once).
     """
@@ -167,7 +168,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                 f"micro_steps_per_step {self.micro_steps_per_step} = {slots} packs, and the ragged last step is "
                 f"filled with reused packs (packs hold about {schedule.mean_pack_size:.3g} samples); pass "
                 "drop_last=True to drop it instead, or use more samples, fewer ranks or smaller packs",
-                OmnibalWarning,
+                DuplicatesWarning,
                 stacklevel=3,
             )
         return schedule
@@ -339,6 +340,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
                     self.lengths.llm,
                     self.context_parallel,
                     progress=progress,
+                    vision=self.lengths,
                 )
             schedule.report = make_report(
                 schedule, self._groups, self.micro_steps_per_step, self.micro_step_loads(schedule.epoch), cp
