@@ -20,7 +20,7 @@ from .options import PlanOptions, check_options, check_world_size
 from .packs import Plan, as_lengths
 from .search import search_capacity
 
-__all__ = ["plan_packs"]
+__all__ = ["plan_packs", "plan_packs_without_warning"]
 
 
 def plan_packs(
@@ -57,6 +57,27 @@ def plan_packs(
         TooFewPacksWarning: fewer packs than ``world_size`` (``drop_last=False``): the one step repeats packs.
         ValueError/TypeError: bad options, naming the argument.
     """
+    plan = plan_packs_without_warning(lengths, options, world_size=world_size, epoch=epoch)
+    if plan.num_packs < plan.world_size:
+        warnings.warn(
+            f"only {plan.num_packs} pack(s) for world_size {plan.world_size}: the plan's one step trains each pack "
+            f"about {plan.world_size / plan.num_packs:.1f} times (BalancedBatchSampler refuses this with "
+            "TooFewPacksError); use fewer ranks or smaller capacities",
+            TooFewPacksWarning,
+            stacklevel=2,
+        )
+    return plan
+
+
+def plan_packs_without_warning(
+    lengths: Union[Lengths, tuple, np.ndarray],
+    options: Optional[PlanOptions] = None,
+    *,
+    world_size: int,
+    epoch: int = 0,
+) -> Plan:
+    """:func:`plan_packs` without its ``TooFewPacksWarning``, for callers that report the packs they repeat
+    themselves (a stream's last buffer, whose report counts its duplicated samples)."""
     start = time.perf_counter()
     lengths = as_lengths(lengths)
     options = check_options(options)
@@ -68,14 +89,6 @@ def plan_packs(
         caps = search_capacity(lengths, options, world_size=world_size)
         options = options.replace(vit_capacity=caps.vit_capacity, llm_capacity=caps.llm_capacity)
     plan = build_plan(lengths, options, world_size=world_size, epoch=epoch, start=start)
-    if plan.num_packs < world_size:
-        warnings.warn(
-            f"only {plan.num_packs} pack(s) for world_size {world_size}: the plan's one step trains each pack about "
-            f"{world_size / plan.num_packs:.1f} times (BalancedBatchSampler refuses this with TooFewPacksError); "
-            "use fewer ranks or smaller capacities",
-            TooFewPacksWarning,
-            stacklevel=2,
-        )
     if options.context_parallel.enabled:
         plan = dataclasses.replace(plan, context_parallel=options.context_parallel)
     return plan
