@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "OmnibalWarning": "_warnings",
     "CapacityWarning": "_warnings",
     "DuplicatesWarning": "_warnings",
+    "TooFewPacksWarning": "_warnings",
     "ContextParallelOptions": "context_parallel",
     # training: samplers over plans
     "BalancedBatchSampler": "sampler",

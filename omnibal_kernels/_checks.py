@@ -137,9 +137,13 @@ def check_finite_non_negative(name: str, value: object, owner: str = "") -> floa
     prefix = f"{owner}: " if owner else ""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{prefix}{name} must be a number, got {type(value).__name__} ({value!r})")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float64's range
+        number = math.inf
     if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{prefix}{name} must be finite and >= 0, got {value!r}")
+        shown = repr(value) if len(repr(value)) <= 40 else f"an integer of {len(str(value))} digits"
+        raise ValueError(f"{prefix}{name} must be finite and >= 0, got {shown}")
     return number
 
 

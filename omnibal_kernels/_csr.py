@@ -19,6 +19,7 @@ __all__ = [
     "offsets_from_counts",
     "row_ids",
     "row_sums",
+    "row_totals",
     "take_rows",
 ]
 
@@ -97,6 +98,21 @@ def row_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``(rows,)`` int64 sum of every row (0 for an empty row)."""
     totals = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
     return totals[offsets[1:]] - totals[offsets[:-1]]
+
+
+def row_totals(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``(rows,)`` float64 sum of every row (0 for an empty row); each row is added on its own, so a row's sum
+    does not carry the rounding of a running sum over the rows before it."""
+    values = np.asarray(values, dtype=np.float64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    sizes = np.diff(offsets)
+    out = np.zeros(sizes.shape[0])
+    nonempty = sizes > 0
+    if nonempty.any():
+        # only the non-empty rows' starts: they rise strictly and stay inside values, and a reduceat at a
+        # repeated index would give that element instead of an empty sum
+        out[nonempty] = np.add.reduceat(values, offsets[:-1][nonempty])
+    return out
 
 
 def row_ids(offsets: np.ndarray) -> np.ndarray:

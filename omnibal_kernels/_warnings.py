@@ -8,7 +8,7 @@ largest samples raise the capacities) while the others still speak.
 
 from __future__ import annotations
 
-__all__ = ["CapacityWarning", "DuplicatesWarning", "OmnibalWarning"]
+__all__ = ["CapacityWarning", "DuplicatesWarning", "OmnibalWarning", "TooFewPacksWarning"]
 
 
 class OmnibalWarning(UserWarning):
@@ -22,3 +22,8 @@ class CapacityWarning(OmnibalWarning):
 
 class DuplicatesWarning(OmnibalWarning):
     """Some of an epoch's samples are trained twice, to fill the ragged last optimizer step."""
+
+
+class TooFewPacksWarning(OmnibalWarning):
+    """A plan with fewer packs than ranks: its one step repeats packs, so each sample is trained several times
+    (the sampler refuses such a plan with ``TooFewPacksError``)."""

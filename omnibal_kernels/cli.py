@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
+
+from ._cli_args import OneLineParser, fraction
 
 __all__ = ["add_calibrate_parser", "add_lengths_parser", "build_parser", "main"]
 
@@ -59,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .omniverse.cli import add_parsers as add_omniverse_parsers
     from .pipeline.cli import add_parsers as add_pipeline_parsers
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="omnibal-kernels",
         description="Balance variable-length (vision-)language training data across data-parallel ranks.",
     )
@@ -223,6 +226,8 @@ def _check_output_path(path: str) -> None:
 
 
 def _read_lengths_records(path: Path) -> list[Mapping[str, Any]]:
+    if not path.exists():
+        raise FileNotFoundError(f"records file not found: {path}")
     if path.is_dir():
         raise ValueError(f"{path}: is a directory, not a records file")
     try:
@@ -403,9 +408,9 @@ def add_calibrate_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--image-scale",
-        type=float,
+        type=fraction,
         default=None,
-        help="Qwen-VL images at this share of their resolution (default: 1, or the tiny model's own)",
+        help="Qwen-VL images at this share of their resolution, in (0, 1] (default: 1, or the tiny model's own)",
     )
     p.add_argument("--holdout", type=float, default=0.5, help="share of packs predicted, not fitted (default 0.5)")
     p.add_argument("--seed", type=int, default=0)
@@ -416,7 +421,10 @@ def add_calibrate_parser(subparsers: Any) -> None:
 
 def _run_calibrate(args: argparse.Namespace) -> int:
     from .calibration import calibrate
+    from .calibration.models import check_device
     from .lengths import load_lengths
+
+    check_device(args.device, "--device")
 
     folder = Path(args.output).parent
     if not folder.is_dir():
@@ -460,16 +468,49 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _said(exc: Exception) -> str:
+    """An error as one line: an OSError that carries its file says which file and what went wrong with it,
+    never a bare ``[Errno N]``."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None and str(exc.filename) not in exc.args:
+        return f"{exc.filename}: {exc.strerror}"
+    return " ".join(str(exc).split())
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Optional[TextIO] = None,
+    line: Optional[str] = None,
+) -> None:
+    """The library's warnings as one line of the command line's own; other warnings as Python shows them."""
+    from ._warnings import OmnibalWarning
+
+    if issubclass(category, OmnibalWarning):
+        print(f"omnibal-kernels: warning: {message}", file=sys.stderr)
+    else:
+        _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``omnibal-kernels``; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (one line, status 2) or --help (status 0)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.func(args))
     except (ValueError, TypeError, OSError) as exc:
         # Bad input (the project raises ValueError/TypeError naming it) or a file that cannot be read or
         # written: one line and status 2. Anything else is a defect and keeps its traceback.
-        print(f"omnibal-kernels: error: {exc}", file=sys.stderr)
+        print(f"omnibal-kernels: error: {_said(exc)}", file=sys.stderr)
         return 2
 
 

@@ -38,7 +38,7 @@ from ._checks import check_epoch, check_int, check_positive_int, default_world
 from ._csr import offsets_from_counts
 from .balance.options import PlanOptions, check_options, check_world_size
 from .balance.packs import Plan, TooFewPacksError, as_lengths
-from .balance.plan import plan_packs
+from .balance.plan import plan_packs_without_warning
 from .balance.report import BalanceReport, balance_report
 from .balance.schedule import concat_plans
 from .balance.seeds import epoch_seed
@@ -107,7 +107,7 @@ def _plan_stream(
         if options.oversize == "drop" and np.all((lengths.vit > vit_capacity) | (lengths.llm > llm_capacity)):
             return None, []  # nothing but oversize samples: all dropped (carried samples are never oversize)
         try:
-            plan = plan_packs(
+            plan = plan_packs_without_warning(
                 lengths,
                 options.replace(drop_last=options.drop_last if final else True, seed=epoch_seed(options.seed, index)),
                 world_size=world_size,
@@ -360,7 +360,9 @@ def streaming_report(
     streaming = balance_report(_merge(plans, options, world_size, n), lengths, options.cost_model)
     try:
         offline: Optional[BalanceReport] = balance_report(
-            plan_packs(lengths, options, world_size=world_size, epoch=epoch), lengths, options.cost_model
+            plan_packs_without_warning(lengths, options, world_size=world_size, epoch=epoch),
+            lengths,
+            options.cost_model,
         )
     except TooFewPacksError:  # drop_last and fewer packs than ranks: the stream dropped (and reported) them
         offline = None

@@ -5,13 +5,45 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import seed, settings
 
 # CI runs the property tests on a fixed seed, so a submission's result does not depend on the draw; local
 # runs keep exploring new examples (and store failures in .hypothesis/ to replay).
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+# OMNIBAL_HYPOTHESIS_SEED=N loads the "seeded" profile and draws every hypothesis test from seed N (the property
+# tests are marked ``property``): CI reruns them on a few extra seeds, each run reproducible from its seed.
+settings.register_profile("seeded", derandomize=False, database=None, print_blob=True)
+_SEED = os.environ.get("OMNIBAL_HYPOTHESIS_SEED")
+if _SEED:
+    settings.load_profile("seeded")
+
+
+def _hypothesis_tests(items: list[pytest.Item]) -> list[tuple[pytest.Item, object]]:
+    found = []
+    for item in items:
+        obj = getattr(item, "obj", None)
+        test = getattr(obj, "__func__", obj)
+        if getattr(test, "is_hypothesis_test", False):
+            found.append((item, test))
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # every hypothesis test is a property test, marked or not, so that ``-m property`` selects them all;
+    # this runs before ``-m`` deselects
+    for item, test in _hypothesis_tests(items):
+        item.add_marker(pytest.mark.property)
+        if _SEED:
+            seed(int(_SEED))(test)
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 def _cuda_available() -> bool:
@@ -27,12 +59,3 @@ def pytest_configure(config: pytest.Config) -> None:
     # kernel is decorated, so it is set here, before any test module imports omnibal_kernels.ops.
     if "TRITON_INTERPRET" not in os.environ and not _cuda_available():
         os.environ["TRITON_INTERPRET"] = "1"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _cuda_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)

@@ -39,6 +39,7 @@ TOP_LEVEL_OPS = (
     "OmnibalWarning",
     "CapacityWarning",
     "DuplicatesWarning",
+    "TooFewPacksWarning",
     "unpad",
     "pad",
     "unpad_from_mask",

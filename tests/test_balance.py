@@ -4,6 +4,7 @@ tested away, oversize policies, ragged tails, determinism and epochs."""
 from __future__ import annotations
 
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -11,13 +12,33 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnibal_kernels import IsfOptions, Lengths, OversizeError, PlanOptions, balance_report, plan_packs
+from omnibal_kernels import (
+    IsfOptions,
+    Lengths,
+    OmnibalWarning,
+    OversizeError,
+    PlanOptions,
+    TooFewPacksWarning,
+    balance_report,
+    plan_packs,
+)
 from omnibal_kernels._ext import load as load_ext
 from omnibal_kernels.balance import CostModel, Plan, TooFewPacksError, epoch_seed
 from omnibal_kernels.balance.report import dist_ratio
 from omnibal_kernels.testing import dist_ratio_reference, isf_reference, random_next_fit_reference
 
 METHODS = ("balanced", "isf", "random")
+
+
+def _plan(lengths: Lengths, options: PlanOptions, world_size: int) -> Plan:
+    """``plan_packs``, holding it to its warning: TooFewPacksWarning exactly when the plan has fewer packs than
+    ranks (its one step repeats packs), no other."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        plan = plan_packs(lengths, options, world_size=world_size)
+    categories = [w.category for w in said if issubclass(w.category, OmnibalWarning)]
+    assert categories == ([TooFewPacksWarning] if plan.num_packs < world_size else []), [str(w.message) for w in said]
+    return plan
 
 
 def _packs(offsets: np.ndarray, samples: np.ndarray) -> list[list[int]]:
@@ -105,7 +126,7 @@ def test_plan_invariants(n, world_size, method, drop_last, seed, data_seed):
     vit_cap = int(lengths.vit.max()) + 4
     llm_cap = int(lengths.llm.max()) + 1000
     try:
-        plan = plan_packs(
+        plan = _plan(
             lengths,
             PlanOptions(method=method, vit_capacity=vit_cap, llm_capacity=llm_cap, drop_last=drop_last, seed=seed),
             world_size=world_size,
@@ -114,7 +135,7 @@ def test_plan_invariants(n, world_size, method, drop_last, seed, data_seed):
         assert drop_last and "no step is left" in str(exc)
         return
     _check_plan(plan, lengths)
-    again = plan_packs(
+    again = _plan(
         lengths,
         PlanOptions(method=method, vit_capacity=vit_cap, llm_capacity=llm_cap, drop_last=drop_last, seed=seed),
         world_size=world_size,
@@ -140,7 +161,7 @@ def test_oversize_samples_are_never_silently_lost(n, method, policy, seed, data_
     llm = lengths.llm.copy()
     llm[over] = 5000
     lengths = Lengths(lengths.vit, llm)
-    plan = plan_packs(
+    plan = _plan(
         lengths, PlanOptions(method=method, vit_capacity=8, llm_capacity=2000, oversize=policy, seed=seed), world_size=3
     )
     assert sorted(plan.oversize_samples.tolist()) == np.flatnonzero(over).tolist()
@@ -259,7 +280,8 @@ def test_ragged_tail_reused_or_dropped_and_reported():
 
 def test_fewer_samples_than_ranks_fills_by_reuse():
     lengths = Lengths(np.array([1, 2]), np.array([10, 20]))
-    plan = plan_packs(lengths, PlanOptions(vit_capacity=1, llm_capacity=10, oversize="single"), world_size=5)
+    with pytest.warns(TooFewPacksWarning, match="only 2 pack"):
+        plan = plan_packs(lengths, PlanOptions(vit_capacity=1, llm_capacity=10, oversize="single"), world_size=5)
     assert plan.step_packs.shape == (1, 5) and plan.duplicated_slots >= 3
 
 
@@ -369,7 +391,7 @@ def test_patch_scale_capacities(n, method, seed, data_seed):
     # exact buckets of the best fit and its quantized buckets are used.
     rng = np.random.default_rng(data_seed)
     lengths = Lengths(rng.integers(0, 30_000, n), rng.integers(50, 9_000, n))
-    plan = plan_packs(
+    plan = _plan(
         lengths, PlanOptions(method=method, vit_capacity=120_000, llm_capacity=40_000, seed=seed), world_size=4
     )
     _check_plan(plan, lengths)

@@ -163,6 +163,8 @@ def test_epochs_draw_new_packs():
     assert repeated_pack_share(first, first) == 1.0
 
 
+# small draws plan fewer packs than ranks, which the planner warns of (tests/test_said_not_silent.py)
+@pytest.mark.filterwarnings("ignore::omnibal_kernels._warnings.TooFewPacksWarning")
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(50, 3000),

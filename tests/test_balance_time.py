@@ -16,7 +16,11 @@ from omnibal_kernels.synthetic import synthetic_samples
 
 # The synthetic classes' longest samples exceed the capacities of target_batch_size by design: raising them
 # is the expected, warned-of result.
-pytestmark = pytest.mark.filterwarnings("ignore::omnibal_kernels._warnings.CapacityWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::omnibal_kernels._warnings.CapacityWarning"),
+    # small draws plan fewer packs than ranks, which the planner warns of (tests/test_said_not_silent.py)
+    pytest.mark.filterwarnings("ignore::omnibal_kernels._warnings.TooFewPacksWarning"),
+]
 
 
 def _epoch_cost(plan, lengths: Lengths, cost: CostModel) -> float:

@@ -12,10 +12,13 @@ around every run (``measure_pack_times(reference="auto")``).
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 transformers = pytest.importorskip("transformers")
 
@@ -282,3 +285,47 @@ def test_cli_calibrate_errors_are_one_line(tmp_path, capsys, argv, message):
     rc = main([a.format(dir=tmp_path) for a in argv])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and message in err and err.startswith("omnibal-kernels: error:")
+
+
+def _cli_error(capsys: Any, argv: list[str]) -> str:
+    """The one stderr line of a command line refused with status 2 (by argparse or by the library)."""
+    from omnibal_kernels.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "nan", "inf", "-0.0", "abc"])
+def test_cli_image_scale_outside_the_unit_interval_is_refused(tmp_path, capsys, value):
+    # 0 is refused like any other value outside (0, 1], never read as "unset"
+    err = _cli_error(capsys, ["calibrate", "tiny-qwen2-vl", "-o", str(tmp_path / "c.json"), f"--image-scale={value}"])
+    assert "--image-scale" in err and ("(0, 1]" in err or "number" in err)
+
+
+@pytest.mark.parametrize("value", [0, 0.0, -1.0, 1.5, float("nan")])
+def test_calibrate_refuses_an_image_scale_outside_the_unit_interval(value):
+    from omnibal_kernels.calibration import calibrate
+
+    with pytest.raises(ValueError, match=r"image_scale must be in \(0, 1\]"):
+        calibrate("tiny-llama", image_scale=value)
+
+
+@pytest.mark.property
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_cli_image_scale_of_any_float_is_taken_or_named(value):
+    from omnibal_kernels._cli_args import fraction
+    from omnibal_kernels.cli import build_parser
+
+    parser = build_parser()
+    argv = ["calibrate", "tiny-llama", "-o", "c.json", f"--image-scale={value!r}"]
+    if 0 < value <= 1:
+        assert parser.parse_args(argv).image_scale == value == fraction(repr(value))
+    else:
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(argv)
+        assert exc.value.code == 2

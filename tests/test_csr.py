@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omnibal_kernels._csr import INT32_MAX, check_int32_total, check_offset_values, offsets_from_counts
+from omnibal_kernels._csr import (
+    INT32_MAX,
+    check_int32_total,
+    check_offset_values,
+    offsets_from_counts,
+    row_sums,
+    row_totals,
+)
 
 
 @given(st.lists(st.integers(0, 2**40), max_size=50))
@@ -50,3 +57,24 @@ def test_the_int32_limit() -> None:
 def test_empty_counts_give_one_offset() -> None:
     assert offsets_from_counts([]).tolist() == [0]
     assert offsets_from_counts(np.zeros(0, np.int32)).tolist() == [0]
+
+
+@pytest.mark.property
+@given(st.lists(st.lists(st.integers(0, 9), max_size=4), min_size=1, max_size=8), st.integers(0, 3))
+def test_row_sums_of_any_rows_match_a_plain_loop(rows: list[list[int]], trailing_empty: int) -> None:
+    # any rows, empty ones first, between or last included: each sum is its own row's, never a neighbour's
+    rows = rows + [[]] * trailing_empty
+    offsets = offsets_from_counts([len(r) for r in rows])
+    values = np.array([v for r in rows for v in r], dtype=np.int64)
+    expected = [sum(r) for r in rows]
+    assert row_sums(offsets, values).tolist() == expected
+    assert row_totals(offsets, values).tolist() == [float(e) for e in expected]
+
+
+def test_pipeline_pack_costs_keep_the_last_sample_before_an_empty_pack() -> None:
+    from omnibal_kernels.pipeline.micro_batches import pack_kind_costs
+
+    whole = pack_kind_costs(np.zeros(2), np.array([100.0, 200.0]), np.array([0, 2]))
+    then_empty = pack_kind_costs(np.zeros(2), np.array([100.0, 200.0]), np.array([0, 2, 2]))
+    for kind, cost in whole.items():
+        assert then_empty[kind].tolist() == [cost[0], 0.0]

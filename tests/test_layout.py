@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
         "_warnings",
         "_progress",
         "_checks",
+        "_cli_args",
         "_files",
         "_shared_memory",
         "_csr",

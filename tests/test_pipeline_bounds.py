@@ -39,6 +39,22 @@ for P in (8, 16):
         out[f"{objective} {P}"] = [plan.step_ms, plan.optimality_gap, max(plan.slack_bytes) / budget]
 """
 
+PARTITION = """
+import numpy as np
+from omnibal_kernels.pipeline import LayerProfile, ModelProfile, partition
+rng = np.random.default_rng(0)
+L = 24
+f = rng.uniform(0.5, 1.5, L)
+act = rng.integers(10**7, 10**8, L)
+prof = ModelProfile(tuple(LayerProfile(f"l{i}", float(f[i]), float(2 * f[i]), int(act[i]), 10**8, int(act[i] // 20))
+                          for i in range(L)), input_bytes=10**6)
+free = partition(prof, STAGES, micro_batches=10**6)
+budget = 0.7 * max(free.peak_bytes)
+plan = partition(prof, STAGES, micro_batches=10**6, memory_bytes=budget)
+assert plan.fits and max(plan.memory_bytes) <= budget * (1 + 1e-9)
+out["step_ms"], out["free_step_ms"] = plan.step_ms, free.step_ms
+"""
+
 
 PEAK = """
 def _peak_mib():
@@ -89,6 +105,15 @@ def test_a_million_micro_batches_simulate_in_bounded_time_and_memory(schedule, c
     assert out["step_ms"] == pytest.approx((m * chunks + P - 1) * 3, rel=1e-12)
     if schedule != "interleaved":
         assert out["held"] == [m if schedule == "gpipe" else P - s for s in range(P)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", [4, 16])
+def test_partition_of_a_million_micro_batches_is_bounded(stages):
+    # the search simulates bounded counts and extrapolates the steady state: no table grows with the count
+    out = _measure(PARTITION.replace("STAGES", str(stages)))
+    assert out["cpu_s"] < 20 and out["peak_mib"] < 1024
+    assert out["free_step_ms"] <= out["step_ms"] and out["step_ms"] > 10**6
 
 
 @pytest.mark.slow

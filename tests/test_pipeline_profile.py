@@ -47,7 +47,7 @@ def test_json_round_trip(tmp_path):
     [
         ({"forward_ms": -1.0}, "forward_ms must be finite and >= 0"),
         ({"backward_ms": float("nan")}, "backward_ms must be finite"),
-        ({"activation_bytes": -5}, "activation_bytes must be >= 0"),
+        ({"activation_bytes": -5}, r"activation_bytes must be in \[0, 2\*\*53\]"),
         ({"static_bytes": "big"}, "static_bytes must be an integer"),
         ({"output_bytes": 1.5}, "output_bytes must be an integer"),
     ],

@@ -22,7 +22,7 @@ groups: every CP rank's predicted time per step.
 """
 
 from .bound import epoch_bound
-from .cost import CostModel
+from .cost import MAX_TERM, CostModel
 from .cost_models import NAMED_COST_MODELS, cost_model_from_spec, named_cost_model
 from .options import METHODS, OVERSIZE_POLICIES, IsfOptions, PlanOptions
 from .packs import OversizeError, Plan, TooFewPacksError
@@ -37,6 +37,7 @@ __all__ = [
     "Capacities",
     "CostModel",
     "IsfOptions",
+    "MAX_TERM",
     "METHODS",
     "NAMED_COST_MODELS",
     "OVERSIZE_POLICIES",

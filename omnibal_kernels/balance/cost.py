@@ -41,7 +41,7 @@ from .._flops import GIGA, TRAIN_FACTOR
 from ..lengths import Lengths
 from .nnls import FitErrors, fit_relative, relative_errors, summarize_errors
 
-__all__ = ["CostFit", "CostModel", "PackRows", "TERMS", "pack_features", "sample_features"]
+__all__ = ["MAX_TERM", "CostFit", "CostModel", "PackRows", "TERMS", "pack_features", "sample_features"]
 
 # The six terms, in the order of the JSON, the features and the fit.
 TERMS = ("vit_linear", "vit_quadratic", "llm_linear", "llm_quadratic", "per_sample", "per_pack")
@@ -126,14 +126,35 @@ def pack_features(lengths: Lengths, packs: PackLike) -> np.ndarray:
     return out
 
 
+# The largest cost term: a cost model in any unit (FLOPs, seconds) is far below it, and with it the cost of any
+# loads the length types hold (int64, squared), summed over any epoch, stays finite in float64.
+MAX_TERM = 1e100
+
+
+def _scaled_terms(terms: np.ndarray, unit: float) -> list[float]:
+    """Terms fitted to times in ``unit`` as terms of the times themselves; a ValueError where float64 cannot
+    hold one (a positive term that would round to 0, or one past :data:`MAX_TERM`)."""
+    out = []
+    for name, term in zip(TERMS, terms):
+        value = float(term) * unit
+        if (term > 0 and value == 0.0) or value > MAX_TERM:
+            raise ValueError(
+                f"fit: the {name} term of these times would be {float(term):.3g} x {unit:.3g}, outside what a cost "
+                f"term holds (a positive term above 0 in float64, at most {MAX_TERM:g}); give the times in another "
+                "unit (e.g. milliseconds or microseconds)"
+            )
+        out.append(value)
+    return out
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Per-sample and per-pack training cost as linear and quadratic terms of the loads (see the module docstring).
 
     The default, ``CostModel.internvl_7b()``, is an InternVL-Chat-like model: InternViT-300M on 448x448
     tiles (1,025 tokens each, attended within the tile, so the ViT cost is linear in tiles) and a 7B LLM
-    (32 layers, hidden 4096, causal attention over each sample's tokens). Every term is finite and
-    non-negative; all default to 0.
+    (32 layers, hidden 4096, causal attention over each sample's tokens). Every term is finite, non-negative
+    and at most :data:`MAX_TERM`; all default to 0.
     """
 
     vit_linear: float = 0.0
@@ -145,7 +166,13 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            object.__setattr__(self, f.name, check_finite_non_negative(f.name, getattr(self, f.name), "CostModel"))
+            term = check_finite_non_negative(f.name, getattr(self, f.name), "CostModel")
+            if term > MAX_TERM:
+                raise ValueError(
+                    f"CostModel: {f.name} must be at most {MAX_TERM:g} (larger terms make an epoch's cost overflow), "
+                    f"got {term!r}"
+                )
+            object.__setattr__(self, f.name, term)
 
     @classmethod
     def from_shapes(
@@ -393,7 +420,11 @@ class CostModel:
                 f"fit needs at least 2 packs to fit on, got {fit_rows.shape[0]} "
                 f"({features.shape[0]} packs, holdout {holdout})"
             )
-        model = cls(*fit_relative(features[fit_rows], measured[fit_rows], loss))
+        # the fit is of relative errors, the same in any unit: it runs on times of median 1, whose squares and
+        # sums float64 holds whatever the unit, and its terms are scaled back
+        unit = float(np.median(measured[fit_rows]))
+        terms = fit_relative(features[fit_rows], measured[fit_rows] / unit, loss)
+        model = cls(*_scaled_terms(terms, unit))
         scaled_reference = None
         if reference is not None:
             if not isinstance(reference, CostModel):
@@ -401,8 +432,8 @@ class CostModel:
             costs = features[fit_rows] @ reference.coefficients()
             if not (costs > 0).any():
                 raise ValueError("reference: predicts no cost for any pack to fit on")
-            factor = fit_relative(costs[:, None], measured[fit_rows], loss)[0]
-            scaled_reference = reference.scaled(float(factor))
+            factor = fit_relative(costs[:, None], measured[fit_rows] / unit, loss)[0]
+            scaled_reference = reference.scaled(float(_scaled_terms(np.array([factor]), unit)[0]))
         return CostFit.of(model, features, measured, fit_rows, held_rows, scaled_reference)
 
 

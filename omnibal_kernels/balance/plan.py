@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Optional, Union
 
 import numpy as np
 
 from .._checks import check_epoch
+from .._warnings import TooFewPacksWarning
 from ..lengths import Lengths
 from .engine import build_plan
 from .options import PlanOptions, check_options, check_world_size
 from .packs import Plan, as_lengths
 from .search import search_capacity
 
-__all__ = ["plan_packs"]
+__all__ = ["plan_packs", "plan_packs_without_warning"]
 
 
 def plan_packs(
@@ -50,8 +52,32 @@ def plan_packs(
     Raises:
         OversizeError: a sample alone exceeds a capacity and ``oversize="error"`` (naming the samples).
         TooFewPacksError: ``drop_last=True`` and fewer packs than ``world_size`` (no whole step).
+
+    Warns:
+        TooFewPacksWarning: fewer packs than ``world_size`` (``drop_last=False``): the one step repeats packs.
         ValueError/TypeError: bad options, naming the argument.
     """
+    plan = plan_packs_without_warning(lengths, options, world_size=world_size, epoch=epoch)
+    if plan.num_packs < plan.world_size:
+        warnings.warn(
+            f"only {plan.num_packs} pack(s) for world_size {plan.world_size}: the plan's one step trains each pack "
+            f"about {plan.world_size / plan.num_packs:.1f} times (BalancedBatchSampler refuses this with "
+            "TooFewPacksError); use fewer ranks or smaller capacities",
+            TooFewPacksWarning,
+            stacklevel=2,
+        )
+    return plan
+
+
+def plan_packs_without_warning(
+    lengths: Union[Lengths, tuple, np.ndarray],
+    options: Optional[PlanOptions] = None,
+    *,
+    world_size: int,
+    epoch: int = 0,
+) -> Plan:
+    """:func:`plan_packs` without its ``TooFewPacksWarning``, for callers that report the packs they repeat
+    themselves (a stream's last buffer, whose report counts its duplicated samples)."""
     start = time.perf_counter()
     lengths = as_lengths(lengths)
     options = check_options(options)

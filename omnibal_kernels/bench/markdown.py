@@ -455,8 +455,8 @@ def _cp(report: dict[str, Any]) -> list[str]:
         "(`ContextParallelCost.llama3_8b`: tokens, attention pairs in 128-wide tiles, K/V rows received). "
         "`zigzag_megatron` pads every sequence to a multiple of 2 x CP, `zigzag` deals the remainder; "
         "`per_document` is torch's head-tail. Targets: hybrid and auto max/mean <= 1.02 on every pack; on mixes "
-        "with short sequences auto's K/V at most 0.25x zigzag_megatron's; auto never predicted slower than the "
-        "best fixed strategy.",
+        "with short sequences auto's K/V at most 0.25x zigzag_megatron's; auto never exchanges more K/V than "
+        "zigzag, nor is predicted slower than the best fixed strategy exchanging no more.",
         "",
     ]
     for title, fmt in (

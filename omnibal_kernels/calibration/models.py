@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 from .. import _tiny_models
 from .._tiny_models import TinySizes
 
-__all__ = ["SIZES", "TINY_MODELS", "TinyModel", "build_model", "model_config"]
+__all__ = ["SIZES", "TINY_MODELS", "TinyModel", "build_model", "check_device", "model_config"]
 
 # Text models of 2 layers of width 64, grouped-query attention, vocabulary 256; the placeholder and vision tokens
 # at the top of the vocabulary, above every random text id. Qwen-VL cuts the released models' 14 px patches.
@@ -76,6 +76,30 @@ def model_config(model: Union[str, os.PathLike[str]]) -> Any:
     return read_model_config(path)
 
 
+def check_device(device: Optional[str], name: str = "device") -> str:
+    """``device`` as the device a built model runs on: ``"cpu"``, or ``"cuda"`` / ``"cuda:N"`` where that GPU
+    exists (None: CUDA when available, else the CPU); a ValueError naming ``name`` otherwise."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(device, str):
+        raise TypeError(f"{name} must be a str such as 'cpu' or 'cuda:0', got {type(device).__name__}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"{name} {device!r}: this torch ({torch.__version__}) sees no CUDA device")
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"{name} {device!r}: this machine has {count} CUDA device(s)")
+    return device
+
+
 def build_model(
     config: Any, *, device: str = "cpu", dtype: Optional[str] = None, attn_implementation: Optional[str] = None
 ) -> Any:
@@ -95,7 +119,8 @@ def build_model(
 
     from .attention import register_segment_attention
 
-    on_cuda = str(device).startswith("cuda")
+    device = check_device(device)
+    on_cuda = device.startswith("cuda")
     dtype = dtype or ("bfloat16" if on_cuda else "float32")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")

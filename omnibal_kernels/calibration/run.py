@@ -16,10 +16,10 @@ import numpy as np
 
 from ..balance.cost import CostFit, CostModel
 from ..lengths import Lengths
-from .models import TINY_MODELS, build_model, model_config
+from .models import TINY_MODELS, build_model, check_device, model_config
 from .samples import SampleMaker
 from .timing import PackTimes, measure_pack_times
-from .workload import calibration_lengths, calibration_packs
+from .workload import calibration_lengths, calibration_packs, check_image_scale
 
 __all__ = ["Calibration", "calibrate", "pack_batches"]
 
@@ -87,14 +87,16 @@ def calibrate(
     Returns:
         :class:`Calibration`.
     """
-    import torch
 
+    if image_scale is not None:
+        check_image_scale(image_scale)
+    if isinstance(model, (str, os.PathLike)):
+        check_device(device)  # before the model is read or built
     if isinstance(model, (str, os.PathLike)):
         if image_scale is None and isinstance(model, str) and model in TINY_MODELS:
             image_scale = TINY_MODELS[model].image_scale
         config = model_config(model)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model = build_model(config, device=device, dtype=dtype)
+        model = build_model(config, device=check_device(device), dtype=dtype)
     elif hasattr(model, "config") and hasattr(model, "parameters"):
         config = model.config
     else:
@@ -102,7 +104,9 @@ def calibrate(
             f"model must be a model name, a config folder or a transformers model, got {type(model).__name__}"
         )
     if lengths is None:
-        lengths = calibration_lengths(config, num_samples, seed=seed, image_scale=image_scale or 1.0)
+        lengths = calibration_lengths(
+            config, num_samples, seed=seed, image_scale=1.0 if image_scale is None else image_scale
+        )
     packs = calibration_packs(lengths, num_packs, seed=seed)
     batches = pack_batches(model, lengths, packs, seed=seed)
     times = measure_pack_times(model, batches, repeats=repeats, warmup=warmup, clock=clock, progress=progress)

@@ -31,7 +31,7 @@ from ..balance.options import PlanOptions
 from ..lengths import Lengths, default_lengths
 from .samples import SampleMaker
 
-__all__ = ["CAPACITY_SCALES", "calibration_lengths", "calibration_packs"]
+__all__ = ["CAPACITY_SCALES", "calibration_lengths", "calibration_packs", "check_image_scale"]
 
 # Capacities of the plans the packs are taken from, in mean sample loads. Not above 4: larger packs of the tiny
 # models outgrow a CPU core's L2 cache, and their time per token rises with the pack, which no per-sample
@@ -74,6 +74,15 @@ def _image_patches(rng: np.random.Generator, count: int, vision: Any, image_scal
     return np.asarray(grid.num_patches, dtype=np.int64)
 
 
+def check_image_scale(image_scale: object) -> float:
+    """``image_scale`` as a float in ``(0, 1]``; TypeError for anything but a real number, else ValueError."""
+    if isinstance(image_scale, bool) or not isinstance(image_scale, (int, float)):
+        raise TypeError(f"image_scale must be a number in (0, 1], got {type(image_scale).__name__}")
+    if not 0 < image_scale <= 1:
+        raise ValueError(f"image_scale must be in (0, 1], got {image_scale!r}")
+    return float(image_scale)
+
+
 def calibration_lengths(config: Any, num_samples: int = 2000, *, seed: int = 0, image_scale: float = 1.0) -> Lengths:
     """Loads to time ``config``'s model on (see the module docstring), with their ViT sequences.
 
@@ -89,8 +98,7 @@ def calibration_lengths(config: Any, num_samples: int = 2000, *, seed: int = 0, 
         ``Lengths`` with ``vit_seqlens`` (text models: text-only samples).
     """
     num_samples = check_positive_int("num_samples", num_samples)
-    if isinstance(image_scale, bool) or not isinstance(image_scale, (int, float)) or not 0 < image_scale <= 1:
-        raise ValueError(f"image_scale must be in (0, 1], got {image_scale!r}")
+    check_image_scale(image_scale)
     maker = SampleMaker.for_config(config)
     rng = np.random.default_rng([seed, 17])
     tiles, text = _bundled(num_samples, rng)

@@ -11,7 +11,8 @@ and what the ranks exchange (a rank needs the keys and values that its queries a
 ``hybrid``        short sequences whole on one rank (no exchange), long ones cut head-tail over the ranks, every
                   rank's predicted time equal (:mod:`.hybrid`).
 ``contiguous``    the packed tokens in ``P`` equal ranges (no balancing; the baseline).
-``auto``          per batch, the fixed strategy with the least predicted step time.
+``auto``          per batch, the fixed strategy with the least predicted step time among those that exchange
+                  no more K/V rows than ``zigzag``.
 
 The predicted time (:mod:`.cost`) counts tokens, attention pairs in kernel tiles, and K/V rows received.
 

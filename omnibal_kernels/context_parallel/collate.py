@@ -58,7 +58,12 @@ def _process_rank(size: int) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     world, rank = os.environ.get("WORLD_SIZE", "").strip(), os.environ.get("RANK", "").strip()
-    if world.isdigit() and rank.isdigit():
+    if world and rank:
+        if not all(v.isascii() and v.isdigit() for v in (world, rank)) or int(world) < 1:
+            raise ValueError(
+                f"PackCollator: the environment's WORLD_SIZE={world!r} and RANK={rank!r} must be a positive and a "
+                "non-negative integer: check the launcher's settings"
+            )
         if int(rank) >= int(world):
             raise ValueError(
                 f"PackCollator: the environment's RANK={rank} is not a rank of WORLD_SIZE={world} (ranks are "

@@ -33,7 +33,8 @@ class ContextParallelOptions:
 
     Attributes:
         size: ranks of a CP group that share each pack, ``C`` (1: no context parallelism).
-        strategy: ``"auto"`` (per pack, the fixed strategy with the least predicted step time), ``"zigzag"``,
+        strategy: ``"auto"`` (per pack, the fixed strategy with the least predicted step time among those that
+            exchange no more K/V rows than zigzag), ``"zigzag"``,
             ``"per_document"``, ``"hybrid"`` or ``"contiguous"`` (:mod:`omnibal_kernels.context_parallel`
             describes them).
         cost: the cost terms the strategies balance and the reports price with (``None``:

@@ -54,8 +54,10 @@ def plan_layout(seqlens: Any, options: ContextParallelOptions) -> tuple[Layout, 
     """The layout of a batch's segments under ``options`` and its predicted per-rank times.
 
     ``auto`` builds every fixed strategy's layout and keeps the one with the least predicted step time among
-    those that keep every rank within ``max_rank_tokens``, so it is never predicted slower than the best of
-    them. Arguments as :func:`context_parallel_rank_times`.
+    those that exchange no more K/V rows than ``zigzag`` and keep every rank within ``max_rank_tokens``: it is
+    never predicted slower than zigzag nor than any strategy exchanging no more, and never exchanges more than
+    zigzag. (Where zigzag itself is over ``max_rank_tokens``, the fastest layout within it.) Arguments as
+    :func:`context_parallel_rank_times`.
     """
     options = check_options(options, "options")
     size, strategy, cost = options.size, options.strategy, options.cost
@@ -70,22 +72,25 @@ def plan_layout(seqlens: Any, options: ContextParallelOptions) -> tuple[Layout, 
                 f"max_rank_tokens={max_rank_tokens}"
             )
         return layout, times
-    best: tuple[Layout, RankTimes] | None = None
-    fewest = None
+    built = []
     for name in _AUTO_CANDIDATES:
         layout = _fixed_layout(lengths, size, name, cost, False, max_rank_tokens)
-        times = layout_times(layout, cost)
-        most = int(times.tokens.max())
-        fewest = most if fewest is None else min(fewest, most)
-        if max_rank_tokens is not None and most > max_rank_tokens:
-            continue
-        if best is None or times.step_time < best[1].step_time:
-            best = (layout, times)
-    if best is None:
+        built.append((layout, layout_times(layout, cost)))
+    within = [b for b in built if max_rank_tokens is None or int(b[1].tokens.max()) <= max_rank_tokens]
+    if not within:
+        fewest = min(int(b[1].tokens.max()) for b in built)
         raise ValueError(
             f"no strategy keeps every rank within max_rank_tokens={max_rank_tokens}: the fewest "
             f"tokens any gives its fullest rank is {fewest}"
         )
+    # a layout faster than zigzag by moving more K/V rows is not taken: the exchange is what the cost model
+    # knows least (the links' speed and overlap vary), so auto never trades more of it for predicted time
+    zigzag = built[_AUTO_CANDIDATES.index("zigzag")]
+    frugal = [b for b in within if b[1].kv_exchanged <= zigzag[1].kv_exchanged] if zigzag in within else within
+    best = frugal[0]
+    for candidate in frugal[1:]:
+        if candidate[1].step_time < best[1].step_time:
+            best = candidate
     return best
 
 

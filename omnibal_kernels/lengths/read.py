@@ -111,7 +111,8 @@ def _lengths_from_records(path: Path, records: _JsonRecords) -> Lengths:
 
 
 def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
-    """The OmniBal meta file in ``data`` (a JSON object whose values hold ``token_lengths``), else None."""
+    """The OmniBal meta file in ``data`` (a JSON object whose values hold ``token_lengths``), else None; a
+    ValueError for a JSON object that is neither a meta file nor one sample."""
     if not bytes(data[:4096]).lstrip().startswith(b"{"):
         return None
     try:
@@ -119,6 +120,12 @@ def _read_meta(path: Path, data: memoryview) -> Optional[dict]:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None  # JSON Lines (several objects), or malformed: the record scanner names the problem
     is_meta = isinstance(meta, dict) and any(isinstance(v, dict) and "token_lengths" in v for v in meta.values())
+    if isinstance(meta, dict) and not is_meta and "token_num" not in meta:
+        keys = ", ".join(repr(k) for k in list(meta)[:5]) + (", ..." if len(meta) > 5 else "")
+        raise ValueError(
+            f'{path}: expected a list of samples ([{{"vit_num": ..., "token_num": ...}}, ...]) or an OmniBal '
+            f"meta file (objects holding 'token_lengths'), got a JSON object with keys {keys or 'none'}"
+        )
     return meta if is_meta else None
 
 

@@ -13,7 +13,9 @@ _GIB = 2**30
 
 def add_parsers(sub: Any) -> None:
     """Registers ``omniverse`` on an argparse sub-parser set."""
+    from .._cli_args import fraction, int_in, non_negative_float, positive_float
     from ..pipeline.estimate import CONFIGS
+    from ..pipeline.schedule import MAX_MICRO_BATCHES
 
     p = sub.add_parser(
         "omniverse",
@@ -29,8 +31,13 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--gpus", type=int, default=256, help="all GPUs (default 256)")
     p.add_argument("--pp", type=int, default=8, help="pipeline stages (default 8)")
     p.add_argument("--tp", type=int, default=4, help="tensor-parallel ranks per stage (default 4)")
-    p.add_argument("--micro-batches", type=int, default=32, help="micro-batches per pipeline and step (default 32)")
-    p.add_argument("--memory-gb", type=float, default=80.0, help="GiB per GPU (default 80)")
+    p.add_argument(
+        "--micro-batches",
+        type=int_in(1, MAX_MICRO_BATCHES),
+        default=32,
+        help="micro-batches per pipeline and step (default 32, at most 10**9)",
+    )
+    p.add_argument("--memory-gb", type=positive_float, default=80.0, help="GiB per GPU (default 80)")
     p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
     p.add_argument("--batch-size", type=int, default=4, help="samples per random padded micro-batch (default 4)")
     p.add_argument(
@@ -49,9 +56,11 @@ def add_parsers(sub: Any) -> None:
         "encoder on the first stage (Megatron's VLM layout)",
     )
     p.add_argument("--samples", type=int, default=None, help="resample the data to this many samples (seeded)")
-    p.add_argument("--tflops", type=float, default=312.0, help="device peak TFLOP/s (default 312, an A100)")
-    p.add_argument("--efficiency", type=float, default=0.5, help="fraction of peak reached (default 0.5)")
-    p.add_argument("--link-gb-per-s", type=float, default=25.0, help="GB/s between pipeline stages (default 25)")
+    p.add_argument("--tflops", type=positive_float, default=312.0, help="device peak TFLOP/s (default 312, an A100)")
+    p.add_argument("--efficiency", type=fraction, default=0.5, help="fraction of peak reached (default 0.5)")
+    p.add_argument(
+        "--link-gb-per-s", type=non_negative_float, default=25.0, help="GB/s between pipeline stages (default 25)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run)

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .._checks import check_positive_int
+from .._csr import row_totals
 from ..balance import PlanOptions, plan_packs
 from ..balance.cost import CostModel
 from ..balance.padded import random_padded_plan
@@ -76,8 +77,8 @@ class MicroBatches:
 
     def largest(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """The micro-batches of most ViT load and of most tokens (what memory must hold)."""
-        vit = np.add.reduceat(self.vit, self.offsets[:-1])
-        llm = np.add.reduceat(self.llm, self.offsets[:-1])
+        vit = row_totals(self.offsets, self.vit)
+        llm = row_totals(self.offsets, self.llm)
         return self.loads(np.unique([int(np.argmax(vit)), int(np.argmax(llm))]))
 
 

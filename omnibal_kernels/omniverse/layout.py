@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._checks import check_positive_int
-from ..pipeline.schedule import SCHEDULES
+from ..pipeline.schedule import SCHEDULES, check_micro_batches
 
 __all__ = ["Hardware", "Layout"]
 
@@ -41,8 +41,9 @@ class Layout:
     schedule: str = "1f1b"
 
     def __post_init__(self) -> None:
-        for name in ("gpus", "pp", "tp", "micro_batches"):
+        for name in ("gpus", "pp", "tp"):
             object.__setattr__(self, name, check_positive_int(name, getattr(self, name)))
+        object.__setattr__(self, "micro_batches", check_micro_batches(self.micro_batches))
         if self.gpus % (self.pp * self.tp):
             raise ValueError(
                 f"gpus ({self.gpus}) must be a multiple of pp x tp ({self.pp} x {self.tp} = {self.pp * self.tp})"

@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from .._checks import check_positive_int
+from .._csr import row_totals
 from ..balance.cost import CostModel
 from ..balance.options import PlanOptions
 from ..balance.search import search_capacity
@@ -68,8 +69,8 @@ def scaled_profile(
     llm = np.atleast_1d(np.asarray(reference[1], np.float64))
     ref = pack_kind_costs(vit, llm, np.array([0, vit.size]), cost_model=cost_model)
     mean = pack_kind_costs(data.vit, data.llm, data.offsets, cost_model=cost_model)
-    units = np.add.reduceat(data.vit, data.offsets[:-1]).max()
-    tokens = np.add.reduceat(data.llm, data.offsets[:-1]).max()
+    units = row_totals(data.offsets, data.vit).max()
+    tokens = row_totals(data.offsets, data.llm).max()
     layers = []
     for layer in profile.layers:
         kind = layer.kind if layer.kind in ref else ""

@@ -17,6 +17,7 @@ from typing import Any, Optional, cast
 
 import numpy as np
 
+from .._csr import row_sums
 from ..sampler.steps import PlannedSamples
 from .batch import LossCounts
 from .options import PackOptions
@@ -82,18 +83,12 @@ def check_planned_loads(samples: PlannedSamples) -> None:
 
 def _check_labels(samples: PlannedSamples, fields: dict[str, Any], opts: PackOptions, num_samples: int) -> None:
     """Each sample's trained label tokens in the packed row against its length entry."""
-    # numpy's reduceat of the int64 mask over the row's memory, one sum per sample: torch's boolean indexing and
-    # bincount, a cumulative sum or a reduceat that casts as it adds cost several times more (the collate
-    # benchmark times this check)
-    trained = (fields["labels"][0].numpy() != opts.ignore_index).astype(np.int64)
-    bounds = fields["cu_seqlens"][: num_samples + 1].numpy()
-    if trained.size:
-        # the last sample's sum runs on over the padding, whose labels are ignore_index
-        counts = np.add.reduceat(trained, np.minimum(bounds[:-1], trained.size - 1))
-        counts[bounds[1:] == bounds[:-1]] = 0  # reduceat gives an empty sample the value at its start
-        found = counts.tolist()
-    else:
-        found = [0] * num_samples
+    # per-sample sums as differences of one running sum at the samples' bounds: exact for empty samples
+    # anywhere in the pack (a reduceat gives an empty sample the value at its start, and its start index can
+    # not pass the row's end), and the padding after the last sample is never counted
+    trained = fields["labels"][0].numpy() != opts.ignore_index
+    bounds = fields["cu_seqlens"][: num_samples + 1].numpy().astype(np.int64)
+    found = row_sums(bounds, trained).tolist()
     expected = cast(tuple[int, ...], samples.step.label)  # the caller checks labels only when it is set
     if tuple(found) != expected:
         j = next(j for j, (a, b) in enumerate(zip(found, expected)) if a != b)

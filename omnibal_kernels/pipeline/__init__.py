@@ -41,6 +41,7 @@ from .partition import (
 from .profile import PROFILE_FIELDS, LayerProfile, ModelProfile, as_profile, load_profile
 from .recompute import apply_recompute, cover, min_cost_cover, stage_recompute
 from .schedule import (
+    MAX_MICRO_BATCHES,
     SCHEDULES,
     TORCH_SCHEDULES,
     ScheduleResult,
@@ -54,6 +55,7 @@ __all__ = [
     "CONFIGS",
     "PUBLISHED_PARAMETERS",
     "LayerProfile",
+    "MAX_MICRO_BATCHES",
     "METHODS",
     "MicroBatchTimes",
     "ModelProfile",

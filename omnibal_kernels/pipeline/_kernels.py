@@ -12,7 +12,8 @@ its virtual stage; a record is dropped once read. Ranks are advanced in turns, e
 the times are those of the longest path through the dependency graph whatever the turn order, so the order of
 turns only bounds how many records are alive. A producer whose ring slot is still unread waits; if no rank can
 advance the caller retries with a larger ring (a full ring of ``micro_batches`` slots never blocks, so a
-deadlock there is a bug in an order).
+deadlock there is a bug in an order). A run keeps its state in arrays the caller holds and returns every
+chunk of operations, so that a long one can be interrupted.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ GPIPE, ONE_F_ONE_B, INTERLEAVED, INTERLEAVED_ZB, ZBV = 0, 1, 2, 3, 4
 KIND_F, KIND_B, KIND_W = 0, 1, 2
 STATE = 10  # ints of state per rank
 
-OK, DEADLOCK, BAD_ORDER = 0, 1, 2
+OK, DEADLOCK, BAD_ORDER, PAUSED = 0, 1, 2, 3
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -243,6 +244,25 @@ def _links(kind: int, j: int, last: int) -> tuple[int, int]:
     return -1, -1
 
 
+def new_state(ranks: int, stages: int, ring: int) -> tuple[np.ndarray, ...]:
+    """The state of a run that :func:`simulate_into` advances chunk by chunk: ``(rec_t, rec_mb, done, alive_bytes,
+    free, st, pend, awake, stack, counters, step)``; ``done`` (3, S) forwards done, backwards done and
+    micro-batches alive per stage; ``counters`` the stack's top, the ranks left and the operations run."""
+    return (
+        np.zeros((2, stages, ring)),
+        np.full((2, stages, ring), -1, np.int64),
+        np.zeros((3, stages), np.int64),
+        np.zeros(ranks),
+        np.zeros(ranks),
+        np.zeros((ranks, STATE), np.int64),
+        np.full((ranks, 3), -2, np.int64),
+        np.ones(ranks, np.bool_),
+        np.arange(ranks)[::-1].copy(),
+        np.array([ranks, ranks, 0], np.int64),
+        np.zeros(1),
+    )
+
+
 @numba.njit(cache=True, nogil=True)
 def simulate_into(
     code: int,
@@ -257,14 +277,27 @@ def simulate_into(
     d_w: np.ndarray,
     act: np.ndarray,
     release_at_w: bool,
-    ring: int,
     record: bool,
     tl: np.ndarray,
     busy: np.ndarray,
     peak: np.ndarray,
     held: np.ndarray,
-) -> tuple[int, float, int]:
-    """Runs one step; returns ``(status, step time, operations)``.
+    rec_t: np.ndarray,
+    rec_mb: np.ndarray,
+    done: np.ndarray,
+    alive_bytes: np.ndarray,
+    free: np.ndarray,
+    st: np.ndarray,
+    pend: np.ndarray,
+    awake: np.ndarray,
+    stack: np.ndarray,
+    counters: np.ndarray,
+    step_out: np.ndarray,
+    budget: int,
+) -> int:
+    """Advances a run (its state from :func:`new_state`, outputs zeroed) by about ``budget`` operations; returns
+    ``PAUSED`` (call again), ``OK`` (the step is ``step_out[0]``, the operations ``counters[2]``), ``DEADLOCK`` or
+    ``BAD_ORDER``. Runs stop between chunks so that the caller can be interrupted.
 
     d_f, d_b, d_w: (M, S) durations of F, B, W per micro-batch (M = m) or for all (M = 1), sends included;
     act: (M', S) bytes a micro-batch keeps on its stage, alive from the end of its F to the end of its B
@@ -274,25 +307,18 @@ def simulate_into(
     the rank it waits for writes its record or reads the record in its way.
     """
     S = d_f.shape[1]
+    ring = rec_t.shape[2]
     per_mb_t = d_f.shape[0] > 1
     per_mb_a = act.shape[0] > 1
-    rec_t = np.zeros((2, S, ring))
-    rec_mb = np.full((2, S, ring), -1, np.int64)
-    f_done = np.zeros(S, np.int64)
-    b_done = np.zeros(S, np.int64)
-    alive = np.zeros(S, np.int64)
-    alive_bytes = np.zeros(ranks)
-    st = np.zeros((ranks, STATE), np.int64)
-    pend = np.full((ranks, 3), -2, np.int64)
-    free = np.zeros(ranks)
-    awake = np.ones(ranks, np.bool_)
-    stack = np.arange(ranks)[::-1].copy()
-    top = ranks
-    left, step, n_ops = ranks, 0.0, 0
-    busy[:] = 0.0
-    peak[:] = 0.0
-    held[:] = 0
+    f_done, b_done, alive = done[0], done[1], done[2]
+    top, left, n_ops = counters[0], counters[1], counters[2]
+    step = step_out[0]
+    stop = n_ops + budget
     while top:
+        if n_ops >= stop:
+            counters[0], counters[1], counters[2] = top, left, n_ops
+            step_out[0] = step
+            return PAUSED
         top -= 1
         r = stack[top]
         awake[r] = False
@@ -304,7 +330,7 @@ def simulate_into(
                     left -= 1
                     break
                 if stage_rank[j] != r:
-                    return BAD_ORDER, 0.0, n_ops
+                    return BAD_ORDER
                 pend[r, 0], pend[r, 1], pend[r, 2] = kind, j, mb
             kind, j, mb = pend[r, 0], pend[r, 1], pend[r, 2]
             slot = mb % ring
@@ -342,6 +368,8 @@ def simulate_into(
                 tl[n_ops, 4], tl[n_ops, 5] = start, end
             n_ops += 1
             pend[r, 0] = -2
+    counters[0], counters[1], counters[2] = top, left, n_ops
+    step_out[0] = step
     if left:
-        return DEADLOCK, 0.0, n_ops
-    return OK, step, n_ops
+        return DEADLOCK
+    return OK

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .schedule import schedule_order
+from .schedule import representative_micro_batches, schedule_order
 
 __all__ = ["RankWindows", "Windows", "step_lower_bound"]
 
@@ -56,7 +56,10 @@ class Windows:
 
     @classmethod
     def of(cls, schedule: str, ranks: int, micro_batches: int, virtual_stages: int) -> Windows:
-        order = schedule_order(schedule, ranks, micro_batches, virtual_stages)
+        # the windows and the counts between them are those of a count with the same warm-up and cool-down: only
+        # the busy time grows with the micro-batches, and rank_bound takes it from ``micro_batches``
+        shown = representative_micro_batches(schedule, ranks, micro_batches, virtual_stages)
+        order = schedule_order(schedule, ranks, shown, virtual_stages)
         S = ranks * virtual_stages
         code = {"F": 0, "B": 1, "W": 2}
         out = []
@@ -70,7 +73,7 @@ class Windows:
             stages = tuple(sorted({j for _, j, _ in ops}))
             xs, ys, js, between = [], [], [], []
             for j in stages:
-                for i in sorted({0, micro_batches - 1}):
+                for i in sorted({0, shown - 1}):
                     x, y = pos[("F", j, i)], pos[("B", j, i)]
                     xs.append(x)
                     ys.append(y)

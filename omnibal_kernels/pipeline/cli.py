@@ -15,8 +15,9 @@ _GIB = 2**30
 
 def add_parsers(sub: Any) -> None:
     """Registers ``partition`` and ``profile`` on an argparse sub-parser set."""
+    from .._cli_args import fraction, int_in, non_negative_float, positive_float
     from .partition import OBJECTIVES, RECOMPUTE_MODES
-    from .schedule import SCHEDULES
+    from .schedule import MAX_MICRO_BATCHES, SCHEDULES
 
     part = sub.add_parser(
         "partition",
@@ -32,9 +33,17 @@ def add_parsers(sub: Any) -> None:
         help="estimate the profile from a model config: internvl-300m-7b, internvl-6b-20b or an InternVL config.json",
     )
     part.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
-    part.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
     part.add_argument(
-        "--memory-gb", type=float, default=None, help="memory per stage in GiB (default: memory is no constraint)"
+        "--micro-batches",
+        type=int_in(1, MAX_MICRO_BATCHES),
+        default=32,
+        help="micro-batches per step (default 32, at most 10**9)",
+    )
+    part.add_argument(
+        "--memory-gb",
+        type=positive_float,
+        default=None,
+        help="memory per stage in GiB (default: memory is no constraint)",
     )
     part.add_argument(
         "--schedule",
@@ -61,7 +70,7 @@ def add_parsers(sub: Any) -> None:
         default="plan",
         help="plan: optimal per stage (default); uniform: none if it fits, else every layer",
     )
-    part.add_argument("--link-gb-per-s", type=float, default=25.0, help="GB/s between stages (default 25)")
+    part.add_argument("--link-gb-per-s", type=non_negative_float, default=25.0, help="GB/s between stages (default 25)")
     part.add_argument(
         "--fix",
         action="append",
@@ -72,20 +81,27 @@ def add_parsers(sub: Any) -> None:
     part.add_argument(
         "--vit-on-first-stage", action="store_true", help="keep every 'vit' layer on stage 0 and nothing else there"
     )
-    part.add_argument("--pack-tiles", type=float, default=16.0, help="--config: ViT tiles per micro-batch")
-    part.add_argument("--pack-tokens", type=float, default=5376.0, help="--config: LLM tokens per micro-batch")
+    part.add_argument("--pack-tiles", type=non_negative_float, default=16.0, help="--config: ViT tiles per micro-batch")
+    part.add_argument("--pack-tokens", type=positive_float, default=5376.0, help="--config: LLM tokens per micro-batch")
     part.add_argument("--pack-samples", type=int, default=4, help="--config: samples per micro-batch")
-    part.add_argument("--tflops", type=float, default=312.0, help="--config: device peak TFLOP/s (default 312)")
-    part.add_argument("--efficiency", type=float, default=0.5, help="--config: fraction of peak (default 0.5)")
+    part.add_argument(
+        "--tflops", type=positive_float, default=312.0, help="--config: device peak TFLOP/s (default 312)"
+    )
+    part.add_argument("--efficiency", type=fraction, default=0.5, help="--config: fraction of peak (default 0.5)")
     part.add_argument(
         "--static-bytes-per-param",
-        type=float,
+        type=non_negative_float,
         default=16.0,
         help="--config: weights + gradients + optimizer bytes per parameter (default 16, mixed-"
         "precision Adam; 4 + 12 / DP with a distributed optimizer over DP ranks)",
     )
     part.add_argument("--json", action="store_true", help="print one JSON object")
     part.set_defaults(func=_run_partition)
+    _add_profile_parser(sub)
+
+
+def _add_profile_parser(sub: Any) -> None:
+    from .._cli_args import non_negative_float, positive_float
 
     prof = sub.add_parser(
         "profile",
@@ -99,10 +115,10 @@ def add_parsers(sub: Any) -> None:
         help="tiny-vlm, or MODULE:FUNCTION returning (layers, inputs) or (layers, inputs, kinds)",
     )
     prof.add_argument("--config", default=None, help="estimate from a model config instead (as for partition)")
-    prof.add_argument("--pack-tiles", type=float, default=16.0)
-    prof.add_argument("--pack-tokens", type=float, default=5376.0)
+    prof.add_argument("--pack-tiles", type=non_negative_float, default=16.0)
+    prof.add_argument("--pack-tokens", type=positive_float, default=5376.0)
     prof.add_argument("--pack-samples", type=int, default=4)
-    prof.add_argument("--static-bytes-per-param", type=float, default=16.0)
+    prof.add_argument("--static-bytes-per-param", type=non_negative_float, default=16.0)
     prof.add_argument("--repeats", type=int, default=3, help="timed runs per layer (median)")
     prof.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring")
     prof.add_argument("--out", default=None, help="write the profile to this JSON file")
@@ -128,14 +144,27 @@ def _config_profile(args: argparse.Namespace) -> Any:
     )
 
 
-def _fixed_starts(args: argparse.Namespace, profile: Any) -> dict[int, int]:
+def _fixed_starts(args: argparse.Namespace, profile: Any, stages: int) -> dict[int, int]:
+    """The boundaries ``--fix`` and ``--vit-on-first-stage`` ask for, each checked against the ``stages``
+    (virtual) stages and the profile's layers in the flag's own words."""
     fixed = {}
     for item in args.fix:
         stage, sep, layer = item.partition(":")
         if not sep or not stage.strip().isdigit() or not layer.strip().isdigit():
             raise ValueError(f"--fix expects STAGE:LAYER with two integers, got {item!r}")
+        first = int(stage) == int(layer) == 0  # stage 0 starts at layer 0, the one place it can start
+        if not first and not (0 < int(stage) < stages and 0 < int(layer) < len(profile)):
+            raise ValueError(
+                f"--fix {item}: STAGE must be in [1, {stages - 1}] ({stages} stages) and LAYER in "
+                f"[1, {len(profile) - 1}] ({len(profile)} layers)"
+            )
         fixed[int(stage)] = int(layer)
     if args.vit_on_first_stage:
+        if stages < 2:
+            raise ValueError(
+                f"--vit-on-first-stage puts the ViT alone on stage 0 and the rest after it: it needs at least 2 "
+                f"stages, got {stages}"
+            )
         kinds = [layer.kind for layer in profile.layers]
         n_vit = 0
         while n_vit < len(kinds) and kinds[n_vit] == "vit":
@@ -171,7 +200,7 @@ def _run_partition(args: argparse.Namespace) -> int:
         method=args.method,
         objective=args.objective,
         recompute=args.recompute,
-        fixed_starts=_fixed_starts(args, profile),
+        fixed_starts=_fixed_starts(args, profile, args.stages * chunks),
         **common,
     )
     uniform = partition(profile, args.stages, method="uniform", recompute="uniform", **common)

@@ -12,6 +12,7 @@ Adam: 16-bit weights and gradients, fp32 master weights and two moments).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -505,9 +506,13 @@ def profile_from_config(
     cfg = load_config(config)
     loads = pack_loads(packs)
     tp = check_positive_int("tensor_parallel", tensor_parallel)
-    for key, value in (("tflops", tflops), ("efficiency", efficiency)):
-        if not value > 0:
-            raise ValueError(f"{key} must be > 0, got {value}")
+    for key, value, top in (("tflops", tflops, math.inf), ("efficiency", efficiency, 1.0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{key} must be a number, got {type(value).__name__}")
+        if not (0 < value <= top and math.isfinite(value)):
+            raise ValueError(
+                f"{key} must be {'in (0, 1] (a share of the peak)' if top == 1 else 'finite and > 0'}, got {value}"
+            )
     ms_per_gflop = 1.0 / (tflops * efficiency * tp)  # GFLOP / (TFLOP/s) = ms
     units = np.array([v.sum() for v, _ in loads])
     tokens = np.array([t.sum() for _, t in loads])

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .._csr import row_totals
 from .estimate import pack_loads
 from .partition import PipelinePlan
 from .profile import ModelProfile, as_profile
@@ -76,12 +77,8 @@ def pack_kind_costs(
     if offsets[0] != 0 or offsets[-1] != vit.size or (np.diff(offsets) < 0).any():
         raise ValueError(f"offsets must rise from 0 to {vit.size}")
     out = {}
-    starts = np.minimum(offsets[:-1], max(vit.size - 1, 0))
-    nonempty = np.diff(offsets) > 0
     for kind, model in kind_costs(cost_model).items():
-        costs = model.sample_costs(vit, llm)
-        sums = np.add.reduceat(costs, starts) if costs.size else np.zeros(starts.size)
-        out[kind] = np.where(nonempty, sums, 0.0)
+        out[kind] = row_totals(offsets, model.sample_costs(vit, llm))
     return out
 
 

@@ -34,7 +34,7 @@ from .._checks import check_positive_int
 from .bounds import Windows
 from .costs import StageCosts
 from .profile import ModelProfile, as_profile
-from .schedule import check_schedule, simulate
+from .schedule import check_micro_batches, check_schedule, simulate
 from .search import paper_candidates, search_bottleneck, search_step
 
 __all__ = [
@@ -364,7 +364,7 @@ def evaluate_partition(
     """The recompute choice and simulated step of a given partition (``stages``: ``(first, last)`` pairs, one
     per virtual stage in chain order)."""
     profile = as_profile(profile)
-    m = check_positive_int("micro_batches", micro_batches)
+    m = check_micro_batches(micro_batches)
     v = check_positive_int("virtual_stages", virtual_stages)
     check_schedule(schedule, v)
     _check_choices(recompute, link_gb_per_s, weight_fraction)
@@ -472,7 +472,8 @@ def partition(
         profile: a ``ModelProfile`` (or its dict form).
         stages: P, the number of pipeline ranks; the chain is cut into ``P * virtual_stages`` virtual stages
             (1 <= that <= layers).
-        micro_batches: m, micro-batches per step (sets how many each stage holds).
+        micro_batches: m, micro-batches per step (sets how many each stage holds), at most
+            :data:`~omnibal_kernels.pipeline.schedule.MAX_MICRO_BATCHES`.
         memory_bytes: one budget for every rank or one per rank; ``None``: memory is no constraint.
         method: ``"exact"``, ``"paper"`` or ``"uniform"``; objective: ``"step"`` or ``"bottleneck"`` for
             ``"exact"`` (module docstring).
@@ -492,7 +493,7 @@ def partition(
     profile = as_profile(profile)
     L = len(profile)
     P = check_positive_int("stages", stages)
-    m = check_positive_int("micro_batches", micro_batches)
+    m = check_micro_batches(micro_batches)
     v = check_positive_int("virtual_stages", virtual_stages)
     check_schedule(schedule, v)
     S = P * v

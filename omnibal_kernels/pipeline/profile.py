@@ -43,14 +43,22 @@ _TIME_FIELDS = ("forward_ms", "backward_ms")
 _BYTE_FIELDS = ("activation_bytes", "static_bytes", "output_bytes")
 
 
+# Byte counts are summed and compared as float64, which holds every integer up to 2**53 (8 PiB) exactly.
+MAX_BYTES = 2**53
+# A layer's time per micro-batch (ms, about 30 years): far above any measured layer, and low enough that a step of
+# MAX_MICRO_BATCHES over any chain stays finite.
+MAX_LAYER_MS = 1e12
+
+
 def _check_bytes(where: str, name: str, value: object) -> int:
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{where}: {name} must be an integer number of bytes, got {type(value).__name__}")
     value = int(value)
-    if value < 0:
-        raise ValueError(f"{where}: {name} must be >= 0, got {value}")
+    if not 0 <= value <= MAX_BYTES:
+        shown = str(value) if len(str(value)) <= 40 else f"an integer of {len(str(value))} digits"
+        raise ValueError(f"{where}: {name} must be in [0, 2**53], got {shown}")
     return value
 
 
@@ -73,7 +81,10 @@ class LayerProfile:
         if not isinstance(self.kind, str):
             raise TypeError(f"{where}: kind must be a str, got {type(self.kind).__name__}")
         for key in _TIME_FIELDS:
-            object.__setattr__(self, key, check_finite_non_negative(key, getattr(self, key), where))
+            ms = check_finite_non_negative(key, getattr(self, key), where)
+            if ms > MAX_LAYER_MS:
+                raise ValueError(f"{where}: {key} must be at most {MAX_LAYER_MS:g} ms, got {ms!r}")
+            object.__setattr__(self, key, ms)
         for key in _BYTE_FIELDS:
             object.__setattr__(self, key, _check_bytes(where, key, getattr(self, key)))
 

@@ -22,8 +22,11 @@ of its forward to the end of its backward (of its weight gradient under zero bub
 - ``"zbv"`` (``ScheduleZBVZeroBubble``): two chunks per rank in a V (rank ``r`` holds virtual stages ``r`` and
   ``2P - 1 - r``), the same split backward.
 
-Time and memory of a simulation are O(operations) and O(P v) (the orders are generated, never stored), so a
-step of a million micro-batches is simulated in seconds; ``timeline=True`` also returns every operation.
+The orders are generated, never stored. A step of per-stage times (the same for every micro-batch) takes time
+and memory bounded by the schedule's steady state, whatever the count of micro-batches: the step of a schedule
+in its steady state grows by the same time every period, so it is measured on windows of a bounded count and
+extrapolated (:func:`steady_threshold`); times per micro-batch, or ``timeline=True``, take O(operations).
+Counts of micro-batches are at most :data:`MAX_MICRO_BATCHES`.
 """
 
 from __future__ import annotations
@@ -36,16 +39,32 @@ from typing import Optional
 import numpy as np
 
 from .._checks import check_positive_int
-from ._kernels import DEADLOCK, GPIPE, INTERLEAVED, INTERLEAVED_ZB, OK, ONE_F_ONE_B, ZBV, order_into, simulate_into
+from ._kernels import (
+    DEADLOCK,
+    GPIPE,
+    INTERLEAVED,
+    INTERLEAVED_ZB,
+    OK,
+    ONE_F_ONE_B,
+    PAUSED,
+    ZBV,
+    new_state,
+    order_into,
+    simulate_into,
+)
 
 __all__ = [
+    "MAX_MICRO_BATCHES",
     "SCHEDULES",
     "TORCH_SCHEDULES",
     "ScheduleResult",
+    "check_micro_batches",
     "held_micro_batches",
+    "representative_micro_batches",
     "schedule_order",
     "simulate",
     "stage_ranks",
+    "steady_threshold",
 ]
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "interleaved-zb", "zbv")
@@ -78,6 +97,183 @@ class ScheduleResult:
     held: tuple[int, ...]
     peak_bytes: tuple[int, ...]
     ops: tuple[tuple[int, str, int, float, float], ...]
+
+
+# The most micro-batches of one step that the pipeline functions take: far above any step a training run takes,
+# and low enough that a step's time keeps its precision in float64 and any per-micro-batch input still fits.
+MAX_MICRO_BATCHES = 10**9
+# Periods of the steady state tried, in units of the schedule's round (module docstring), and the samples of
+# the step taken from one window of counts: three times the longest period, so that every period tried is seen
+# repeating at least twice after the first third of the window.
+_MAX_PERIOD = 8
+_WINDOW = 3 * _MAX_PERIOD
+# Operations the compiled simulation runs between two returns to Python (where Ctrl-C is seen): a few hundredths of
+# a second of work, a cost per chunk that no run notices.
+_CHUNK_OPS = 1 << 20
+
+
+def check_micro_batches(micro_batches: object, name: str = "micro_batches") -> int:
+    """``micro_batches`` as an int in ``[1, MAX_MICRO_BATCHES]``."""
+    return check_positive_int(name, micro_batches, 1, MAX_MICRO_BATCHES)
+
+
+def representative_micro_batches(schedule: str, ranks: int, micro_batches: int, virtual_stages: int) -> int:
+    """A count of micro-batches, at most ``micro_batches``, whose per-rank orders have the same warm-up, the
+    same cool-down and the same steady state as those of ``micro_batches``: ``micro_batches`` itself when it
+    is short, else a whole number of rounds past every rank's warm-up (:func:`steady_threshold` over 16)."""
+    base = steady_threshold(schedule, ranks, virtual_stages) // 16
+    return micro_batches if micro_batches < base else base
+
+
+def _unit(schedule: str, ranks: int) -> int:
+    """Micro-batches of one round: the interleaved orders repeat per round of ``ranks`` micro-batches once the
+    step holds at least ``2 * ranks**2`` of them (then every round holds ``ranks``); the others per micro-batch."""
+    return ranks if schedule in ("interleaved", "interleaved-zb") else 1
+
+
+def steady_threshold(schedule: str, ranks: int, virtual_stages: int) -> int:
+    """The count from which :func:`simulate` extrapolates a step of constant times from its steady state:
+    the smallest count of whole rounds past the warm-up and cool-down of every rank (and past ``2 P**2`` for
+    the interleaved orders, whose rounds then hold ``P`` micro-batches), times 16 so that the steady state is
+    measured on two windows far apart before it is trusted."""
+    u = _unit(schedule, ranks)
+    base = 8 * ranks * virtual_stages + 16
+    if u > 1:
+        base = max(base, 2 * ranks * ranks)
+    return 16 * u * (-(-base // u))
+
+
+@dataclass(frozen=True)
+class _Run:
+    step: float
+    busy: np.ndarray
+    peak: np.ndarray
+    held: np.ndarray
+    tl: np.ndarray
+    n_ops: int
+
+
+@dataclass(frozen=True)
+class _Case:
+    """One schedule, pipeline and set of durations (sends included), simulated for any count of micro-batches."""
+
+    code: int
+    schedule: str
+    P: int
+    v: int
+    ranks: np.ndarray
+    d_f: np.ndarray
+    d_b: np.ndarray
+    d_w: np.ndarray
+    act: np.ndarray
+
+    def run(self, m: int, timeline: bool = False) -> _Run:
+        P, v, S = self.P, self.v, self.P * self.v
+        per_round = _round(self.schedule, P, m)
+        busy, peak, held = np.zeros(P), np.zeros(P), np.zeros(S, np.int64)
+        zero_bubble = self.schedule in ZERO_BUBBLE
+        ops_total = (3 if zero_bubble else 2) * m * v * P
+        tl = np.zeros((ops_total if timeline else 1, 6))
+        warm = _warmup(self.schedule, P, v, m, per_round)
+        ring = min(m, 2 * S + 8)
+        while True:
+            rec_t, rec_mb, done, alive_bytes, free, st, pend, awake, stack, counters, step = new_state(P, S, ring)
+            status = PAUSED
+            while status == PAUSED:  # Python runs between chunks, so Ctrl-C stops a long run
+                status = simulate_into(
+                    self.code,
+                    P,
+                    v,
+                    m,
+                    per_round,
+                    warm,
+                    self.ranks,
+                    self.d_f,
+                    self.d_b,
+                    self.d_w,
+                    self.act,
+                    zero_bubble,
+                    bool(timeline),
+                    tl,
+                    busy,
+                    peak,
+                    held,
+                    rec_t,
+                    rec_mb,
+                    done,
+                    alive_bytes,
+                    free,
+                    st,
+                    pend,
+                    awake,
+                    stack,
+                    counters,
+                    step,
+                    _CHUNK_OPS,
+                )
+            if status == OK:
+                return _Run(float(step[0]), busy, peak, held, tl, int(counters[2]))
+            if status == DEADLOCK and ring < m:
+                ring = min(m, 2 * ring)
+                busy[:], peak[:], held[:] = 0.0, 0.0, 0
+                continue
+            raise RuntimeError(f"schedule {self.schedule!r}: the operation order is inconsistent (status {status})")
+
+
+def _measures(run: _Run) -> np.ndarray:
+    """What a run says that grows with the micro-batches: the step, then held per stage, then peak per rank."""
+    return np.concatenate([[run.step], run.held.astype(np.float64), run.peak])
+
+
+def _same(a: np.ndarray, b: np.ndarray, scale: np.ndarray) -> bool:
+    # sums of the same durations in another order: equal up to their rounding
+    return bool(np.all(np.abs(a - b) <= 1e-10 * np.maximum(np.abs(scale), 1e-300)))
+
+
+def _period(window: list[np.ndarray]) -> Optional[tuple[int, np.ndarray]]:
+    """The shortest period ``c`` (in samples) over which every measure of a window grows by one constant
+    ``delta`` in the window's last two thirds, or None."""
+    scale = window[-1]
+    for c in range(1, _MAX_PERIOD + 1):
+        deltas = [window[t + c] - window[t] for t in range(len(window) // 3, len(window) - c)]
+        if all(_same(d, deltas[-1], scale) for d in deltas):
+            return c, deltas[-1]
+    return None
+
+
+def _extrapolate(window: list[np.ndarray], c: int, delta: np.ndarray, t: int) -> np.ndarray:
+    """The measures at sample ``t`` of a window that grow by ``delta`` every ``c`` samples from its end."""
+    last = len(window) - 1
+    if t <= last:
+        return window[t]
+    t0 = last - ((last - t) % c)  # the window's last sample of t's residue
+    return window[t0] + ((t - t0) // c) * delta
+
+
+def _steady(case: _Case, m: int) -> _Run:
+    """The run of ``m`` micro-batches of constant times, from runs of bounded counts. In its steady state a
+    schedule's step grows by the same time every period, and its held micro-batches and bytes alive (which
+    follow the order alone) by the same amounts (nothing past the warm-up, or every micro-batch under GPipe):
+    the period is measured on a window of counts, checked on a second window four times further, and
+    extrapolated to ``m``. The full run when no period is found below ``m / 16``."""
+    u = _unit(case.schedule, case.P)
+    base = steady_threshold(case.schedule, case.P, case.v) // 16
+    while 16 * base <= m:
+        window = [_measures(case.run(base + t * u)) for t in range(_WINDOW + 1)]
+        found = _period(window)
+        far = 4 * base
+        if found is not None:
+            c, delta = found
+            check = [_measures(case.run(far + t * u)) for t in range(c + 1)]
+            predicted = _extrapolate(window, c, delta, (far - base) // u)
+            if _same(predicted, check[0], check[0]) and _same(check[c] - check[0], delta, check[c]):
+                x = _extrapolate(check, c, delta, (m - far) // u)
+                S = case.P * case.v
+                busy = m * np.bincount(case.ranks, weights=(case.d_f + case.d_b + case.d_w)[0], minlength=case.P)
+                held = np.rint(x[1 : 1 + S]).astype(np.int64)
+                return _Run(float(x[0]), busy, x[1 + S :], held, np.zeros((1, 6)), 0)
+        base = far
+    return case.run(m)
 
 
 def check_schedule(schedule: object, virtual_stages: int) -> str:
@@ -134,7 +330,7 @@ def schedule_order(
     ``"B"`` or ``"W"``. Memory grows with ``micro_batches``; :func:`simulate` never builds it."""
     check_schedule(schedule, virtual_stages)
     P = check_positive_int("ranks", ranks)
-    m = check_positive_int("micro_batches", micro_batches)
+    m = check_micro_batches(micro_batches)
     per_round = _round(schedule, P, m)
     warm = _warmup(schedule, P, virtual_stages, m, per_round)
     out = []
@@ -180,7 +376,7 @@ def simulate(
     Args:
         forward_ms, backward_ms: (S,) time of one micro-batch on each virtual stage, in chain order, or
             (micro_batches, S) one time per micro-batch and stage (the backward includes recomputation).
-        micro_batches: m, micro-batches per step.
+        micro_batches: m, micro-batches per step, at most :data:`MAX_MICRO_BATCHES`.
         schedule: one of :data:`SCHEDULES` (module docstring).
         virtual_stages: v, chunks per rank (1 for ``"1f1b"`` and ``"gpipe"``, 2 for ``"zbv"``).
         comm_ms: (S - 1,) or (m, S - 1): send time between virtual stages j and j + 1, each way (activations
@@ -193,7 +389,7 @@ def simulate(
         timeline: also return every operation (memory grows with m).
     """
     check_schedule(schedule, virtual_stages)
-    m = check_positive_int("micro_batches", micro_batches)
+    m = check_micro_batches(micro_batches)
     v = int(virtual_stages)
     fwd_arr = np.asarray(forward_ms, dtype=np.float64)
     if fwd_arr.ndim not in (1, 2) or fwd_arr.shape[-1] == 0:
@@ -214,45 +410,19 @@ def simulate(
     else:
         d_w = np.zeros_like(bwd)
     d_w = np.minimum(d_w, bwd)
-    per_round = _round(schedule, P, m)
+    _round(schedule, P, m)  # refuses a count the interleaved orders cannot split into rounds
     ranks = np.asarray(stage_ranks(schedule, P, v), dtype=np.int64)
     cross = (ranks[:-1] != ranks[1:]).astype(np.float64)
     d_f = fwd + np.concatenate([comm * cross, np.zeros((comm.shape[0], 1))], axis=1)
     d_b = bwd - d_w + np.concatenate([np.zeros((comm.shape[0], 1)), comm * cross], axis=1)
     # one row for all micro-batches, or one row each: the kernel reads the three alike
     d_f, d_b, d_w = (np.ascontiguousarray(x) for x in np.broadcast_arrays(d_f, d_b, d_w))
-    busy, peak, held = np.zeros(P), np.zeros(P), np.zeros(S, np.int64)
-    ops_total = (3 if schedule in ZERO_BUBBLE else 2) * m * v * P
-    tl = np.zeros((ops_total if timeline else 1, 6))
-    warm = _warmup(schedule, P, v, m, per_round)
-    ring = min(m, 2 * S + 8)
-    while True:
-        status, step, n_ops = simulate_into(
-            _CODES[schedule],
-            P,
-            v,
-            m,
-            per_round,
-            warm,
-            ranks,
-            d_f,
-            d_b,
-            d_w,
-            act,
-            schedule in ZERO_BUBBLE,
-            ring,
-            bool(timeline),
-            tl,
-            busy,
-            peak,
-            held,
-        )
-        if status == OK:
-            break
-        if status == DEADLOCK and ring < m:
-            ring = min(m, 2 * ring)
-            continue
-        raise RuntimeError(f"schedule {schedule!r}: the operation order is inconsistent (status {status})")
+    case = _Case(_CODES[schedule], schedule, P, v, ranks, d_f, d_b, d_w, act)
+    if timeline or d_f.shape[0] > 1 or act.shape[0] > 1 or m < steady_threshold(schedule, P, v):
+        run = case.run(m, timeline)
+    else:
+        run = _steady(case, m)
+    step, busy, peak, held, tl, n_ops = run.step, run.busy, run.peak, run.held, run.tl, run.n_ops
     bubble = 0.0 if step == 0 else 1.0 - float(busy.sum()) / (P * step)
     rank_static = np.bincount(ranks, weights=static, minlength=P)
     ops: tuple[tuple[int, str, int, float, float], ...] = ()
@@ -278,6 +448,6 @@ def held_micro_batches(schedule: str, ranks: int, micro_batches: int, stage: int
     on the order alone, not on the times)."""
     check_schedule(schedule, virtual_stages)
     P = check_positive_int("ranks", ranks)
-    m = check_positive_int("micro_batches", micro_batches)
+    m = check_micro_batches(micro_batches)
     s = check_positive_int("stage", stage, 0, P * virtual_stages - 1)
     return _held(schedule, P, m, int(virtual_stages))[s]

@@ -114,6 +114,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             )
         self.world_size, self.rank = world_size // cp, rank // cp
         self.context_parallel_rank = rank % cp
+        self._context_parallel_size = cp
         self._groups = build_groups(
             self.lengths, groups, options, world_size=self.world_size, micro_steps=self.micro_steps_per_step
         )
@@ -286,7 +287,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
 
         Raises ValueError when the state was saved with other lengths, options or world size.
         """
-        epoch = read_state(state, world_size=self.world_size, config_fingerprint=self._config_fingerprint)
+        epoch = read_state(
+            state,
+            world_size=self.world_size,
+            config_fingerprint=self._config_fingerprint,
+            context_parallel=self._context_parallel_size,
+        )
         schedule = self._schedule(epoch)
         position = resume_position(
             state, epoch=epoch, plan_fingerprint=schedule.fingerprint, num_micro_steps=schedule.num_micro_steps

@@ -120,14 +120,21 @@ def make_state(
     }
 
 
-def read_state(state: dict[str, Any], *, world_size: int, config_fingerprint: str) -> int:
-    """Checks what a state must agree on before its epoch is planned; returns the epoch."""
+def read_state(state: dict[str, Any], *, world_size: int, config_fingerprint: str, context_parallel: int = 1) -> int:
+    """Checks what a state must agree on before its epoch is planned; returns the epoch. ``world_size`` is the
+    sampler's count of data-parallel groups (its ranks over ``context_parallel``, the CP size)."""
     missing = {"epoch", "micro_steps", "config_fingerprint", "plan_fingerprint"} - set(state)
     if missing:
         raise ValueError(f"state_dict lacks {sorted(missing)}")
     if state.get("version", STATE_VERSION) > STATE_VERSION:
         raise ValueError(f"state_dict version {state['version']} is newer than this sampler's ({STATE_VERSION})")
     if state.get("world_size", world_size) != world_size:
+        if context_parallel > 1:
+            raise ValueError(
+                f"state was saved with {state['world_size']} data-parallel groups, this sampler has {world_size} "
+                f"({world_size * context_parallel} ranks in context-parallel groups of {context_parallel}): resume "
+                "with as many data-parallel groups"
+            )
         raise ValueError(f"state was saved with world_size {state['world_size']}, this sampler has {world_size}")
     if state["config_fingerprint"] != config_fingerprint:
         raise ValueError(
