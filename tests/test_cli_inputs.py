@@ -163,7 +163,9 @@ def test_any_cost_term_is_taken_or_named_and_costs_stay_finite(tmp_path_factory,
     else:
         rows = json.loads(out.getvalue())
         for row in rows if isinstance(rows, list) else [rows]:
-            assert np.isfinite([row["epoch_cost"], row["epoch_bound"]]).all() and row["epoch_over_ideal"] >= 1
+            assert (
+                np.isfinite([row["epoch_cost"], row["epoch_bound"]]).all() and row["epoch_over_ideal"] >= 1 - 1e-12
+            )  # summation order
 
 
 _PROFILE_FIELDS = ["forward_ms", "backward_ms", "activation_bytes", "static_bytes", "output_bytes"]

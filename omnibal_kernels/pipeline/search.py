@@ -351,6 +351,8 @@ class _ManyStagesPerRank:
                         continue
                     t0 = float(self.lone(k - 1, st[k - 1][0], np.array([a - 1]))[0])
                     t1 = float(self.lone(k, a, np.array([st[k][1]]))[0])
+                    if not math.isfinite(t0 + t1 + t[k - 1] + t[k]):
+                        continue  # a stage over its memory: no squared load to compare
                     r0, r1 = c.rank_of[k - 1], c.rank_of[k]
                     new = load.copy()
                     new[r0] += t0 - t[k - 1]
