@@ -22,7 +22,10 @@ one epoch of a fixed sample set and timed beside the prediction.
    and computes on the micro-batch's own extent (its tiles, tokens and segments ride along in a small float
    tensor).
 4. Each stage times every forward and backward it runs (CPU time of its process's one torch thread, so the
-   processes sharing the cores do not enter it). The measured step is the one these operation times give in
+   processes sharing the cores do not enter it), no more of them at once than there are cores (a process
+   switched out for another pays for the caches the other filled, which a rank's own device never does), the
+   garbage collector held off; every step runs three times, each operation timed as its median (the model
+   updated after the last). The measured step is the one these operation times give in
    the schedule's order and dependencies (the 1F1B order torch ran, replayed by ``pipeline.simulate``): the
    wall clock of 4 processes on 2 shared cores says nothing. The predicted step is the entry point's, from the
    profile scaled per micro-batch. The losses of configurations that share their data are equal: the split
@@ -32,6 +35,7 @@ one epoch of a fixed sample set and timed beside the prediction.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pickle
@@ -72,6 +76,9 @@ BATCH_SIZE = 4
 SAMPLES = 96
 SEED = 0
 LR = 0.05
+# runs of every step, each operation timed as the median of them: a pause of the machine that hits one run is not
+# the configuration's (the profile takes each layer's median over its repeats the same way)
+TIMED_RUNS = 3
 META = 40  # tiles, rows, length, samples, then the samples' cu_seqlens (room for 35 samples)
 
 
@@ -247,20 +254,26 @@ def stacked(lengths: Any, data: Any, padded: bool) -> tuple[list[list[dict[str, 
 
 
 class _Timed:
-    """Mixed into a PipelineStage: the CPU time of every forward and backward it runs."""
+    """Mixed into a PipelineStage: the CPU time of every forward and backward it runs, each run while holding
+    one of the ``cores`` slots, so that no more operations compute at once than there are cores: a process
+    that shares its core with another is switched out and back and pays for the caches the other one filled,
+    which no device of a pipeline rank pays (the waits for a slot are not in the times)."""
 
     ops: list
+    cores: Any
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.process_time()
-        out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
-        self.ops.append(("F", fwd_chunk_id, (time.process_time() - t0) * 1e3))
+        with self.cores:
+            t0 = time.process_time()
+            out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
+            self.ops.append(("F", fwd_chunk_id, (time.process_time() - t0) * 1e3))
         return out
 
     def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.process_time()
-        out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
-        self.ops.append(("B", bwd_chunk_id, (time.process_time() - t0) * 1e3))
+        with self.cores:
+            t0 = time.process_time()
+            out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
+            self.ops.append(("B", bwd_chunk_id, (time.process_time() - t0) * 1e3))
         return out
 
 
@@ -287,11 +300,11 @@ def _examples(chain: nn.Sequential, job: dict[str, Any], batch: dict[str, torch.
 class _Job:
     """One configuration on one rank: its stage module, optimizer, schedules (one per micro-batch count)."""
 
-    def __init__(self, rank: int, job: dict[str, Any], groups: dict[str, Any]) -> None:
+    def __init__(self, rank: int, job: dict[str, Any], groups: dict[str, Any], cores: Any) -> None:
         import torch.distributed.pipelining as pipelining
 
         self.pipe, self.s = divmod(rank, PP)
-        self.job, self.groups = job, groups
+        self.job, self.groups, self.cores = job, groups, cores
         _, chain, _ = build_chain()
         first, last = job["stages"][self.s]
         self.module = Stage(chain, first, last, job["shape"])
@@ -301,6 +314,7 @@ class _Job:
         self.schedules: dict[int, Any] = {}
         self.opt = torch.optim.SGD(self.module.parameters(), lr=LR)
         self.out: dict[str, Any] = {"steps": [], "losses": []}
+        self.pending: list[tuple[np.ndarray, float]] = []
 
     def _schedule(self, m: int) -> Any:
         import torch.distributed.pipelining as pipelining
@@ -316,12 +330,14 @@ class _Job:
                 output_args=outputs,
                 group=self.groups["pp"],
             )
-            stage.ops = []
+            stage.ops, stage.cores = [], self.cores
             self.schedules[m] = (stage, pipelining.Schedule1F1B(stage, n_microbatches=m, loss_fn=causal_lm_loss))
         return self.schedules[m]
 
-    def step(self, k: int, warm: bool = False) -> None:
-        """Optimizer step ``k`` (``warm``: step 0 run once and its gradients dropped, the model unchanged)."""
+    def step(self, k: int, update: bool = True, timed: bool = True) -> None:
+        """Step ``k``'s micro-batches forward and backward; ``update``: the optimizer step (else the gradients
+        are dropped and the model is unchanged) and the step's record: each operation's time the median over
+        the ``timed`` runs since the last update."""
         batch = self.job["steps"][k][self.pipe]
         stage, sched = self._schedule(batch["m"])
         stage.ops.clear()
@@ -329,28 +345,36 @@ class _Job:
         s = self.s
         args = (batch["input_ids"], batch["pixel_values"], batch["meta"]) if s == 0 else ()
         kwargs = {"target": batch["labels"], "losses": losses} if s == PP - 1 else {}
+        # the collector runs between steps, not inside a timed operation
+        gc.collect()
+        gc.disable()
         dist.barrier()
         c0 = time.process_time()
         sched.step(*args, **kwargs)
         busy = (time.process_time() - c0) * 1e3
+        gc.enable()
         for p in self.module.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad, group=self.groups["dp"])
             p.grad /= DP
-        if not warm:
+        if update:
             self.opt.step()
         self.opt.zero_grad()
         loss = torch.stack(losses).mean() if losses else torch.zeros(())
         dist.all_reduce(loss, group=self.groups["dp"])
-        if warm:
+        if timed:
+            ops = np.zeros((2, batch["m"]))
+            for kind, chunk, ms in stage.ops:
+                ops[int(kind == "B"), chunk] += ms
+            self.pending.append((ops, busy))
+        if not update:
             return
         self.out["losses"].append(float(loss) / DP)
-        fwd = [0.0] * batch["m"]
-        bwd = [0.0] * batch["m"]
-        for kind, chunk, ms in stage.ops:
-            (fwd if kind == "F" else bwd)[chunk] += ms
-        self.out["steps"].append({"forward_ms": fwd, "backward_ms": bwd, "busy_ms": busy})
+        ops = np.median([o for o, _ in self.pending], axis=0)
+        busy = float(np.median([b for _, b in self.pending]))
+        self.pending.clear()
+        self.out["steps"].append({"forward_ms": ops[0].tolist(), "backward_ms": ops[1].tolist(), "busy_ms": busy})
 
 
 def _profile(repeats: int) -> Any:
@@ -394,7 +418,7 @@ def _key(c: Any) -> str:
     return str((c.data, c.stages, c.recomputed))
 
 
-def _worker(rank: int, port: int, repeats: int, out_dir: str) -> None:
+def _worker(rank: int, port: int, repeats: int, out_dir: str, cores: Any) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -420,14 +444,15 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str) -> None:
                 pickle.dump((lengths, result, profile), f)
             shared = [_jobs(lengths, result, profile.names)]
         dist.broadcast_object_list(shared, src=0)
-        runs = [_Job(rank, job, groups) for job in shared[0]]
+        runs = [_Job(rank, job, groups, cores) for job in shared[0]]
         for run_ in runs:
-            run_.step(0, warm=True)
-        # step k of every configuration before step k + 1 of any, so all of them meet the same load
+            run_.step(0, update=False, timed=False)
+        # every run of step k of every configuration before step k + 1 of any, so all of them meet the same load
         for k in range(max(len(job["steps"]) for job in shared[0])):
-            for run_ in runs[k % len(runs) :] + runs[: k % len(runs)]:
-                if k < len(run_.job["steps"]):
-                    run_.step(k)
+            for i in range(TIMED_RUNS):
+                for run_ in runs[k % len(runs) :] + runs[: k % len(runs)]:
+                    if k < len(run_.job["steps"]):
+                        run_.step(k, update=i == TIMED_RUNS - 1)
         torch.save({run_.job["key"]: run_.out for run_ in runs}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -478,9 +503,11 @@ def plan(profile: Any) -> tuple[Any, Any, Any]:
 def run(repeats: int = 3) -> dict[str, Any]:
     """Profiles, plans and trains every configuration on 4 processes; returns measured beside predicted."""
     start = time.perf_counter()
+    # as many operations at once as there are cores (and as the profile is measured with, PP at a time)
+    cores = mp.get_context("spawn").BoundedSemaphore(min(PP, len(os.sched_getaffinity(0))))
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
-            _worker, args=(free_port(), repeats, out_dir), nprocs=PP * DP, join=False, start_method="spawn"
+            _worker, args=(free_port(), repeats, out_dir, cores), nprocs=PP * DP, join=False, start_method="spawn"
         )
         deadline = time.monotonic() + 300
         while not ctx.join(timeout=1):
