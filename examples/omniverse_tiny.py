@@ -7,12 +7,12 @@ one epoch of a fixed sample set and timed beside the prediction.
 1. A fixed set of bundled-like samples scaled by 1/16 (``testing.tiny_vlm.scaled_lengths``) and a tiny VLM wide
    enough that its CPU time follows its FLOPs more than its per-operation overheads (``SIZES``).
 2. The 4 processes start; each measures the model layer by layer (``measure_profile``: CPU time of its one
-   torch thread, saved bytes) on one reference micro-batch near the mean, two processes at a time as they will
-   train; rank 0 takes each layer's median and gives it to the entry point (``omniverse`` with the measured
-   profile, the model's cost model and the reference loads), which plans the random padded micro-batches (4
-   samples each) and the balanced packs of the sample set, searches the splits and recompute plans under a
-   memory budget (90% of what the uniform split needs without recomputation on the padded micro-batches) and
-   predicts each configuration's step and epoch.
+   torch thread, saved bytes) on one reference micro-batch near the mean, no more processes at once than there
+   are cores, as they will train (4.); rank 0 takes each layer's median and gives it to the entry point
+   (``omniverse`` with the measured profile, the model's cost model and the reference loads), which plans the
+   random padded micro-batches (4 samples each) and the balanced packs of the sample set, searches the splits
+   and recompute plans under a memory budget (90% of what the uniform split needs without recomputation on the
+   padded micro-batches) and predicts each configuration's step and epoch.
 3. Every configuration is trained: each pipeline's two stages are ``PipelineStage`` s of the planned split with
    the planned layers recomputed (``apply_recompute``), gradients averaged over the two pipelines, SGD; step k
    of every configuration runs before step k + 1 of any, so all of them meet the same load. A micro-batch is
@@ -28,13 +28,17 @@ one epoch of a fixed sample set and timed beside the prediction.
    updated after the last). The measured step is the one these operation times give in
    the schedule's order and dependencies (the 1F1B order torch ran, replayed by ``pipeline.simulate``): the
    wall clock of 4 processes on 2 shared cores says nothing. The predicted step is the entry point's, from the
-   profile scaled per micro-batch. The losses of configurations that share their data are equal: the split
+   profile scaled per micro-batch: the profile measured again after every round of steps, on the same
+   reference micro-batch and in the same way (``predicted_step_seconds``; ``planned_step_seconds`` is the
+   prediction the plan was made with, from the profile measured before the training, which the machine's
+   speed can have drifted from). The losses of configurations that share their data are equal: the split
    and the recomputation change the schedule, not the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -55,6 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnibal_kernels.omniverse import Hardware, Layout, micro_batch_scales, omniverse, padded_micro_batches
+from omnibal_kernels.omniverse.epoch import epoch_times
 from omnibal_kernels.omniverse.run import scaled_profile
 from omnibal_kernels.pipeline import (
     ModelProfile,
@@ -377,13 +382,27 @@ class _Job:
         self.out["steps"].append({"forward_ms": ops[0].tolist(), "backward_ms": ops[1].tolist(), "busy_ms": busy})
 
 
-def _profile(repeats: int) -> Any:
-    """This process's profile of the model on the reference micro-batch."""
+@functools.lru_cache(maxsize=1)
+def _reference() -> tuple[nn.Sequential, list[str], tuple[torch.Tensor, ...]]:
+    """The chain the profile is measured on and its reference micro-batch, one per process: every profile
+    after the first meets a model as warm as the trained ones."""
     lengths = scaled_lengths(SAMPLES, SEED)
     _, chain, kinds = build_chain()
     ref = micro_batch(lengths, reference_samples(lengths), padded=False)
-    inputs = (ref["input_ids"], ref["pixel_values"], ref["meta"])
-    return measure_profile(chain, inputs, kinds=kinds, repeats=repeats, timer=time.process_time)
+    return chain, kinds, (ref["input_ids"], ref["pixel_values"], ref["meta"])
+
+
+def _profile(repeats: int, cores: Any) -> Any:
+    """This process's profile of the model on the reference micro-batch, measured as the training is timed
+    (holding one of the ``cores`` slots, the collector held off)."""
+    chain, kinds, inputs = _reference()
+    gc.collect()
+    gc.disable()
+    try:
+        with cores:
+            return measure_profile(chain, inputs, kinds=kinds, repeats=repeats, timer=time.process_time)
+    finally:
+        gc.enable()
 
 
 def _median_profile(profiles: list[Any]) -> Any:
@@ -428,15 +447,9 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str, cores: Any) -> Non
         pps = [dist.new_group(list(range(p * PP, (p + 1) * PP))) for p in range(DP)]
         dps = [dist.new_group(list(range(s, PP * DP, PP))) for s in range(PP)]
         groups = {"pp": pps[rank // PP], "dp": dps[rank % PP]}
-        # the ranks profile two at a time, as they train (a 1F1B pipeline of two stages keeps about two of the
-        # four processes busy), so the profile meets the sharing of the cores the training meets
-        own = None
-        for turn in range(PP):
-            dist.barrier()
-            if rank % PP == turn:
-                own = _profile(repeats)
+        # the ranks profile as they train: no more at once than there are cores
         profiles: list[Any] = [None] * (PP * DP)
-        dist.all_gather_object(profiles, own)
+        dist.all_gather_object(profiles, _profile(repeats, cores))
         shared: list[Any] = [None]
         if rank == 0:
             lengths, result, profile = plan(_median_profile(profiles))
@@ -447,12 +460,20 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str, cores: Any) -> Non
         runs = [_Job(rank, job, groups, cores) for job in shared[0]]
         for run_ in runs:
             run_.step(0, update=False, timed=False)
-        # every run of step k of every configuration before step k + 1 of any, so all of them meet the same load
+        # every run of step k of every configuration before step k + 1 of any, so all of them meet the same load;
+        # the profile measured again after each round, so that it meets the machine the training met
+        alongside: list[Any] = []
         for k in range(max(len(job["steps"]) for job in shared[0])):
             for i in range(TIMED_RUNS):
                 for run_ in runs[k % len(runs) :] + runs[: k % len(runs)]:
                     if k < len(run_.job["steps"]):
                         run_.step(k, update=i == TIMED_RUNS - 1)
+                alongside.append(_profile(1, cores))
+        gathered: list[Any] = [None] * (PP * DP)
+        dist.all_gather_object(gathered, alongside)
+        if rank == 0:
+            with open(os.path.join(out_dir, "alongside.pkl"), "wb") as f:
+                pickle.dump(_median_profile([p for own in gathered for p in own]), f)
         torch.save({run_.job["key"]: run_.out for run_ in runs}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -517,10 +538,13 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 raise RuntimeError("workers did not finish within 300 s")
         ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(PP * DP)]
         with open(os.path.join(out_dir, "plan.pkl"), "rb") as f:
-            lengths, result, profile = pickle.load(f)
+            lengths, result, planned = pickle.load(f)
+        with open(os.path.join(out_dir, "alongside.pkl"), "rb") as f:
+            profile = pickle.load(f)
     rows = []
     for c in result.configurations:
         measured = _measured_steps([r[_key(c)] for r in ranks])
+        predicted, same = _predicted_steps(result, profile, lengths, c)
         rows.append(
             {
                 "name": c.name,
@@ -530,11 +554,13 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 "stages": [list(x) for x in c.stages],
                 "recomputed": [len(x) for x in c.recomputed],
                 "measured_step_seconds": float(np.mean(measured)) / 1e3,
-                "predicted_step_seconds": c.step_seconds,
+                "predicted_step_seconds": float(np.mean(predicted)) / 1e3,
+                "planned_step_seconds": c.step_seconds,
+                "recompute_as_planned": same,
                 "measured_epoch_seconds": float(np.sum(measured)) / 1e3,
-                "predicted_epoch_seconds": c.epoch_seconds,
+                "predicted_epoch_seconds": float(np.sum(predicted)) / 1e3,
                 "measured_steps_ms": measured,
-                "predicted_steps_ms": list(c.step_ms),
+                "predicted_steps_ms": predicted.tolist(),
                 "busy_ms": [[s["busy_ms"] for s in r[_key(c)]["steps"]] for r in ranks],
                 "stage_ms": _stage_ms([r[_key(c)] for r in ranks], _predicted_ops(result, profile, lengths, c)),
                 "loss": ranks[PP - 1][_key(c)]["losses"],
@@ -547,6 +573,28 @@ def run(repeats: int = 3) -> dict[str, Any]:
         "configurations": rows,
         "seconds": time.perf_counter() - start,
     }
+
+
+def _predicted_steps(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.ndarray, bool]:
+    """Every optimizer step of configuration ``c`` as the entry point predicts it (``compose``: its split and
+    recompute setting evaluated on ``profile`` scaled to its data, its epoch simulated micro-batch by
+    micro-batch), and whether the recompute plan is the one trained."""
+    data = result.micro_batches[c.data]
+    ref_ids = reference_samples(lengths)
+    cost = _cost_model()
+    scaled = scaled_profile(profile, (lengths.vit[ref_ids], lengths.llm[ref_ids]), data, cost)
+    layout = result.layout
+    plan_ = evaluate_partition(
+        scaled,
+        c.stages,
+        micro_batches=layout.micro_batches,
+        memory_bytes=layout.memory_bytes,
+        schedule=layout.schedule,
+        recompute=c.recompute,
+        link_gb_per_s=result.hardware.link_gb_per_s,
+    )
+    epoch = epoch_times(plan_, scaled, data, micro_batch_scales(data, cost))
+    return epoch.step_ms, tuple(map(tuple, plan_.recompute)) == tuple(map(tuple, c.recomputed))
 
 
 def _predicted_ops(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.ndarray, np.ndarray]:
