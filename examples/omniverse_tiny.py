@@ -7,12 +7,12 @@ one epoch of a fixed sample set and timed beside the prediction.
 1. A fixed set of bundled-like samples scaled by 1/16 (``testing.tiny_vlm.scaled_lengths``) and a tiny VLM wide
    enough that its CPU time follows its FLOPs more than its per-operation overheads (``SIZES``).
 2. The 4 processes start; each measures the model layer by layer (``measure_profile``: CPU time of its one
-   torch thread, saved bytes) on one reference micro-batch near the mean, two processes at a time as they will
-   train; rank 0 takes each layer's median and gives it to the entry point (``omniverse`` with the measured
-   profile, the model's cost model and the reference loads), which plans the random padded micro-batches (4
-   samples each) and the balanced packs of the sample set, searches the splits and recompute plans under a
-   memory budget (90% of what the uniform split needs without recomputation on the padded micro-batches) and
-   predicts each configuration's step and epoch.
+   torch thread, saved bytes) on one reference micro-batch near the mean, no more processes at once than there
+   are cores, as they will train (4.); rank 0 takes each layer's median and gives it to the entry point
+   (``omniverse`` with the measured profile, the model's cost model and the reference loads), which plans the
+   random padded micro-batches (4 samples each) and the balanced packs of the sample set, searches the splits
+   and recompute plans under a memory budget (90% of what the uniform split needs without recomputation on the
+   padded micro-batches) and predicts each configuration's step and epoch.
 3. Every configuration is trained: each pipeline's two stages are ``PipelineStage`` s of the planned split with
    the planned layers recomputed (``apply_recompute``), gradients averaged over the two pipelines, SGD; step k
    of every configuration runs before step k + 1 of any, so all of them meet the same load. A micro-batch is
@@ -22,16 +22,24 @@ one epoch of a fixed sample set and timed beside the prediction.
    and computes on the micro-batch's own extent (its tiles, tokens and segments ride along in a small float
    tensor).
 4. Each stage times every forward and backward it runs (CPU time of its process's one torch thread, so the
-   processes sharing the cores do not enter it). The measured step is the one these operation times give in
+   processes sharing the cores do not enter it), no more of them at once than there are cores (a process
+   switched out for another pays for the caches the other filled, which a rank's own device never does), the
+   garbage collector held off; every step runs three times, each operation timed as its median (the model
+   updated after the last). The measured step is the one these operation times give in
    the schedule's order and dependencies (the 1F1B order torch ran, replayed by ``pipeline.simulate``): the
    wall clock of 4 processes on 2 shared cores says nothing. The predicted step is the entry point's, from the
-   profile scaled per micro-batch. The losses of configurations that share their data are equal: the split
+   profile scaled per micro-batch: the profile measured again after every round of steps, on the same
+   reference micro-batch and in the same way (``predicted_step_seconds``; ``planned_step_seconds`` is the
+   prediction the plan was made with, from the profile measured before the training, which the machine's
+   speed can have drifted from). The losses of configurations that share their data are equal: the split
    and the recomputation change the schedule, not the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import os
 import pickle
@@ -51,6 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnibal_kernels.omniverse import Hardware, Layout, micro_batch_scales, omniverse, padded_micro_batches
+from omnibal_kernels.omniverse.epoch import epoch_times
 from omnibal_kernels.omniverse.run import scaled_profile
 from omnibal_kernels.pipeline import (
     ModelProfile,
@@ -72,6 +81,9 @@ BATCH_SIZE = 4
 SAMPLES = 96
 SEED = 0
 LR = 0.05
+# runs of every step, each operation timed as the median of them: a pause of the machine that hits one run is not
+# the configuration's (the profile takes each layer's median over its repeats the same way)
+TIMED_RUNS = 3
 META = 40  # tiles, rows, length, samples, then the samples' cu_seqlens (room for 35 samples)
 
 
@@ -247,20 +259,26 @@ def stacked(lengths: Any, data: Any, padded: bool) -> tuple[list[list[dict[str, 
 
 
 class _Timed:
-    """Mixed into a PipelineStage: the CPU time of every forward and backward it runs."""
+    """Mixed into a PipelineStage: the CPU time of every forward and backward it runs, each run while holding
+    one of the ``cores`` slots, so that no more operations compute at once than there are cores: a process
+    that shares its core with another is switched out and back and pays for the caches the other one filled,
+    which no device of a pipeline rank pays (the waits for a slot are not in the times)."""
 
     ops: list
+    cores: Any
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.process_time()
-        out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
-        self.ops.append(("F", fwd_chunk_id, (time.process_time() - t0) * 1e3))
+        with self.cores:
+            t0 = time.process_time()
+            out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
+            self.ops.append(("F", fwd_chunk_id, (time.process_time() - t0) * 1e3))
         return out
 
     def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.process_time()
-        out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
-        self.ops.append(("B", bwd_chunk_id, (time.process_time() - t0) * 1e3))
+        with self.cores:
+            t0 = time.process_time()
+            out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
+            self.ops.append(("B", bwd_chunk_id, (time.process_time() - t0) * 1e3))
         return out
 
 
@@ -287,11 +305,11 @@ def _examples(chain: nn.Sequential, job: dict[str, Any], batch: dict[str, torch.
 class _Job:
     """One configuration on one rank: its stage module, optimizer, schedules (one per micro-batch count)."""
 
-    def __init__(self, rank: int, job: dict[str, Any], groups: dict[str, Any]) -> None:
+    def __init__(self, rank: int, job: dict[str, Any], groups: dict[str, Any], cores: Any) -> None:
         import torch.distributed.pipelining as pipelining
 
         self.pipe, self.s = divmod(rank, PP)
-        self.job, self.groups = job, groups
+        self.job, self.groups, self.cores = job, groups, cores
         _, chain, _ = build_chain()
         first, last = job["stages"][self.s]
         self.module = Stage(chain, first, last, job["shape"])
@@ -301,6 +319,7 @@ class _Job:
         self.schedules: dict[int, Any] = {}
         self.opt = torch.optim.SGD(self.module.parameters(), lr=LR)
         self.out: dict[str, Any] = {"steps": [], "losses": []}
+        self.pending: list[tuple[np.ndarray, float]] = []
 
     def _schedule(self, m: int) -> Any:
         import torch.distributed.pipelining as pipelining
@@ -316,12 +335,14 @@ class _Job:
                 output_args=outputs,
                 group=self.groups["pp"],
             )
-            stage.ops = []
+            stage.ops, stage.cores = [], self.cores
             self.schedules[m] = (stage, pipelining.Schedule1F1B(stage, n_microbatches=m, loss_fn=causal_lm_loss))
         return self.schedules[m]
 
-    def step(self, k: int, warm: bool = False) -> None:
-        """Optimizer step ``k`` (``warm``: step 0 run once and its gradients dropped, the model unchanged)."""
+    def step(self, k: int, update: bool = True, timed: bool = True) -> None:
+        """Step ``k``'s micro-batches forward and backward; ``update``: the optimizer step (else the gradients
+        are dropped and the model is unchanged) and the step's record: each operation's time the median over
+        the ``timed`` runs since the last update."""
         batch = self.job["steps"][k][self.pipe]
         stage, sched = self._schedule(batch["m"])
         stage.ops.clear()
@@ -329,37 +350,59 @@ class _Job:
         s = self.s
         args = (batch["input_ids"], batch["pixel_values"], batch["meta"]) if s == 0 else ()
         kwargs = {"target": batch["labels"], "losses": losses} if s == PP - 1 else {}
+        # the collector runs between steps, not inside a timed operation
+        gc.collect()
+        gc.disable()
         dist.barrier()
         c0 = time.process_time()
         sched.step(*args, **kwargs)
         busy = (time.process_time() - c0) * 1e3
+        gc.enable()
         for p in self.module.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad, group=self.groups["dp"])
             p.grad /= DP
-        if not warm:
+        if update:
             self.opt.step()
         self.opt.zero_grad()
         loss = torch.stack(losses).mean() if losses else torch.zeros(())
         dist.all_reduce(loss, group=self.groups["dp"])
-        if warm:
+        if timed:
+            ops = np.zeros((2, batch["m"]))
+            for kind, chunk, ms in stage.ops:
+                ops[int(kind == "B"), chunk] += ms
+            self.pending.append((ops, busy))
+        if not update:
             return
         self.out["losses"].append(float(loss) / DP)
-        fwd = [0.0] * batch["m"]
-        bwd = [0.0] * batch["m"]
-        for kind, chunk, ms in stage.ops:
-            (fwd if kind == "F" else bwd)[chunk] += ms
-        self.out["steps"].append({"forward_ms": fwd, "backward_ms": bwd, "busy_ms": busy})
+        ops = np.median([o for o, _ in self.pending], axis=0)
+        busy = float(np.median([b for _, b in self.pending]))
+        self.pending.clear()
+        self.out["steps"].append({"forward_ms": ops[0].tolist(), "backward_ms": ops[1].tolist(), "busy_ms": busy})
 
 
-def _profile(repeats: int) -> Any:
-    """This process's profile of the model on the reference micro-batch."""
+@functools.lru_cache(maxsize=1)
+def _reference() -> tuple[nn.Sequential, list[str], tuple[torch.Tensor, ...]]:
+    """The chain the profile is measured on and its reference micro-batch, one per process: every profile
+    after the first meets a model as warm as the trained ones."""
     lengths = scaled_lengths(SAMPLES, SEED)
     _, chain, kinds = build_chain()
     ref = micro_batch(lengths, reference_samples(lengths), padded=False)
-    inputs = (ref["input_ids"], ref["pixel_values"], ref["meta"])
-    return measure_profile(chain, inputs, kinds=kinds, repeats=repeats, timer=time.process_time)
+    return chain, kinds, (ref["input_ids"], ref["pixel_values"], ref["meta"])
+
+
+def _profile(repeats: int, cores: Any) -> Any:
+    """This process's profile of the model on the reference micro-batch, measured as the training is timed
+    (holding one of the ``cores`` slots, the collector held off)."""
+    chain, kinds, inputs = _reference()
+    gc.collect()
+    gc.disable()
+    try:
+        with cores:
+            return measure_profile(chain, inputs, kinds=kinds, repeats=repeats, timer=time.process_time)
+    finally:
+        gc.enable()
 
 
 def _median_profile(profiles: list[Any]) -> Any:
@@ -394,7 +437,7 @@ def _key(c: Any) -> str:
     return str((c.data, c.stages, c.recomputed))
 
 
-def _worker(rank: int, port: int, repeats: int, out_dir: str) -> None:
+def _worker(rank: int, port: int, repeats: int, out_dir: str, cores: Any) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -404,15 +447,9 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str) -> None:
         pps = [dist.new_group(list(range(p * PP, (p + 1) * PP))) for p in range(DP)]
         dps = [dist.new_group(list(range(s, PP * DP, PP))) for s in range(PP)]
         groups = {"pp": pps[rank // PP], "dp": dps[rank % PP]}
-        # the ranks profile two at a time, as they train (a 1F1B pipeline of two stages keeps about two of the
-        # four processes busy), so the profile meets the sharing of the cores the training meets
-        own = None
-        for turn in range(PP):
-            dist.barrier()
-            if rank % PP == turn:
-                own = _profile(repeats)
+        # the ranks profile as they train: no more at once than there are cores
         profiles: list[Any] = [None] * (PP * DP)
-        dist.all_gather_object(profiles, own)
+        dist.all_gather_object(profiles, _profile(repeats, cores))
         shared: list[Any] = [None]
         if rank == 0:
             lengths, result, profile = plan(_median_profile(profiles))
@@ -420,14 +457,23 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str) -> None:
                 pickle.dump((lengths, result, profile), f)
             shared = [_jobs(lengths, result, profile.names)]
         dist.broadcast_object_list(shared, src=0)
-        runs = [_Job(rank, job, groups) for job in shared[0]]
+        runs = [_Job(rank, job, groups, cores) for job in shared[0]]
         for run_ in runs:
-            run_.step(0, warm=True)
-        # step k of every configuration before step k + 1 of any, so all of them meet the same load
+            run_.step(0, update=False, timed=False)
+        # every run of step k of every configuration before step k + 1 of any, so all of them meet the same load;
+        # the profile measured again after each round, so that it meets the machine the training met
+        alongside: list[Any] = []
         for k in range(max(len(job["steps"]) for job in shared[0])):
-            for run_ in runs[k % len(runs) :] + runs[: k % len(runs)]:
-                if k < len(run_.job["steps"]):
-                    run_.step(k)
+            for i in range(TIMED_RUNS):
+                for run_ in runs[k % len(runs) :] + runs[: k % len(runs)]:
+                    if k < len(run_.job["steps"]):
+                        run_.step(k, update=i == TIMED_RUNS - 1)
+                alongside.append(_profile(1, cores))
+        gathered: list[Any] = [None] * (PP * DP)
+        dist.all_gather_object(gathered, alongside)
+        if rank == 0:
+            with open(os.path.join(out_dir, "alongside.pkl"), "wb") as f:
+                pickle.dump(_median_profile([p for own in gathered for p in own]), f)
         torch.save({run_.job["key"]: run_.out for run_ in runs}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -478,9 +524,11 @@ def plan(profile: Any) -> tuple[Any, Any, Any]:
 def run(repeats: int = 3) -> dict[str, Any]:
     """Profiles, plans and trains every configuration on 4 processes; returns measured beside predicted."""
     start = time.perf_counter()
+    # as many operations at once as there are cores (and as the profile is measured with, PP at a time)
+    cores = mp.get_context("spawn").BoundedSemaphore(min(PP, len(os.sched_getaffinity(0))))
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
-            _worker, args=(free_port(), repeats, out_dir), nprocs=PP * DP, join=False, start_method="spawn"
+            _worker, args=(free_port(), repeats, out_dir, cores), nprocs=PP * DP, join=False, start_method="spawn"
         )
         deadline = time.monotonic() + 300
         while not ctx.join(timeout=1):
@@ -490,10 +538,13 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 raise RuntimeError("workers did not finish within 300 s")
         ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(PP * DP)]
         with open(os.path.join(out_dir, "plan.pkl"), "rb") as f:
-            lengths, result, profile = pickle.load(f)
+            lengths, result, planned = pickle.load(f)
+        with open(os.path.join(out_dir, "alongside.pkl"), "rb") as f:
+            profile = pickle.load(f)
     rows = []
     for c in result.configurations:
         measured = _measured_steps([r[_key(c)] for r in ranks])
+        predicted, same = _predicted_steps(result, profile, lengths, c)
         rows.append(
             {
                 "name": c.name,
@@ -503,11 +554,13 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 "stages": [list(x) for x in c.stages],
                 "recomputed": [len(x) for x in c.recomputed],
                 "measured_step_seconds": float(np.mean(measured)) / 1e3,
-                "predicted_step_seconds": c.step_seconds,
+                "predicted_step_seconds": float(np.mean(predicted)) / 1e3,
+                "planned_step_seconds": c.step_seconds,
+                "recompute_as_planned": same,
                 "measured_epoch_seconds": float(np.sum(measured)) / 1e3,
-                "predicted_epoch_seconds": c.epoch_seconds,
+                "predicted_epoch_seconds": float(np.sum(predicted)) / 1e3,
                 "measured_steps_ms": measured,
-                "predicted_steps_ms": list(c.step_ms),
+                "predicted_steps_ms": predicted.tolist(),
                 "busy_ms": [[s["busy_ms"] for s in r[_key(c)]["steps"]] for r in ranks],
                 "stage_ms": _stage_ms([r[_key(c)] for r in ranks], _predicted_ops(result, profile, lengths, c)),
                 "loss": ranks[PP - 1][_key(c)]["losses"],
@@ -520,6 +573,28 @@ def run(repeats: int = 3) -> dict[str, Any]:
         "configurations": rows,
         "seconds": time.perf_counter() - start,
     }
+
+
+def _predicted_steps(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.ndarray, bool]:
+    """Every optimizer step of configuration ``c`` as the entry point predicts it (``compose``: its split and
+    recompute setting evaluated on ``profile`` scaled to its data, its epoch simulated micro-batch by
+    micro-batch), and whether the recompute plan is the one trained."""
+    data = result.micro_batches[c.data]
+    ref_ids = reference_samples(lengths)
+    cost = _cost_model()
+    scaled = scaled_profile(profile, (lengths.vit[ref_ids], lengths.llm[ref_ids]), data, cost)
+    layout = result.layout
+    plan_ = evaluate_partition(
+        scaled,
+        c.stages,
+        micro_batches=layout.micro_batches,
+        memory_bytes=layout.memory_bytes,
+        schedule=layout.schedule,
+        recompute=c.recompute,
+        link_gb_per_s=result.hardware.link_gb_per_s,
+    )
+    epoch = epoch_times(plan_, scaled, data, micro_batch_scales(data, cost))
+    return epoch.step_ms, tuple(map(tuple, plan_.recompute)) == tuple(map(tuple, c.recomputed))
 
 
 def _predicted_ops(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.ndarray, np.ndarray]:
