@@ -246,11 +246,11 @@ def test_cli_calibrate_writes_the_cost_json(tmp_path, capsys):
             "-o",
             str(out),
             "--packs",
-            "8",
+            "16",
             "--samples",
             "300",
             "--repeats",
-            "1",
+            "3",
             "--warmup",
             "1",
             "--clock",
@@ -262,7 +262,7 @@ def test_cli_calibrate_writes_the_cost_json(tmp_path, capsys):
     assert rc == 0
     model = CostModel.from_json(out)
     summary = __import__("json").loads(capsys.readouterr().out)
-    assert summary["model"] == model.to_dict() and summary["heldout_packs"] == 4
+    assert summary["model"] == model.to_dict() and summary["heldout_packs"] == 8
     assert summary["timing"]["clock"] == "thread" and summary["reference"]["vit_linear"] == 0.0
     assert model.vit_linear == model.vit_quadratic == 0.0  # text only: nothing to tell the ViT terms from
     assert model.llm_linear + model.llm_quadratic > 0
