@@ -544,7 +544,7 @@ def run(repeats: int = 3) -> dict[str, Any]:
     rows = []
     for c in result.configurations:
         measured = _measured_steps([r[_key(c)] for r in ranks])
-        predicted, same = _predicted_steps(result, profile, lengths, c)
+        predicted = _predicted_steps(result, profile, lengths, c)
         rows.append(
             {
                 "name": c.name,
@@ -556,7 +556,6 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 "measured_step_seconds": float(np.mean(measured)) / 1e3,
                 "predicted_step_seconds": float(np.mean(predicted)) / 1e3,
                 "planned_step_seconds": c.step_seconds,
-                "recompute_as_planned": same,
                 "measured_epoch_seconds": float(np.sum(measured)) / 1e3,
                 "predicted_epoch_seconds": float(np.sum(predicted)) / 1e3,
                 "measured_steps_ms": measured,
@@ -575,10 +574,9 @@ def run(repeats: int = 3) -> dict[str, Any]:
     }
 
 
-def _predicted_steps(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.ndarray, bool]:
-    """Every optimizer step of configuration ``c`` as the entry point predicts it (``compose``: its split and
-    recompute setting evaluated on ``profile`` scaled to its data, its epoch simulated micro-batch by
-    micro-batch), and whether the recompute plan is the one trained."""
+def _predicted_plan(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[Any, Any, Any]:
+    """Configuration ``c`` as the entry point prices it on ``profile``: the profile scaled to its data, its
+    split with exactly the layers that were trained recomputed, and every micro-batch's scale per layer kind."""
     data = result.micro_batches[c.data]
     ref_ids = reference_samples(lengths)
     cost = _cost_model()
@@ -590,29 +588,25 @@ def _predicted_steps(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[n
         micro_batches=layout.micro_batches,
         memory_bytes=layout.memory_bytes,
         schedule=layout.schedule,
-        recompute=c.recompute,
+        recompute=c.recomputed,
         link_gb_per_s=result.hardware.link_gb_per_s,
     )
-    epoch = epoch_times(plan_, scaled, data, micro_batch_scales(data, cost))
-    return epoch.step_ms, tuple(map(tuple, plan_.recompute)) == tuple(map(tuple, c.recomputed))
+    return plan_, scaled, micro_batch_scales(data, cost)
+
+
+def _predicted_steps(result: Any, profile: Any, lengths: Any, c: Any) -> np.ndarray:
+    """Every optimizer step of configuration ``c`` as the entry point predicts it (``compose``: its split and
+    trained recompute choice evaluated on ``profile`` scaled to its data, its epoch simulated micro-batch by
+    micro-batch)."""
+    plan_, scaled, scales = _predicted_plan(result, profile, lengths, c)
+    return epoch_times(plan_, scaled, result.micro_batches[c.data], scales).step_ms
 
 
 def _predicted_ops(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.ndarray, np.ndarray]:
     """(steps, pipelines, micro-batches, stages) forward and backward ms the entry point predicts for ``c``."""
+    plan_, scaled, scales = _predicted_plan(result, profile, lengths, c)
     data = result.micro_batches[c.data]
-    ref_ids = reference_samples(lengths)
-    cost = _cost_model()
-    scaled = scaled_profile(profile, (lengths.vit[ref_ids], lengths.llm[ref_ids]), data, cost)
-    plan = evaluate_partition(
-        scaled,
-        c.stages,
-        micro_batches=MICRO_BATCHES,
-        memory_bytes=result.layout.memory_bytes,
-        recompute=c.recompute,
-        link_gb_per_s=0.0,
-    )
-    kind_times = stage_kind_times(plan, scaled)
-    scales = micro_batch_scales(data, cost)
+    kind_times = stage_kind_times(plan_, scaled)
     fwd = np.full((*data.steps.shape, PP), np.nan)
     bwd = np.full((*data.steps.shape, PP), np.nan)
     for k in range(data.num_steps):
