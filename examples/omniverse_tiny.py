@@ -32,7 +32,7 @@ one epoch of a fixed sample set and timed beside the prediction.
    the schedule's order and dependencies (the 1F1B order torch ran, replayed by ``pipeline.simulate``): the
    wall clock of 4 processes on 2 shared cores says nothing. The predicted step is the entry point's, from the
    profile scaled per micro-batch, with exactly the layers that were trained recomputed
-   (``evaluate_partition`` given them): the profiles measured again after every step's runs, on the same
+   (``evaluate_partition`` given them): the profiles measured again after every round of steps, on the same
    reference micro-batches and in the same way (``predicted_step_seconds``; ``planned_step_seconds`` is the
    prediction the plan was made with, from the profile measured before the training, which the machine's
    speed can have drifted from). The losses of configurations that share their data are equal: the split
@@ -488,14 +488,14 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str, cores: Any) -> Non
         for run_ in runs:
             run_.step(0, update=False, timed=False)
         # every run of step k of every configuration before step k + 1 of any, so all of them meet the same load;
-        # the profiles measured again after each step's runs, so that they meet the machine the training met
+        # the profiles measured again after each round, so that they meet the machine the training met
         alongside: list[Any] = []
         for k in range(max(len(job["steps"]) for job in shared[0])):
             for i in range(TIMED_RUNS):
                 for run_ in runs[k % len(runs) :] + runs[: k % len(runs)]:
                     if k < len(run_.job["steps"]):
                         run_.step(k, update=i == TIMED_RUNS - 1)
-            alongside.append(_profile(1, cores))
+                alongside.append(_profile(1, cores))
         gathered: list[Any] = [None] * (PP * DP)
         dist.all_gather_object(gathered, alongside)
         if rank == 0:
