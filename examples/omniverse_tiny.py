@@ -7,8 +7,11 @@ one epoch of a fixed sample set and timed beside the prediction.
 1. A fixed set of bundled-like samples scaled by 1/16 (``testing.tiny_vlm.scaled_lengths``) and a tiny VLM wide
    enough that its CPU time follows its FLOPs more than its per-operation overheads (``SIZES``).
 2. The 4 processes start; each measures the model layer by layer (``measure_profile``: CPU time of its one
-   torch thread, saved bytes) on one reference micro-batch near the mean, no more processes at once than there
-   are cores, as they will train (4.); rank 0 takes each layer's median and gives it to the entry point
+   torch thread, saved bytes) on a reference micro-batch near the mean and on one of twice its samples, no
+   more processes at once than there are cores, as they will train (4.); rank 0 takes each layer's median,
+   fits the part of each layer's time that does not grow with the micro-batch (``affine_profile``: the
+   per-call cost of its operations, which a CPU pays whatever the micro-batch), and gives the profile of the
+   reference to the entry point
    (``omniverse`` with the measured profile, the model's cost model and the reference loads), which plans the
    random padded micro-batches (4 samples each) and the balanced packs of the sample set, searches the splits
    and recompute plans under a memory budget (90% of what the uniform split needs without recomputation on the
@@ -28,8 +31,9 @@ one epoch of a fixed sample set and timed beside the prediction.
    updated after the last). The measured step is the one these operation times give in
    the schedule's order and dependencies (the 1F1B order torch ran, replayed by ``pipeline.simulate``): the
    wall clock of 4 processes on 2 shared cores says nothing. The predicted step is the entry point's, from the
-   profile scaled per micro-batch: the profile measured again after every round of steps, on the same
-   reference micro-batch and in the same way (``predicted_step_seconds``; ``planned_step_seconds`` is the
+   profile scaled per micro-batch, with exactly the layers that were trained recomputed
+   (``evaluate_partition`` given them): the profiles measured again after every round of steps, on the same
+   reference micro-batches and in the same way (``predicted_step_seconds``; ``planned_step_seconds`` is the
    prediction the plan was made with, from the profile measured before the training, which the machine's
    speed can have drifted from). The losses of configurations that share their data are equal: the split
    and the recomputation change the schedule, not the numbers.
@@ -58,7 +62,14 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from omnibal_kernels.omniverse import Hardware, Layout, micro_batch_scales, omniverse, padded_micro_batches
+from omnibal_kernels.omniverse import (
+    Hardware,
+    Layout,
+    affine_profile,
+    micro_batch_scales,
+    omniverse,
+    padded_micro_batches,
+)
 from omnibal_kernels.omniverse.epoch import epoch_times
 from omnibal_kernels.omniverse.run import scaled_profile
 from omnibal_kernels.pipeline import (
@@ -84,6 +95,10 @@ LR = 0.05
 # runs of every step, each operation timed as the median of them: a pause of the machine that hits one run is not
 # the configuration's (the profile takes each layer's median over its repeats the same way)
 TIMED_RUNS = 3
+# samples of the micro-batches the profile is measured on: the first is the reference the entry point scales
+# from; the other, of twice its load, shows which part of each layer's time does not grow with the micro-batch
+# (the per-call cost of its operations, which a CPU pays for every layer whatever the micro-batch)
+REFERENCE_SIZES = (BATCH_SIZE, 2 * BATCH_SIZE)
 META = 40  # tiles, rows, length, samples, then the samples' cu_seqlens (room for 35 samples)
 
 
@@ -383,24 +398,27 @@ class _Job:
 
 
 @functools.lru_cache(maxsize=1)
-def _reference() -> tuple[nn.Sequential, list[str], tuple[torch.Tensor, ...]]:
-    """The chain the profile is measured on and its reference micro-batch, one per process: every profile
-    after the first meets a model as warm as the trained ones."""
+def _reference() -> tuple[nn.Sequential, list[str], list[tuple[torch.Tensor, ...]]]:
+    """The chain the profile is measured on and its reference micro-batches (``REFERENCE_SIZES`` samples), one
+    per process: every profile after the first meets a model as warm as the trained ones."""
     lengths = scaled_lengths(SAMPLES, SEED)
     _, chain, kinds = build_chain()
-    ref = micro_batch(lengths, reference_samples(lengths), padded=False)
-    return chain, kinds, (ref["input_ids"], ref["pixel_values"], ref["meta"])
+    refs = [micro_batch(lengths, reference_samples(lengths, n), padded=False) for n in REFERENCE_SIZES]
+    return chain, kinds, [(ref["input_ids"], ref["pixel_values"], ref["meta"]) for ref in refs]
 
 
-def _profile(repeats: int, cores: Any) -> Any:
-    """This process's profile of the model on the reference micro-batch, measured as the training is timed
+def _profile(repeats: int, cores: Any) -> list[Any]:
+    """This process's profiles of the model on the reference micro-batches, measured as the training is timed
     (holding one of the ``cores`` slots, the collector held off)."""
     chain, kinds, inputs = _reference()
     gc.collect()
     gc.disable()
     try:
-        with cores:
-            return measure_profile(chain, inputs, kinds=kinds, repeats=repeats, timer=time.process_time)
+        out = []
+        for x in inputs:
+            with cores:
+                out.append(measure_profile(chain, x, kinds=kinds, repeats=repeats, timer=time.process_time))
+        return out
     finally:
         gc.enable()
 
@@ -413,6 +431,15 @@ def _median_profile(profiles: list[Any]) -> Any:
         bwd = float(np.median([p.layers[i].backward_ms for p in profiles]))
         layers.append(replace(layer, forward_ms=fwd, backward_ms=bwd))
     return ModelProfile(tuple(layers), input_bytes=profiles[0].input_bytes, meta=dict(profiles[0].meta))
+
+
+def _fitted_profile(measured: list[list[Any]]) -> Any:
+    """The profile of the first reference micro-batch from every process's profiles of every reference (each
+    layer's median over the processes), with each layer's fixed times fitted over the references."""
+    lengths = scaled_lengths(SAMPLES, SEED)
+    refs = [reference_samples(lengths, n) for n in REFERENCE_SIZES]
+    medians = [_median_profile([own[i] for own in measured]) for i in range(len(REFERENCE_SIZES))]
+    return affine_profile(medians, [(lengths.vit[r], lengths.llm[r]) for r in refs], _cost_model())
 
 
 def _jobs(lengths: Any, result: Any, names: list[str]) -> list[dict[str, Any]]:
@@ -452,7 +479,7 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str, cores: Any) -> Non
         dist.all_gather_object(profiles, _profile(repeats, cores))
         shared: list[Any] = [None]
         if rank == 0:
-            lengths, result, profile = plan(_median_profile(profiles))
+            lengths, result, profile = plan(_fitted_profile(profiles))
             with open(os.path.join(out_dir, "plan.pkl"), "wb") as f:
                 pickle.dump((lengths, result, profile), f)
             shared = [_jobs(lengths, result, profile.names)]
@@ -461,7 +488,7 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str, cores: Any) -> Non
         for run_ in runs:
             run_.step(0, update=False, timed=False)
         # every run of step k of every configuration before step k + 1 of any, so all of them meet the same load;
-        # the profile measured again after each round, so that it meets the machine the training met
+        # the profiles measured again after each round, so that they meet the machine the training met
         alongside: list[Any] = []
         for k in range(max(len(job["steps"]) for job in shared[0])):
             for i in range(TIMED_RUNS):
@@ -473,21 +500,20 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str, cores: Any) -> Non
         dist.all_gather_object(gathered, alongside)
         if rank == 0:
             with open(os.path.join(out_dir, "alongside.pkl"), "wb") as f:
-                pickle.dump(_median_profile([p for own in gathered for p in own]), f)
+                pickle.dump(_fitted_profile([p for own in gathered for p in own]), f)
         torch.save({run_.job["key"]: run_.out for run_ in runs}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def reference_samples(lengths: Any) -> np.ndarray:
-    """``BATCH_SIZE`` consecutive samples whose tiles and tokens are closest to those of a mean micro-batch: the
-    micro-batch the profile is measured on (a layer's CPU time is not quite proportional to its FLOPs, so the
-    profile is taken where the micro-batches are)."""
-    n = len(lengths) - BATCH_SIZE + 1
-    tiles = np.convolve(lengths.vit, np.ones(BATCH_SIZE), "valid")[:n] / (BATCH_SIZE * lengths.vit.mean())
-    tokens = np.convolve(lengths.llm, np.ones(BATCH_SIZE), "valid")[:n] / (BATCH_SIZE * lengths.llm.mean())
+def reference_samples(lengths: Any, size: int = BATCH_SIZE) -> np.ndarray:
+    """``size`` consecutive samples whose tiles and tokens are closest to those of a mean micro-batch of that
+    many samples: a micro-batch the profile is measured on, where the micro-batches are."""
+    n = len(lengths) - size + 1
+    tiles = np.convolve(lengths.vit, np.ones(size), "valid")[:n] / (size * lengths.vit.mean())
+    tokens = np.convolve(lengths.llm, np.ones(size), "valid")[:n] / (size * lengths.llm.mean())
     first = int(np.argmin((tiles - 1) ** 2 + (tokens - 1) ** 2))
-    return np.arange(first, first + BATCH_SIZE)
+    return np.arange(first, first + size)
 
 
 def plan(profile: Any) -> tuple[Any, Any, Any]:
@@ -544,7 +570,7 @@ def run(repeats: int = 3) -> dict[str, Any]:
     rows = []
     for c in result.configurations:
         measured = _measured_steps([r[_key(c)] for r in ranks])
-        predicted, same = _predicted_steps(result, profile, lengths, c)
+        predicted = _predicted_steps(result, profile, lengths, c)
         rows.append(
             {
                 "name": c.name,
@@ -556,7 +582,6 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 "measured_step_seconds": float(np.mean(measured)) / 1e3,
                 "predicted_step_seconds": float(np.mean(predicted)) / 1e3,
                 "planned_step_seconds": c.step_seconds,
-                "recompute_as_planned": same,
                 "measured_epoch_seconds": float(np.sum(measured)) / 1e3,
                 "predicted_epoch_seconds": float(np.sum(predicted)) / 1e3,
                 "measured_steps_ms": measured,
@@ -570,15 +595,15 @@ def run(repeats: int = 3) -> dict[str, Any]:
         "samples": SAMPLES,
         "sizes": SIZES,
         "memory_gb": result.layout.memory_gb,
+        "profile": profile.to_dict(),
         "configurations": rows,
         "seconds": time.perf_counter() - start,
     }
 
 
-def _predicted_steps(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.ndarray, bool]:
-    """Every optimizer step of configuration ``c`` as the entry point predicts it (``compose``: its split and
-    recompute setting evaluated on ``profile`` scaled to its data, its epoch simulated micro-batch by
-    micro-batch), and whether the recompute plan is the one trained."""
+def _predicted_plan(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[Any, Any, Any]:
+    """Configuration ``c`` as the entry point prices it on ``profile``: the profile scaled to its data, its
+    split with exactly the layers that were trained recomputed, and every micro-batch's scale per layer kind."""
     data = result.micro_batches[c.data]
     ref_ids = reference_samples(lengths)
     cost = _cost_model()
@@ -590,29 +615,25 @@ def _predicted_steps(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[n
         micro_batches=layout.micro_batches,
         memory_bytes=layout.memory_bytes,
         schedule=layout.schedule,
-        recompute=c.recompute,
+        recompute=c.recomputed,
         link_gb_per_s=result.hardware.link_gb_per_s,
     )
-    epoch = epoch_times(plan_, scaled, data, micro_batch_scales(data, cost))
-    return epoch.step_ms, tuple(map(tuple, plan_.recompute)) == tuple(map(tuple, c.recomputed))
+    return plan_, scaled, micro_batch_scales(data, cost)
+
+
+def _predicted_steps(result: Any, profile: Any, lengths: Any, c: Any) -> np.ndarray:
+    """Every optimizer step of configuration ``c`` as the entry point predicts it (``compose``: its split and
+    trained recompute choice evaluated on ``profile`` scaled to its data, its epoch simulated micro-batch by
+    micro-batch)."""
+    plan_, scaled, scales = _predicted_plan(result, profile, lengths, c)
+    return epoch_times(plan_, scaled, result.micro_batches[c.data], scales).step_ms
 
 
 def _predicted_ops(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.ndarray, np.ndarray]:
     """(steps, pipelines, micro-batches, stages) forward and backward ms the entry point predicts for ``c``."""
+    plan_, scaled, scales = _predicted_plan(result, profile, lengths, c)
     data = result.micro_batches[c.data]
-    ref_ids = reference_samples(lengths)
-    cost = _cost_model()
-    scaled = scaled_profile(profile, (lengths.vit[ref_ids], lengths.llm[ref_ids]), data, cost)
-    plan = evaluate_partition(
-        scaled,
-        c.stages,
-        micro_batches=MICRO_BATCHES,
-        memory_bytes=result.layout.memory_bytes,
-        recompute=c.recompute,
-        link_gb_per_s=0.0,
-    )
-    kind_times = stage_kind_times(plan, scaled)
-    scales = micro_batch_scales(data, cost)
+    kind_times = stage_kind_times(plan_, scaled)
     fwd = np.full((*data.steps.shape, PP), np.nan)
     bwd = np.full((*data.steps.shape, PP), np.nan)
     for k in range(data.num_steps):

@@ -4,6 +4,8 @@ input, and the model shapes it runs against the published parameter counts."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,9 +15,18 @@ from hypothesis import strategies as st
 from omnibal_kernels.balance.cost import CostModel
 from omnibal_kernels.cli import main
 from omnibal_kernels.lengths import Lengths
-from omnibal_kernels.omniverse import CONFIGURATIONS, Layout, MicroBatches, epoch_times, micro_batch_scales, omniverse
+from omnibal_kernels.omniverse import (
+    CONFIGURATIONS,
+    Layout,
+    MicroBatches,
+    affine_profile,
+    epoch_times,
+    micro_batch_scales,
+    omniverse,
+    scaled_profile,
+)
 from omnibal_kernels.omniverse.data import padded_micro_batches
-from omnibal_kernels.pipeline import CONFIGS, PUBLISHED_PARAMETERS, LayerProfile, ModelProfile, partition
+from omnibal_kernels.pipeline import CONFIGS, PUBLISHED_PARAMETERS, LayerProfile, ModelProfile, kind_costs, partition
 
 # The bundled and synthetic data sets raise the capacities of target_batch_size for their longest samples.
 pytestmark = pytest.mark.filterwarnings("ignore::omnibal_kernels._warnings.CapacityWarning")
@@ -173,3 +184,64 @@ def test_qwen_runs_on_patches():
     )
     _check(result, 80)
     assert result.data["balanced"]["capacities"][0] >= 1024
+
+
+def _affine_truth(rng: np.random.Generator, reference: tuple) -> tuple[np.ndarray, np.ndarray, list, Callable]:
+    """Per layer of ``_profile``'s chain a fixed time and a time per unit of its kind's cost; and the profile of
+    any micro-batch ``(vit, llm)`` they give."""
+    base = _profile(rng, 2, 3)
+    fixed = rng.uniform(0.0, 1.0, (len(base), 2))
+    slope = rng.uniform(0.1, 2.0, (len(base), 2))
+    models = kind_costs(COST)
+
+    def measured(loads: tuple) -> ModelProfile:
+        vit, llm = (np.asarray(x, np.float64) for x in loads)
+        layers = []
+        for j, layer in enumerate(base.layers):
+            cost = float(models[layer.kind].sample_costs(vit, llm).sum())
+            t = fixed[j] + slope[j] * cost
+            layers.append(replace(layer, forward_ms=float(t[0]), backward_ms=float(t[1])))
+        return ModelProfile(tuple(layers), input_bytes=base.input_bytes)
+
+    return fixed, slope, [layer.kind for layer in base.layers], measured
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_an_affine_profile_predicts_every_micro_batch_of_an_affine_machine(seed):
+    """Layer times that are a fixed part plus a part proportional to their kind's cost: fitted from two
+    reference micro-batches, the profile scaled to a data choice gives the times of its mean micro-batch."""
+    rng = np.random.default_rng(seed)
+    ref = (np.array([2.0, 1.0, 3.0]), np.array([300.0, 120.0, 500.0]))
+    big = (np.concatenate([ref[0], [4.0, 1.0]]), np.concatenate([ref[1], [700.0, 90.0]]))
+    fixed, _, _, measured = _affine_truth(rng, ref)
+    fitted = affine_profile([measured(ref), measured(big)], [ref, big], COST)
+    np.testing.assert_allclose(fitted.forward_ms, measured(ref).forward_ms, rtol=1e-12)
+    np.testing.assert_allclose(fitted.fixed_forward_ms, np.minimum(fixed[:, 0], fitted.forward_ms), rtol=1e-6)
+    np.testing.assert_allclose(fitted.fixed_backward_ms, np.minimum(fixed[:, 1], fitted.backward_ms), rtol=1e-6)
+    # one micro-batch of other loads as the whole data: the scaled profile is what the machine measures
+    other = (np.array([1.0, 5.0]), np.array([200.0, 640.0]))
+    data = MicroBatches("balanced", other[0], other[1], np.array([0, 2]), np.zeros((1, 1, 1), np.int64), 2, 0.0)
+    scaled = scaled_profile(fitted, ref, data, COST)
+    np.testing.assert_allclose(scaled.forward_ms, measured(other).forward_ms, rtol=1e-6)
+    np.testing.assert_allclose(scaled.backward_ms, measured(other).backward_ms, rtol=1e-6)
+
+
+def test_affine_profile_bad_input():
+    rng = np.random.default_rng(0)
+    ref = (np.array([2.0]), np.array([300.0]))
+    _, _, _, measured = _affine_truth(rng, ref)
+    one = measured(ref)
+    with pytest.raises(TypeError, match="profiles must be a sequence of ModelProfile"):
+        affine_profile(one, [ref], COST)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="profiles: need two or more"):
+        affine_profile([one], [ref], COST)
+    with pytest.raises(ValueError, match="profiles: need two or more"):
+        affine_profile([one, one], [ref], COST)
+    with pytest.raises(TypeError, match=r"profiles\[1\] must be a ModelProfile"):
+        affine_profile([one, "p"], [ref, ref], COST)  # type: ignore[list-item]
+    other = ModelProfile(tuple(replace(x, name=x.name + "!") for x in one.layers))
+    with pytest.raises(ValueError, match=r"profiles\[1\] is of another chain"):
+        affine_profile([one, other], [ref, ref], COST)
+    # references of one cost say nothing of a fixed part
+    assert not affine_profile([one, one], [ref, ref], COST).fixed_forward_ms.any()

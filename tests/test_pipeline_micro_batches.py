@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -9,13 +11,17 @@ from omnibal_kernels import PlanOptions
 from omnibal_kernels.balance import CostModel, plan_packs
 from omnibal_kernels.lengths import default_lengths
 from omnibal_kernels.pipeline import (
+    ModelProfile,
     kind_costs,
+    kind_scales,
     micro_batch_times,
+    pack_kind_costs,
     packs_from_plan,
     partition,
     profile_from_config,
     simulate,
     simulate_packs,
+    stage_times,
 )
 
 MODEL = CostModel(vit_linear=2.0, vit_quadratic=0.5, llm_linear=1.0, llm_quadratic=0.01)
@@ -49,6 +55,42 @@ def test_times_scale_by_the_cost_of_each_kind():
     blank = [(np.zeros(3), t_) for _, t_ in packs]
     tb = micro_batch_times(prof, blank, cost_model=MODEL)
     np.testing.assert_allclose(tb.forward_ms[:, kinds.index("vit")], prof.forward_ms[kinds.index("vit")])
+
+
+def test_fixed_times_stay_and_the_rest_scales():
+    packs = _packs(3, 6)
+    prof = _profile(packs)
+    fixed = ModelProfile(
+        tuple(
+            replace(layer, fixed_forward_ms=0.3 * layer.forward_ms, fixed_backward_ms=0.1 * layer.backward_ms)
+            for layer in prof.layers
+        ),
+        input_bytes=prof.input_bytes,
+    )
+    plain, t = micro_batch_times(prof, packs, cost_model=MODEL), micro_batch_times(fixed, packs, cost_model=MODEL)
+    # the mean micro-batch keeps the profile's times, every other moves by 70% (forward) / 90% (backward) as far
+    np.testing.assert_allclose(t.forward_ms.mean(axis=0), prof.forward_ms, rtol=1e-12)
+    np.testing.assert_allclose(t.forward_ms - prof.forward_ms, 0.7 * (plain.forward_ms - prof.forward_ms), atol=1e-9)
+    np.testing.assert_allclose(
+        t.backward_ms - prof.backward_ms, 0.9 * (plain.backward_ms - prof.backward_ms), atol=1e-9
+    )
+    # a plan's stage times per micro-batch: the sums of the layers', recomputation included
+    budget = 0.7 * max(partition(fixed, 3, micro_batches=6).memory_bytes)
+    plan = partition(fixed, 3, micro_batches=6, memory_bytes=budget)
+    assert any(plan.recompute)
+    offsets = np.cumsum([0] + [v.size for v, _ in packs])
+    costs = pack_kind_costs(
+        np.concatenate([v for v, _ in packs]), np.concatenate([x for _, x in packs]), offsets, cost_model=MODEL
+    )
+    scales = kind_scales(costs, costs)
+    st = stage_times(plan, fixed, scales)
+    for j, (a, b) in enumerate(plan.stages):
+        rec = list(plan.recompute[j])
+        np.testing.assert_allclose(st.forward_ms[:, j], t.forward_ms[:, a : b + 1].sum(axis=1), rtol=1e-12)
+        np.testing.assert_allclose(st.recompute_ms[:, j], t.forward_ms[:, rec].sum(axis=1), rtol=1e-12)
+        np.testing.assert_allclose(
+            st.backward_ms[:, j], t.backward_ms[:, a : b + 1].sum(axis=1) + st.recompute_ms[:, j], rtol=1e-12
+        )
 
 
 def test_simulate_packs_runs_the_plan_per_micro_batch():

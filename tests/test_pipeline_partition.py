@@ -328,6 +328,65 @@ def test_uniform_split_and_evaluate():
         evaluate_partition(prof, [(0, 3), (5, 9)], micro_batches=4)
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), P=st.integers(1, 4), frac=st.floats(0.3, 1.0))
+def test_a_given_recompute_choice_is_priced_as_the_plan_that_chose_it(seed, P, frac):
+    rng = np.random.default_rng(seed)
+    prof = _profile(rng, 10)
+    free = partition(prof, P, micro_batches=6)
+    budget = max(free.peak_bytes) * frac
+    try:
+        plan = partition(prof, P, micro_batches=6, memory_bytes=budget)
+    except ValueError:
+        return
+    again = evaluate_partition(prof, plan.stages, micro_batches=6, memory_bytes=budget, recompute=plan.recompute)
+    assert again.recompute == plan.recompute
+    assert again.step_ms == pytest.approx(plan.step_ms, rel=1e-12)
+    assert again.backward_ms == pytest.approx(plan.backward_ms, rel=1e-12)
+    assert again.activation_bytes == plan.activation_bytes and again.memory_bytes == plan.memory_bytes
+    assert again.fits and again.slack_bytes == (0,) * P
+    # every layer and none: the modes "all" and "none"
+    for mode, chosen in (("all", [range(a, b + 1) for a, b in plan.stages]), ("none", [[]] * P)):
+        want = evaluate_partition(prof, plan.stages, micro_batches=6, memory_bytes=budget, recompute=mode)
+        got = evaluate_partition(prof, plan.stages, micro_batches=6, memory_bytes=budget, recompute=list(chosen))
+        assert got.recompute == want.recompute and got.fits == want.fits
+        assert got.step_ms == pytest.approx(want.step_ms, rel=1e-12)
+        assert got.memory_bytes == want.memory_bytes
+
+
+def test_a_given_recompute_choice_that_overflows_does_not_fit():
+    prof = _profile(np.random.default_rng(3), 8)
+    free = evaluate_partition(prof, uniform_stages(8, 2), micro_batches=4, recompute="none")
+    budget = max(free.memory_bytes) * 0.8
+    plan = evaluate_partition(prof, uniform_stages(8, 2), micro_batches=4, memory_bytes=budget, recompute=((), ()))
+    assert not plan.fits and plan.memory_bytes == free.memory_bytes
+
+
+def test_bad_recompute_choices_raise_naming_the_argument():
+    prof = _profile(np.random.default_rng(4), 6)
+    stages = [(0, 2), (3, 5)]
+    bad = [
+        (TypeError, 5, "recompute must be one of"),
+        (ValueError, "some", "recompute must be one of"),
+        (ValueError, [[0]], "recompute: 1 sequences of layers for 2 stages"),
+        (ValueError, [[0], [2]], "recompute: stage 1 holds layers 3..5"),
+        (ValueError, [[0, 0], []], "recompute: stage 0 names a layer twice"),
+        (TypeError, [[0.0], []], "recompute: stage 0 layer must be an int"),
+        (TypeError, [[True], []], "recompute: stage 0 layer must be an int"),
+        (TypeError, [3, []], "recompute: stage 0 must be a sequence"),
+        (TypeError, ["0", []], "recompute: stage 0 must be a sequence"),
+    ]
+    for error, recompute, message in bad:
+        with pytest.raises(error, match=message):
+            evaluate_partition(prof, stages, micro_batches=2, recompute=recompute)
+    with pytest.raises(TypeError, match="recompute must be one of"):
+        partition(prof, 2, micro_batches=2, recompute=[[0], []])  # type: ignore[arg-type]
+    assert evaluate_partition(prof, stages, micro_batches=2, recompute=(np.array([1, 0]), ())).recompute == (
+        (0, 1),
+        (),
+    )
+
+
 def test_uniform_recompute_is_none_or_all():
     prof = _profile(np.random.default_rng(1), 8)
     free = partition(prof, 2, micro_batches=4, method="uniform", recompute="uniform")

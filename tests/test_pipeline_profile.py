@@ -34,7 +34,9 @@ def _write(tmp_path, data, name="p.json"):
 
 def test_json_round_trip(tmp_path):
     prof = ModelProfile(
-        (LayerProfile(**ROW, kind="vit"), LayerProfile(**{**ROW, "name": "b"})), input_bytes=7, meta={"source": "test"}
+        (LayerProfile(**ROW, kind="vit", fixed_forward_ms=0.25), LayerProfile(**{**ROW, "name": "b"})),
+        input_bytes=7,
+        meta={"source": "test"},
     )
     path = prof.save(tmp_path / "p.json")
     again = load_profile(path)
@@ -50,6 +52,8 @@ def test_json_round_trip(tmp_path):
         ({"activation_bytes": -5}, r"activation_bytes must be in \[0, 2\*\*53\]"),
         ({"static_bytes": "big"}, "static_bytes must be an integer"),
         ({"output_bytes": 1.5}, "output_bytes must be an integer"),
+        ({"fixed_forward_ms": -0.5}, "fixed_forward_ms must be finite and >= 0"),
+        ({"fixed_backward_ms": 1e9}, r"fixed_backward_ms must be at most backward_ms"),
     ],
 )
 def test_bad_layer_fields_name_file_and_index(tmp_path, change, message):

@@ -10,7 +10,7 @@ from .compose import CONFIGURATIONS, Configuration, OmniverseResult
 from .data import DATA_CHOICES, MicroBatches, balanced_micro_batches, padded_micro_batches, resample
 from .epoch import EpochTimes, epoch_times, micro_batch_scales
 from .layout import Hardware, Layout
-from .run import omniverse, scaled_profile
+from .run import affine_profile, omniverse, scaled_profile
 
 __all__ = [
     "CONFIGURATIONS",
@@ -21,6 +21,7 @@ __all__ = [
     "Layout",
     "MicroBatches",
     "OmniverseResult",
+    "affine_profile",
     "balanced_micro_batches",
     "epoch_times",
     "micro_batch_scales",

@@ -7,6 +7,7 @@ on and the model's cost model (its times and activations scaled per layer kind t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Optional, Union
 
@@ -25,7 +26,7 @@ from .compose import OmniverseResult, compose
 from .data import MicroBatches, balanced_micro_batches, padded_micro_batches, resample
 from .layout import Hardware, Layout
 
-__all__ = ["BUNDLED_PATCHES_PER_TILE", "omniverse", "scaled_profile"]
+__all__ = ["BUNDLED_PATCHES_PER_TILE", "affine_profile", "omniverse", "scaled_profile"]
 
 # A 448 px tile is 32 x 32 patches of 14 px: the bundled tiles as the patches of a patch-based ViT.
 BUNDLED_PATCHES_PER_TILE = (448 // 14) ** 2
@@ -62,9 +63,10 @@ def scaled_profile(
     profile: ModelProfile, reference: tuple[Any, Any], data: MicroBatches, cost_model: CostModel
 ) -> ModelProfile:
     """``profile``, measured on the micro-batch ``reference`` (its ``(vit, llm)`` per-sample loads), as the
-    profile of ``data``: each layer's times scaled by its kind's mean cost over ``data``'s micro-batches
-    against its cost of ``reference``, its activation and output bytes by the largest load of its kind (ViT
-    units for ``"vit"`` layers, tokens for the others) against the reference's."""
+    profile of ``data``: each layer's times (past their fixed parts, which stay) scaled by its kind's mean cost
+    over ``data``'s micro-batches against its cost of ``reference``, its activation and output bytes by the
+    largest load of its kind (ViT units for ``"vit"`` layers, tokens for the others) against the
+    reference's."""
     vit = np.atleast_1d(np.asarray(reference[0], np.float64))
     llm = np.atleast_1d(np.asarray(reference[1], np.float64))
     ref = pack_kind_costs(vit, llm, np.array([0, vit.size]), cost_model=cost_model)
@@ -79,13 +81,58 @@ def scaled_profile(
         layers.append(
             replace(
                 layer,
-                forward_ms=layer.forward_ms * time,
-                backward_ms=layer.backward_ms * time,
+                forward_ms=layer.fixed_forward_ms + (layer.forward_ms - layer.fixed_forward_ms) * time,
+                backward_ms=layer.fixed_backward_ms + (layer.backward_ms - layer.fixed_backward_ms) * time,
                 activation_bytes=int(round(layer.activation_bytes * grow)),
                 output_bytes=int(round(layer.output_bytes * grow)),
             )
         )
     return ModelProfile(tuple(layers), input_bytes=profile.input_bytes, meta=dict(profile.meta))
+
+
+def affine_profile(
+    profiles: Sequence[ModelProfile], references: Sequence[tuple[Any, Any]], cost_model: CostModel
+) -> ModelProfile:
+    """The first of ``profiles`` with each layer's fixed times: the profiles are of one chain, measured on the
+    micro-batches ``references`` (their ``(vit, llm)`` per-sample loads, of at least two costs per layer
+    kind), and each layer's forward and backward are fitted as a fixed time plus a time proportional to its
+    kind's cost (least squares over the profiles); the fixed part is clipped to ``[0, time]`` of the first
+    profile, whose times are kept. A kind of one cost over the references gets no fixed part.
+
+    A layer's time on a machine has a part that does not grow with the micro-batch (the per-call cost of its
+    operations: launches, dispatch): a profile scaled to another micro-batch (:func:`scaled_profile`,
+    :func:`~omnibal_kernels.omniverse.epoch.micro_batch_scales`) keeps it and scales the rest."""
+    if isinstance(profiles, ModelProfile) or not isinstance(profiles, Sequence):
+        raise TypeError(f"profiles must be a sequence of ModelProfile, got {type(profiles).__name__}")
+    if len(profiles) < 2 or len(references) != len(profiles):
+        raise ValueError(f"profiles: need two or more, one per reference, got {len(profiles)} and {len(references)}")
+    first = profiles[0]
+    for i, p in enumerate(profiles):
+        if not isinstance(p, ModelProfile):
+            raise TypeError(f"profiles[{i}] must be a ModelProfile, got {type(p).__name__}")
+        if p.names != first.names:
+            raise ValueError(f"profiles[{i}] is of another chain (layers {p.names}, not {first.names})")
+    costs = []
+    for vit, llm in references:
+        v = np.atleast_1d(np.asarray(vit, np.float64))
+        t = np.atleast_1d(np.asarray(llm, np.float64))
+        costs.append(
+            {k: float(c[0]) for k, c in pack_kind_costs(v, t, np.array([0, v.size]), cost_model=cost_model).items()}
+        )
+    layers = []
+    for j, layer in enumerate(first.layers):
+        kind = layer.kind if layer.kind in costs[0] else ""
+        x = np.array([c[kind] for c in costs])
+        fixed = []
+        for attr in ("forward_ms", "backward_ms"):
+            y = np.array([getattr(p.layers[j], attr) for p in profiles])
+            if np.ptp(x) <= 1e-12 * max(float(np.abs(x).max()), 1e-300):
+                fixed.append(0.0)
+                continue
+            slope, intercept = np.polyfit(x, y, 1)
+            fixed.append(float(np.clip(intercept, 0.0, getattr(layer, attr))))
+        layers.append(replace(layer, fixed_forward_ms=fixed[0], fixed_backward_ms=fixed[1]))
+    return ModelProfile(tuple(layers), input_bytes=first.input_bytes, meta=dict(first.meta))
 
 
 def omniverse(

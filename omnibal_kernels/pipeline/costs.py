@@ -238,6 +238,21 @@ class StageCosts:
         fits = budget is None or memory <= budget * (1 + 1e-9)
         return RankChoice(tuple(chosen), tuple(rec), tuple(float(k) for k in kept), float(memory), bool(fits), 0.0)
 
+    def given_choice(self, intervals: Sequence[tuple[int, int, int]], chosen: Sequence[tuple[int, ...]]) -> RankChoice:
+        """One rank holding ``(stage j, a, b)`` for each of its stages with the layers ``chosen`` (global
+        indices, per stage) recomputed: what that choice costs and keeps, and whether it fits."""
+        budget = self.budget(int(self.rank_of[intervals[0][0]]))
+        held = [self.held[j] for j, _, _ in intervals]
+        static = sum(float(self.span(self.c_static, a, b)) for _, a, b in intervals)
+        rec = [float(self.fwd[list(c)].sum()) if c else 0.0 for c in chosen]
+        kept = [
+            float(self.span(self.c_act, a, b)) - sum(float(self.act[x] - self.inp[x]) for x in c)
+            for (_, a, b), c in zip(intervals, chosen)
+        ]
+        memory = static + sum(h * k for h, k in zip(held, kept))
+        fits = budget is None or memory <= budget * (1 + 1e-9)
+        return RankChoice(tuple(tuple(c) for c in chosen), tuple(rec), tuple(kept), float(memory), bool(fits), 0.0)
+
     def layer_fits_alone(self, j: int) -> bool:
         """Whether layer ``j`` fits some rank even alone and recomputed under ``mode``."""
         if self.budgets is None:

@@ -116,9 +116,9 @@ def micro_batch_times(
 ) -> MicroBatchTimes:
     """Per (micro-batch, layer) times of ``packs`` (each a ``(vit, llm)`` pair of per-sample loads).
 
-    Layer ``l`` of kind ``k`` on pack ``p`` takes ``profile time * cost_k(p) / mean_q cost_k(q)`` over the
-    ``reference`` packs (default: ``packs``), the packs whose mean micro-batch the profile describes. A kind
-    of zero reference cost keeps the profile's time.
+    Layer ``l`` of kind ``k`` on pack ``p`` takes its fixed time plus the rest of its profile time times
+    ``cost_k(p) / mean_q cost_k(q)`` over the ``reference`` packs (default: ``packs``), the packs whose mean
+    micro-batch the profile describes. A kind of zero reference cost keeps the profile's time.
     """
     profile = as_profile(profile)
     loads = pack_loads(packs)
@@ -126,7 +126,10 @@ def micro_batch_times(
     ref = costs if reference is None else pack_kind_costs(*_csr(pack_loads(reference)), cost_model=cost_model)
     scale = kind_scales(costs, ref)
     factor = np.stack([scale[k] for k in _layer_kinds(profile)], axis=1)  # (m, L)
-    return MicroBatchTimes(factor * profile.forward_ms, factor * profile.backward_ms)
+    f_fix, b_fix = profile.fixed_forward_ms, profile.fixed_backward_ms
+    return MicroBatchTimes(
+        f_fix + factor * (profile.forward_ms - f_fix), b_fix + factor * (profile.backward_ms - b_fix)
+    )
 
 
 @dataclass(frozen=True)
@@ -144,24 +147,28 @@ class StageTimes:
 @dataclass(frozen=True)
 class StageKindTimes:
     """A plan's stage times at the profile's mean micro-batch, per layer kind: ``forward_ms``, ``backward_ms``
-    and ``recompute_ms`` as ``(len(kinds), S)``, and per stage the share of the backward that is the weight
-    gradient. :meth:`times` scales them per micro-batch."""
+    and ``recompute_ms`` as ``(len(kinds), S)``, the parts that grow with the micro-batch; per stage the share
+    of the backward that is the weight gradient, and ``fixed_ms``: ``(3, S)`` forward, backward and recompute
+    parts that do not (the layers' fixed times). :meth:`times` scales them per micro-batch."""
 
     kinds: tuple[str, ...]
     forward_ms: np.ndarray
     backward_ms: np.ndarray
     recompute_ms: np.ndarray
     weight_share: np.ndarray
+    fixed_ms: Optional[np.ndarray] = None
 
     def times(self, scales: Mapping[str, np.ndarray]) -> StageTimes:
-        """(micro-batch, stage) times when every layer of kind ``k`` takes its profile time times ``scales[k]``
-        (``(m,)``; a kind missing from ``scales`` keeps the profile's time)."""
+        """(micro-batch, stage) times when every layer of kind ``k`` takes its fixed time plus the rest of its
+        profile time times ``scales[k]`` (``(m,)``; a kind missing from ``scales`` keeps the profile's time)."""
         m = max((np.size(v) for v in scales.values()), default=1)
         factor = np.ones((m, len(self.kinds)))
         for i, k in enumerate(self.kinds):
             if k in scales:
                 factor[:, i] = scales[k]
         f, b, r = factor @ self.forward_ms, factor @ self.backward_ms, factor @ self.recompute_ms
+        if self.fixed_ms is not None:
+            f, b, r = f + self.fixed_ms[0], b + self.fixed_ms[1], r + self.fixed_ms[2]
         return StageTimes(f, b + r, b * self.weight_share, r)
 
 
@@ -175,16 +182,19 @@ def stage_kind_times(plan: PipelinePlan, profile: Any) -> StageKindTimes:
     index = {k: i for i, k in enumerate(order)}
     S = plan.num_stages
     fwd, bwd, rec = (np.zeros((len(order), S)) for _ in range(3))
-    f_ms, b_ms = profile.forward_ms, profile.backward_ms
+    fixed = np.zeros((3, S))
+    f_fix, b_fix = profile.fixed_forward_ms, profile.fixed_backward_ms
+    f_ms, b_ms = profile.forward_ms - f_fix, profile.backward_ms - b_fix
     for j, (a, b) in enumerate(plan.stages):
         for layer in range(a, b + 1):
             fwd[index[kinds[layer]], j] += f_ms[layer]
             bwd[index[kinds[layer]], j] += b_ms[layer]
         for layer in plan.recompute[j]:
             rec[index[kinds[layer]], j] += f_ms[layer]
-    mean_bwd = np.asarray(plan.backward_ms) - rec.sum(axis=0)
+        fixed[:, j] = f_fix[a : b + 1].sum(), b_fix[a : b + 1].sum(), f_fix[list(plan.recompute[j])].sum()
+    mean_bwd = np.asarray(plan.backward_ms) - rec.sum(axis=0) - fixed[2]
     share = np.divide(np.asarray(plan.weight_ms or np.zeros(S)), mean_bwd, out=np.zeros(S), where=mean_bwd > 0)
-    return StageKindTimes(order, fwd, bwd, rec, share)
+    return StageKindTimes(order, fwd, bwd, rec, share, fixed if fixed.any() else None)
 
 
 def stage_times(plan: PipelinePlan, profile: Any, scales: Mapping[str, np.ndarray]) -> StageTimes:

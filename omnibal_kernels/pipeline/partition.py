@@ -16,9 +16,10 @@ Methods:
 - ``"uniform"``: equal layer counts (the first ``L mod S`` stages one more), what users do by default.
 
 Recompute modes: ``"plan"`` (least recompute time that fits, per rank), ``"uniform"`` (one setting for every
-rank: none if every rank fits, else every layer), ``"all"``, ``"none"``. Every search's step is the
-simulator's for the per-stage times of the profile; :func:`~omnibal_kernels.pipeline.micro_batches.simulate_packs`
-runs a plan with one time per micro-batch.
+rank: none if every rank fits, else every layer), ``"all"``, ``"none"``; :func:`evaluate_partition` also takes
+the recomputed layers themselves, one sequence per virtual stage (a choice made before, priced as it is).
+Every search's step is the simulator's for the per-stage times of the profile;
+:func:`~omnibal_kernels.pipeline.micro_batches.simulate_packs` runs a plan with one time per micro-batch.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import check_int, check_positive_int
 from .bounds import Windows
 from .costs import StageCosts
 from .profile import ModelProfile, as_profile
@@ -56,6 +57,7 @@ RECOMPUTE_MODES = ("plan", "uniform", "all", "none")
 NODE_LIMIT = 20_000
 NODE_LIMIT_VIRTUAL = 2_000
 Budgets = Union[None, float, Sequence[float]]
+Recompute = Union[str, Sequence[Sequence[int]]]
 
 
 @dataclass(frozen=True)
@@ -187,12 +189,36 @@ def vit_first_stages(profile: Any, stages: int) -> list[tuple[int, int]]:
 
 
 def _check_choices(recompute: str, link_gb_per_s: float, weight_fraction: float) -> None:
+    if not isinstance(recompute, str):
+        raise TypeError(f"recompute must be one of {RECOMPUTE_MODES}, got {type(recompute).__name__}")
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     if not link_gb_per_s >= 0:
         raise ValueError(f"link_gb_per_s must be >= 0, got {link_gb_per_s}")
     if not 0.0 <= weight_fraction <= 1.0:
         raise ValueError(f"weight_fraction must be in [0, 1], got {weight_fraction}")
+
+
+def _given_recompute(recompute: Any, stages: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], ...]:
+    """``recompute`` given as the recomputed layers of every virtual stage (global indices inside it)."""
+    if not isinstance(recompute, Sequence) or isinstance(recompute, (str, bytes)):
+        raise TypeError(
+            f"recompute must be one of {RECOMPUTE_MODES} or one sequence of layer indices per stage, "
+            f"got {type(recompute).__name__}"
+        )
+    if len(recompute) != len(stages):
+        raise ValueError(f"recompute: {len(recompute)} sequences of layers for {len(stages)} stages")
+    out = []
+    for j, (layers, (a, b)) in enumerate(zip(recompute, stages)):
+        if not isinstance(layers, (Sequence, np.ndarray)) or isinstance(layers, (str, bytes)):
+            raise TypeError(f"recompute: stage {j} must be a sequence of layer indices, got {type(layers).__name__}")
+        own = tuple(sorted(check_int(f"recompute: stage {j} layer", x) for x in list(layers)))
+        if any(not a <= x <= b for x in own):
+            raise ValueError(f"recompute: stage {j} holds layers {a}..{b}, got {list(layers)}")
+        if len(set(own)) != len(own):
+            raise ValueError(f"recompute: stage {j} names a layer twice, got {list(layers)}")
+        out.append(own)
+    return tuple(out)
 
 
 def _budgets(memory_bytes: Budgets, ranks: int) -> Optional[list[float]]:
@@ -241,10 +267,12 @@ def _check_layers_fit(costs: StageCosts) -> None:
 
 
 class _Evaluator:
-    """Complete splits under one :class:`StageCosts`: recompute per rank, then the simulated step."""
+    """Complete splits under one :class:`StageCosts`: recompute per rank (or the ``given`` layers of every
+    stage), then the simulated step."""
 
-    def __init__(self, costs: StageCosts) -> None:
+    def __init__(self, costs: StageCosts, given: Optional[tuple[tuple[int, ...], ...]] = None) -> None:
         self.c = costs
+        self.given = given
 
     def parts(self, stages: Sequence[tuple[int, int]]):
         c = self.c
@@ -253,7 +281,10 @@ class _Evaluator:
         memory, slack, fits = [], [], True
         for r in range(c.P):
             own = [(j, a, b) for j, (a, b) in enumerate(stages) if c.rank_of[j] == r]
-            choice = c.rank_choice(own)
+            if self.given is None:
+                choice = c.rank_choice(own)
+            else:
+                choice = c.given_choice(own, [self.given[j] for j, _, _ in own])
             for (j, _, _), ch, ms, kb in zip(own, choice.chosen, choice.recompute_ms, choice.kept_bytes):
                 chosen[j], rec[j], kept[j] = ch, ms, kb
             memory.append(choice.memory_bytes)
@@ -356,18 +387,25 @@ def evaluate_partition(
     memory_bytes: Budgets = None,
     schedule: str = "1f1b",
     virtual_stages: int = 1,
-    recompute: str = "plan",
+    recompute: Recompute = "plan",
     link_gb_per_s: float = 25.0,
     weight_fraction: float = 0.5,
     method: str = "given",
 ) -> PipelinePlan:
     """The recompute choice and simulated step of a given partition (``stages``: ``(first, last)`` pairs, one
-    per virtual stage in chain order)."""
+    per virtual stage in chain order).
+
+    ``recompute``: a mode of :data:`RECOMPUTE_MODES` (module docstring), or the recomputed layers themselves,
+    one sequence of global layer indices per virtual stage, each inside its stage (a plan's ``recompute``):
+    that choice is priced as it is, ``fits`` telling whether it keeps every rank within ``memory_bytes``.
+    Raises ``TypeError`` for a ``recompute`` of neither form, ``ValueError`` for an unknown mode or a layer
+    outside its stage."""
     profile = as_profile(profile)
     m = check_micro_batches(micro_batches)
     v = check_positive_int("virtual_stages", virtual_stages)
     check_schedule(schedule, v)
-    _check_choices(recompute, link_gb_per_s, weight_fraction)
+    given = None if isinstance(recompute, str) else recompute
+    _check_choices("none" if given is not None else recompute, link_gb_per_s, weight_fraction)  # type: ignore[arg-type]
     stage_list = [(int(a), int(b)) for a, b in stages]
     L = len(profile)
     if (
@@ -383,11 +421,15 @@ def evaluate_partition(
         raise ValueError(f"stages: {len(stage_list)} virtual stages are not {v} per rank")
     P = len(stage_list) // v
     budgets = _budgets(memory_bytes, P)
+    if given is not None:
+        chosen = _given_recompute(given, stage_list)
+        costs = _costs(profile, P, v, m, schedule, budgets, "none", link_gb_per_s, weight_fraction)
+        return _Evaluator(costs, chosen).plan(stage_list, method, "given")
     plans = [
         _Evaluator(_costs(profile, P, v, m, schedule, budgets, mode, link_gb_per_s, weight_fraction)).plan(
             stage_list, method, "given"
         )
-        for mode in _modes(recompute)
+        for mode in _modes(recompute)  # type: ignore[arg-type]
     ]
     fitting = [p for p in plans if p.fits]
     return fitting[0] if fitting else plans[-1]

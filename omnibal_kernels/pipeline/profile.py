@@ -13,7 +13,10 @@ JSON form (``load_profile`` / ``ModelProfile.save``)::
                  "static_bytes": 456, "output_bytes": 78, "kind": "vit"}, ...]}
 
 ``kind`` is optional (``"vit"``, ``"projector"``, ``"llm"``, ``"head"``, ...); the engine forms use it to count
-decoder layers per stage.
+decoder layers per stage. ``fixed_forward_ms`` and ``fixed_backward_ms`` are optional (default 0): the part of
+each time that does not grow with the micro-batch (the per-call cost of the layer's operations), which a
+micro-batch of another size keeps while the rest scales with its cost (``omniverse.affine_profile`` fits them
+from profiles measured on micro-batches of two sizes).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ PROFILE_FIELDS: dict[str, str] = {
     "output_bytes": "bytes of the output sent to the next layer (int >= 0)",
 }
 _TIME_FIELDS = ("forward_ms", "backward_ms")
+_FIXED_FIELDS = ("fixed_forward_ms", "fixed_backward_ms")
 _BYTE_FIELDS = ("activation_bytes", "static_bytes", "output_bytes")
 
 
@@ -73,6 +77,8 @@ class LayerProfile:
     static_bytes: int
     output_bytes: int
     kind: str = ""
+    fixed_forward_ms: float = 0.0
+    fixed_backward_ms: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"layer {self.name!r}"
@@ -84,6 +90,11 @@ class LayerProfile:
             ms = check_finite_non_negative(key, getattr(self, key), where)
             if ms > MAX_LAYER_MS:
                 raise ValueError(f"{where}: {key} must be at most {MAX_LAYER_MS:g} ms, got {ms!r}")
+            object.__setattr__(self, key, ms)
+        for key, total in zip(_FIXED_FIELDS, _TIME_FIELDS):
+            ms = check_finite_non_negative(key, getattr(self, key), where)
+            if ms > getattr(self, total):
+                raise ValueError(f"{where}: {key} must be at most {total} ({getattr(self, total)!r}), got {ms!r}")
             object.__setattr__(self, key, ms)
         for key in _BYTE_FIELDS:
             object.__setattr__(self, key, _check_bytes(where, key, getattr(self, key)))
@@ -99,6 +110,9 @@ class LayerProfile:
         }
         if self.kind:
             out["kind"] = self.kind
+        for key in _FIXED_FIELDS:
+            if getattr(self, key):
+                out[key] = getattr(self, key)
         return out
 
 
@@ -145,6 +159,16 @@ class ModelProfile:
     def backward_ms(self) -> np.ndarray:
         """(L,) float64."""
         return self._column("backward_ms")
+
+    @property
+    def fixed_forward_ms(self) -> np.ndarray:
+        """(L,) float64: the part of each forward that does not grow with the micro-batch."""
+        return self._column("fixed_forward_ms")
+
+    @property
+    def fixed_backward_ms(self) -> np.ndarray:
+        """(L,) float64: the part of each backward that does not grow with the micro-batch."""
+        return self._column("fixed_backward_ms")
 
     @property
     def activation_bytes(self) -> np.ndarray:
@@ -201,6 +225,8 @@ class ModelProfile:
                         static_bytes=row["static_bytes"],
                         output_bytes=row["output_bytes"],
                         kind=row.get("kind", ""),
+                        fixed_forward_ms=row.get("fixed_forward_ms", 0.0),
+                        fixed_backward_ms=row.get("fixed_backward_ms", 0.0),
                     )
                 )
             except (TypeError, ValueError) as exc:
