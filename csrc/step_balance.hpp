@@ -56,6 +56,17 @@ double epoch_of(const LargeVector<Index>& order, const PackLoads& totals, Index 
 Index lift_stuck_packs(LargeVector<Index>& order, const Packs& packs, const PackLoads& totals, const SampleCosts& costs,
                        Index world_size);
 
+// After the exchanges: each step left above its mean (the steps with the most excess first) lowers its costliest
+// packs by moving samples (never a pack's costliest, never its last) to packs with room in other steps, each
+// receiver kept within its own step's costliest pack, so no step rises; the moves of a step are kept only where its
+// costliest pack comes down. Where a capacity binds every pack of a step, exchanges inside it cannot move cost, but
+// packs made by splits have room. At most one move per sample of a step, each trying a bounded number of samples
+// and receivers (O(log packs) each). One cost part only (two: nothing moves). Packs that appear more than once in
+// `order` or are over a capacity stay as they are. `packs` is rebuilt and the changed packs' costs summed afresh.
+// Returns the samples moved.
+int64_t spill_to_room(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
+                      const LargeVector<Index>& order, Index world_size);
+
 // After the exchanges: walking down from the costliest step, a step's costliest packs trade places with the
 // cheapest packs of the step above while they cost more than those and no more than that step's costliest
 // pack (each trade lowers or keeps both steps' costliest packs); then, where the same packs sorted by cost and
