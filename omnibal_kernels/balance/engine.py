@@ -50,7 +50,7 @@ BEST_FIT_ROUNDS = 16
 # step: it keeps planning within a fixed factor of sorting the lengths at any pack size
 # (benchmarks/bench_balance.py::test_refine_work measures epoch cost and planning time at several bounds;
 # 0 turns the exchanges off, 2**62 leaves them unbounded).
-REFINE_WORK_PER_SAMPLE = 1024
+REFINE_WORK_PER_SAMPLE = 4096
 
 
 def build_plan(
