@@ -50,8 +50,9 @@ class Spiller {
     double total = 0.0;
     for (const double m : mean_) total += m;
     inv_cost_ = total > 0.0 ? static_cast<double>(num_steps_) / total : 0.0;
-    receivers_.reset(static_cast<int64_t>(n));
-    for (Index p = 0; p < static_cast<Index>(n); ++p) update_receiver(p);
+    std::vector<double> keys(n);
+    for (Index p = 0; p < static_cast<Index>(n); ++p) keys[static_cast<size_t>(p)] = receiver_key(p);
+    receivers_.build(keys);
     content_.resize(n);
     changed_.assign(n, 0);
   }
@@ -97,7 +98,9 @@ class Spiller {
 
  private:
   struct Move {
-    Index sample, from, to;
+    Index sample, from, to, position;
+    double cost_from, cost_to;
+    bool from_changed, to_changed;
   };
 
   double cost(Index p) const { return totals_.cost[static_cast<size_t>(p)]; }
@@ -105,7 +108,7 @@ class Spiller {
   // A receiver's key: the least of the cost it can take before it raises its step's costliest pack and its room
   // in each capacity, each relative to a whole pack's (most first): a pack nearly full in a capacity takes
   // little, however far below its step's costliest pack it is.
-  void update_receiver(Index p) {
+  double receiver_key(Index p) const {
     const size_t q = static_cast<size_t>(p);
     double slack = 0.0;
     if (!frozen_[q] && step_of_[q] >= 0) {
@@ -115,7 +118,17 @@ class Spiller {
         slack = std::min(slack, static_cast<double>(cap_.vit - totals_.vit[q]) / static_cast<double>(cap_.vit));
       }
     }
-    receivers_.set(p, slack > 0.0 ? -slack : kInf);
+    return slack > 0.0 ? -slack : kInf;
+  }
+  void update_receiver(Index p) { receivers_.set(p, receiver_key(p)); }
+  // Pack p's samples as they are now.
+  const Index* first(Index p) const {
+    const size_t q = static_cast<size_t>(p);
+    return changed_[q] ? content_[q].data() : packs_.samples.data() + packs_.offsets[q];
+  }
+  Index count(Index p) const {
+    const size_t q = static_cast<size_t>(p);
+    return changed_[q] ? static_cast<Index>(content_[q].size()) : packs_.offsets[q + 1] - packs_.offsets[q];
   }
   std::vector<Index>& samples(Index p) {
     const size_t q = static_cast<size_t>(p);
@@ -126,14 +139,35 @@ class Spiller {
     return content_[q];
   }
 
+  // x leaves pack `from` for pack `to`; logged with what undo needs to restore both packs exactly.
   void move(Index x, Index from, Index to) {
-    std::vector<Index>& src = samples(from);
-    src.erase(std::find(src.begin(), src.end(), x));
-    samples(to).push_back(x);
     const size_t f = static_cast<size_t>(from), t = static_cast<size_t>(to), i = static_cast<size_t>(x);
+    Move m{x, from, to, 0, totals_.cost[f], totals_.cost[t], changed_[f] != 0, changed_[t] != 0};
+    std::vector<Index>& src = samples(from);
+    const auto at = std::find(src.begin(), src.end(), x);
+    m.position = static_cast<Index>(at - src.begin());
+    src.erase(at);
+    samples(to).push_back(x);
     totals_.vit[f] -= loads_.vit[i], totals_.vit[t] += loads_.vit[i];
     totals_.llm[f] -= loads_.llm[i], totals_.llm[t] += loads_.llm[i];
     totals_.cost[f] -= sample_cost(x), totals_.cost[t] += sample_cost(x);
+    log_.push_back(m);
+  }
+
+  // Takes back the moves logged, latest first: samples, orders, totals and costs as they were.
+  void undo() {
+    for (auto m = log_.rbegin(); m != log_.rend(); ++m) {
+      const size_t f = static_cast<size_t>(m->from), t = static_cast<size_t>(m->to), i = static_cast<size_t>(m->sample);
+      content_[t].pop_back();
+      content_[f].insert(content_[f].begin() + m->position, m->sample);
+      totals_.vit[f] += loads_.vit[i], totals_.vit[t] -= loads_.vit[i];
+      totals_.llm[f] += loads_.llm[i], totals_.llm[t] -= loads_.llm[i];
+      totals_.cost[f] = m->cost_from, totals_.cost[t] = m->cost_to;
+      if (!m->from_changed) changed_[f] = 0, content_[f].clear();
+      if (!m->to_changed) changed_[t] = 0, content_[t].clear();
+    }
+    for (const Move& m : log_) update_receiver(m.to);
+    log_.clear();
   }
 
   // A receiver outside step s for sample x: room for its loads, and its cost with x's within its step's
@@ -161,15 +195,17 @@ class Spiller {
   // Samples of heavy pack a but its costliest (a pack keeps at least one sample), the kSpillSamples whose cost
   // is nearest to `want` first (ties by id).
   void candidates(Index a, double want, std::vector<Index>& out) {
-    const std::vector<Index>& in = samples(a);
+    const Index* in = first(a);
+    const Index n = count(a);
     out.clear();
-    if (in.size() < 2) return;
+    if (n < 2) return;
     Index floor = in[0];
-    for (const Index i : in) {
+    for (Index k = 0; k < n; ++k) {
+      const Index i = in[k];
       if (sample_cost(i) > sample_cost(floor) || (sample_cost(i) == sample_cost(floor) && i < floor)) floor = i;
     }
-    for (const Index i : in) {
-      if (i != floor && sample_cost(i) > 0.0) out.push_back(i);
+    for (Index k = 0; k < n; ++k) {
+      if (in[k] != floor && sample_cost(in[k]) > 0.0) out.push_back(in[k]);
     }
     auto nearer = [&](Index u, Index v) {
       const double du = std::fabs(sample_cost(u) - want), dv = std::fabs(sample_cost(v) - want);
@@ -190,7 +226,7 @@ class Spiller {
     heavy_.reset(w_);
     for (Index k = 0; k < w_; ++k) {
       receivers_.set(ids[k], kInf);  // no move inside the step
-      samples_in_step += packs_.offsets[static_cast<size_t>(ids[k]) + 1] - packs_.offsets[static_cast<size_t>(ids[k])];
+      samples_in_step += count(ids[k]);
       if (frozen_[static_cast<size_t>(ids[k])]) fixed = std::max(fixed, cost(ids[k]));
       else heavy_.set(k, -cost(ids[k]));
     }
@@ -216,7 +252,6 @@ class Spiller {
       }
       if (x < 0) break;
       move(x, a, r);
-      log_.push_back({x, a, r});
       heavy_.set(k, -cost(a));
       update_receiver(r);
     }
@@ -225,9 +260,7 @@ class Spiller {
     if (top < top_[static_cast<size_t>(s)]) {
       top_[static_cast<size_t>(s)] = top;
     } else {
-      for (auto m = log_.rbegin(); m != log_.rend(); ++m) move(m->sample, m->to, m->from);
-      for (const Move& m : log_) update_receiver(m.to);
-      log_.clear();
+      undo();
     }
     double sum = 0.0;
     for (Index k = 0; k < w_; ++k) sum += cost(ids[k]);
@@ -259,7 +292,6 @@ int64_t spill_to_room(Packs& packs, PackLoads& totals, const Loads& loads, const
   if (world_size < 2 || order.empty() || costs.dims != 1) return 0;
   Spiller spiller(packs, totals, loads, costs, cap, order, world_size);
   const int64_t moved = spiller.run();
-  // Moves taken back leave their packs' costs restored only to rounding: every pack touched is summed afresh.
   spiller.rebuild(packs);
   return moved;
 }
