@@ -13,8 +13,8 @@ Methods:
   down; a step still above its mean then moves samples of its costliest packs into packs with room in other
   steps, each kept within its own step's costliest pack (where a capacity fills every pack of the step, as long
   text at its capacity, no exchange inside it moves cost); then a step's costliest packs trade places with
-  cheaper ones of the step above, and
-  the plan is never above its own packs sorted by cost, nor above the packs it started from. A pack costs
+  cheaper ones of the step above, and the plan is never above its own packs sorted by cost, nor above the packs
+  it started from. A pack costs
   its samples' ``cost_model.sample_costs`` plus ``per_pack``; with ``objective="stages"`` its ViT and LLM
   costs are balanced each on its own within each step (a pack's score is the larger of the two, each relative
   to the step's mean). Steps are laid out in a stratified random order (no load trend over the epoch) and
