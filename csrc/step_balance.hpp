@@ -83,9 +83,11 @@ Index settle_steps(LargeVector<Index>& order, const PackLoads& totals, Index wor
 // work does not grow with the square of a pack's size. A step stops when its costliest pack is within
 // kRefineTolerance of the mean, when no exchange lowers it, or when it has spent work_per_sample units of work per
 // sample of the step (0: no exchange). A step left above its mean then also exchanges with the packs of the steps
-// before and after it, and the step before gives cost to its packs up to its costliest one (one cost part
-// only). Packs that appear more than once in `order` (reused packs of a ragged step) and packs over a capacity
-// (oversize singles) are left as they are. Pack sizes may change; `packs` is rebuilt when anything moved.
+// before and after it, and the step before gives cost to its packs up to its costliest one; after every step, a
+// step still above its mean exchanges with the packs of the step left with the most room below its own costliest
+// pack (another step above its mean, one whose costliest pack no exchange lowered), each kept within that pack
+// (one cost part only). Packs that appear more than once in `order` (reused packs of a ragged step) and packs over a
+// capacity (oversize singles) are left as they are. Pack sizes may change; `packs` is rebuilt when anything moved.
 // Deterministic: no randomness, a fixed scan order. Returns the number of exchanges made.
 int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
                      const LargeVector<Index>& order, Index world_size, int64_t work_per_sample);
