@@ -44,6 +44,9 @@ constexpr int64_t kSetNeighbours = 2;
 // capacity trades only with the few samples of nearly its load, which a wider search reaches
 // (the suite's time targets, omnibal_kernels.bench.time_targets, measure the epoch cost it gains).
 constexpr int64_t kWideReach = 8;
+// A step still above its mean once every step is refined trades with the packs of this many other such steps,
+// those with the most room below their costliest pack.
+constexpr int64_t kFarSteps = 1;
 
 // Samples that move one way in an exchange: none, one or two.
 struct Moving {
@@ -471,25 +474,30 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
       if (top > (1.0 + kRefineTolerance) * mean) stuck.emplace_back(-(top - mean), t);
     }
     std::sort(stuck.begin(), stuck.end());
+    auto above = [&](int64_t t) {
+      const auto [top, mean] = top_and_mean(t);
+      return top > (1.0 + kRefineTolerance) * mean;
+    };
+    // Steps that took cost up to their costliest pack stay balanced: the cursor passes them once.
+    size_t cursor = 0;
     int64_t made = 0;
+    std::vector<int64_t> partners;
     for (const auto& [unused, s] : stuck) {
       (void)unused;
-      int64_t partner = -1;
-      for (const auto& [room, t] : stuck) {
-        const auto [top, mean] = top_and_mean(t);
-        if (t != s && top > (1.0 + kRefineTolerance) * mean) {
-          partner = t;
-          break;
-        }
+      if (!above(s)) continue;
+      while (cursor < stuck.size() && !above(stuck[cursor].second)) ++cursor;
+      partners.clear();
+      const size_t scan_end = std::min(stuck.size(), cursor + static_cast<size_t>(4 * kFarSteps + 4));
+      for (size_t c = cursor; c < scan_end && static_cast<int64_t>(partners.size()) < kFarSteps; ++c) {
+        if (stuck[c].second != s && above(stuck[c].second)) partners.push_back(stuck[c].second);
       }
-      const auto [top, mean] = top_and_mean(s);
-      if (partner < 0 || !(top > (1.0 + kRefineTolerance) * mean)) continue;
+      if (partners.empty()) continue;
       const Index* ids = order.data() + s * world_size;
       pool.assign(ids, ids + world_size);
       frozen.resize(w);
       for (size_t k = 0; k < w; ++k) frozen[k] = is_frozen(pool[k]);
       ceiling.clear();
-      add_step(partner, top_and_mean(partner).first);
+      for (const int64_t t : partners) add_step(t, top_and_mean(t).first);
       const int64_t step_made = refiner.refine(pool, world_size, 0, frozen, ceiling, budget_for(), contents);
       if (step_made > 0) save();
       made += step_made;
