@@ -25,6 +25,7 @@ ext_modules = [
                 "csrc/step_order.cpp",
                 "csrc/step_pool.cpp",
                 "csrc/step_refine.cpp",
+                "csrc/step_spill.cpp",
             ]
         ),
         include_dirs=["csrc"],

@@ -104,7 +104,7 @@ def test_best_fit_rounds(benchmark, monkeypatch, rounds: int) -> None:
 
 
 @pytest.mark.parametrize("world_size", [8, 512])
-@pytest.mark.parametrize("work", [0, 256, 1024, 2**62])
+@pytest.mark.parametrize("work", [0, 1024, 4096, 2**62])
 def test_refine_work(benchmark, monkeypatch, work: int, world_size: int) -> None:
     """``balance.engine.REFINE_WORK_PER_SAMPLE``: the balanced method on the Qwen2-VL-like patch loads (1.2M
     samples), its epoch cost over the ideal (sum over steps of the costliest pack / (total cost / ranks)) in

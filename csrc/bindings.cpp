@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include "loads.hpp"
 #include "plan.hpp"
 #include "rng.hpp"
+#include "step_balance.hpp"
 
 namespace py = pybind11;
 using omnibal::Capacity;
@@ -282,6 +284,61 @@ void bind_grouping(py::module_& m) {
       py::arg("vit"), py::arg("llm"), py::arg("items"), py::arg("vit_capacity"), py::arg("llm_capacity"),
       py::arg("vit_threshold"), py::arg("llm_threshold"), py::arg("iterations"), py::arg("seed"),
       "Iterative sampling and filtering (OmniBal) of `items` (None: every sample); returns Packs.");
+
+  m.def(
+      "spill_to_room",
+      [](const py::object& vit, const py::object& llm, const py::object& offsets, const py::object& samples,
+         const py::object& sample_costs, double per_pack, int64_t vit_capacity, int64_t llm_capacity,
+         const py::object& order, Index world_size) {
+        const LoadArrays loads(vit, llm);
+        const Capacity cap = as_capacity(vit_capacity, llm_capacity);
+        const CostArray costs(sample_costs, loads.size());
+        if (costs.dims != 1) throw std::invalid_argument("sample_costs must be (N,): one cost part");
+        check_world_size(world_size);
+        const IntArray off = as_1d_int64(offsets, "offsets"), smp = as_1d_int64(samples, "samples");
+        const IntArray ord = as_1d_int64(order, "order");
+        omnibal::Packs packs;
+        packs.offsets.assign(off.data(), off.data() + off.size());
+        packs.samples.assign(smp.data(), smp.data() + smp.size());
+        if (packs.offsets.empty() || packs.offsets.front() != 0 || packs.offsets.back() != smp.size() ||
+            !std::is_sorted(packs.offsets.begin(), packs.offsets.end())) {
+          throw std::invalid_argument("offsets must start at 0, not decrease and end at the number of samples");
+        }
+        for (const Index i : packs.samples) {
+          if (i < 0 || i >= loads.size())
+            throw std::invalid_argument("samples: id " + std::to_string(i) + " out of range");
+        }
+        omnibal::LargeVector<Index> steps(ord.data(), ord.data() + ord.size());
+        for (const Index p : steps) {
+          if (p < 0 || p >= packs.size())
+            throw std::invalid_argument("order: pack " + std::to_string(p) + " out of range");
+        }
+        if (steps.size() % static_cast<size_t>(world_size) != 0) {
+          throw std::invalid_argument("order: its length must be a multiple of world_size");
+        }
+        const omnibal::SampleCosts view{costs.cost.data(), 1, per_pack};
+        const omnibal::Loads l = loads.view();
+        omnibal::PackLoads totals;
+        totals.vit.assign(static_cast<size_t>(packs.size()), 0);
+        totals.llm.assign(static_cast<size_t>(packs.size()), 0);
+        for (Index p = 0; p < packs.size(); ++p) {
+          for (Index k = packs.offsets[static_cast<size_t>(p)]; k < packs.offsets[static_cast<size_t>(p) + 1]; ++k) {
+            totals.vit[static_cast<size_t>(p)] += l.vit[packs.samples[static_cast<size_t>(k)]];
+            totals.llm[static_cast<size_t>(p)] += l.llm[packs.samples[static_cast<size_t>(k)]];
+          }
+        }
+        int64_t moved = 0;
+        {
+          py::gil_scoped_release release;
+          omnibal::fill_pack_costs(packs, view, totals);
+          moved = omnibal::spill_to_room(packs, totals, l, view, cap, steps, world_size);
+        }
+        return py::make_tuple(packs_result(std::move(packs)), moved);
+      },
+      py::arg("vit"), py::arg("llm"), py::arg("offsets"), py::arg("samples"), py::arg("sample_costs"),
+      py::arg("per_pack"), py::arg("vit_capacity"), py::arg("llm_capacity"), py::arg("order"), py::arg("world_size"),
+      "The balanced method's spill pass alone on the given packs, cut into steps of world_size in `order`: "
+      "returns (Packs, samples moved).");
 
   m.def(
       "assign_random",

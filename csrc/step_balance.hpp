@@ -56,6 +56,17 @@ double epoch_of(const LargeVector<Index>& order, const PackLoads& totals, Index 
 Index lift_stuck_packs(LargeVector<Index>& order, const Packs& packs, const PackLoads& totals, const SampleCosts& costs,
                        Index world_size);
 
+// After the exchanges: each step left above its mean (the steps with the most excess first) lowers its costliest
+// packs by moving samples (never a pack's costliest, never its last) to packs with room in other steps, each
+// receiver kept within its own step's costliest pack, so no step rises; the moves of a step are kept only where its
+// costliest pack comes down. Where a capacity binds every pack of a step, exchanges inside it cannot move cost, but
+// packs made by splits have room. At most one move per sample of a step, each trying a bounded number of samples
+// and receivers (O(log packs) each). One cost part only (two: nothing moves). Packs that appear more than once in
+// `order` or are over a capacity stay as they are. `packs` is rebuilt and the changed packs' costs summed afresh.
+// Returns the samples moved.
+int64_t spill_to_room(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
+                      const LargeVector<Index>& order, Index world_size);
+
 // After the exchanges: walking down from the costliest step, a step's costliest packs trade places with the
 // cheapest packs of the step above while they cost more than those and no more than that step's costliest
 // pack (each trade lowers or keeps both steps' costliest packs); then, where the same packs sorted by cost and
@@ -72,9 +83,11 @@ Index settle_steps(LargeVector<Index>& order, const PackLoads& totals, Index wor
 // work does not grow with the square of a pack's size. A step stops when its costliest pack is within
 // kRefineTolerance of the mean, when no exchange lowers it, or when it has spent work_per_sample units of work per
 // sample of the step (0: no exchange). A step left above its mean then also exchanges with the packs of the steps
-// before and after it, and the step before gives cost to its packs up to its costliest one (one cost part
-// only). Packs that appear more than once in `order` (reused packs of a ragged step) and packs over a capacity
-// (oversize singles) are left as they are. Pack sizes may change; `packs` is rebuilt when anything moved.
+// before and after it, and the step before gives cost to its packs up to its costliest one; after every step, a
+// step still above its mean exchanges with the packs of the step left with the most room below its own costliest
+// pack (another step above its mean, one whose costliest pack no exchange lowered), each kept within that pack
+// (one cost part only). Packs that appear more than once in `order` (reused packs of a ragged step) and packs over a
+// capacity (oversize singles) are left as they are. Pack sizes may change; `packs` is rebuilt when anything moved.
 // Deterministic: no randomness, a fixed scan order. Returns the number of exchanges made.
 int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
                      const LargeVector<Index>& order, Index world_size, int64_t work_per_sample);

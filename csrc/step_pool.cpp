@@ -58,6 +58,15 @@ void ArgMin::reset(int64_t n) {
   node_.assign(static_cast<size_t>(2 * size_), -1);
 }
 
+void ArgMin::build(const std::vector<double>& keys) {
+  reset(static_cast<int64_t>(keys.size()));
+  std::copy(keys.begin(), keys.end(), key_.begin());
+  for (size_t i = 0; i < keys.size(); ++i)
+    node_[static_cast<size_t>(size_) + i] = keys[i] < kInf ? static_cast<int64_t>(i) : -1;
+  for (int64_t x = size_ - 1; x >= 1; --x)
+    node_[static_cast<size_t>(x)] = pick(node_[static_cast<size_t>(2 * x)], node_[static_cast<size_t>(2 * x + 1)]);
+}
+
 void ArgMin::set(int64_t i, double key) {
   key_[static_cast<size_t>(i)] = key;
   int64_t x = i + size_;

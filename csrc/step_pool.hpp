@@ -26,6 +26,8 @@ class ArgMin {
  public:
   void reset(int64_t n);
   void set(int64_t i, double key);
+  // All n keys at once (reset and set in O(n)).
+  void build(const std::vector<double>& keys);
   int64_t best() const { return node_[1]; }  // -1 when every key is infinite (or n is 0)
 
  private:

@@ -3,7 +3,8 @@
 // pack's samples sorted by cost), and any pack of the pool (swaps found in all the pool's samples sorted by cost,
 // and by ViT load then cost). The pool is the step's own packs; a step left above its mean then also draws on
 // the packs of the steps before and after it, each kept below its own ceiling, and the step before it gives
-// cost to its packs up to its costliest one.
+// cost to its packs up to its costliest one; once every step is refined, a step still above its mean trades
+// with the packs of the step with the most room below its own costliest pack.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -43,6 +44,9 @@ constexpr int64_t kSetNeighbours = 2;
 // capacity trades only with the few samples of nearly its load, which a wider search reaches
 // (the suite's time targets, omnibal_kernels.bench.time_targets, measure the epoch cost it gains).
 constexpr int64_t kWideReach = 8;
+// A step still above its mean once every step is refined trades with the packs of this many other such steps,
+// those with the most room below their costliest pack.
+constexpr int64_t kFarSteps = 1;
 
 // Samples that move one way in an exchange: none, one or two.
 struct Moving {
@@ -427,9 +431,9 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
   int64_t exchanges = 0;
   const int64_t num_steps = static_cast<int64_t>(order.size()) / world_size;
   const size_t w = static_cast<size_t>(world_size);
-  // A refinement's work is bounded by the step's own samples (the neighbours' add candidates, not work), so the
-  // exchanges of an epoch cost at most three times work_per_sample per sample (a stuck step is refined twice, and
-  // the step before it once more).
+  // A refinement's work is bounded by the step's own samples (the other steps' packs add candidates, not work), so
+  // the exchanges of an epoch cost at most four times work_per_sample per sample (a stuck step is refined twice,
+  // the step before it once more, and a step still above its mean once with a far step's packs).
   auto budget_for = [&]() {
     int64_t samples = 0;
     for (size_t k = 0; k < w; ++k) samples += contents.size(pool[k]);
@@ -462,6 +466,44 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     }
   };
   const bool one_part = totals.cost_dims == 1;
+  auto trade_with_stuck_steps = [&]() {
+    // (minus the room below the step's costliest pack as this pass begins, step): the most room first
+    std::vector<std::pair<double, int64_t>> stuck;
+    for (int64_t t = 0; t < num_steps; ++t) {
+      const auto [top, mean] = top_and_mean(t);
+      if (top > (1.0 + kRefineTolerance) * mean) stuck.emplace_back(-(top - mean), t);
+    }
+    std::sort(stuck.begin(), stuck.end());
+    auto above = [&](int64_t t) {
+      const auto [top, mean] = top_and_mean(t);
+      return top > (1.0 + kRefineTolerance) * mean;
+    };
+    // Steps that took cost up to their costliest pack stay balanced: the cursor passes them once.
+    size_t cursor = 0;
+    int64_t made = 0;
+    std::vector<int64_t> partners;
+    for (const auto& [unused, s] : stuck) {
+      (void)unused;
+      if (!above(s)) continue;
+      while (cursor < stuck.size() && !above(stuck[cursor].second)) ++cursor;
+      partners.clear();
+      const size_t scan_end = std::min(stuck.size(), cursor + static_cast<size_t>(4 * kFarSteps + 4));
+      for (size_t c = cursor; c < scan_end && static_cast<int64_t>(partners.size()) < kFarSteps; ++c) {
+        if (stuck[c].second != s && above(stuck[c].second)) partners.push_back(stuck[c].second);
+      }
+      if (partners.empty()) continue;
+      const Index* ids = order.data() + s * world_size;
+      pool.assign(ids, ids + world_size);
+      frozen.resize(w);
+      for (size_t k = 0; k < w; ++k) frozen[k] = is_frozen(pool[k]);
+      ceiling.clear();
+      for (const int64_t t : partners) add_step(t, top_and_mean(t).first);
+      const int64_t step_made = refiner.refine(pool, world_size, 0, frozen, ceiling, budget_for(), contents);
+      if (step_made > 0) save();
+      made += step_made;
+    }
+    return made;
+  };
   for (int64_t s = 0; s < num_steps; ++s) {
     const Index* ids = order.data() + s * world_size;
     // A step before this one whose costliest pack stands above its mean (a pack no exchange could lower) has
@@ -510,6 +552,10 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     if (made > 0) save();
     exchanges += made;
   }
+  // Steps still above their mean trade with the packs of the step with the most room below its own costliest
+  // pack (another step left above its mean), which they do not raise: where no neighbour can take cost, a
+  // far step whose costliest pack cannot come down can.
+  if (one_part) exchanges += trade_with_stuck_steps();
   if (exchanges > 0) {
     packs = contents.rebuild();
     // The changed packs' costs summed afresh in pack order: the same sums a caller recomputes from the plan.

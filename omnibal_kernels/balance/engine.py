@@ -10,12 +10,15 @@ Methods:
   packs of each step until its costliest pack, what the step waits for, costs about the step's mean, partners
   found among all the step's samples by cost and by ViT load; a step left above its mean also trades with the
   packs of the steps before and after it, and cost sinks into a step before whose costliest pack cannot come
-  down; after the exchanges a step's costliest packs trade places with cheaper ones of the step above, and
-  the plan is never above its own packs sorted by cost, nor above the packs it started from. A pack costs
-  its samples' ``cost_model.sample_costs`` plus ``per_pack``; with ``objective="stages"`` its ViT and LLM
-  costs are balanced each on its own within each step (a pack's score is the larger of the two, each relative
-  to the step's mean). Steps are laid out in a stratified random order (no load trend over the epoch) and
-  ranks are shuffled within a step.
+  down; once every step is refined, a step still above its mean trades with the packs of the step with the
+  most room below its own costliest pack (within it), then moves samples of its costliest packs into packs with
+  room in other steps, each kept within its own step's costliest pack (where a capacity fills every pack of the
+  step, as long text at its capacity, no exchange inside it moves cost); then a step's costliest packs trade
+  places with cheaper ones of the step above, and the plan is never above its own packs sorted by cost, nor
+  above the packs it started from. A pack costs its samples' ``cost_model.sample_costs`` plus ``per_pack``;
+  with ``objective="stages"`` its ViT and LLM costs are balanced each on its own within each step (a pack's
+  score is the larger of the two, each relative to the step's mean). Steps are laid out in a stratified random
+  order (no load trend over the epoch) and ranks are shuffled within a step.
 * ``"isf"``: the OmniBal paper's Iterative Sampling and Filtering, packs to ranks in random order.
 * ``"random"``: random next-fit packs, in random order (the baseline).
 
@@ -47,7 +50,7 @@ BEST_FIT_ROUNDS = 16
 # step: it keeps planning within a fixed factor of sorting the lengths at any pack size
 # (benchmarks/bench_balance.py::test_refine_work measures epoch cost and planning time at several bounds;
 # 0 turns the exchanges off, 2**62 leaves them unbounded).
-REFINE_WORK_PER_SAMPLE = 1024
+REFINE_WORK_PER_SAMPLE = 4096
 
 
 def build_plan(
