@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import seed, settings
@@ -59,3 +63,35 @@ def pytest_configure(config: pytest.Config) -> None:
     # kernel is decorated, so it is set here, before any test module imports omnibal_kernels.ops.
     if "TRITON_INTERPRET" not in os.environ and not _cuda_available():
         os.environ["TRITON_INTERPRET"] = "1"
+
+
+# A test marked ``alone`` times CPU work against a prediction: under pytest-xdist it runs with no other test
+# computing. Every test holds the run's lock shared; an ``alone`` test waits for it exclusively, and the gate in
+# front of it keeps new tests from starting meanwhile (else a worker that takes the shared lock again as soon as
+# it lets go could keep the exclusive one waiting for ever).
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+
+
+@contextlib.contextmanager
+def _locked(name: str, mode: int) -> Iterator[None]:
+    with open(os.path.join(tempfile.gettempdir(), f"omnibal-tests-{_RUN}.{name}"), "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    if not _RUN:
+        yield
+        return
+    if request.node.get_closest_marker("alone"):
+        with _locked("gate", fcntl.LOCK_EX), _locked("run", fcntl.LOCK_EX):
+            yield
+        return
+    with _locked("gate", fcntl.LOCK_SH):
+        pass
+    with _locked("run", fcntl.LOCK_SH):
+        yield

@@ -217,6 +217,7 @@ def test_reference_runs_divide_every_run():
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2-vl"])
 def test_fitted_model_predicts_held_out_packs_within_5_percent(name, capsys):
     result = calibrate(name, num_packs=80, repeats=9, warmup=3, clock="thread", seed=0, progress=False)
