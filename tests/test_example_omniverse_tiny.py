@@ -14,9 +14,9 @@ NAMES = ["baseline", "data", "model", "memory", "data+model", "all"]
 # how far a configuration's measured step (mean) and epoch may be from the entry point's prediction: the 10%
 # the run aims at, with room for the CPU's run-to-run spread
 TOLERANCE = 0.15
-# memory balance on the padded micro-batches keeps most activations, and its last stage's forwards run above
-# the profile's (which times each forward followed at once by its backward): a gap the prediction does not
-# model yet (docs/guides/omniverse.md), so its ratio is reported, not held
+# memory balance on the padded micro-batches (one layer of the last stage recomputed) runs its last stage's
+# forwards above the profile's, for a cause not found: a gap the prediction does not model
+# (docs/guides/omniverse.md), so its ratio is reported, not held
 UNMODELED = {"memory"}
 
 
