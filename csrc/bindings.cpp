@@ -4,7 +4,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -297,13 +296,10 @@ void bind_grouping(py::module_& m) {
         check_world_size(world_size);
         const IntArray off = as_1d_int64(offsets, "offsets"), smp = as_1d_int64(samples, "samples");
         const IntArray ord = as_1d_int64(order, "order");
+        check_csr(off, smp.size());
         omnibal::Packs packs;
         packs.offsets.assign(off.data(), off.data() + off.size());
         packs.samples.assign(smp.data(), smp.data() + smp.size());
-        if (packs.offsets.empty() || packs.offsets.front() != 0 || packs.offsets.back() != smp.size() ||
-            !std::is_sorted(packs.offsets.begin(), packs.offsets.end())) {
-          throw std::invalid_argument("offsets must start at 0, not decrease and end at the number of samples");
-        }
         for (const Index i : packs.samples) {
           if (i < 0 || i >= loads.size())
             throw std::invalid_argument("samples: id " + std::to_string(i) + " out of range");

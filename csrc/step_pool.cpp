@@ -101,14 +101,25 @@ Index PackContents::size(Index p) const {
   return changed(p) ? size_[q] : packs_.offsets[q + 1] - packs_.offsets[q];
 }
 
-void PackContents::store(Index p, const std::vector<Entry>& samples) {
+size_t PackContents::open(Index p) {
   if (start_.empty()) {
     start_.assign(static_cast<size_t>(packs_.size()), -1);
     size_.assign(static_cast<size_t>(packs_.size()), 0);
   }
   const size_t q = static_cast<size_t>(p);
   start_[q] = static_cast<Index>(stored_.size());
+  return q;
+}
+
+void PackContents::store(Index p, const std::vector<Entry>& samples) {
+  const size_t q = open(p);
   for (const Entry& e : samples) stored_.push_back(e.id);
+  size_[q] = static_cast<Index>(samples.size());
+}
+
+void PackContents::store(Index p, const std::vector<Index>& samples) {
+  const size_t q = open(p);
+  stored_.insert(stored_.end(), samples.begin(), samples.end());
   size_[q] = static_cast<Index>(samples.size());
 }
 

@@ -64,11 +64,14 @@ class PackContents {
   const Index* begin(Index p) const;
   Index size(Index p) const;
   void store(Index p, const std::vector<Entry>& samples);
+  void store(Index p, const std::vector<Index>& samples);
   bool changed(Index p) const { return !start_.empty() && start_[static_cast<size_t>(p)] >= 0; }
   // The packs with every stored pack's samples in place of its original ones.
   Packs rebuild() const;
 
  private:
+  size_t open(Index p);  // pack p's samples stored from here on: its index
+
   const Packs& packs_;
   std::vector<Index> start_, size_, stored_;
 };

@@ -457,6 +457,25 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     }
     return std::make_pair(top, sum / static_cast<double>(world_size));
   };
+  auto above_mean = [&](int64_t t) {
+    const auto [top, mean] = top_and_mean(t);
+    return top > (1.0 + kRefineTolerance) * mean;
+  };
+  // The pool: step t's own packs, none with a ceiling yet.
+  auto start_pool = [&](int64_t t) {
+    const Index* ids = order.data() + t * world_size;
+    pool.assign(ids, ids + world_size);
+    frozen.resize(w);
+    for (size_t k = 0; k < w; ++k) frozen[k] = is_frozen(pool[k]);
+    ceiling.clear();
+  };
+  // Refines the pool's first world_size packs (the `before` packs after them are a step before) and keeps what
+  // moved; returns the exchanges made.
+  auto refine_pool = [&](int64_t before) {
+    const int64_t made = refiner.refine(pool, world_size, before, frozen, ceiling, budget_for(), contents);
+    if (made > 0) save();
+    return made;
+  };
   auto add_step = [&](int64_t t, double limit) {
     const Index* other = order.data() + t * world_size;
     for (size_t k = 0; k < w; ++k) {
@@ -474,33 +493,23 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
       if (top > (1.0 + kRefineTolerance) * mean) stuck.emplace_back(-(top - mean), t);
     }
     std::sort(stuck.begin(), stuck.end());
-    auto above = [&](int64_t t) {
-      const auto [top, mean] = top_and_mean(t);
-      return top > (1.0 + kRefineTolerance) * mean;
-    };
     // Steps that took cost up to their costliest pack stay balanced: the cursor passes them once.
     size_t cursor = 0;
     int64_t made = 0;
     std::vector<int64_t> partners;
     for (const auto& [unused, s] : stuck) {
       (void)unused;
-      if (!above(s)) continue;
-      while (cursor < stuck.size() && !above(stuck[cursor].second)) ++cursor;
+      if (!above_mean(s)) continue;
+      while (cursor < stuck.size() && !above_mean(stuck[cursor].second)) ++cursor;
       partners.clear();
       const size_t scan_end = std::min(stuck.size(), cursor + static_cast<size_t>(4 * kFarSteps + 4));
       for (size_t c = cursor; c < scan_end && static_cast<int64_t>(partners.size()) < kFarSteps; ++c) {
-        if (stuck[c].second != s && above(stuck[c].second)) partners.push_back(stuck[c].second);
+        if (stuck[c].second != s && above_mean(stuck[c].second)) partners.push_back(stuck[c].second);
       }
       if (partners.empty()) continue;
-      const Index* ids = order.data() + s * world_size;
-      pool.assign(ids, ids + world_size);
-      frozen.resize(w);
-      for (size_t k = 0; k < w; ++k) frozen[k] = is_frozen(pool[k]);
-      ceiling.clear();
+      start_pool(s);
       for (const int64_t t : partners) add_step(t, top_and_mean(t).first);
-      const int64_t step_made = refiner.refine(pool, world_size, 0, frozen, ceiling, budget_for(), contents);
-      if (step_made > 0) save();
-      made += step_made;
+      made += refine_pool(0);
     }
     return made;
   };
@@ -516,14 +525,9 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
       sink = top > (1.0 + kRefineTolerance) * mean;
     }
     if (!sink && balanced(totals, ids, world_size)) continue;
-    pool.assign(ids, ids + world_size);
-    frozen.resize(w);
-    for (size_t k = 0; k < w; ++k) frozen[k] = is_frozen(pool[k]);
-    ceiling.clear();
+    start_pool(s);
     if (sink) add_step(s - 1, before_top);
-    int64_t made = refiner.refine(pool, world_size, sink ? world_size : 0, frozen, ceiling, budget_for(), contents);
-    if (made > 0) save();
-    exchanges += made;
+    exchanges += refine_pool(sink ? world_size : 0);
     if (!refiner.stuck() || !one_part) continue;
     // Still above its mean: the packs of the step before may take cost up to that step's costliest pack (which
     // they do not raise), those of the step after up to that step's mean (which its refinement then balances).
@@ -534,23 +538,13 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     if (has_before) add_step(s - 1, top_and_mean(s - 1).first);
     if (has_after) add_step(s + 1, top_and_mean(s + 1).second);
     if (!has_before && !has_after) continue;
-    made = refiner.refine(pool, world_size, has_before ? world_size : 0, frozen, ceiling, budget_for(), contents);
-    if (made > 0) save();
-    exchanges += made;
-    if (!has_before) continue;
+    exchanges += refine_pool(has_before ? world_size : 0);
     // Still above its mean: its packs may take cost up to its costliest pack, which they do not raise, from the
     // step before, whose costliest pack that lowers (refined as a step whose step before is this one).
-    const auto [top, mean] = top_and_mean(s);
-    if (!(top > (1.0 + kRefineTolerance) * mean)) continue;
-    const Index* before = order.data() + (s - 1) * world_size;
-    pool.assign(before, before + world_size);
-    frozen.resize(w);
-    for (size_t k = 0; k < w; ++k) frozen[k] = is_frozen(pool[k]);
-    ceiling.clear();
-    add_step(s, top);
-    made = refiner.refine(pool, world_size, world_size, frozen, ceiling, budget_for(), contents);
-    if (made > 0) save();
-    exchanges += made;
+    if (!has_before || !above_mean(s)) continue;
+    start_pool(s - 1);
+    add_step(s, top_and_mean(s).first);
+    exchanges += refine_pool(world_size);
   }
   // Steps still above their mean trade with the packs of the step with the most room below its own costliest
   // pack (another step left above its mean), which they do not raise: where no neighbour can take cost, a

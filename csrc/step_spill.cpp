@@ -76,20 +76,11 @@ class Spiller {
   // The packs with every changed pack's samples in place of its original ones (costs summed afresh).
   bool rebuild(Packs& out) const {
     if (std::find(changed_.begin(), changed_.end(), 1) == changed_.end()) return false;
-    Packs rebuilt;
-    rebuilt.samples.reserve(packs_.samples.size());
-    rebuilt.offsets.reserve(packs_.offsets.size());
+    PackContents contents(packs_);
     for (Index p = 0; p < packs_.size(); ++p) {
-      const size_t q = static_cast<size_t>(p);
-      if (changed_[q]) {
-        rebuilt.samples.insert(rebuilt.samples.end(), content_[q].begin(), content_[q].end());
-      } else {
-        rebuilt.samples.insert(rebuilt.samples.end(), packs_.samples.begin() + packs_.offsets[q],
-                               packs_.samples.begin() + packs_.offsets[q + 1]);
-      }
-      rebuilt.close_pack();
+      if (changed_[static_cast<size_t>(p)]) contents.store(p, content_[static_cast<size_t>(p)]);
     }
-    out = std::move(rebuilt);
+    out = contents.rebuild();
     for (Index p = 0; p < out.size(); ++p) {
       if (changed_[static_cast<size_t>(p)]) fill_pack_cost(out, costs_, p, totals_);
     }

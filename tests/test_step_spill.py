@@ -103,7 +103,7 @@ def test_spill_refuses_bad_input():
     costs = llm.astype(np.float64)
     with pytest.raises(ValueError, match="^order: pack 5 out of range"):
         _spill(vit, llm, np.array([0, 1, 2]), np.array([0, 1]), costs, 0, 100, [0, 5], 2)
-    with pytest.raises(ValueError, match="^offsets must start at 0"):
+    with pytest.raises(ValueError, match="^offsets must be non-decreasing"):
         _spill(vit, llm, np.array([0, 3, 2]), np.array([0, 1]), costs, 0, 100, [0, 1], 2)
     with pytest.raises(ValueError, match="^order: its length must be a multiple of world_size"):
         _spill(vit, llm, np.array([0, 1, 2]), np.array([0, 1]), costs, 0, 100, [0], 2)
