@@ -570,7 +570,9 @@ def run(repeats: int = 3) -> dict[str, Any]:
     rows = []
     for c in result.configurations:
         measured = _measured_steps([r[_key(c)] for r in ranks])
-        predicted = _predicted_steps(result, profile, lengths, c)
+        priced = _predicted_plan(result, profile, lengths, c)
+        data = result.micro_batches[c.data]
+        predicted = _predicted_steps(priced, data)
         rows.append(
             {
                 "name": c.name,
@@ -587,7 +589,7 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 "measured_steps_ms": measured,
                 "predicted_steps_ms": predicted.tolist(),
                 "busy_ms": [[s["busy_ms"] for s in r[_key(c)]["steps"]] for r in ranks],
-                "stage_ms": _stage_ms([r[_key(c)] for r in ranks], _predicted_ops(result, profile, lengths, c)),
+                "stage_ms": _stage_ms([r[_key(c)] for r in ranks], _predicted_ops(priced, data)),
                 "loss": ranks[PP - 1][_key(c)]["losses"],
             }
         )
@@ -621,18 +623,18 @@ def _predicted_plan(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[An
     return plan_, scaled, micro_batch_scales(data, cost)
 
 
-def _predicted_steps(result: Any, profile: Any, lengths: Any, c: Any) -> np.ndarray:
-    """Every optimizer step of configuration ``c`` as the entry point predicts it (``compose``: its split and
-    trained recompute choice evaluated on ``profile`` scaled to its data, its epoch simulated micro-batch by
-    micro-batch)."""
-    plan_, scaled, scales = _predicted_plan(result, profile, lengths, c)
-    return epoch_times(plan_, scaled, result.micro_batches[c.data], scales).step_ms
+def _predicted_steps(priced: tuple[Any, Any, Any], data: Any) -> np.ndarray:
+    """Every optimizer step of a configuration as the entry point predicts it (``compose``: its split and
+    trained recompute choice evaluated on the profile scaled to its ``data``, ``priced`` by
+    :func:`_predicted_plan`, its epoch simulated micro-batch by micro-batch)."""
+    plan_, scaled, scales = priced
+    return epoch_times(plan_, scaled, data, scales).step_ms
 
 
-def _predicted_ops(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, pipelines, micro-batches, stages) forward and backward ms the entry point predicts for ``c``."""
-    plan_, scaled, scales = _predicted_plan(result, profile, lengths, c)
-    data = result.micro_batches[c.data]
+def _predicted_ops(priced: tuple[Any, Any, Any], data: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, pipelines, micro-batches, stages) forward and backward ms the entry point predicts for a
+    configuration ``priced`` by :func:`_predicted_plan` on its ``data``."""
+    plan_, scaled, scales = priced
     kind_times = stage_kind_times(plan_, scaled)
     fwd = np.full((*data.steps.shape, PP), np.nan)
     bwd = np.full((*data.steps.shape, PP), np.nan)
@@ -644,6 +646,7 @@ def _predicted_ops(result: Any, profile: Any, lengths: Any, c: Any) -> tuple[np.
     return fwd, bwd
 
 
+@functools.lru_cache(maxsize=1)
 def _cost_model() -> Any:
     """The tiny VLM's cost model from its shapes (the one the entry point was given)."""
     return build_chain()[0].cost_model()

@@ -59,6 +59,15 @@ def _kind_load(kind: str, units: float, tokens: float) -> float:
     return units if kind == "vit" else tokens
 
 
+def _micro_batch_costs(reference: tuple[Any, Any], cost_model: CostModel) -> tuple[Any, Any, dict[str, float]]:
+    """The micro-batch ``reference``'s per-sample ``(vit, llm)`` loads as float arrays and its cost per layer
+    kind."""
+    vit = np.atleast_1d(np.asarray(reference[0], np.float64))
+    llm = np.atleast_1d(np.asarray(reference[1], np.float64))
+    costs = pack_kind_costs(vit, llm, np.array([0, vit.size]), cost_model=cost_model)
+    return vit, llm, {kind: float(c[0]) for kind, c in costs.items()}
+
+
 def scaled_profile(
     profile: ModelProfile, reference: tuple[Any, Any], data: MicroBatches, cost_model: CostModel
 ) -> ModelProfile:
@@ -67,16 +76,14 @@ def scaled_profile(
     over ``data``'s micro-batches against its cost of ``reference``, its activation and output bytes by the
     largest load of its kind (ViT units for ``"vit"`` layers, tokens for the others) against the
     reference's."""
-    vit = np.atleast_1d(np.asarray(reference[0], np.float64))
-    llm = np.atleast_1d(np.asarray(reference[1], np.float64))
-    ref = pack_kind_costs(vit, llm, np.array([0, vit.size]), cost_model=cost_model)
+    vit, llm, ref = _micro_batch_costs(reference, cost_model)
     mean = pack_kind_costs(data.vit, data.llm, data.offsets, cost_model=cost_model)
     units = row_totals(data.offsets, data.vit).max()
     tokens = row_totals(data.offsets, data.llm).max()
     layers = []
     for layer in profile.layers:
         kind = layer.kind if layer.kind in ref else ""
-        time = float(np.mean(mean[kind])) / float(ref[kind][0]) if ref[kind][0] > 0 else 1.0
+        time = float(np.mean(mean[kind])) / ref[kind] if ref[kind] > 0 else 1.0
         grow = max(_kind_load(kind, units, tokens) / max(_kind_load(kind, vit.sum(), llm.sum()), 1e-300), 0.0)
         layers.append(
             replace(
@@ -112,13 +119,7 @@ def affine_profile(
             raise TypeError(f"profiles[{i}] must be a ModelProfile, got {type(p).__name__}")
         if p.names != first.names:
             raise ValueError(f"profiles[{i}] is of another chain (layers {p.names}, not {first.names})")
-    costs = []
-    for vit, llm in references:
-        v = np.atleast_1d(np.asarray(vit, np.float64))
-        t = np.atleast_1d(np.asarray(llm, np.float64))
-        costs.append(
-            {k: float(c[0]) for k, c in pack_kind_costs(v, t, np.array([0, v.size]), cost_model=cost_model).items()}
-        )
+    costs = [_micro_batch_costs(reference, cost_model)[2] for reference in references]
     layers = []
     for j, layer in enumerate(first.layers):
         kind = layer.kind if layer.kind in costs[0] else ""

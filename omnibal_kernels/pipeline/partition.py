@@ -404,8 +404,9 @@ def evaluate_partition(
     m = check_micro_batches(micro_batches)
     v = check_positive_int("virtual_stages", virtual_stages)
     check_schedule(schedule, v)
-    given = None if isinstance(recompute, str) else recompute
-    _check_choices("none" if given is not None else recompute, link_gb_per_s, weight_fraction)  # type: ignore[arg-type]
+    # a mode name, or the layers themselves (priced with nothing chosen on top of them)
+    mode, given = (recompute, None) if isinstance(recompute, str) else ("none", recompute)
+    _check_choices(mode, link_gb_per_s, weight_fraction)
     stage_list = [(int(a), int(b)) for a, b in stages]
     L = len(profile)
     if (
@@ -423,13 +424,13 @@ def evaluate_partition(
     budgets = _budgets(memory_bytes, P)
     if given is not None:
         chosen = _given_recompute(given, stage_list)
-        costs = _costs(profile, P, v, m, schedule, budgets, "none", link_gb_per_s, weight_fraction)
+        costs = _costs(profile, P, v, m, schedule, budgets, mode, link_gb_per_s, weight_fraction)
         return _Evaluator(costs, chosen).plan(stage_list, method, "given")
     plans = [
-        _Evaluator(_costs(profile, P, v, m, schedule, budgets, mode, link_gb_per_s, weight_fraction)).plan(
+        _Evaluator(_costs(profile, P, v, m, schedule, budgets, each, link_gb_per_s, weight_fraction)).plan(
             stage_list, method, "given"
         )
-        for mode in _modes(recompute)  # type: ignore[arg-type]
+        for each in _modes(mode)
     ]
     fitting = [p for p in plans if p.fits]
     return fitting[0] if fitting else plans[-1]
