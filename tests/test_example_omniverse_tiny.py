@@ -15,7 +15,7 @@ NAMES = ["baseline", "data", "model", "memory", "data+model", "all"]
 # the run aims at, with room for the CPU's run-to-run spread
 TOLERANCE = 0.15
 # memory balance on the padded micro-batches (one layer of the last stage recomputed) runs its last stage's
-# forwards above the profile's, for a cause not found: a gap the prediction does not model
+# forwards above the profile's in some runs, for a cause not found: a gap the prediction does not model
 # (docs/guides/omniverse.md), so its ratio is reported, not held
 UNMODELED = {"memory"}
 
