@@ -154,7 +154,8 @@ def _split_oversize(
         first = ", ".join(str(int(i)) for i in oversize_ids[:10])
         raise OversizeError(
             f"{oversize_ids.size} sample(s) alone exceed the capacities (vit {vit_capacity}, llm {llm_capacity}); "
-            f"first: {first}. Raise the capacities, or pass oversize='single' or 'drop'."
+            f"first: {first}. Raise the capacities, or set PlanOptions(oversize='single' or 'drop') "
+            "(--oversize single|drop on the command line)."
         )
     items = np.flatnonzero(~over_mask).astype(np.int64)
     if items.size == 0 and oversize == "drop":

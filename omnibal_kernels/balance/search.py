@@ -137,7 +137,8 @@ def search_capacity(
             f"sample (ViT load {stats.vit_max}, {stats.llm_max} tokens), so they were raised to ViT "
             f"{caps.vit_capacity} / LLM {caps.llm_capacity}: packs hold about {caps.predicted_batch_size:.3g} "
             f"samples on average (predicted_batch_size), not {options.target_batch_size:g}; give the capacities "
-            "with oversize='single' to keep smaller packs",
+            "with oversize='single' (--vit-capacity, --llm-capacity and --oversize single on the command line) to "
+            "keep smaller packs",
             CapacityWarning,
             stacklevel=2,
         )
