@@ -164,6 +164,17 @@ def test_labels_are_given_for_every_sample_or_none(tmp_path):
         load_lengths(path)
 
 
+def test_a_data_set_s_records_in_place_of_a_length_file_point_to_the_lengths_command(tmp_path):
+    # a newcomer's first try: the data set's own records, which hold images and text but no loads
+    path = _write(tmp_path, [{"image": "a.jpg", "conversations": [{"from": "human", "value": "hi"}]}])
+    with pytest.raises(ValueError, match=r"sample 0: 'token_num' is missing .*`omnibal-kernels lengths` writes one"):
+        load_lengths(path)
+    # a length file that lacks one sample's count: the sample, line and column at fault come first
+    path = _write(tmp_path, [{"token_num": 4}, {"vit_num": 1}])
+    with pytest.raises(ValueError, match=r"sample 1: 'token_num' is missing \(line 1, column \d+\) \(a length"):
+        load_lengths(path)
+
+
 def test_load_lengths_keeps_the_optional_fields(tmp_path):
     """Never a silent loss: each optional field of a file reaches the Lengths as read."""
     path = _write(tmp_path, RECORDS)

@@ -81,7 +81,14 @@ def _read_records(path: Path, data: memoryview) -> _JsonRecords:
     records = _ext.load().parse_length_records(data, "vit_num", "token_num", "vit_seqlens", "label_num")
     if records.error:
         where = f"sample {records.error_sample}: " if records.error_sample >= 0 else ""
-        raise ValueError(f"{path}: {where}{records.error}")
+        # records of a data set (images, conversations) rather than its loads: say what turns one into the other
+        hint = (
+            " (a length file gives every sample its 'token_num', and 'vit_num' where it has images; "
+            "`omnibal-kernels lengths` writes one from a data set's records)"
+            if records.error.startswith("'token_num' is missing")
+            else ""
+        )
+        raise ValueError(f"{path}: {where}{records.error}{hint}")
     if records.vit_seqlens is not None:
         bare = np.flatnonzero(~records.vit_seqlens_given & (records.vit > 0))
         if bare.size:  # a text-only sample needs none; a sample with images would be costed as one sequence
