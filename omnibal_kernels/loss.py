@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from ._checks import check_positive_int, default_world
 from .packing.batch import LossCounts, PackedBatch
 from .sampler import BalancedBatchSampler
+from .streaming import BalancedPacker
 
 __all__ = ["LossMode", "step_batches", "step_loss"]
 
@@ -230,6 +231,9 @@ def step_batches(
     sampler = getattr(batch_sampler, "sampler", batch_sampler)
     if isinstance(sampler, BalancedBatchSampler):
         sampler._counted_per_step = True  # the sampler's warning about missing label counts does not apply
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(dataset, BalancedPacker):
+        dataset._counted_per_step = True  # nor the collators' about a stream's packs
     for step in _group_steps(iter(loader), micro_steps_per_step):
         if all(b.loss_counts.num_items_in_batch is not None for b in step):
             yield step

@@ -43,6 +43,7 @@ from .balance.report import BalanceReport, balance_report
 from .balance.schedule import concat_plans
 from .balance.seeds import epoch_seed
 from .lengths import Lengths
+from .sampler.steps import StreamPack
 
 __all__ = ["BalancedPacker", "StreamingReport", "streaming_report"]
 
@@ -196,7 +197,10 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         world_size, rank: default torch.distributed's when initialized, else 1 and 0.
 
     Yields:
-        One ``list`` of samples per micro-step, for this rank.
+        One list of samples per micro-step, for this rank (a :class:`~omnibal_kernels.sampler.steps.StreamPack`:
+        the collators warn where its batches would reach a model without their step's
+        ``num_items_in_batch``, i.e. where the loader is not iterated through
+        :func:`~omnibal_kernels.loss.step_batches`).
     """
 
     def __init__(
@@ -228,6 +232,8 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         # the whole run), and set_epoch in the main process must reach them.
         self._shared_epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._pass_samples: Optional[int] = None  # samples of the first complete pass in this process
+        # set by step_batches before the loader starts its workers, so that their copies carry it too
+        self._counted_per_step = False
 
     @property
     def epoch(self) -> int:
@@ -270,7 +276,7 @@ class BalancedPacker(torch.utils.data.IterableDataset):
             self._items(), self.options, self.world_size, self.buffer_size, epoch, worker, num_workers
         ):
             for pack in plan.step_packs[:, self.rank]:
-                yield [payloads[i] for i in plan.pack(int(pack)).tolist()]
+                yield StreamPack([payloads[i] for i in plan.pack(int(pack)).tolist()], self._counted_per_step)
 
     def __iter__(self) -> Iterator[list[Any]]:
         info = torch.utils.data.get_worker_info()

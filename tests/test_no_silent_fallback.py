@@ -1,6 +1,7 @@
 """No silent fallback, and what was changed is said: a launcher's WORLD_SIZE without a process group, half a
 world (``world_size`` without ``rank``), a batch sampler passed as ``sampler=``, the collator class passed for an
-instance; capacities raised past the target's and reused packs above 5% of an epoch warn once and are reported.
+instance; capacities raised past the target's and reused packs above 5% of an epoch warn once and are reported;
+a stream's packs collated outside ``step_batches`` (a loss per pack) warn.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from omnibal_kernels import (
     BalancedBatchSampler,
     BalancedPacker,
     Lengths,
+    OmnibalWarning,
     PackCollator,
     PlanOptions,
     search_capacity,
     step_batches,
 )
 from omnibal_kernels.hf import balanced_train_dataloader
+from omnibal_kernels.packing import pack_batch
 from omnibal_kernels.testing.hf_models import lengths_of, training_samples
 
 
@@ -179,3 +182,29 @@ def test_reused_packs_above_five_percent_warn_once_and_are_reported():
         assert dropped.report().duplicated_fraction == 0.0
         few = BalancedBatchSampler(_lengths(4000), PlanOptions(target_batch_size=4), world_size=2, rank=0)
         assert few.report().duplicated_fraction <= 0.05
+
+
+@pytest.mark.parametrize("collate", ["PackCollator", "pack_batch"])
+def test_a_stream_collated_outside_step_batches_warns_of_a_loss_per_pack(collate):
+    data = training_samples("llama", 40, seed=0)
+    options = PlanOptions(vit_capacity=0, llm_capacity=120)
+    collate_fn = PackCollator() if collate == "PackCollator" else pack_batch
+
+    def stream() -> BalancedPacker:
+        return BalancedPacker(data, lambda s: (0, len(s["input_ids"])), options, buffer_size=16, world_size=1, rank=0)
+
+    # the packs themselves, looked at without a collator: nothing to warn about
+    packs = list(stream())
+    assert sorted(i for pack in packs for i in map(id, pack)) == sorted(map(id, data))
+    loader = torch.utils.data.DataLoader(stream(), batch_size=None, collate_fn=collate_fn)
+    with pytest.warns(OmnibalWarning, match=r"outside omnibal_kernels.step_batches.*each pack's own mean"):
+        batch = next(iter(loader))
+    assert "num_items_in_batch" not in batch.keys()
+    # through step_batches every batch gets its step's count of targets, and nothing warns (the suite's filters
+    # make the warning an error)
+    loader = torch.utils.data.DataLoader(stream(), batch_size=None, collate_fn=collate_fn)
+    steps = list(step_batches(loader, micro_steps_per_step=2))
+    assert sum(len(step) for step in steps) == len(packs)
+    for step in steps:
+        targets = sum(int((b["labels"][..., 1:] != -100).sum()) for b in step)
+        assert all(int(b["num_items_in_batch"]) == targets for b in step)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from .._warnings import OmnibalWarning
 from ..context_parallel.collate import VisionTokens, per_token, resolve_rank, shard_fields, shard_vision
 from ..context_parallel.options import ContextParallelOptions
 from ..cpu.varlen_metadata import warmup as _warmup_fill
 from ..model_inputs import MROPE_MODEL_TYPES, TILE_MODEL_TYPES, ModelInputs, model_inputs
-from ..sampler.steps import PlannedSamples
+from ..sampler.steps import PlannedSamples, StreamPack
 from .batch import TEXT_FIELDS, PackedBatch
 from .fields import add_sample_fields
 from .inputs import sample_error
@@ -49,12 +51,27 @@ def warmup(backend: str = "auto") -> None:
     _warmup_fill(backend)
 
 
+def _warn_stream_loss() -> None:
+    """A stream's batches reach the model without their step's count of label tokens (the warnings filters
+    show it once per place it comes from)."""
+    warnings.warn(
+        "collating a BalancedPacker's packs outside omnibal_kernels.step_batches: their batches carry no count "
+        "of their optimizer step's label tokens (num_items_in_batch, loss_counts), so a model's loss would be "
+        "each pack's own mean, not the per-token mean of the step; iterate step_batches(loader, "
+        "micro_steps_per_step=...), which counts them with one all-reduce per step",
+        OmnibalWarning,
+        stacklevel=4,
+    )
+
+
 def _pack_samples(samples: Sequence[Mapping[str, Any]], opts: PackOptions, takes_num_items: bool = True) -> PackedBatch:
     if type(samples) is not list and type(samples) is not tuple:
         if isinstance(samples, (Mapping, str, bytes)) or not isinstance(samples, Sequence):
             raise TypeError(f"pack_batch expects a list of samples (mappings), got {type(samples).__name__}")
         if isinstance(samples, PlannedSamples) and samples.check_loads:
             check_planned_loads(samples)
+        if isinstance(samples, StreamPack) and not samples.counted_per_step:
+            _warn_stream_loss()
     try:
         ids = [s["input_ids"] for s in samples]
     except (KeyError, TypeError, IndexError):
