@@ -179,7 +179,14 @@ Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, 
   if (one_part) sorted_packs = packs, sorted_totals = totals, sorted_order = order;
   if (work_per_sample > 0) lift_stuck_packs(order, packs, totals, costs, world_size);
   refine_steps(packs, totals, loads, costs, cap, order, world_size, work_per_sample);
-  if (work_per_sample > 0) spill_to_room(packs, totals, loads, costs, cap, order, world_size);
+  if (work_per_sample > 0) {
+    spill_to_room(packs, totals, loads, costs, cap, order, world_size);
+    // The steps that gave cost to stuck ones are balanced again about their lower mean.
+    std::vector<char> gave;
+    if (raise_stuck_steps(packs, totals, loads, costs, cap, order, world_size, gave) > 0) {
+      refine_steps(packs, totals, loads, costs, cap, order, world_size, work_per_sample, &gave);
+    }
+  }
   settle_steps(order, totals, world_size);
   if (one_part && epoch_of(order, totals, world_size) > sorted_epoch) {
     packs = std::move(sorted_packs), totals = std::move(sorted_totals), order = std::move(sorted_order);
