@@ -95,15 +95,16 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
                      const std::vector<char>* only = nullptr);
 
 // After the exchanges: the packs of each step left above its mean (the steps with the most excess first) are
-// raised toward the step's costliest pack, which they never pass, by swaps with the packs of balanced steps
-// (those within kRefineTolerance of their mean): two or more of the raised pack's cheapest samples (never its
-// costliest) for one costlier sample, the swap that raises it most among a bounded number tried, both packs
-// within both capacities. The giving packs only come down; a step whose costliest pack is pinned by its samples
-// then waits no longer, and the steps that gave (gave[s] set) are refined again to bring their costliest packs
-// down to their lower mean. Each swap takes a sample out of the raised pack for good, so the swaps number fewer
-// than the samples of the steps raised, each trying a bounded number of donors found by binary search. One cost
-// part only (two: nothing moves). Packs that appear more than once in `order` or are over a capacity stay as they
-// are. `packs` is rebuilt and the changed packs' costs summed afresh. Returns the swaps made.
+// raised toward the step's costliest pack, which they never pass, by swaps with the packs of the cheapest balanced
+// steps (those within kRefineTolerance of their mean): none, one or more of the raised pack's cheapest samples
+// (never its costliest) for one costlier sample (a giving pack keeps a sample), the swap that raises it most among
+// those tried, both packs within both capacities; partners are found by binary search in the donors sorted by
+// LLM load, by ViT load and by cost, a bounded number tried from the most that fits down. The giving packs only
+// come down; a step whose costliest pack is pinned by its samples then waits no longer, and the steps that gave
+// (gave[s] set) are refined again to bring their costliest packs down to their lower mean. Each swap takes its
+// donor sample for good, so the swaps number fewer than the donors. One cost part only (two: nothing moves).
+// Packs that appear more than once in `order` or are over a capacity stay as they are. `packs` is rebuilt and
+// the changed packs' costs summed afresh. Returns the swaps made.
 int64_t raise_stuck_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
                           const LargeVector<Index>& order, Index world_size, std::vector<char>& gave);
 
