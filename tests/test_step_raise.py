@@ -1,5 +1,6 @@
-"""The balanced method's raise pass (csrc/step_raise.cpp): the cheaper packs of a step left above its mean swap
-several small samples for one costlier sample of a balanced step's pack, up to their step's costliest pack."""
+"""The balanced method's raise pass (csrc/step_raise.cpp): the cheaper packs of a step left above its mean take a
+costlier sample of a balanced step's pack (for none, one or several of their cheapest), up to their step's
+costliest pack."""
 
 from __future__ import annotations
 
@@ -44,6 +45,20 @@ def test_a_full_pack_beside_a_pinned_one_takes_one_long_sample_for_two_short_one
     assert sorted(new_samples[new_offsets[1] : new_offsets[2]]) == [1, 7]
     assert after[1] == 60**2 + 40**2 and after[0] == 100**2
     assert sorted(after[2:]) == [2 * 20**2 + 2 * 30**2, 40**2 + 2 * 30**2]
+
+
+def test_a_pack_with_room_beside_a_pinned_one_takes_a_sample_outright():
+    # capacity 100: step 0 is pinned by a sample of 100, its other pack holds 50; step 1's packs hold three 30s
+    # each. The pack of 50 takes a 30 (the last by id) and has no room for another; the giving pack keeps two.
+    llm = np.array([100, 50, 30, 30, 30, 30, 30, 30], np.int64)
+    vit = np.zeros_like(llm)
+    costs = llm.astype(np.float64) ** 2
+    offsets = np.array([0, 1, 2, 5, 8], np.int64)
+    samples = np.arange(8, dtype=np.int64)
+    new_offsets, new_samples, swaps, gave = _raise(vit, llm, offsets, samples, costs, 0, 100, [0, 1, 2, 3], 2)
+    assert swaps == 1 and list(gave) == [False, True]
+    assert list(new_samples[new_offsets[1] : new_offsets[2]]) == [1, 7]
+    assert list(new_samples[new_offsets[3] : new_offsets[4]]) == [5, 6]
 
 
 @st.composite
