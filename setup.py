@@ -26,6 +26,7 @@ ext_modules = [
                 "csrc/step_pool.cpp",
                 "csrc/step_refine.cpp",
                 "csrc/step_spill.cpp",
+                "csrc/step_raise.cpp",
             ]
         ),
         include_dirs=["csrc"],

@@ -180,7 +180,26 @@ Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, 
   if (work_per_sample > 0) lift_stuck_packs(order, packs, totals, costs, world_size);
   refine_steps(packs, totals, loads, costs, cap, order, world_size, work_per_sample);
   if (work_per_sample > 0) spill_to_room(packs, totals, loads, costs, cap, order, world_size);
+  // The raise pass raises no step's costliest pack, yet settle_steps, a greedy trade, may end a little higher from
+  // the packs it leaves: the plan as it was before the raise is settled too, and the cheaper of the two kept.
+  Packs unraised_packs;
+  PackLoads unraised_totals;
+  LargeVector<Index> unraised_order;
+  bool raised = false;
+  if (one_part) {
+    unraised_packs = packs, unraised_totals = totals, unraised_order = order;
+    std::vector<char> gave;
+    raised = raise_stuck_steps(packs, totals, loads, costs, cap, order, world_size, gave) > 0;
+    // the steps that gave cost are balanced again about their lower mean
+    if (raised) refine_steps(packs, totals, loads, costs, cap, order, world_size, work_per_sample, &gave);
+  }
   settle_steps(order, totals, world_size);
+  if (raised) {
+    settle_steps(unraised_order, unraised_totals, world_size);
+    if (epoch_of(unraised_order, unraised_totals, world_size) < epoch_of(order, totals, world_size)) {
+      packs = std::move(unraised_packs), totals = std::move(unraised_totals), order = std::move(unraised_order);
+    }
+  }
   if (one_part && epoch_of(order, totals, world_size) > sorted_epoch) {
     packs = std::move(sorted_packs), totals = std::move(sorted_totals), order = std::move(sorted_order);
   }

@@ -27,10 +27,11 @@ Assignment assign_random(Index num_packs, Index world_size, bool drop_last, uint
 // raises the pack count to a multiple of world_size where it can (else make_whole_steps repeats or drops
 // packs, as drop_last says), packs sorted by cost are cut into runs of world_size, the steps, lift_stuck_packs
 // moves packs that would stick out of their step up one step, refine_steps exchanges samples between the packs
-// of each step and its neighbours, within the capacities (`packs` and `totals` change), and settle_steps trades
-// packs between steps; where all that costs more over the epoch than the packs sorted by cost at the start,
-// those are kept. Steps are laid out over the epoch in a stratified random order (no load trend) and ranks are
-// shuffled within a step. `totals` holds every pack's loads and cost. world_size >= 1; work_per_sample
+// of each step and its neighbours, within the capacities (`packs` and `totals` change), spill_to_room and
+// raise_stuck_steps move cost out of and into the steps left above their mean (the steps that gave refined
+// again), and settle_steps trades packs between steps; where all that costs more over the epoch than the packs sorted
+// by cost at the start, those are kept. Steps are laid out over the epoch in a stratified random order (no load trend)
+// and ranks are shuffled within a step. `totals` holds every pack's loads and cost. world_size >= 1; work_per_sample
 // bounds refine_steps (0: no exchange, no pack moved up).
 Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
                            Index world_size, bool drop_last, uint64_t seed, int64_t work_per_sample);

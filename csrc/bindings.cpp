@@ -248,6 +248,55 @@ void bind_results(py::module_& m) {
                     "the LLM total with every sample rounded up to llm_bin tokens");
 }
 
+// The packs, their totals and the steps of a pass run alone on packs given (spill_to_room, raise_stuck_steps),
+// checked; `run(packs, totals, loads, costs, cap, steps)` runs without the GIL and returns the pass's count.
+template <typename Run>
+std::pair<omnibal::Packs, int64_t> run_step_pass(const py::object& vit, const py::object& llm,
+                                                 const py::object& offsets, const py::object& samples,
+                                                 const py::object& sample_costs, double per_pack, int64_t vit_capacity,
+                                                 int64_t llm_capacity, const py::object& order, Index world_size,
+                                                 Run&& run) {
+  const LoadArrays loads(vit, llm);
+  const Capacity cap = as_capacity(vit_capacity, llm_capacity);
+  const CostArray costs(sample_costs, loads.size());
+  if (costs.dims != 1) throw std::invalid_argument("sample_costs must be (N,): one cost part");
+  check_world_size(world_size);
+  const IntArray off = as_1d_int64(offsets, "offsets"), smp = as_1d_int64(samples, "samples");
+  const IntArray ord = as_1d_int64(order, "order");
+  check_csr(off, smp.size());
+  omnibal::Packs packs;
+  packs.offsets.assign(off.data(), off.data() + off.size());
+  packs.samples.assign(smp.data(), smp.data() + smp.size());
+  for (const Index i : packs.samples) {
+    if (i < 0 || i >= loads.size()) throw std::invalid_argument("samples: id " + std::to_string(i) + " out of range");
+  }
+  omnibal::LargeVector<Index> steps(ord.data(), ord.data() + ord.size());
+  for (const Index p : steps) {
+    if (p < 0 || p >= packs.size()) throw std::invalid_argument("order: pack " + std::to_string(p) + " out of range");
+  }
+  if (steps.size() % static_cast<size_t>(world_size) != 0) {
+    throw std::invalid_argument("order: its length must be a multiple of world_size");
+  }
+  const omnibal::SampleCosts view{costs.cost.data(), 1, per_pack};
+  const omnibal::Loads l = loads.view();
+  omnibal::PackLoads totals;
+  totals.vit.assign(static_cast<size_t>(packs.size()), 0);
+  totals.llm.assign(static_cast<size_t>(packs.size()), 0);
+  for (Index p = 0; p < packs.size(); ++p) {
+    for (Index k = packs.offsets[static_cast<size_t>(p)]; k < packs.offsets[static_cast<size_t>(p) + 1]; ++k) {
+      totals.vit[static_cast<size_t>(p)] += l.vit[packs.samples[static_cast<size_t>(k)]];
+      totals.llm[static_cast<size_t>(p)] += l.llm[packs.samples[static_cast<size_t>(k)]];
+    }
+  }
+  int64_t count = 0;
+  {
+    py::gil_scoped_release release;
+    omnibal::fill_pack_costs(packs, view, totals);
+    count = run(packs, totals, l, view, cap, steps);
+  }
+  return {std::move(packs), count};
+}
+
 void bind_grouping(py::module_& m) {
   m.def(
       "random_next_fit",
@@ -289,52 +338,38 @@ void bind_grouping(py::module_& m) {
       [](const py::object& vit, const py::object& llm, const py::object& offsets, const py::object& samples,
          const py::object& sample_costs, double per_pack, int64_t vit_capacity, int64_t llm_capacity,
          const py::object& order, Index world_size) {
-        const LoadArrays loads(vit, llm);
-        const Capacity cap = as_capacity(vit_capacity, llm_capacity);
-        const CostArray costs(sample_costs, loads.size());
-        if (costs.dims != 1) throw std::invalid_argument("sample_costs must be (N,): one cost part");
-        check_world_size(world_size);
-        const IntArray off = as_1d_int64(offsets, "offsets"), smp = as_1d_int64(samples, "samples");
-        const IntArray ord = as_1d_int64(order, "order");
-        check_csr(off, smp.size());
-        omnibal::Packs packs;
-        packs.offsets.assign(off.data(), off.data() + off.size());
-        packs.samples.assign(smp.data(), smp.data() + smp.size());
-        for (const Index i : packs.samples) {
-          if (i < 0 || i >= loads.size())
-            throw std::invalid_argument("samples: id " + std::to_string(i) + " out of range");
-        }
-        omnibal::LargeVector<Index> steps(ord.data(), ord.data() + ord.size());
-        for (const Index p : steps) {
-          if (p < 0 || p >= packs.size())
-            throw std::invalid_argument("order: pack " + std::to_string(p) + " out of range");
-        }
-        if (steps.size() % static_cast<size_t>(world_size) != 0) {
-          throw std::invalid_argument("order: its length must be a multiple of world_size");
-        }
-        const omnibal::SampleCosts view{costs.cost.data(), 1, per_pack};
-        const omnibal::Loads l = loads.view();
-        omnibal::PackLoads totals;
-        totals.vit.assign(static_cast<size_t>(packs.size()), 0);
-        totals.llm.assign(static_cast<size_t>(packs.size()), 0);
-        for (Index p = 0; p < packs.size(); ++p) {
-          for (Index k = packs.offsets[static_cast<size_t>(p)]; k < packs.offsets[static_cast<size_t>(p) + 1]; ++k) {
-            totals.vit[static_cast<size_t>(p)] += l.vit[packs.samples[static_cast<size_t>(k)]];
-            totals.llm[static_cast<size_t>(p)] += l.llm[packs.samples[static_cast<size_t>(k)]];
-          }
-        }
-        int64_t moved = 0;
-        {
-          py::gil_scoped_release release;
-          omnibal::fill_pack_costs(packs, view, totals);
-          moved = omnibal::spill_to_room(packs, totals, l, view, cap, steps, world_size);
-        }
+        auto [packs, moved] = run_step_pass(
+            vit, llm, offsets, samples, sample_costs, per_pack, vit_capacity, llm_capacity, order, world_size,
+            [&](omnibal::Packs& p, omnibal::PackLoads& t, const omnibal::Loads& l, const omnibal::SampleCosts& c,
+                Capacity cap, const omnibal::LargeVector<Index>& steps) {
+              return omnibal::spill_to_room(p, t, l, c, cap, steps, world_size);
+            });
         return py::make_tuple(packs_result(std::move(packs)), moved);
       },
       py::arg("vit"), py::arg("llm"), py::arg("offsets"), py::arg("samples"), py::arg("sample_costs"),
       py::arg("per_pack"), py::arg("vit_capacity"), py::arg("llm_capacity"), py::arg("order"), py::arg("world_size"),
       "The balanced method's spill pass alone on the given packs, cut into steps of world_size in `order`: "
       "returns (Packs, samples moved).");
+
+  m.def(
+      "raise_stuck_steps",
+      [](const py::object& vit, const py::object& llm, const py::object& offsets, const py::object& samples,
+         const py::object& sample_costs, double per_pack, int64_t vit_capacity, int64_t llm_capacity,
+         const py::object& order, Index world_size) {
+        std::vector<char> gave;
+        auto [packs, swaps] = run_step_pass(
+            vit, llm, offsets, samples, sample_costs, per_pack, vit_capacity, llm_capacity, order, world_size,
+            [&](omnibal::Packs& p, omnibal::PackLoads& t, const omnibal::Loads& l, const omnibal::SampleCosts& c,
+                Capacity cap, const omnibal::LargeVector<Index>& steps) {
+              return omnibal::raise_stuck_steps(p, t, l, c, cap, steps, world_size, gave);
+            });
+        std::vector<bool> gave_steps(gave.begin(), gave.end());
+        return py::make_tuple(packs_result(std::move(packs)), swaps, py::array(py::cast(gave_steps)));
+      },
+      py::arg("vit"), py::arg("llm"), py::arg("offsets"), py::arg("samples"), py::arg("sample_costs"),
+      py::arg("per_pack"), py::arg("vit_capacity"), py::arg("llm_capacity"), py::arg("order"), py::arg("world_size"),
+      "The balanced method's raise pass alone on the given packs, cut into steps of world_size in `order` (without "
+      "the refinement of the steps that gave): returns (Packs, swaps made, bool array: which steps gave).");
 
   m.def(
       "assign_random",

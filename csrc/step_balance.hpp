@@ -88,8 +88,24 @@ Index settle_steps(LargeVector<Index>& order, const PackLoads& totals, Index wor
 // pack (another step above its mean, one whose costliest pack no exchange lowered), each kept within that pack
 // (one cost part only). Packs that appear more than once in `order` (reused packs of a ragged step) and packs over a
 // capacity (oversize singles) are left as they are. Pack sizes may change; `packs` is rebuilt when anything moved.
-// Deterministic: no randomness, a fixed scan order. Returns the number of exchanges made.
+// Deterministic: no randomness, a fixed scan order. `only` (null: every step) names the steps refined, only[s]
+// nonzero for step s. Returns the number of exchanges made.
 int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
-                     const LargeVector<Index>& order, Index world_size, int64_t work_per_sample);
+                     const LargeVector<Index>& order, Index world_size, int64_t work_per_sample,
+                     const std::vector<char>* only = nullptr);
+
+// After the exchanges: the packs of each step left above its mean (the steps with the most excess first) are
+// raised toward the step's costliest pack, which they never pass, by swaps with the packs of the cheapest balanced
+// steps (those within kRefineTolerance of their mean): none, one or more of the raised pack's cheapest samples
+// (never its costliest) for one costlier sample (a giving pack keeps a sample), the swap that raises it most among
+// those tried, both packs within both capacities; partners are found by binary search in the donors sorted by
+// LLM load, by ViT load and by cost, a bounded number tried from the most that fits down. The giving packs only
+// come down; a step whose costliest pack is pinned by its samples then waits no longer, and the steps that gave
+// (gave[s] set) are refined again to bring their costliest packs down to their lower mean. Each swap takes its
+// donor sample for good, so the swaps number fewer than the donors. One cost part only (two: nothing moves).
+// Packs that appear more than once in `order` or are over a capacity stay as they are. `packs` is rebuilt and
+// the changed packs' costs summed afresh. Returns the swaps made.
+int64_t raise_stuck_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
+                          const LargeVector<Index>& order, Index world_size, std::vector<char>& gave);
 
 }  // namespace omnibal

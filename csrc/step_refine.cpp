@@ -413,8 +413,10 @@ bool balanced(const PackLoads& totals, const Index* ids, Index w) {
 }  // namespace
 
 int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
-                     const LargeVector<Index>& order, Index world_size, int64_t work_per_sample) {
+                     const LargeVector<Index>& order, Index world_size, int64_t work_per_sample,
+                     const std::vector<char>* only) {
   if (world_size < 2 || order.empty()) return 0;
+  auto skipped = [&](int64_t s) { return only != nullptr && !(*only)[static_cast<size_t>(s)]; };
   // Packs used more than once (reused to fill a ragged step) must keep their samples: any change would
   // show in every slot they fill.
   std::vector<Index> uses(static_cast<size_t>(packs.size()), 0);
@@ -499,7 +501,7 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     std::vector<int64_t> partners;
     for (const auto& [unused, s] : stuck) {
       (void)unused;
-      if (!above_mean(s)) continue;
+      if (skipped(s) || !above_mean(s)) continue;
       while (cursor < stuck.size() && !above_mean(stuck[cursor].second)) ++cursor;
       partners.clear();
       const size_t scan_end = std::min(stuck.size(), cursor + static_cast<size_t>(4 * kFarSteps + 4));
@@ -514,6 +516,7 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     return made;
   };
   for (int64_t s = 0; s < num_steps; ++s) {
+    if (skipped(s)) continue;
     const Index* ids = order.data() + s * world_size;
     // A step before this one whose costliest pack stands above its mean (a pack no exchange could lower) has
     // room below that pack: cost this step gives there lowers this step and raises nothing.

@@ -13,12 +13,16 @@ Methods:
   down; once every step is refined, a step still above its mean trades with the packs of the step with the
   most room below its own costliest pack (within it), then moves samples of its costliest packs into packs with
   room in other steps, each kept within its own step's costliest pack (where a capacity fills every pack of the
-  step, as long text at its capacity, no exchange inside it moves cost); then a step's costliest packs trade
-  places with cheaper ones of the step above, and the plan is never above its own packs sorted by cost, nor
-  above the packs it started from. A pack costs its samples' ``cost_model.sample_costs`` plus ``per_pack``;
-  with ``objective="stages"`` its ViT and LLM costs are balanced each on its own within each step (a pack's
-  score is the larger of the two, each relative to the step's mean). Steps are laid out in a stratified random
-  order (no load trend over the epoch) and ranks are shuffled within a step.
+  step, as long text at its capacity, no exchange inside it moves cost); the cheaper packs of a step left above
+  its mean then take cost up to its costliest pack from the packs of the cheapest balanced steps (a sample taken
+  where they have room, else one for one or for several of their small ones, which under a quadratic cost cost
+  less than one long sample in the same room; partners found by each load and by cost), and those steps are
+  refined again about their lower mean (the plan before this is kept where it ends cheaper); then a step's
+  costliest packs trade places with cheaper ones of the step above, and the plan is never above its own packs
+  sorted by cost, nor above the packs it started from. A pack costs its samples' ``cost_model.sample_costs``
+  plus ``per_pack``; with ``objective="stages"`` its ViT and LLM costs are balanced each on its own within each
+  step (a pack's score is the larger of the two, each relative to the step's mean). Steps are laid out in a
+  stratified random order (no load trend over the epoch) and ranks are shuffled within a step.
 * ``"isf"``: the OmniBal paper's Iterative Sampling and Filtering, packs to ranks in random order.
 * ``"random"``: random next-fit packs, in random order (the baseline).
 
