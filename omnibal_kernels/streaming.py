@@ -43,9 +43,8 @@ from .balance.report import BalanceReport, balance_report
 from .balance.schedule import concat_plans
 from .balance.seeds import epoch_seed
 from .lengths import Lengths
-from .sampler.steps import StreamPack
 
-__all__ = ["BalancedPacker", "StreamingReport", "streaming_report"]
+__all__ = ["BalancedPacker", "StreamPack", "StreamingReport", "streaming_report"]
 
 
 def _stream_options(options: object) -> PlanOptions:
@@ -175,6 +174,25 @@ def _checked_loads(position: int, loads: Any) -> tuple[int, int, Optional[tuple[
     return vit, llm, seqlens
 
 
+class StreamPack(list):
+    """One pack of a :class:`~omnibal_kernels.streaming.BalancedPacker` (a list of samples), as the collator gets
+    it.
+
+    Attributes:
+        counted_per_step: whether the loader is iterated through :func:`~omnibal_kernels.loss.step_batches`,
+            which gives its batches their step's ``num_items_in_batch``; the collator warns where it is not.
+    """
+
+    __slots__ = ("counted_per_step",)
+
+    def __init__(self, samples: list[Any], counted_per_step: bool) -> None:
+        super().__init__(samples)
+        self.counted_per_step = counted_per_step
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StreamPack, (list(self), self.counted_per_step))
+
+
 class BalancedPacker(torch.utils.data.IterableDataset):
     """Yields this rank's packs (lists of samples) from a stream: ``DataLoader(packer, batch_size=None,
     collate_fn=pack_batch)``.
@@ -197,7 +215,7 @@ class BalancedPacker(torch.utils.data.IterableDataset):
         world_size, rank: default torch.distributed's when initialized, else 1 and 0.
 
     Yields:
-        One list of samples per micro-step, for this rank (a :class:`~omnibal_kernels.sampler.steps.StreamPack`:
+        One list of samples per micro-step, for this rank (a :class:`StreamPack`:
         the collators warn where its batches would reach a model without their step's
         ``num_items_in_batch``, i.e. where the loader is not iterated through
         :func:`~omnibal_kernels.loss.step_batches`).

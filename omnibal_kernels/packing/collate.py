@@ -13,7 +13,8 @@ from ..context_parallel.collate import VisionTokens, per_token, resolve_rank, sh
 from ..context_parallel.options import ContextParallelOptions
 from ..cpu.varlen_metadata import warmup as _warmup_fill
 from ..model_inputs import MROPE_MODEL_TYPES, TILE_MODEL_TYPES, ModelInputs, model_inputs
-from ..sampler.steps import PlannedSamples, StreamPack
+from ..sampler.steps import PlannedSamples
+from ..streaming import StreamPack
 from .batch import TEXT_FIELDS, PackedBatch
 from .fields import add_sample_fields
 from .inputs import sample_error

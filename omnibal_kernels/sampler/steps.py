@@ -28,15 +28,7 @@ from ..context_parallel.options import ContextParallelOptions
 from ..lengths import Lengths
 from .epochs import EpochSchedule
 
-__all__ = [
-    "PlannedBatch",
-    "PlannedDataset",
-    "PlannedSamples",
-    "PlannedStep",
-    "StreamPack",
-    "planned_batch",
-    "step_label_counts",
-]
+__all__ = ["PlannedBatch", "PlannedDataset", "PlannedSamples", "PlannedStep", "planned_batch", "step_label_counts"]
 
 
 @dataclass(frozen=True)
@@ -111,25 +103,6 @@ class PlannedSamples(list):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PlannedSamples, (list(self), self.step, self.ids, self.check_loads))
-
-
-class StreamPack(list):
-    """One pack of a :class:`~omnibal_kernels.streaming.BalancedPacker` (a list of samples), as the collator gets
-    it.
-
-    Attributes:
-        counted_per_step: whether the loader is iterated through :func:`~omnibal_kernels.loss.step_batches`,
-            which gives its batches their step's ``num_items_in_batch``; the collator warns where it is not.
-    """
-
-    __slots__ = ("counted_per_step",)
-
-    def __init__(self, samples: list[Any], counted_per_step: bool) -> None:
-        super().__init__(samples)
-        self.counted_per_step = counted_per_step
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (StreamPack, (list(self), self.counted_per_step))
 
 
 class PlannedDataset(torch.utils.data.Dataset):
