@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "step_balance.hpp"
+#include "step_pass.hpp"
 #include "step_pool.hpp"
 
 namespace omnibal {
@@ -37,68 +38,24 @@ constexpr Index kRaiseDonorSteps = 4;
 // in pack order, rounded differently, cannot make it the step's costliest.
 constexpr double kRaiseMargin = 1e-9;
 
-class Raiser {
+class Raiser : public StepPass {
  public:
   Raiser(const Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
          const LargeVector<Index>& order, Index world_size)
-      : packs_(packs), totals_(totals), loads_(loads), costs_(costs), cap_(cap), order_(order), w_(world_size) {
-    const size_t n = static_cast<size_t>(packs.size());
-    std::vector<Index> uses(n, 0);
-    for (const Index p : order) ++uses[static_cast<size_t>(p)];
-    frozen_.assign(n, 1);
-    for (size_t p = 0; p < n; ++p) {
-      frozen_[p] = uses[p] != 1 || totals.vit[p] > cap.vit || totals.llm[p] > cap.llm;
-    }
-    num_steps_ = static_cast<Index>(order.size()) / world_size;
-    top_.assign(static_cast<size_t>(num_steps_), 0.0);
-    mean_.assign(static_cast<size_t>(num_steps_), 0.0);
-    for (Index s = 0; s < num_steps_; ++s) {
-      double sum = 0.0, top = 0.0;
-      for (Index k = s * w_; k < (s + 1) * w_; ++k) {
-        const double c = cost(order[static_cast<size_t>(k)]);
-        sum += c;
-        top = std::max(top, c);
-      }
-      top_[static_cast<size_t>(s)] = top, mean_[static_cast<size_t>(s)] = sum / static_cast<double>(w_);
-    }
-    content_.resize(n);
-    changed_.assign(n, 0);
-  }
+      : StepPass(packs, totals, loads, costs, cap, order, world_size) {}
 
   // Receivers from the step with the most excess over its mean; donors are the samples of the balanced steps'
   // packs. Returns the swaps made; gave[s] is set for every step that gave cost.
   int64_t run(std::vector<char>& gave) {
-    std::vector<Index> stuck;
-    for (Index s = 0; s < num_steps_; ++s) {
-      if (above(s)) stuck.push_back(s);
-    }
+    const std::vector<Index> stuck = steps_above();
     gave.assign(static_cast<size_t>(num_steps_), 0);
     if (stuck.empty() || static_cast<Index>(stuck.size()) == num_steps_) return 0;
-    std::sort(stuck.begin(), stuck.end(), [&](Index a, Index b) {
-      const double ea = top_[static_cast<size_t>(a)] - mean_[static_cast<size_t>(a)];
-      const double eb = top_[static_cast<size_t>(b)] - mean_[static_cast<size_t>(b)];
-      return ea != eb ? ea > eb : a < b;
-    });
     build_donors();
     int64_t swaps = 0;
     for (const Index s : stuck) {
       for (Index k = s * w_; k < (s + 1) * w_; ++k) swaps += raise_pack(order_[static_cast<size_t>(k)], s, gave);
     }
     return swaps;
-  }
-
-  // The packs with every changed pack's samples in place of its original ones (costs summed afresh).
-  bool rebuild(Packs& out) const {
-    if (std::find(changed_.begin(), changed_.end(), 1) == changed_.end()) return false;
-    PackContents contents(packs_);
-    for (Index p = 0; p < packs_.size(); ++p) {
-      if (changed_[static_cast<size_t>(p)]) contents.store(p, content_[static_cast<size_t>(p)]);
-    }
-    out = contents.rebuild();
-    for (Index p = 0; p < out.size(); ++p) {
-      if (changed_[static_cast<size_t>(p)]) fill_pack_cost(out, costs_, p, totals_);
-    }
-    return true;
   }
 
  private:
@@ -108,22 +65,9 @@ class Raiser {
     Index id, pack;
   };
 
-  double cost(Index p) const { return totals_.cost[static_cast<size_t>(p)]; }
-  double sample_cost(Index i) const { return costs_.cost[static_cast<size_t>(i)]; }
-  bool above(Index s) const {
-    return top_[static_cast<size_t>(s)] > (1.0 + kRefineTolerance) * mean_[static_cast<size_t>(s)];
-  }
   size_t size(Index p) const {
     const size_t q = static_cast<size_t>(p);
     return changed_[q] ? content_[q].size() : static_cast<size_t>(packs_.offsets[q + 1] - packs_.offsets[q]);
-  }
-  std::vector<Index>& samples(Index p) {
-    const size_t q = static_cast<size_t>(p);
-    if (!changed_[q]) {
-      content_[q].assign(packs_.samples.begin() + packs_.offsets[q], packs_.samples.begin() + packs_.offsets[q + 1]);
-      changed_[q] = 1;
-    }
-    return content_[q];
   }
 
   // The donors: every sample of the cheapest balanced steps' packs that may change, in each order.
@@ -281,31 +225,14 @@ class Raiser {
     totals_.cost[qa] -= d.cost, totals_.cost[qb] += d.cost;
   }
 
-  Index step_of(Index p) {
-    if (step_of_.empty()) {
-      step_of_.assign(static_cast<size_t>(packs_.size()), -1);
-      for (size_t k = 0; k < order_.size(); ++k) step_of_[static_cast<size_t>(order_[k])] = static_cast<Index>(k) / w_;
-    }
-    return step_of_[static_cast<size_t>(p)];
-  }
+  Index step_of(Index p) const { return step_of_[static_cast<size_t>(p)]; }
 
-  const Packs& packs_;
-  PackLoads& totals_;
-  const Loads& loads_;
-  const SampleCosts& costs_;
-  Capacity cap_;
-  const LargeVector<Index>& order_;
-  Index w_, num_steps_ = 0;
-  std::vector<char> frozen_, changed_;
   // The donors by LLM load, by ViT load and by cost (ties by cost, then id): their places in donors_, each donor's
   // place in the order, and the links past the swapped ones (unused_at_or_below).
   struct Order {
     std::vector<int64_t> donor, place, below;
   };
   std::array<Order, kOrders> orders_;
-  std::vector<Index> step_of_;
-  std::vector<double> top_, mean_;
-  std::vector<std::vector<Index>> content_;
   std::vector<Donor> donors_;
   std::vector<Index> sorted_, received_;  // the raised pack's samples by cost, and those it took
 };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "step_balance.hpp"
+#include "step_pass.hpp"
 #include "step_pool.hpp"
 
 namespace omnibal {
@@ -21,70 +22,25 @@ namespace {
 constexpr int64_t kSpillSamples = 8;
 constexpr int64_t kSpillReceivers = 8;
 
-class Spiller {
+class Spiller : public StepPass {
  public:
   Spiller(const Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
           const LargeVector<Index>& order, Index world_size)
-      : packs_(packs), totals_(totals), loads_(loads), costs_(costs), cap_(cap), order_(order), w_(world_size) {
-    const size_t n = static_cast<size_t>(packs.size());
-    std::vector<Index> uses(n, 0);
-    for (const Index p : order) ++uses[static_cast<size_t>(p)];
-    frozen_.assign(n, 1);
-    step_of_.assign(n, -1);
-    for (size_t p = 0; p < n; ++p) {
-      frozen_[p] = uses[p] != 1 || totals.vit[p] > cap.vit || totals.llm[p] > cap.llm;
-    }
-    num_steps_ = static_cast<Index>(order.size()) / world_size;
-    top_.assign(static_cast<size_t>(num_steps_), 0.0);
-    mean_.assign(static_cast<size_t>(num_steps_), 0.0);
-    for (Index s = 0; s < num_steps_; ++s) {
-      double sum = 0.0, top = 0.0;
-      for (Index k = s * w_; k < (s + 1) * w_; ++k) {
-        const Index p = order[static_cast<size_t>(k)];
-        step_of_[static_cast<size_t>(p)] = s;
-        sum += cost(p);
-        top = std::max(top, cost(p));
-      }
-      top_[static_cast<size_t>(s)] = top, mean_[static_cast<size_t>(s)] = sum / static_cast<double>(w_);
-    }
+      : StepPass(packs, totals, loads, costs, cap, order, world_size) {
     double total = 0.0;
     for (const double m : mean_) total += m;
     inv_cost_ = total > 0.0 ? static_cast<double>(num_steps_) / total : 0.0;
+    const size_t n = static_cast<size_t>(packs.size());
     std::vector<double> keys(n);
     for (Index p = 0; p < static_cast<Index>(n); ++p) keys[static_cast<size_t>(p)] = receiver_key(p);
     receivers_.build(keys);
-    content_.resize(n);
-    changed_.assign(n, 0);
   }
 
   // Steps from the one with the most excess over its mean; returns the samples moved.
   int64_t run() {
-    std::vector<Index> steps;
-    for (Index s = 0; s < num_steps_; ++s) {
-      if (top_[static_cast<size_t>(s)] > (1.0 + kRefineTolerance) * mean_[static_cast<size_t>(s)]) steps.push_back(s);
-    }
-    std::sort(steps.begin(), steps.end(), [&](Index a, Index b) {
-      const double ea = top_[static_cast<size_t>(a)] - mean_[static_cast<size_t>(a)];
-      const double eb = top_[static_cast<size_t>(b)] - mean_[static_cast<size_t>(b)];
-      return ea != eb ? ea > eb : a < b;
-    });
     int64_t moved = 0;
-    for (const Index s : steps) moved += lower_step(s);
+    for (const Index s : steps_above()) moved += lower_step(s);
     return moved;
-  }
-
-  // The packs with every changed pack's samples in place of its original ones (costs summed afresh).
-  bool rebuild(Packs& out) const {
-    if (std::find(changed_.begin(), changed_.end(), 1) == changed_.end()) return false;
-    PackContents contents(packs_);
-    for (Index p = 0; p < packs_.size(); ++p) {
-      if (changed_[static_cast<size_t>(p)]) contents.store(p, content_[static_cast<size_t>(p)]);
-    }
-    out = contents.rebuild();
-    for (Index p = 0; p < out.size(); ++p) {
-      if (changed_[static_cast<size_t>(p)]) fill_pack_cost(out, costs_, p, totals_);
-    }
-    return true;
   }
 
  private:
@@ -94,8 +50,6 @@ class Spiller {
     bool from_changed, to_changed;
   };
 
-  double cost(Index p) const { return totals_.cost[static_cast<size_t>(p)]; }
-  double sample_cost(Index i) const { return costs_.cost[static_cast<size_t>(i)]; }
   // A receiver's key: the least of the cost it can take before it raises its step's costliest pack and its room
   // in each capacity, each relative to a whole pack's (most first): a pack nearly full in a capacity takes
   // little, however far below its step's costliest pack it is.
@@ -120,14 +74,6 @@ class Spiller {
   Index count(Index p) const {
     const size_t q = static_cast<size_t>(p);
     return changed_[q] ? static_cast<Index>(content_[q].size()) : packs_.offsets[q + 1] - packs_.offsets[q];
-  }
-  std::vector<Index>& samples(Index p) {
-    const size_t q = static_cast<size_t>(p);
-    if (!changed_[q]) {
-      content_[q].assign(packs_.samples.begin() + packs_.offsets[q], packs_.samples.begin() + packs_.offsets[q + 1]);
-      changed_[q] = 1;
-    }
-    return content_[q];
   }
 
   // x leaves pack `from` for pack `to`; logged with what undo needs to restore both packs exactly.
@@ -260,18 +206,7 @@ class Spiller {
     return static_cast<int64_t>(log_.size());
   }
 
-  const Packs& packs_;
-  PackLoads& totals_;
-  const Loads& loads_;
-  const SampleCosts& costs_;
-  Capacity cap_;
-  const LargeVector<Index>& order_;
-  Index w_, num_steps_ = 0;
-  std::vector<char> frozen_, changed_;
-  std::vector<Index> step_of_;
-  std::vector<double> top_, mean_;
   double inv_cost_ = 0.0;  // 1 / the mean cost of a pack
-  std::vector<std::vector<Index>> content_;
   ArgMin receivers_, heavy_;
   std::vector<Move> log_;
 };
