@@ -7,19 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+
+# the spill pass's test draws the same instances and checks what every pass over a settled order keeps
+from test_step_spill import _check_step_pass, _instances, _pack_costs, _packed_in_steps
 
 from omnibal_kernels import _ext
 
 C = _ext.load()
-
-
-def _pack_costs(offsets, samples, costs, per_pack=0.0):
-    return np.array([costs[samples[offsets[p] : offsets[p + 1]]].sum() + per_pack for p in range(len(offsets) - 1)])
-
-
-def _pack_sums(offsets, samples, load):
-    return np.array([load[samples[offsets[p] : offsets[p + 1]]].sum() for p in range(len(offsets) - 1)])
 
 
 def _raise(vit, llm, offsets, samples, costs, vit_cap, llm_cap, order, world_size, per_pack=0.0):
@@ -61,59 +55,23 @@ def test_a_pack_with_room_beside_a_pinned_one_takes_a_sample_outright():
     assert list(new_samples[new_offsets[3] : new_offsets[4]]) == [5, 6]
 
 
-@st.composite
-def _instances(draw):
-    n = draw(st.integers(4, 160))
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
-    with_vit = draw(st.booleans())
-    llm = rng.integers(1, 2000, n).astype(np.int64)
-    vit = rng.integers(0, 7, n).astype(np.int64) if with_vit else np.zeros(n, np.int64)
-    a, b = draw(st.floats(0.0, 10.0)), draw(st.floats(0.0, 0.01))
-    costs = a * llm + b * llm.astype(np.float64) ** 2 + 3.0 * vit
-    world_size = draw(st.integers(2, 6))
-    per_pack = draw(st.sampled_from([0.0, 50.0]))
-    return vit, llm, costs, (12 if with_vit else 0), 5000, world_size, per_pack, seed, draw(st.booleans())
-
-
 @settings(max_examples=150, deadline=None)
 @given(_instances())
 def test_raise_keeps_every_sample_once_within_the_capacities_and_raises_no_step(instance):
-    vit, llm, costs, vit_cap, llm_cap, world_size, per_pack, seed, repeat_one = instance
-    packs = C.random_next_fit(vit, llm, None, vit_cap, llm_cap, seed)
-    offsets, samples = np.asarray(packs.offsets), np.asarray(packs.samples)
-    before = _pack_costs(offsets, samples, costs, per_pack)
-    # packs by decreasing cost, whole steps only; the last pack left out (in no step), and one pack repeated
-    order = list(np.lexsort((np.arange(before.size), -before)))
-    if repeat_one and order:
-        order.insert(0, order[0])
-    order = order[: len(order) // world_size * world_size]
-    if not order:
+    packed = _packed_in_steps(instance)
+    if packed is None:
         return
+    vit, llm, costs, vit_cap, llm_cap, world_size, per_pack, _, _ = instance
+    offsets, samples, before, order = packed
     new_offsets, new_samples, swaps, gave = _raise(
         vit, llm, offsets, samples, costs, vit_cap, llm_cap, order, world_size, per_pack
     )
     again = _raise(vit, llm, offsets, samples, costs, vit_cap, llm_cap, order, world_size, per_pack)
     assert all(np.array_equal(x, y) for x, y in zip(again, (new_offsets, new_samples, swaps, gave)))
-    assert new_offsets.size == offsets.size
-    assert np.array_equal(np.sort(new_samples), np.arange(len(llm)))
-    assert (_pack_sums(new_offsets, new_samples, llm) <= llm_cap).all()
-    if vit_cap:
-        assert (_pack_sums(new_offsets, new_samples, vit) <= vit_cap).all()
-    after = _pack_costs(new_offsets, new_samples, costs, per_pack)
-    steps = np.asarray(order).reshape(-1, world_size)
-    tolerance = 1e-9 * max(before.max(), 1.0)
-    # no step's costliest pack rises, no pack of a step goes above that step's costliest pack before, and the
-    # packs of the steps that gave only come down
-    assert (after[steps].max(axis=1) <= before[steps].max(axis=1) + tolerance).all()
-    assert (after[steps] <= before[steps].max(axis=1, keepdims=True) + tolerance).all()
+    after, steps, tolerance = _check_step_pass(instance, packed, new_offsets, new_samples)
+    # the packs of the steps that gave only come down
     if gave.size:
         assert (after[steps[gave]] <= before[steps[gave]] + tolerance).all()
-    # packs in no step or in more than one slot keep their samples; no pack is left empty
-    uses = np.bincount(np.asarray(order), minlength=before.size)
-    for p in np.flatnonzero(uses != 1):
-        assert list(new_samples[new_offsets[p] : new_offsets[p + 1]]) == list(samples[offsets[p] : offsets[p + 1]])
-    assert ((np.diff(new_offsets) > 0) | (np.diff(offsets) == 0)).all()
     if swaps == 0:
         assert np.array_equal(new_samples, samples) and not gave.any()
 

@@ -58,25 +58,27 @@ def _instances(draw):
     return vit, llm, costs, (12 if with_vit else 0), 5000, world_size, per_pack, seed, draw(st.booleans())
 
 
-@settings(max_examples=60, deadline=None)
-@given(_instances())
-def test_spill_keeps_every_sample_once_within_the_capacities_and_raises_no_step(instance):
+def _packed_in_steps(instance):
+    """An instance's packs (random next fit) and their costs, and a settled order of them: by decreasing cost,
+    whole steps only, so the last packs are in no step, and with one pack repeated where drawn; None where not
+    one whole step is left."""
     vit, llm, costs, vit_cap, llm_cap, world_size, per_pack, seed, repeat_one = instance
     packs = C.random_next_fit(vit, llm, None, vit_cap, llm_cap, seed)
     offsets, samples = np.asarray(packs.offsets), np.asarray(packs.samples)
     before = _pack_costs(offsets, samples, costs, per_pack)
-    # packs by decreasing cost, whole steps only; the last pack left out (in no step), and one pack repeated
     order = list(np.lexsort((np.arange(before.size), -before)))
     if repeat_one and order:
         order.insert(0, order[0])
     order = order[: len(order) // world_size * world_size]
-    if not order:
-        return
-    new_offsets, new_samples, moved = _spill(
-        vit, llm, offsets, samples, costs, vit_cap, llm_cap, order, world_size, per_pack
-    )
-    again = _spill(vit, llm, offsets, samples, costs, vit_cap, llm_cap, order, world_size, per_pack)
-    assert np.array_equal(again[0], new_offsets) and np.array_equal(again[1], new_samples) and again[2] == moved
+    return (offsets, samples, before, order) if order else None
+
+
+def _check_step_pass(instance, packed, new_offsets, new_samples):
+    """What a pass over a settled order keeps: every sample once, both capacities, no step's costliest pack
+    risen, no pack above its step's costliest pack before, the packs in no step or in more than one slot as
+    they were, no pack emptied. Returns the packs' costs after, the steps (packs per step) and the tolerance."""
+    vit, llm, costs, vit_cap, llm_cap, world_size, per_pack, _, _ = instance
+    offsets, samples, before, order = packed
     assert new_offsets.size == offsets.size
     assert np.array_equal(np.sort(new_samples), np.arange(len(llm)))
     assert (_pack_sums(new_offsets, new_samples, llm) <= llm_cap).all()
@@ -85,14 +87,29 @@ def test_spill_keeps_every_sample_once_within_the_capacities_and_raises_no_step(
     after = _pack_costs(new_offsets, new_samples, costs, per_pack)
     steps = np.asarray(order).reshape(-1, world_size)
     tolerance = 1e-9 * max(before.max(), 1.0)
-    # no step's costliest pack rises, and no pack of a step goes above that step's costliest pack before
     assert (after[steps].max(axis=1) <= before[steps].max(axis=1) + tolerance).all()
     assert (after[steps] <= before[steps].max(axis=1, keepdims=True) + tolerance).all()
-    # packs in no step or in more than one slot keep their samples; no pack is left empty that was not
     uses = np.bincount(np.asarray(order), minlength=before.size)
     for p in np.flatnonzero(uses != 1):
         assert list(new_samples[new_offsets[p] : new_offsets[p + 1]]) == list(samples[offsets[p] : offsets[p + 1]])
     assert ((np.diff(new_offsets) > 0) | (np.diff(offsets) == 0)).all()
+    return after, steps, tolerance
+
+
+@settings(max_examples=60, deadline=None)
+@given(_instances())
+def test_spill_keeps_every_sample_once_within_the_capacities_and_raises_no_step(instance):
+    packed = _packed_in_steps(instance)
+    if packed is None:
+        return
+    vit, llm, costs, vit_cap, llm_cap, world_size, per_pack, _, _ = instance
+    offsets, samples, before, order = packed
+    new_offsets, new_samples, moved = _spill(
+        vit, llm, offsets, samples, costs, vit_cap, llm_cap, order, world_size, per_pack
+    )
+    again = _spill(vit, llm, offsets, samples, costs, vit_cap, llm_cap, order, world_size, per_pack)
+    assert np.array_equal(again[0], new_offsets) and np.array_equal(again[1], new_samples) and again[2] == moved
+    after, _, tolerance = _check_step_pass(instance, packed, new_offsets, new_samples)
     if moved == 0:
         assert np.allclose(after, before, rtol=0, atol=tolerance)
 
