@@ -79,6 +79,15 @@ class StepPass {
     });
     return steps;
   }
+  // Pack p's samples as they are now: the first and how many.
+  const Index* first(Index p) const {
+    const size_t q = static_cast<size_t>(p);
+    return changed_[q] ? content_[q].data() : packs_.samples.data() + packs_.offsets[q];
+  }
+  Index size_of(Index p) const {
+    const size_t q = static_cast<size_t>(p);
+    return changed_[q] ? static_cast<Index>(content_[q].size()) : packs_.offsets[q + 1] - packs_.offsets[q];
+  }
   // Pack p's samples to change (copied from the packs given on first use).
   std::vector<Index>& samples(Index p) {
     const size_t q = static_cast<size_t>(p);

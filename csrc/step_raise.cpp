@@ -65,11 +65,6 @@ class Raiser : public StepPass {
     Index id, pack;
   };
 
-  size_t size(Index p) const {
-    const size_t q = static_cast<size_t>(p);
-    return changed_[q] ? content_[q].size() : static_cast<size_t>(packs_.offsets[q + 1] - packs_.offsets[q]);
-  }
-
   // The donors: every sample of the cheapest balanced steps' packs that may change, in each order.
   void build_donors() {
     Index left = kRaiseDonorSteps;
@@ -143,7 +138,7 @@ class Raiser : public StepPass {
       const auto [at, given] = best_swap(b, sorted_.data() + from, count, limit - cost(b));
       if (at < 0) break;
       swap(b, sorted_.data() + from, given, static_cast<size_t>(at));
-      gave[static_cast<size_t>(step_of(donors_[static_cast<size_t>(at)].pack))] = 1;
+      gave[static_cast<size_t>(step_of_[static_cast<size_t>(donors_[static_cast<size_t>(at)].pack)])] = 1;
       from += given;
       ++swaps;
     }
@@ -176,7 +171,7 @@ class Raiser : public StepPass {
         const size_t a = static_cast<size_t>(d.pack), x = static_cast<size_t>(d.id);
         if (totals_.vit[q] - gave_vit + loads_.vit[x] > cap_.vit) return false;
         if (totals_.llm[q] - gave_llm + loads_.llm[x] > cap_.llm) return false;
-        if (c == 0 && size(d.pack) < 2) return false;  // a pack keeps a sample
+        if (c == 0 && size_of(d.pack) < 2) return false;  // a pack keeps a sample
         if (totals_.vit[a] - loads_.vit[x] + gave_vit > cap_.vit ||
             totals_.llm[a] - loads_.llm[x] + gave_llm > cap_.llm)
           return false;
@@ -224,8 +219,6 @@ class Raiser : public StepPass {
     totals_.llm[qa] -= loads_.llm[x], totals_.llm[qb] += loads_.llm[x];
     totals_.cost[qa] -= d.cost, totals_.cost[qb] += d.cost;
   }
-
-  Index step_of(Index p) const { return step_of_[static_cast<size_t>(p)]; }
 
   // The donors by LLM load, by ViT load and by cost (ties by cost, then id): their places in donors_, each donor's
   // place in the order, and the links past the swapped ones (unused_at_or_below).

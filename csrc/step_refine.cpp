@@ -499,8 +499,8 @@ int64_t refine_steps(Packs& packs, PackLoads& totals, const Loads& loads, const 
     size_t cursor = 0;
     int64_t made = 0;
     std::vector<int64_t> partners;
-    for (const auto& [unused, s] : stuck) {
-      (void)unused;
+    for (const auto& entry : stuck) {
+      const int64_t s = entry.second;
       if (skipped(s) || !above_mean(s)) continue;
       while (cursor < stuck.size() && !above_mean(stuck[cursor].second)) ++cursor;
       partners.clear();

@@ -66,15 +66,6 @@ class Spiller : public StepPass {
     return slack > 0.0 ? -slack : kInf;
   }
   void update_receiver(Index p) { receivers_.set(p, receiver_key(p)); }
-  // Pack p's samples as they are now.
-  const Index* first(Index p) const {
-    const size_t q = static_cast<size_t>(p);
-    return changed_[q] ? content_[q].data() : packs_.samples.data() + packs_.offsets[q];
-  }
-  Index count(Index p) const {
-    const size_t q = static_cast<size_t>(p);
-    return changed_[q] ? static_cast<Index>(content_[q].size()) : packs_.offsets[q + 1] - packs_.offsets[q];
-  }
 
   // x leaves pack `from` for pack `to`; logged with what undo needs to restore both packs exactly.
   void move(Index x, Index from, Index to) {
@@ -133,7 +124,7 @@ class Spiller : public StepPass {
   // is nearest to `want` first (ties by id).
   void candidates(Index a, double want, std::vector<Index>& out) {
     const Index* in = first(a);
-    const Index n = count(a);
+    const Index n = size_of(a);
     out.clear();
     if (n < 2) return;
     Index floor = in[0];
@@ -163,7 +154,7 @@ class Spiller : public StepPass {
     heavy_.reset(w_);
     for (Index k = 0; k < w_; ++k) {
       receivers_.set(ids[k], kInf);  // no move inside the step
-      samples_in_step += count(ids[k]);
+      samples_in_step += size_of(ids[k]);
       if (frozen_[static_cast<size_t>(ids[k])]) fixed = std::max(fixed, cost(ids[k]));
       else heavy_.set(k, -cost(ids[k]));
     }

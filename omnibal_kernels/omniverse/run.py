@@ -130,7 +130,7 @@ def affine_profile(
             if np.ptp(x) <= 1e-12 * max(float(np.abs(x).max()), 1e-300):
                 fixed.append(0.0)
                 continue
-            slope, intercept = np.polyfit(x, y, 1)
+            intercept = np.polyfit(x, y, 1)[1]
             fixed.append(float(np.clip(intercept, 0.0, getattr(layer, attr))))
         layers.append(replace(layer, fixed_forward_ms=fixed[0], fixed_backward_ms=fixed[1]))
     return ModelProfile(tuple(layers), input_bytes=first.input_bytes, meta=dict(first.meta))

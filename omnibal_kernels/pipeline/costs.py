@@ -223,14 +223,12 @@ class StageCosts:
                 take = {int(items[t]) for t in found[0]}
                 slack = scale * found[1] * int((weights > 0).sum())
             chosen = [tuple(int(x) for x in ls if int(x) in take) for ls in layers]
-            rec = [float(self.fwd[list(c)].sum()) if c else 0.0 for c in chosen]
-            kept = [a - sum(self.act[x] - self.inp[x] for x in c) for a, c in zip(act, chosen)]
-            memory = static + sum(h * k for h, k in zip(held, kept))
+            rec, kept, memory = self._priced(chosen, act, held, static)
             return RankChoice(
                 tuple(chosen),
                 tuple(rec),
-                tuple(float(k) for k in kept),
-                float(memory),
+                tuple(kept),
+                memory,
                 bool(memory <= budget * (1 + 1e-9) and found is not None),
                 float(slack),
             )
@@ -244,14 +242,19 @@ class StageCosts:
         budget = self.budget(int(self.rank_of[intervals[0][0]]))
         held = [self.held[j] for j, _, _ in intervals]
         static = sum(float(self.span(self.c_static, a, b)) for _, a, b in intervals)
-        rec = [float(self.fwd[list(c)].sum()) if c else 0.0 for c in chosen]
-        kept = [
-            float(self.span(self.c_act, a, b)) - sum(float(self.act[x] - self.inp[x]) for x in c)
-            for (_, a, b), c in zip(intervals, chosen)
-        ]
-        memory = static + sum(h * k for h, k in zip(held, kept))
+        act = [float(self.span(self.c_act, a, b)) for _, a, b in intervals]
+        rec, kept, memory = self._priced(chosen, act, held, static)
         fits = budget is None or memory <= budget * (1 + 1e-9)
-        return RankChoice(tuple(tuple(c) for c in chosen), tuple(rec), tuple(kept), float(memory), bool(fits), 0.0)
+        return RankChoice(tuple(tuple(c) for c in chosen), tuple(rec), tuple(kept), memory, bool(fits), 0.0)
+
+    def _priced(
+        self, chosen: Sequence[Sequence[int]], act: Sequence[float], held: Sequence[float], static: float
+    ) -> tuple[list[float], list[float], float]:
+        """Per stage the recompute time and the kept activation bytes of recomputing ``chosen`` (of stages
+        keeping ``act`` without it, ``held`` micro-batches of each), and the rank's memory."""
+        rec = [float(self.fwd[list(c)].sum()) if c else 0.0 for c in chosen]
+        kept = [float(a - sum(self.act[x] - self.inp[x] for x in c)) for a, c in zip(act, chosen)]
+        return rec, kept, float(static + sum(h * k for h, k in zip(held, kept)))
 
     def layer_fits_alone(self, j: int) -> bool:
         """Whether layer ``j`` fits some rank even alone and recomputed under ``mode``."""
