@@ -140,7 +140,9 @@ from omnibal_kernels.pipeline import simulate
 simulate(np.ones(1), np.ones(1), 1)  # compiled before the signal can come
 print("ready", flush=True)
 m = 10**7  # bytes per micro-batch: the full run, operation by operation (several seconds in one piece)
-simulate(np.ones(2), np.ones(2), m, activation_bytes=np.ones((m, 2)))
+# runs over and over, so that the signal meets a run however slowly the test that sends it is scheduled
+for _ in range(30):
+    simulate(np.ones(2), np.ones(2), m, activation_bytes=np.ones((m, 2)))
 print("finished", flush=True)
 """
 
