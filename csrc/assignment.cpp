@@ -179,14 +179,19 @@ Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, 
   if (one_part) sorted_packs = packs, sorted_totals = totals, sorted_order = order;
   if (work_per_sample > 0) lift_stuck_packs(order, packs, totals, costs, world_size);
   refine_steps(packs, totals, loads, costs, cap, order, world_size, work_per_sample);
-  if (work_per_sample > 0) spill_to_room(packs, totals, loads, costs, cap, order, world_size);
+  // The spill and raise passes lower steps left above their mean; once the epoch is within kRefineTolerance of
+  // its ideal (the total cost over world_size, which the passes keep), they could gain less than the share
+  // each step is held to, and are skipped.
+  const bool settled =
+      epoch_of(order, totals, world_size) <= (1.0 + kRefineTolerance) * ideal_of(order, totals, world_size);
+  if (work_per_sample > 0 && !settled) spill_to_room(packs, totals, loads, costs, cap, order, world_size);
   // The raise pass raises no step's costliest pack, yet settle_steps, a greedy trade, may end a little higher from
   // the packs it leaves: the plan as it was before the raise is settled too, and the cheaper of the two kept.
   Packs unraised_packs;
   PackLoads unraised_totals;
   LargeVector<Index> unraised_order;
   bool raised = false;
-  if (one_part) {
+  if (one_part && !settled) {
     unraised_packs = packs, unraised_totals = totals, unraised_order = order;
     std::vector<char> gave;
     raised = raise_stuck_steps(packs, totals, loads, costs, cap, order, world_size, gave) > 0;

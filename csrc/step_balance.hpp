@@ -47,6 +47,9 @@ LargeVector<Index> cost_order(const PackLoads& totals, Index world_size);
 // The epoch cost of `order` cut into steps of world_size packs: the sum over steps of the costliest pack.
 double epoch_of(const LargeVector<Index>& order, const PackLoads& totals, Index world_size);
 
+// The ideal epoch cost of `order`: its packs' total cost over world_size, which no step layout of them beats.
+double ideal_of(const LargeVector<Index>& order, const PackLoads& totals, Index world_size);
+
 // Moves the packs that would stick out of their step up one step: a pack whose costliest sample (its floor,
 // which exchanges of its other samples cannot take out) costs more than its step's mean within kRefineTolerance
 // trades places with the cheapest pack of the step above that does not stick out of this one. Such a pack costs

@@ -13,11 +13,25 @@
 namespace omnibal {
 namespace {
 
-// cost_order sorts by 16-bit digits (4 passes over the packs, counts that stay in cache), and many packs
-// only: below kRadixMin packs a comparison sort costs less than the passes' counts.
-constexpr int kRadixBits = 16;
+// cost_order sorts by 11-bit digits (6 passes over the packs, every pass's counts in cache at once), and many
+// packs only: below kRadixMin packs a comparison sort costs less than the passes' counts.
+constexpr int kRadixBits = 11;
 constexpr uint64_t kRadixMask = (uint64_t{1} << kRadixBits) - 1;
 constexpr size_t kRadixMin = size_t{1} << 13;
+// split_to_whole_steps reads the packs in decreasing cost until it can stop, mostly a few past the `need`
+// it splits: it first reads this many per pack it splits, and sorts all packs only where they do not reach the
+// stop.
+constexpr Index kSplitLook = 64;
+// fill_pack_costs asks for a sample's cost this many samples before it adds it.
+constexpr Index kCostsAhead = 16;
+
+inline void prefetch(const void* address) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(address);
+#else
+  (void)address;
+#endif
+}
 
 // Ids 0 .. n - 1 by decreasing key (finite, >= 0), ties by id.
 LargeVector<Index> sorted_desc(const double* cost, size_t n) {
@@ -42,19 +56,48 @@ LargeVector<Index> sorted_desc(const double* cost, size_t n) {
     std::memcpy(&bits, &c, sizeof bits);
     keyed[p] = Keyed{~bits, static_cast<Index>(p)};
   }
-  std::vector<size_t> start(size_t{1} << kRadixBits);
-  for (int shift = 0; shift < 64; shift += kRadixBits) {
-    std::fill(start.begin(), start.end(), 0);
-    for (size_t k = 0; k < n; ++k) ++start[(keyed[k].key >> shift) & kRadixMask];
+  // Every pass's counts in one read of the keys.
+  constexpr int kPasses = (64 + kRadixBits - 1) / kRadixBits;
+  std::vector<size_t> counts(static_cast<size_t>(kPasses) << kRadixBits, 0);
+  for (size_t k = 0; k < n; ++k) {
+    for (int pass = 0; pass < kPasses; ++pass) {
+      ++counts[(static_cast<size_t>(pass) << kRadixBits) + ((keyed[k].key >> (pass * kRadixBits)) & kRadixMask)];
+    }
+  }
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = pass * kRadixBits;
+    size_t* start = counts.data() + (static_cast<size_t>(pass) << kRadixBits);
     // A digit that all keys share leaves the order as it is.
     if (start[(keyed[0].key >> shift) & kRadixMask] == n) continue;
     size_t sum = 0;
-    for (size_t& s : start) sum += std::exchange(s, sum);
+    for (size_t d = 0; d <= kRadixMask; ++d) sum += std::exchange(start[d], sum);
     for (size_t k = 0; k < n; ++k) keyed_out[start[(keyed[k].key >> shift) & kRadixMask]++] = keyed[k];
     keyed.swap(keyed_out);
   }
   for (size_t k = 0; k < n; ++k) order[k] = keyed[k].id;
   return order;
+}
+
+// The ids of the `count` largest keys (finite, >= 0), in sorted_desc's order: its first `count` ids, found in
+// one pass with a heap of `count` ids where sorting all n would take several.
+std::vector<Index> largest_desc(const double* cost, size_t n, size_t count) {
+  // the heap's front is the id that sorted_desc places last among those held
+  auto before = [cost](Index a, Index b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; };
+  std::vector<Index> top;
+  top.reserve(std::min(n, count));
+  for (size_t p = 0; p < n; ++p) {
+    const Index id = static_cast<Index>(p);
+    if (top.size() < count) {
+      top.push_back(id);
+      std::push_heap(top.begin(), top.end(), before);
+    } else if (count > 0 && before(id, top.front())) {
+      std::pop_heap(top.begin(), top.end(), before);
+      top.back() = id;
+      std::push_heap(top.begin(), top.end(), before);
+    }
+  }
+  std::sort_heap(top.begin(), top.end(), before);
+  return top;
 }
 
 }  // namespace
@@ -72,9 +115,24 @@ void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackL
 
 void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals) {
   const Index n = packs.size();
-  totals.cost_dims = costs.dims;
-  totals.cost.resize(static_cast<size_t>(n * costs.dims));
-  for (Index p = 0; p < n; ++p) fill_pack_cost(packs, costs, p, totals);
+  const int dims = costs.dims;
+  totals.cost_dims = dims;
+  totals.cost.resize(static_cast<size_t>(n * dims));
+  // The samples are read in pack order, their costs at random: each cost is asked for kCostsAhead samples
+  // before it is added, so that the reads overlap instead of waiting one after another.
+  const Index* samples = packs.samples.data();
+  const Index count = static_cast<Index>(packs.samples.size());
+  for (Index p = 0; p < n; ++p) {
+    const Index end = packs.offsets[static_cast<size_t>(p) + 1];
+    for (int d = 0; d < dims; ++d) {
+      double c = 0.0;
+      for (Index i = packs.offsets[static_cast<size_t>(p)]; i < end; ++i) {
+        if (d == 0 && i + kCostsAhead < count) prefetch(costs.cost + samples[i + kCostsAhead] * dims);
+        c += costs.cost[samples[i] * dims + d];
+      }
+      totals.cost[static_cast<size_t>(p * dims + d)] = d + 1 == dims ? c + costs.per_pack : c;
+    }
+  }
 }
 
 Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs,
@@ -96,7 +154,6 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
     splittable += two ? 1 : 0;
   }
   if (splittable < need) return 0;
-  const LargeVector<Index> by_cost = sorted_desc(pack_cost.data(), static_cast<size_t>(n));
   std::vector<std::pair<double, Index>> halves;  // (-half, pack): the largest halves first in a max-heap order
   auto half_of = [&](Index p) {
     double top = 0.0;
@@ -109,17 +166,30 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
   auto smaller_half = [](const std::pair<double, Index>& a, const std::pair<double, Index>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;  // a min-heap of (half, pack)
   };
-  for (const Index p : by_cost) {
-    if (packs.offsets[static_cast<size_t>(p) + 1] - packs.offsets[static_cast<size_t>(p)] < 2) continue;
-    if (static_cast<Index>(halves.size()) == need &&
-        halves.front().first >= 0.5 * (totals.cost_sum(p) - costs.per_pack))
-      break;
-    halves.emplace_back(half_of(p), p);
-    std::push_heap(halves.begin(), halves.end(), smaller_half);
-    if (static_cast<Index>(halves.size()) > need) {
-      std::pop_heap(halves.begin(), halves.end(), smaller_half);
-      halves.pop_back();
+  // Reads `by_cost` in order; false where it ran out before the stop above.
+  auto read = [&](const Index* by_cost, size_t count) {
+    halves.clear();
+    for (size_t k = 0; k < count; ++k) {
+      const Index p = by_cost[k];
+      if (packs.offsets[static_cast<size_t>(p) + 1] - packs.offsets[static_cast<size_t>(p)] < 2) continue;
+      if (static_cast<Index>(halves.size()) == need &&
+          halves.front().first >= 0.5 * (totals.cost_sum(p) - costs.per_pack))
+        return true;
+      halves.emplace_back(half_of(p), p);
+      std::push_heap(halves.begin(), halves.end(), smaller_half);
+      if (static_cast<Index>(halves.size()) > need) {
+        std::pop_heap(halves.begin(), halves.end(), smaller_half);
+        halves.pop_back();
+      }
     }
+    return false;
+  };
+  // The costliest packs first; all of them in order only where those do not reach the stop.
+  const std::vector<Index> costliest =
+      largest_desc(pack_cost.data(), static_cast<size_t>(n), static_cast<size_t>(kSplitLook * need));
+  if (!read(costliest.data(), costliest.size())) {
+    const LargeVector<Index> by_cost = sorted_desc(pack_cost.data(), static_cast<size_t>(n));
+    read(by_cost.data(), by_cost.size());
   }
   std::vector<Index> candidates;
   for (const auto& h : halves) candidates.push_back(h.second);
@@ -143,31 +213,31 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
       half[h] += costs.total(id);
     }
   }
-  Packs out;
-  out.samples.reserve(packs.samples.size());
-  out.offsets.reserve(static_cast<size_t>(n + need) + 1);
-  // The packs between two split ones are copied as one run, their offsets shifted by the samples taken out
-  // so far (the second halves, appended at the end).
+  // In place: the packs after a split one move down by the samples taken out so far (the second halves,
+  // appended at the end), each split pack keeping its first half.
   Index removed = 0, from = 0;
-  auto copy_unchanged = [&](Index to) {  // packs [from, to)
-    out.samples.insert(out.samples.end(), packs.samples.begin() + packs.offsets[static_cast<size_t>(from)],
-                       packs.samples.begin() + packs.offsets[static_cast<size_t>(to)]);
-    for (Index q = from + 1; q <= to; ++q) out.offsets.push_back(packs.offsets[static_cast<size_t>(q)] - removed);
+  // Packs [from, to): the start of `from` has moved already, the others' offsets are as they were.
+  auto shift_unchanged = [&](Index to) {
+    if (from == to) return;
+    const auto begin = packs.samples.begin() + (packs.offsets[static_cast<size_t>(from)] + removed);
+    std::copy(begin, packs.samples.begin() + packs.offsets[static_cast<size_t>(to)], begin - removed);
+    for (Index q = from + 1; q <= to; ++q) packs.offsets[static_cast<size_t>(q)] -= removed;
   };
   for (Index k = 0; k < need; ++k) {
     const Index p = candidates[static_cast<size_t>(k)];
-    copy_unchanged(p);
-    out.samples.insert(out.samples.end(), first[static_cast<size_t>(k)].begin(), first[static_cast<size_t>(k)].end());
+    shift_unchanged(p);
+    const std::vector<Index>& kept = first[static_cast<size_t>(k)];
+    std::copy(kept.begin(), kept.end(), packs.samples.begin() + packs.offsets[static_cast<size_t>(p)]);
     removed += static_cast<Index>(second[static_cast<size_t>(k)].size());
-    out.offsets.push_back(packs.offsets[static_cast<size_t>(p) + 1] - removed);
+    packs.offsets[static_cast<size_t>(p) + 1] -= removed;
     from = p + 1;
   }
-  copy_unchanged(n);
+  shift_unchanged(n);
+  packs.samples.resize(packs.samples.size() - static_cast<size_t>(removed));
   for (const std::vector<Index>& half : second) {
-    out.samples.insert(out.samples.end(), half.begin(), half.end());
-    out.close_pack();
+    packs.samples.insert(packs.samples.end(), half.begin(), half.end());
+    packs.close_pack();
   }
-  packs = std::move(out);
   totals.vit.resize(static_cast<size_t>(n + need));
   totals.llm.resize(static_cast<size_t>(n + need));
   totals.cost.resize(static_cast<size_t>((n + need) * costs.dims));
@@ -310,6 +380,12 @@ double epoch_of(const LargeVector<Index>& order, const PackLoads& totals, Index 
     epoch += top;
   }
   return epoch;
+}
+
+double ideal_of(const LargeVector<Index>& order, const PackLoads& totals, Index world_size) {
+  double total = 0.0;
+  for (const Index p : order) total += totals.cost_sum(p);
+  return total / static_cast<double>(world_size);
 }
 
 Index settle_steps(LargeVector<Index>& order, const PackLoads& totals, Index world_size) {
