@@ -161,22 +161,27 @@ Assignment assign_random(Index num_packs, Index world_size, bool drop_last, uint
   return a;
 }
 
-Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs, Capacity cap,
-                           Index world_size, bool drop_last, uint64_t seed, int64_t work_per_sample) {
-  split_to_whole_steps(packs, totals, loads, costs, world_size);
-  LargeVector<Index> order = cost_order(totals, world_size);
-  Rng ragged(derive_seed(seed, kStreamRagged));
+Assignment assign_balanced(const PackMaker& make_packs, Packs& packs, PackLoads& totals, const Loads& loads,
+                           const SampleCosts& costs, Capacity cap, Index world_size, bool drop_last, uint64_t seed,
+                           int64_t work_per_sample) {
   Index duplicated = 0;
   std::vector<Index> dropped;
-  make_whole_steps(order, world_size, drop_last, ragged, duplicated, dropped);
+  // The packs as made, split to whole steps where they can be, sorted by cost and cut into steps.
+  auto sorted_steps = [&]() {
+    make_packs(packs, totals);
+    split_to_whole_steps(packs, totals, loads, costs, world_size);
+    LargeVector<Index> order = cost_order(totals, world_size);
+    Rng ragged(derive_seed(seed, kStreamRagged));
+    duplicated = 0;
+    dropped.clear();
+    make_whole_steps(order, world_size, drop_last, ragged, duplicated, dropped);
+    return order;
+  };
+  LargeVector<Index> order = sorted_steps();
   // The packs sorted by cost and cut into steps are kept where the passes below, which move packs between
   // steps before their exchanges, end up costing more over the epoch.
   const bool one_part = totals.cost_dims == 1 && work_per_sample > 0;
   const double sorted_epoch = one_part ? epoch_of(order, totals, world_size) : 0.0;
-  Packs sorted_packs;
-  PackLoads sorted_totals;
-  LargeVector<Index> sorted_order;
-  if (one_part) sorted_packs = packs, sorted_totals = totals, sorted_order = order;
   if (work_per_sample > 0) lift_stuck_packs(order, packs, totals, costs, world_size);
   refine_steps(packs, totals, loads, costs, cap, order, world_size, work_per_sample);
   // The spill and raise passes lower steps left above their mean; once the epoch is within kRefineTolerance of
@@ -205,9 +210,8 @@ Assignment assign_balanced(Packs& packs, PackLoads& totals, const Loads& loads, 
       packs = std::move(unraised_packs), totals = std::move(unraised_totals), order = std::move(unraised_order);
     }
   }
-  if (one_part && epoch_of(order, totals, world_size) > sorted_epoch) {
-    packs = std::move(sorted_packs), totals = std::move(sorted_totals), order = std::move(sorted_order);
-  }
+  // They are made again rather than copied before the passes: the passes rarely end up above them.
+  if (one_part && epoch_of(order, totals, world_size) > sorted_epoch) order = sorted_steps();
   Rng rng(derive_seed(seed, kStreamAssign));
   const Index num_steps = static_cast<Index>(order.size()) / world_size;
   LargeVector<Index> step_order = stratified_order(num_steps, rng);
