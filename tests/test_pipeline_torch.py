@@ -85,6 +85,25 @@ def test_measured_profile_fields(small_profile):
     assert len({prof.layers[i].activation_bytes for i in (5, 6, 7)}) == 1
 
 
+def test_measuring_a_profile_leaves_no_tensor_behind():
+    """Every graph the measurement builds is freed: a process that profiles again and again (between rounds
+    of training) does not grow."""
+    import gc
+
+    chain = _chain()
+    batch = _batch()
+
+    def live() -> int:
+        gc.collect()
+        return sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+
+    measure_profile(chain, batch, repeats=1)
+    before = live()
+    for _ in range(2):
+        measure_profile(chain, batch, repeats=1)
+    assert live() == before
+
+
 @pytest.mark.parametrize(
     "recompute",
     [

@@ -175,7 +175,9 @@ def measure_profile(
             key = storage.data_ptr()
             if key not in own and storage.nbytes():
                 saved[key] = storage.nbytes()
-            return t
+            # not ``t`` itself: a saved output would hold its own graph, a cycle through autograd that the
+            # collector cannot see, and the graph would never be freed
+            return t.detach()
 
         # One more forward, untimed, records what the layer saves for backward.
         x = _detached(x)
