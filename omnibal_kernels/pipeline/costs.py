@@ -112,7 +112,6 @@ class StageCosts:
         self.c_fwd = np.concatenate([z, np.cumsum(self.fwd)])
         self.c_bwd = np.concatenate([z, np.cumsum(self.bwd)])
         self.c_rec = np.concatenate([z, np.cumsum(self.rec)])
-        self.c_rec_f = np.concatenate([z, np.cumsum(self.rec_f)])
         self.shares = _least_shares(self.rec_f, self.rec_b)
         self.c_act = np.concatenate([z, np.cumsum(self.act)])
         self.c_inp = np.concatenate([z, np.cumsum(self.inp)])

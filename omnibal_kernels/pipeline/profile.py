@@ -151,11 +151,11 @@ class LayerProfile:
         }
         if self.kind:
             out["kind"] = self.kind
-        for key in _FIXED_FIELDS + _RECOMPUTE_FIELDS:
+        if self.recompute_ms is not None:  # even 0: measured as nothing is not the default (the forward time)
+            out["recompute_ms"] = self.recompute_ms
+        for key in _FIXED_FIELDS + _RECOMPUTE_FIELDS[1:]:
             if getattr(self, key):
                 out[key] = getattr(self, key)
-        if self.recompute_ms == 0.0:
-            out["recompute_ms"] = 0.0  # measured as nothing, which is not the default (the forward time)
         return out
 
 
