@@ -7,8 +7,9 @@ one epoch of a fixed sample set and timed beside the prediction.
 1. A fixed set of bundled-like samples scaled by 1/16 (``testing.tiny_vlm.scaled_lengths``) and a tiny VLM wide
    enough that its CPU time follows its FLOPs more than its per-operation overheads (``SIZES``).
 2. The 4 processes start; each measures the model layer by layer (``measure_profile``: CPU time of its one
-   torch thread, saved bytes) on a reference micro-batch near the mean and on one of twice its samples, no
-   more processes at once than there are cores, as they will train (4.); rank 0 takes each layer's median,
+   torch thread, plain and under ``torch.utils.checkpoint`` as the recomputed layers train, saved bytes) on a
+   reference micro-batch near the mean and on one of twice its samples, no more processes at once than there
+   are cores, as they will train (4.); rank 0 takes each layer's median,
    fits the part of each layer's time that does not grow with the micro-batch (``affine_profile``: the
    per-call cost of its operations, which a CPU pays whatever the micro-batch), and gives the profile of the
    reference to the entry point
@@ -424,12 +425,15 @@ def _profile(repeats: int, cores: Any) -> list[Any]:
 
 
 def _median_profile(profiles: list[Any]) -> Any:
-    """Every rank's profile, each layer's times the median over the ranks (the bytes are the same)."""
+    """Every rank's profile, each layer's times (forward, backward and what recomputing it adds to each) the
+    median over the ranks (the bytes are the same)."""
     layers = []
     for i, layer in enumerate(profiles[0].layers):
-        fwd = float(np.median([p.layers[i].forward_ms for p in profiles]))
-        bwd = float(np.median([p.layers[i].backward_ms for p in profiles]))
-        layers.append(replace(layer, forward_ms=fwd, backward_ms=bwd))
+        keys = ["forward_ms", "backward_ms", "checkpoint_forward_ms"]
+        if all(p.layers[i].recompute_ms is not None for p in profiles):
+            keys.append("recompute_ms")
+        times = {key: float(np.median([getattr(p.layers[i], key) for p in profiles])) for key in keys}
+        layers.append(replace(layer, **times))
     return ModelProfile(tuple(layers), input_bytes=profiles[0].input_bytes, meta=dict(profiles[0].meta))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,7 +25,8 @@ from omnibal_kernels.pipeline import (
 LINK = 25.0  # GB/s
 
 
-def _profile(rng: np.random.Generator, n: int) -> ModelProfile:
+def _profile(rng: np.random.Generator, n: int, measured: bool = False) -> ModelProfile:
+    """Random layers; ``measured``: with a recompute cost of their own in each pass."""
     layers = []
     for i in range(n):
         f = float(rng.uniform(0.5, 3.0))
@@ -38,6 +40,9 @@ def _profile(rng: np.random.Generator, n: int) -> ModelProfile:
                 int(rng.integers(1, 30)) * 10**6,
             )
         )
+        if measured:
+            extra = {"recompute_ms": f * float(rng.uniform(0.5, 2.0)), "checkpoint_forward_ms": f * rng.uniform(0, 0.5)}
+            layers[-1] = replace(layers[-1], **extra)
     return ModelProfile(tuple(layers), input_bytes=int(rng.integers(1, 30)) * 10**6)
 
 
@@ -50,6 +55,7 @@ def _brute_step(prof: ModelProfile, v: int, m: int, budget, schedule: str, fixed
     orders = torch_order(schedule, P, m, v)
     _, held = reference_step(orders, [0.0] * S, [0.0] * S, [0.0] * S, [0.0] * (S - 1), ranks)
     fwd, bwd, act, inp = prof.forward_ms, prof.backward_ms, prof.activation_bytes, prof.input_bytes_per_layer
+    rec_b, rec_f = prof.recompute_ms, prof.checkpoint_forward_ms
     static, send = prof.static_bytes, prof.output_bytes / (LINK * 1e9) * 1e3
     zb = schedule in ("interleaved-zb", "zbv")
     best = (None, None)
@@ -58,7 +64,7 @@ def _brute_step(prof: ModelProfile, v: int, m: int, budget, schedule: str, fixed
         if fixed and any(starts[s] != first for s, first in fixed.items()):
             continue
         stages = list(zip(starts, [c - 1 for c in cuts] + [L - 1]))
-        rec = [0.0] * S
+        rec, rec_fwd = [0.0] * S, [0.0] * S
         for r in range(P):
             own = [(j, layer) for j in range(S) if ranks[j] == r for layer in range(stages[j][0], stages[j][1] + 1)]
             base = sum(static[layer] for _, layer in own)
@@ -68,15 +74,16 @@ def _brute_step(prof: ModelProfile, v: int, m: int, budget, schedule: str, fixed
                     kept = sum(held[j] * (inp[layer] if (j, layer) in chosen else act[layer]) for j, layer in own)
                     if budget is not None and base + kept > budget:
                         continue
-                    cost = sum(fwd[layer] for _, layer in chosen)
+                    cost = sum(rec_f[layer] + rec_b[layer] for _, layer in chosen)
                     if found is None or cost < found[0]:
                         found = (cost, chosen)
             if found is None:
                 break
             for j, layer in found[1]:
-                rec[j] += fwd[layer]
+                rec[j] += rec_b[layer]
+                rec_fwd[j] += rec_f[layer]
         else:
-            f = [fwd[a : b + 1].sum() for a, b in stages]
+            f = [fwd[a : b + 1].sum() + x for (a, b), x in zip(stages, rec_fwd)]
             bt = [bwd[a : b + 1].sum() for a, b in stages]
             w = [0.5 * x if zb else 0.0 for x in bt]
             step, _ = reference_step(
@@ -475,3 +482,40 @@ def test_branch_and_bound_alone_finds_the_optimum(seed, case, P, m, tight):
     assert found is not None and found.nodes < 10**5
     assert found.step_ms == pytest.approx(brute, rel=1e-9)
     assert found.lower_bound_ms == pytest.approx(brute, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    case=st.sampled_from(STEP_CASES),
+    P=st.integers(1, 3),
+    m=st.integers(1, 5),
+    tight=st.sampled_from([None, 0.8, 0.6]),
+)
+def test_measured_recompute_costs_keep_the_search_exact(seed, case, P, m, tight):
+    """With each layer's recompute cost measured per pass (checkpoint's work in the forward, the recomputed
+    forward in the backward), the per-rank plans minimize both, the step is simulated with each in its pass,
+    and the bounds alone still lead to the fastest split under the independent simulator."""
+    from omnibal_kernels.pipeline.bounds import Windows
+    from omnibal_kernels.pipeline.costs import StageCosts
+    from omnibal_kernels.pipeline.partition import _Evaluator
+    from omnibal_kernels.pipeline.search import search_step
+
+    schedule, v = case
+    P = min(P, 2) if v > 1 else P
+    if schedule.startswith("interleaved") and m % max(1, m // P):
+        m = P * max(1, m // P)
+    prof = _profile(np.random.default_rng(seed), 7 if v == 1 else 6, measured=True)
+    kw = dict(micro_batches=m, link_gb_per_s=LINK, schedule=schedule, virtual_stages=v)
+    budget = None if tight is None else max(partition(prof, P, **kw).memory_bytes) * tight
+    brute, _ = _brute_step(prof, v, m, budget, schedule, P=P)
+    if brute is None:
+        return
+    plan = partition(prof, P, memory_bytes=budget, **kw)
+    assert brute * (1 - 1e-9) <= plan.step_ms <= brute * 1.002
+    costs = StageCosts(prof, P, v, m, schedule, None if budget is None else [budget] * P, "plan", LINK, 0.5)
+    mats, _ = costs.recompute_matrices(np.full(len(prof), len(prof) - 1))
+    found = search_step(costs, mats, Windows.of(schedule, P, m, v), {}, _Evaluator(costs).step, [], 10**5, polish=False)
+    assert found is not None and found.nodes < 10**5
+    assert found.step_ms == pytest.approx(brute, rel=1e-9)
+    assert found.lower_bound_ms <= brute * (1 + 1e-9)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from omnibal_kernels.pipeline import (
+    ModelProfile,
     apply_recompute,
     measure_profile,
     measure_saved_bytes,
@@ -17,6 +18,7 @@ from omnibal_kernels.pipeline import (
     pipelining_split_spec,
     stage_modules,
 )
+from omnibal_kernels.pipeline.recompute import CheckpointWrapper
 from omnibal_kernels.testing.tiny_vlm import (
     PATCHES,
     TILE,
@@ -83,6 +85,43 @@ def test_measured_profile_fields(small_profile):
     # Identical blocks save identical bytes.
     assert len({prof.layers[i].activation_bytes for i in (1, 2, 3)}) == 1
     assert len({prof.layers[i].activation_bytes for i in (5, 6, 7)}) == 1
+
+
+def test_measuring_a_profile_leaves_no_tensor_behind():
+    """Every graph the measurement builds is freed: a process that profiles again and again (between rounds
+    of training) does not grow."""
+    import gc
+
+    chain = _chain()
+    batch = _batch()
+
+    def live() -> int:
+        gc.collect()
+        return sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+
+    measure_profile(chain, batch, repeats=1)
+    before = live()
+    for _ in range(2):
+        measure_profile(chain, batch, repeats=1)
+    assert live() == before
+
+
+def test_measured_recompute_cost():
+    """Each layer timed under checkpoint as ``apply_recompute`` wraps it: what that adds to the backward (the
+    forward run again) is there and positive, the JSON form keeps it, and ``recompute=False`` leaves it out
+    (recomputation then priced as the forward again)."""
+    torch.manual_seed(0)
+    chain = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) for _ in range(2)])
+    x = torch.randn(512, 256)
+    prof = measure_profile(chain, x, repeats=5)
+    assert all(layer.recompute_ms > 0 and layer.checkpoint_forward_ms >= 0 for layer in prof.layers)
+    again = ModelProfile.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert again == prof and (again.recompute_ms == prof.recompute_ms).all()
+    plain = measure_profile(chain, x, repeats=1, recompute=False)
+    assert all(layer.recompute_ms is None and layer.checkpoint_forward_ms == 0 for layer in plain.layers)
+    assert (plain.recompute_ms == plain.forward_ms).all()
+    # the chain itself is unchanged: no layer left wrapped
+    assert not any(isinstance(m, CheckpointWrapper) for m in chain.modules())
 
 
 @pytest.mark.parametrize(

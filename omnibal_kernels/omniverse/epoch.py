@@ -5,10 +5,11 @@ Each pipeline (data-parallel rank) runs its micro-batches of a step through the 
 choice (:func:`~omnibal_kernels.pipeline.stage_times` scales every layer by its kind's cost of the micro-batch
 over the mean micro-batch of the data, which the profile describes), under the plan's schedule
 (:func:`~omnibal_kernels.pipeline.simulate`); the optimizer step lasts as long as its slowest pipeline.
-Rank-time of the epoch splits into compute (forwards, backwards and sends), recomputation and idle time (the
-bubble: fill and drain, stages that wait for slower ones, pipelines that wait for the slowest). The share of
-the idle time that comes from unequal micro-batches is the epoch's idle time less that of the same epoch with
-every micro-batch at the mean cost, over the former.
+Rank-time of the epoch splits into compute (forwards, backwards and sends), recomputation (the recomputed
+forwards and checkpoint's own work in the forwards) and idle time (the bubble: fill and drain, stages that wait
+for slower ones, pipelines that wait for the slowest). The share of the idle time that comes from unequal
+micro-batches is the epoch's idle time less that of the same epoch with every micro-batch at the mean cost,
+over the former.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ def epoch_times(
             slowest = max(slowest, result.step_ms)
             busy += float(sum(result.busy_ms))
             recompute += float(times.recompute_ms.sum())
+            if times.checkpoint_forward_ms is not None:
+                recompute += float(times.checkpoint_forward_ms.sum())
         if m not in mean_cache:
             mean_cache[m] = _run(plan, kind_times.times({kind: np.ones(m) for kind in scales}), m)
         mean = mean_cache[m]

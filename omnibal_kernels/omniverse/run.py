@@ -68,11 +68,21 @@ def _micro_batch_costs(reference: tuple[Any, Any], cost_model: CostModel) -> tup
     return vit, llm, {kind: float(c[0]) for kind, c in costs.items()}
 
 
+# a layer's times that scale with its kind's cost past their fixed parts (``fixed_<name>``); ``recompute_ms`` too
+# where it is measured
+_TIMES = ("forward_ms", "backward_ms", "checkpoint_forward_ms")
+
+
+def _scaled(ms: float, fixed: float, time: float) -> float:
+    return fixed + (ms - fixed) * time
+
+
 def scaled_profile(
     profile: ModelProfile, reference: tuple[Any, Any], data: MicroBatches, cost_model: CostModel
 ) -> ModelProfile:
     """``profile``, measured on the micro-batch ``reference`` (its ``(vit, llm)`` per-sample loads), as the
-    profile of ``data``: each layer's times (past their fixed parts, which stay) scaled by its kind's mean cost
+    profile of ``data``: each layer's times (forward, backward and what recomputing it adds to each; past their
+    fixed parts, which stay) scaled by its kind's mean cost
     over ``data``'s micro-batches against its cost of ``reference``, its activation and output bytes by the
     largest load of its kind (ViT units for ``"vit"`` layers, tokens for the others) against the
     reference's."""
@@ -85,11 +95,15 @@ def scaled_profile(
         kind = layer.kind if layer.kind in ref else ""
         time = float(np.mean(mean[kind])) / ref[kind] if ref[kind] > 0 else 1.0
         grow = max(_kind_load(kind, units, tokens) / max(_kind_load(kind, vit.sum(), llm.sum()), 1e-300), 0.0)
+        times: dict[str, Any] = {
+            key: _scaled(getattr(layer, key), getattr(layer, f"fixed_{key}"), time) for key in _TIMES
+        }
+        if layer.recompute_ms is not None:
+            times["recompute_ms"] = _scaled(layer.recompute_ms, layer.fixed_recompute_ms, time)
         layers.append(
             replace(
                 layer,
-                forward_ms=layer.fixed_forward_ms + (layer.forward_ms - layer.fixed_forward_ms) * time,
-                backward_ms=layer.fixed_backward_ms + (layer.backward_ms - layer.fixed_backward_ms) * time,
+                **times,
                 activation_bytes=int(round(layer.activation_bytes * grow)),
                 output_bytes=int(round(layer.output_bytes * grow)),
             )
@@ -102,9 +116,10 @@ def affine_profile(
 ) -> ModelProfile:
     """The first of ``profiles`` with each layer's fixed times: the profiles are of one chain, measured on the
     micro-batches ``references`` (their ``(vit, llm)`` per-sample loads, of at least two costs per layer
-    kind), and each layer's forward and backward are fitted as a fixed time plus a time proportional to its
-    kind's cost (least squares over the profiles); the fixed part is clipped to ``[0, time]`` of the first
-    profile, whose times are kept. A kind of one cost over the references gets no fixed part.
+    kind), and each layer's forward and backward, and what recomputing it adds to each (``recompute_ms`` where
+    every profile measured it), are fitted as a fixed time plus a time proportional to its kind's cost (least
+    squares over the profiles); the fixed part is clipped to ``[0, time]`` of the first profile, whose times
+    are kept. A kind of one cost over the references gets no fixed part.
 
     A layer's time on a machine has a part that does not grow with the micro-batch (the per-call cost of its
     operations: launches, dispatch): a profile scaled to another micro-batch (:func:`scaled_profile`,
@@ -124,15 +139,18 @@ def affine_profile(
     for j, layer in enumerate(first.layers):
         kind = layer.kind if layer.kind in costs[0] else ""
         x = np.array([c[kind] for c in costs])
-        fixed = []
-        for attr in ("forward_ms", "backward_ms"):
+        attrs = list(_TIMES)
+        if all(p.layers[j].recompute_ms is not None for p in profiles):
+            attrs.append("recompute_ms")
+        fixed: dict[str, Any] = {}
+        for attr in attrs:
             y = np.array([getattr(p.layers[j], attr) for p in profiles])
             if np.ptp(x) <= 1e-12 * max(float(np.abs(x).max()), 1e-300):
-                fixed.append(0.0)
+                fixed[f"fixed_{attr}"] = 0.0
                 continue
             intercept = np.polyfit(x, y, 1)[1]
-            fixed.append(float(np.clip(intercept, 0.0, getattr(layer, attr))))
-        layers.append(replace(layer, fixed_forward_ms=fixed[0], fixed_backward_ms=fixed[1]))
+            fixed[f"fixed_{attr}"] = float(np.clip(intercept, 0.0, getattr(layer, attr)))
+        layers.append(replace(layer, **fixed))
     return ModelProfile(tuple(layers), input_bytes=first.input_bytes, meta=dict(first.meta))
 
 

@@ -142,7 +142,7 @@ def recompute_matrix(
 ) -> None:
     """Least recompute time of every stage a..b (``b <= last[a]``) for each of Q (held, budget) settings.
 
-    save, cost: (L,) bytes a layer saves when recomputed and its forward time; c_static, c_act: (L + 1,)
+    save, cost: (L,) bytes a layer saves when recomputed and what recomputing it costs; c_static, c_act: (L + 1,)
     prefix sums of static and activation bytes; held, budget: (Q,). A stage needs
     ``(static + held * act - budget) / held`` bytes saved per micro-batch. out: (Q, L, L), written for
     b in a..last[a] (inf where nothing fits); grids: (L,) the grid used per start (0: exact).

@@ -1,9 +1,11 @@
 """What a stage of a partition costs: per-interval times and memory of one profile under one setting.
 
-Virtual stage ``j`` holding layers ``a..b`` runs, per micro-batch, a forward ``F = forward + send out`` and a
-backward ``B = backward + recompute + send in`` (sends only between stages on different ranks, as
-``output_bytes / link_gb_per_s``); under zero bubble ``B`` is the input-gradient part, ``(1 - weight_fraction)``
-of the backward plus the recomputation, and ``W`` the rest. A rank holding stages with ``held_j``
+Virtual stage ``j`` holding layers ``a..b`` runs, per micro-batch, a forward ``F = forward + checkpoint + send
+out`` and a backward ``B = backward + recompute + send in`` (sends only between stages on different ranks, as
+``output_bytes / link_gb_per_s``); ``recompute`` and ``checkpoint`` sum the profile's ``recompute_ms`` and
+``checkpoint_forward_ms`` over the recomputed layers, and a recompute choice costs both. Under zero bubble
+``B`` is the input-gradient part, ``(1 - weight_fraction)`` of the backward plus the recomputation, and ``W``
+the rest. A rank holding stages with ``held_j``
 micro-batches alive at their peaks needs ``static + sum_j held_j * kept_j`` bytes (an upper bound on the
 simulated peak, which is exact when each rank holds one stage); ``kept`` is the activation bytes of the layers
 that are not recomputed plus the input bytes of those that are.
@@ -34,8 +36,9 @@ _GB = 1e9
 @dataclass(frozen=True)
 class RankChoice:
     """The recompute choice of one rank: ``chosen`` (global layer indices per virtual stage of the rank),
-    ``recompute_ms`` and ``kept_bytes`` per stage, ``memory_bytes`` (static + held * kept, summed), ``fits``
-    and ``slack_bytes`` (0 when the choice is exactly optimal)."""
+    ``recompute_ms`` (added to the backward) and ``kept_bytes`` per stage, ``memory_bytes`` (static + held *
+    kept, summed), ``fits``, ``slack_bytes`` (0 when the choice is exactly optimal) and
+    ``checkpoint_forward_ms`` per stage (added to the forward; empty: none)."""
 
     chosen: tuple[tuple[int, ...], ...]
     recompute_ms: tuple[float, ...]
@@ -43,6 +46,26 @@ class RankChoice:
     memory_bytes: float
     fits: bool
     slack_bytes: float
+    checkpoint_forward_ms: tuple[float, ...] = ()
+
+
+def _least_shares(rec_f: np.ndarray, rec_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(L, L) each: over the layers a..b, the least share of a layer's recompute cost that lands in the forward
+    and the least that lands in the backward (layers of no cost left out; 0 and 1 where every layer is). A
+    choice of cost ``C`` among them adds at least ``share * C`` to each pass."""
+    total = rec_f + rec_b
+    costly = total > 0
+    f = np.ones_like(total)
+    b = np.ones_like(total)
+    np.divide(rec_f, total, out=f, where=costly)
+    np.divide(rec_b, total, out=b, where=costly)
+    L = total.size
+    out_f, out_b = np.zeros((L, L)), np.ones((L, L))
+    for a in range(L):
+        any_costly = np.logical_or.accumulate(costly[a:])
+        out_f[a, a:] = np.where(any_costly, np.minimum.accumulate(f[a:]), 0.0)
+        out_b[a, a:] = np.where(any_costly, np.minimum.accumulate(b[a:]), 1.0)
+    return out_f, out_b
 
 
 class StageCosts:
@@ -79,12 +102,17 @@ class StageCosts:
         self.cross_in = np.insert(self.rank_of[1:] != self.rank_of[:-1], 0, False)
         self.wf = weight_fraction if schedule in ZERO_BUBBLE else 0.0
         self.fwd, self.bwd = profile.forward_ms, profile.backward_ms
+        # what recomputing each layer adds to its backward and to its forward; a choice pays both
+        self.rec_b, self.rec_f = profile.recompute_ms, profile.checkpoint_forward_ms
+        self.rec = self.rec_f + self.rec_b
         self.act, self.inp = profile.activation_bytes, profile.input_bytes_per_layer
         self.static = profile.static_bytes
         self.send_ms = profile.output_bytes / (link_gb_per_s * _GB) * 1e3 if link_gb_per_s else np.zeros(self.L)
         z = np.zeros(1)
         self.c_fwd = np.concatenate([z, np.cumsum(self.fwd)])
         self.c_bwd = np.concatenate([z, np.cumsum(self.bwd)])
+        self.c_rec = np.concatenate([z, np.cumsum(self.rec)])
+        self.shares = _least_shares(self.rec_f, self.rec_b)
         self.c_act = np.concatenate([z, np.cumsum(self.act)])
         self.c_inp = np.concatenate([z, np.cumsum(self.inp)])
         # the least a stage can keep: a layer is recomputed only where its input is smaller than what it saves
@@ -113,11 +141,24 @@ class StageCosts:
         a = np.asarray(a)
         return np.where((a > 0) & self.cross_in[j], self.send_ms[np.maximum(a - 1, 0)], 0.0)
 
-    def parts(self, j: Union[int, np.ndarray], a, b, recompute_ms=0.0):
-        """``(F, B, W)`` of stage j = a..b per micro-batch (arrays broadcast over a and b)."""
-        f = self.span(self.c_fwd, a, b)
+    def parts(self, j: Union[int, np.ndarray], a, b, recompute_ms=0.0, checkpoint_ms=0.0):
+        """``(F, B, W)`` of stage j = a..b per micro-batch (arrays broadcast over a and b), ``recompute_ms``
+        added to B and ``checkpoint_ms`` to F."""
+        f = self.span(self.c_fwd, a, b) + checkpoint_ms
         bt = self.span(self.c_bwd, a, b)
         return (f + self.send_out(j, b), (1.0 - self.wf) * bt + recompute_ms + self.send_in(j, a), self.wf * bt)
+
+    def least_parts(self, j: Union[int, np.ndarray], a, b, least_ms):
+        """``(F, B, W)`` of stage j = a..b, each at most its value under every recompute choice that costs at
+        least ``least_ms`` (a recompute matrix's entry): the least share of each layer's cost that lands in the
+        forward (or the backward) over the layers a..b, times ``least_ms``."""
+        share_f, share_b = self.shares[0][a, b], self.shares[1][a, b]
+        least_ms = np.asarray(least_ms, dtype=np.float64)
+        # an infinite cost (nothing fits) stays in the backward, as ``parts`` takes it
+        inf = ~np.isfinite(least_ms)
+        finite = np.where(inf, 0.0, least_ms)
+        rec_b = np.where(inf | (share_b >= 1.0), least_ms, share_b * finite)
+        return self.parts(j, a, b, rec_b, share_f * finite)
 
     # ---- memory ---------------------------------------------------------------------------------------
     def lone_recompute(self, j: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -125,7 +166,7 @@ class StageCosts:
         ``mode`` (alone, the other stages of the rank taking nothing), inf where it cannot."""
         budget = self.budget(int(self.rank_of[j]))
         if self.mode == "all":
-            rec = self.span(self.c_fwd, a, b)
+            rec = self.span(self.c_rec, a, b)
             kept = self.span(self.c_inp, a, b)
         else:
             rec = np.zeros(np.broadcast(a, b).shape)
@@ -154,7 +195,7 @@ class StageCosts:
         mats = np.full((len(keys), L, L), np.inf)
         recompute_matrix(
             self.act - self.inp,
-            self.fwd.copy(),
+            self.rec.copy(),
             self.c_static,
             self.c_act,
             held,
@@ -192,10 +233,11 @@ class StageCosts:
         n = len(intervals)
         if self.mode == "all":
             chosen = [tuple(int(x) for x in ls) for ls in layers]
-            rec = [float(self.fwd[ls].sum()) for ls in layers]
+            rec = [float(self.rec_b[ls].sum()) for ls in layers]
+            rec_f = [float(self.rec_f[ls].sum()) for ls in layers]
             kept = inp
         elif self.mode == "none" or budget is None or static + sum(h * x for h, x in zip(held, act)) <= budget:
-            chosen, rec, kept = [()] * n, [0.0] * n, act
+            chosen, rec, rec_f, kept = [()] * n, [0.0] * n, [0.0] * n, act
         else:
             items = np.concatenate(layers)
             if n == 1:
@@ -211,10 +253,10 @@ class StageCosts:
             if n == 1 and self.grids is not None:
                 mask = np.zeros(items.size, np.bool_)
                 found: Optional[tuple[Union[np.ndarray, list[int]], float]]
-                cost, _ = solve(weights, self.fwd[items], float(need), float(self.grids[a]), 2 * FRONTIER_POINTS, mask)
+                cost, _ = solve(weights, self.rec[items], float(need), float(self.grids[a]), 2 * FRONTIER_POINTS, mask)
                 found = None if not math.isfinite(cost) else (np.flatnonzero(mask), float(self.grids[a]))
             else:
-                got = cover(weights, self.fwd[items], need)
+                got = cover(weights, self.rec[items], need)
                 found = None if got is None else (got.chosen, got.grid)
             if found is None:  # cannot fit: recompute every layer worth it and report the overflow
                 take = {int(items[t]) for t in np.flatnonzero(weights > 0)}
@@ -223,7 +265,7 @@ class StageCosts:
                 take = {int(items[t]) for t in found[0]}
                 slack = scale * found[1] * int((weights > 0).sum())
             chosen = [tuple(int(x) for x in ls if int(x) in take) for ls in layers]
-            rec, kept, memory = self._priced(chosen, act, held, static)
+            rec, rec_f, kept, memory = self._priced(chosen, act, held, static)
             return RankChoice(
                 tuple(chosen),
                 tuple(rec),
@@ -231,10 +273,13 @@ class StageCosts:
                 memory,
                 bool(memory <= budget * (1 + 1e-9) and found is not None),
                 float(slack),
+                tuple(rec_f),
             )
         memory = static + sum(h * k for h, k in zip(held, kept))
         fits = budget is None or memory <= budget * (1 + 1e-9)
-        return RankChoice(tuple(chosen), tuple(rec), tuple(float(k) for k in kept), float(memory), bool(fits), 0.0)
+        return RankChoice(
+            tuple(chosen), tuple(rec), tuple(float(k) for k in kept), float(memory), bool(fits), 0.0, tuple(rec_f)
+        )
 
     def given_choice(self, intervals: Sequence[tuple[int, int, int]], chosen: Sequence[tuple[int, ...]]) -> RankChoice:
         """One rank holding ``(stage j, a, b)`` for each of its stages with the layers ``chosen`` (global
@@ -243,18 +288,21 @@ class StageCosts:
         held = [self.held[j] for j, _, _ in intervals]
         static = sum(float(self.span(self.c_static, a, b)) for _, a, b in intervals)
         act = [float(self.span(self.c_act, a, b)) for _, a, b in intervals]
-        rec, kept, memory = self._priced(chosen, act, held, static)
+        rec, rec_f, kept, memory = self._priced(chosen, act, held, static)
         fits = budget is None or memory <= budget * (1 + 1e-9)
-        return RankChoice(tuple(tuple(c) for c in chosen), tuple(rec), tuple(kept), memory, bool(fits), 0.0)
+        return RankChoice(
+            tuple(tuple(c) for c in chosen), tuple(rec), tuple(kept), memory, bool(fits), 0.0, tuple(rec_f)
+        )
 
     def _priced(
         self, chosen: Sequence[Sequence[int]], act: Sequence[float], held: Sequence[float], static: float
-    ) -> tuple[list[float], list[float], float]:
-        """Per stage the recompute time and the kept activation bytes of recomputing ``chosen`` (of stages
-        keeping ``act`` without it, ``held`` micro-batches of each), and the rank's memory."""
-        rec = [float(self.fwd[list(c)].sum()) if c else 0.0 for c in chosen]
+    ) -> tuple[list[float], list[float], list[float], float]:
+        """Per stage what recomputing ``chosen`` adds to the backward and to the forward and the kept activation
+        bytes (of stages keeping ``act`` without it, ``held`` micro-batches of each), and the rank's memory."""
+        rec = [float(self.rec_b[list(c)].sum()) if c else 0.0 for c in chosen]
+        rec_f = [float(self.rec_f[list(c)].sum()) if c else 0.0 for c in chosen]
         kept = [float(a - sum(self.act[x] - self.inp[x] for x in c)) for a, c in zip(act, chosen)]
-        return rec, kept, float(static + sum(h * k for h, k in zip(held, kept)))
+        return rec, rec_f, kept, float(static + sum(h * k for h, k in zip(held, kept)))
 
     def layer_fits_alone(self, j: int) -> bool:
         """Whether layer ``j`` fits some rank even alone and recomputed under ``mode``."""

@@ -1,11 +1,15 @@
 """Profiles measured on the machine at hand from a real ``torch.nn.Module`` chain and a real batch.
 
 ``measure_profile`` runs the layers one after another on the batch. For each layer it times the forward and
-the backward (CUDA synchronized when the layer runs there), records the bytes of every tensor the layer saves
-for backward through ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages, parameters and buffers
-excluded), and the bytes of its output. ``measure_saved_bytes`` checks a whole forward pass independently: it
-tracks every storage the pass allocates (a ``TorchDispatchMode`` and weak references) and reports the bytes
-still alive when it returns, which is what autograd (and ``torch.utils.checkpoint``) keeps for backward.
+the backward (CUDA synchronized when the layer runs there), the same again with the layer run under
+``torch.utils.checkpoint`` as ``apply_recompute`` wraps it (each checkpointed run right after a plain one, so
+that both meet the same machine): what that adds to the forward pass (checkpoint's own work) and to the
+backward pass (the recomputed forward), the layer's ``checkpoint_forward_ms`` and ``recompute_ms``; it records
+the bytes of every tensor the layer saves for backward through ``torch.autograd.graph.saved_tensors_hooks``
+(distinct storages, parameters and buffers excluded), and the bytes of its output. ``measure_saved_bytes``
+checks a whole forward pass independently: it tracks every storage the pass allocates (a ``TorchDispatchMode``
+and weak references) and reports the bytes still alive when it returns, which is what autograd (and
+``torch.utils.checkpoint``) keeps for backward.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from .profile import LayerProfile, ModelProfile
+from .recompute import checkpointed
 
 __all__ = ["measure_profile", "measure_saved_bytes"]
 
@@ -78,6 +83,20 @@ def _backward(out: Any) -> None:
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
 
+def _timed(layer: Any, x: Any, timer: Callable[[], float]) -> tuple[float, float]:
+    """One forward and backward of ``layer`` on ``x``: their times in ms."""
+    x = _detached(x)
+    _sync(x)
+    t0 = timer()
+    out = _call(layer, x)
+    _sync(out)
+    t1 = timer()
+    _backward(out)
+    _sync(x)
+    t2 = timer()
+    return (t1 - t0) * 1e3, (t2 - t1) * 1e3
+
+
 def measure_saved_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
     """Runs ``fn(*args, **kwargs)`` and returns ``(result, bytes)``: the bytes of storages allocated during the
     call that are still alive after it, except the result's own. Run it on a forward pass with autograd
@@ -116,6 +135,7 @@ def measure_profile(
     warmup: int = 1,
     optimizer_bytes_per_param: float = 8.0,
     timer: Callable[[], float] = time.perf_counter,
+    recompute: bool = True,
 ) -> ModelProfile:
     """Measures a per-layer profile of a chain of modules on one micro-batch.
 
@@ -131,6 +151,10 @@ def measure_profile(
             static bytes = parameters + gradients (the parameters' dtype) + this.
         timer: the clock, in seconds (default wall time; on a shared CPU with one torch thread,
             ``time.process_time`` measures the work without the time other processes take).
+        recompute: also time every layer under ``torch.utils.checkpoint``, wrapped as ``apply_recompute``
+            wraps it, right after each plain run: ``checkpoint_forward_ms`` and ``recompute_ms`` are the
+            medians of what it adds to the forward and to the backward (at least 0); ``False`` leaves them out
+            (then recomputation is priced as the forward time again).
     """
     import torch
 
@@ -153,29 +177,28 @@ def measure_profile(
     input_bytes = _nbytes(x)
     for i, layer in enumerate(mods):
         own = {p.untyped_storage().data_ptr() for p in list(layer.parameters()) + list(layer.buffers())}
-        fwd_times, bwd_times = [], []
+        fwd_times, bwd_times, ckpt_fwd, ckpt_bwd = [], [], [], []
         saved: dict[int, int] = {}
-        out = None
+        wrapped = checkpointed(layer) if recompute else None
         for r in range(warmup + repeats):
-            x = _detached(x)
-            _sync(x)
-            t0 = timer()
-            out = _call(layer, x)
-            _sync(out)
-            t1 = timer()
-            _backward(out)
-            _sync(x)
-            t2 = timer()
+            fwd, bwd = _timed(layer, x, timer)
+            if wrapped is not None:
+                c_fwd, c_bwd = _timed(wrapped, x, timer)
             if r >= warmup:
-                fwd_times.append((t1 - t0) * 1e3)
-                bwd_times.append((t2 - t1) * 1e3)
+                fwd_times.append(fwd)
+                bwd_times.append(bwd)
+                if wrapped is not None:
+                    ckpt_fwd.append(c_fwd - fwd)
+                    ckpt_bwd.append(c_bwd - bwd)
 
         def pack(t: torch.Tensor, own: set = own, saved: dict = saved) -> torch.Tensor:
             storage = t.untyped_storage()
             key = storage.data_ptr()
             if key not in own and storage.nbytes():
                 saved[key] = storage.nbytes()
-            return t
+            # not ``t`` itself: a saved output would hold its own graph, a cycle through autograd that the
+            # collector cannot see, and the graph would never be freed
+            return t.detach()
 
         # One more forward, untimed, records what the layer saves for backward.
         x = _detached(x)
@@ -195,6 +218,8 @@ def measure_profile(
                 activation_bytes=sum(saved.values()),
                 static_bytes=int(round(static)),
                 output_bytes=_nbytes(out),
+                recompute_ms=max(statistics.median(ckpt_bwd), 0.0) if recompute else None,
+                checkpoint_forward_ms=max(statistics.median(ckpt_fwd), 0.0) if recompute else 0.0,
             )
         )
         x = tuple(t.detach() for t in out) if isinstance(out, tuple) else out.detach()

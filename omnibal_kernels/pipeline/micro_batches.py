@@ -134,14 +134,17 @@ def micro_batch_times(
 
 @dataclass(frozen=True)
 class StageTimes:
-    """Per micro-batch and virtual stage of a plan, (m, S) float64: ``forward_ms``, ``backward_ms``
-    (recomputation included), ``weight_ms`` (the part of the backward that is the weight gradient, for the
-    zero-bubble schedules) and ``recompute_ms`` (the recomputed forwards)."""
+    """Per micro-batch and virtual stage of a plan, (m, S) float64: ``forward_ms`` (checkpoint's own work
+    included), ``backward_ms`` (recomputation included), ``weight_ms`` (the part of the backward that is the
+    weight gradient, for the zero-bubble schedules), ``recompute_ms`` (the recomputed forwards, in the backward)
+    and ``checkpoint_forward_ms`` (what running the recomputed layers under checkpoint adds to the forward;
+    ``None``: nothing)."""
 
     forward_ms: np.ndarray
     backward_ms: np.ndarray
     weight_ms: np.ndarray
     recompute_ms: np.ndarray
+    checkpoint_forward_ms: Optional[np.ndarray] = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,9 @@ class StageKindTimes:
     """A plan's stage times at the profile's mean micro-batch, per layer kind: ``forward_ms``, ``backward_ms``
     and ``recompute_ms`` as ``(len(kinds), S)``, the parts that grow with the micro-batch; per stage the share
     of the backward that is the weight gradient, and ``fixed_ms``: ``(3, S)`` forward, backward and recompute
-    parts that do not (the layers' fixed times). :meth:`times` scales them per micro-batch."""
+    parts that do not (the layers' fixed times); ``checkpoint_forward_ms`` the ``(len(kinds) + 1, S)`` part of
+    the forward that the recomputed layers add, per kind then fixed (``None``: nothing). :meth:`times` scales
+    them per micro-batch."""
 
     kinds: tuple[str, ...]
     forward_ms: np.ndarray
@@ -157,6 +162,7 @@ class StageKindTimes:
     recompute_ms: np.ndarray
     weight_share: np.ndarray
     fixed_ms: Optional[np.ndarray] = None
+    checkpoint_forward_ms: Optional[np.ndarray] = None
 
     def times(self, scales: Mapping[str, np.ndarray]) -> StageTimes:
         """(micro-batch, stage) times when every layer of kind ``k`` takes its fixed time plus the rest of its
@@ -169,7 +175,11 @@ class StageKindTimes:
         f, b, r = factor @ self.forward_ms, factor @ self.backward_ms, factor @ self.recompute_ms
         if self.fixed_ms is not None:
             f, b, r = f + self.fixed_ms[0], b + self.fixed_ms[1], r + self.fixed_ms[2]
-        return StageTimes(f, b + r, b * self.weight_share, r)
+        c = None
+        if self.checkpoint_forward_ms is not None:
+            c = factor @ self.checkpoint_forward_ms[:-1] + self.checkpoint_forward_ms[-1]
+            f = f + c
+        return StageTimes(f, b + r, b * self.weight_share, r, c)
 
 
 def stage_kind_times(plan: PipelinePlan, profile: Any) -> StageKindTimes:
@@ -182,19 +192,26 @@ def stage_kind_times(plan: PipelinePlan, profile: Any) -> StageKindTimes:
     index = {k: i for i, k in enumerate(order)}
     S = plan.num_stages
     fwd, bwd, rec = (np.zeros((len(order), S)) for _ in range(3))
+    ckpt = np.zeros((len(order) + 1, S))
     fixed = np.zeros((3, S))
     f_fix, b_fix = profile.fixed_forward_ms, profile.fixed_backward_ms
     f_ms, b_ms = profile.forward_ms - f_fix, profile.backward_ms - b_fix
+    r_fix, c_fix = profile.fixed_recompute_ms, profile.fixed_checkpoint_forward_ms
+    r_ms, c_ms = profile.recompute_ms - r_fix, profile.checkpoint_forward_ms - c_fix
     for j, (a, b) in enumerate(plan.stages):
         for layer in range(a, b + 1):
             fwd[index[kinds[layer]], j] += f_ms[layer]
             bwd[index[kinds[layer]], j] += b_ms[layer]
         for layer in plan.recompute[j]:
-            rec[index[kinds[layer]], j] += f_ms[layer]
-        fixed[:, j] = f_fix[a : b + 1].sum(), b_fix[a : b + 1].sum(), f_fix[list(plan.recompute[j])].sum()
+            rec[index[kinds[layer]], j] += r_ms[layer]
+            ckpt[index[kinds[layer]], j] += c_ms[layer]
+        fixed[:, j] = f_fix[a : b + 1].sum(), b_fix[a : b + 1].sum(), r_fix[list(plan.recompute[j])].sum()
+        ckpt[-1, j] = c_fix[list(plan.recompute[j])].sum()
+    # the plan's forward holds the checkpoint's part and its backward the recomputation: the rest is the backward
+    # whose weight-gradient share the plan gives
     mean_bwd = np.asarray(plan.backward_ms) - rec.sum(axis=0) - fixed[2]
     share = np.divide(np.asarray(plan.weight_ms or np.zeros(S)), mean_bwd, out=np.zeros(S), where=mean_bwd > 0)
-    return StageKindTimes(order, fwd, bwd, rec, share, fixed if fixed.any() else None)
+    return StageKindTimes(order, fwd, bwd, rec, share, fixed if fixed.any() else None, ckpt if ckpt.any() else None)
 
 
 def stage_times(plan: PipelinePlan, profile: Any, scales: Mapping[str, np.ndarray]) -> StageTimes:

@@ -277,7 +277,7 @@ class _Evaluator:
     def parts(self, stages: Sequence[tuple[int, int]]):
         c = self.c
         chosen: list[tuple[int, ...]] = [()] * c.S
-        rec, kept = np.zeros(c.S), np.zeros(c.S)
+        rec, rec_f, kept = np.zeros(c.S), np.zeros(c.S), np.zeros(c.S)
         memory, slack, fits = [], [], True
         for r in range(c.P):
             own = [(j, a, b) for j, (a, b) in enumerate(stages) if c.rank_of[j] == r]
@@ -287,24 +287,26 @@ class _Evaluator:
                 choice = c.given_choice(own, [self.given[j] for j, _, _ in own])
             for (j, _, _), ch, ms, kb in zip(own, choice.chosen, choice.recompute_ms, choice.kept_bytes):
                 chosen[j], rec[j], kept[j] = ch, ms, kb
+            for (j, _, _), ms in zip(own, choice.checkpoint_forward_ms):
+                rec_f[j] = ms
             memory.append(choice.memory_bytes)
             slack.append(choice.slack_bytes)
             fits = fits and choice.fits
-        return chosen, rec, kept, memory, slack, fits
+        return chosen, rec, rec_f, kept, memory, slack, fits
 
-    def inputs(self, stages: Sequence[tuple[int, int]], rec: np.ndarray) -> dict[str, np.ndarray]:
+    def inputs(self, stages: Sequence[tuple[int, int]], rec: np.ndarray, rec_f: np.ndarray) -> dict[str, np.ndarray]:
         c = self.c
         a = np.array([s[0] for s in stages])
         b = np.array([s[1] for s in stages])
-        fwd = c.span(c.c_fwd, a, b)
+        fwd = c.span(c.c_fwd, a, b) + rec_f
         bt = c.span(c.c_bwd, a, b)
         return {"forward_ms": fwd, "backward_ms": bt + rec, "weight_ms": c.wf * bt, "comm_ms": c.send_ms[b[:-1]]}
 
     def step(self, stages: Sequence[tuple[int, int]]) -> Optional[float]:
-        _, rec, _, _, _, fits = self.parts(stages)
+        _, rec, rec_f, _, _, _, fits = self.parts(stages)
         if not fits:
             return None
-        x = self.inputs(stages, rec)
+        x = self.inputs(stages, rec, rec_f)
         return simulate(
             x["forward_ms"],
             x["backward_ms"],
@@ -319,8 +321,8 @@ class _Evaluator:
         self, stages: Sequence[tuple[int, int]], method: str, objective: str, lower: float = 0.0, nodes: int = 0
     ) -> PipelinePlan:
         c = self.c
-        chosen, rec, kept, memory, slack, fits = self.parts(stages)
-        x = self.inputs(stages, rec)
+        chosen, rec, rec_f, kept, memory, slack, fits = self.parts(stages)
+        x = self.inputs(stages, rec, rec_f)
         static = np.array([c.span(c.c_static, a, b) for a, b in stages])
         sim = simulate(
             x["forward_ms"],
@@ -333,7 +335,9 @@ class _Evaluator:
             static_bytes=static,
             weight_ms=x["weight_ms"],
         )
-        f, bb, w = c.parts(np.arange(c.S), np.array([s[0] for s in stages]), np.array([s[1] for s in stages]), rec)
+        f, bb, w = c.parts(
+            np.arange(c.S), np.array([s[0] for s in stages]), np.array([s[1] for s in stages]), rec, rec_f
+        )
         return PipelinePlan(
             stages=tuple((int(a), int(b)) for a, b in stages),
             recompute=tuple(chosen),
@@ -448,9 +452,9 @@ def _search_limits(costs: StageCosts, fixed: dict[int, int], objective: str) -> 
     if objective == "step":
         cap = step / costs.m
     else:
-        _, rec, _, _, _, _ = ev.parts(uniform)
+        _, rec, rec_f, _, _, _, _ = ev.parts(uniform)
         f, bb, w = costs.parts(
-            np.arange(costs.S), np.array([a for a, _ in uniform]), np.array([b for _, b in uniform]), rec
+            np.arange(costs.S), np.array([a for a, _ in uniform]), np.array([b for _, b in uniform]), rec, rec_f
         )
         cap = float(np.max(f + bb + w))
     train = costs.c_fwd + costs.c_bwd

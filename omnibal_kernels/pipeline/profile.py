@@ -10,13 +10,21 @@ JSON form (``load_profile`` / ``ModelProfile.save``)::
     {"input_bytes": 0,                       # optional: bytes of the chain's input (default 0)
      "meta": {...},                          # optional: free-form description (source, loads, device)
      "layers": [{"name": "vit.0", "forward_ms": 1.2, "backward_ms": 2.4, "activation_bytes": 123,
-                 "static_bytes": 456, "output_bytes": 78, "kind": "vit"}, ...]}
+                 "static_bytes": 456, "output_bytes": 78, "kind": "vit",
+                 "recompute_ms": 1.3, "checkpoint_forward_ms": 0.1}, ...]}
 
 ``kind`` is optional (``"vit"``, ``"projector"``, ``"llm"``, ``"head"``, ...); the engine forms use it to count
 decoder layers per stage. ``fixed_forward_ms`` and ``fixed_backward_ms`` are optional (default 0): the part of
 each time that does not grow with the micro-batch (the per-call cost of the layer's operations), which a
 micro-batch of another size keeps while the rest scales with its cost (``omniverse.affine_profile`` fits them
 from profiles measured on micro-batches of two sizes).
+
+``recompute_ms`` and ``checkpoint_forward_ms`` are optional: what recomputing the layer costs, measured by
+running it under ``torch.utils.checkpoint`` (``measure_profile``). A recomputed layer runs its forward again
+in the backward pass, which takes ``recompute_ms`` longer (absent: ``forward_ms``, the forward time again),
+and its forward pass takes ``checkpoint_forward_ms`` longer (checkpoint's own work; absent: 0).
+``fixed_recompute_ms`` and ``fixed_checkpoint_forward_ms`` are their parts that do not grow with the
+micro-batch (absent: ``fixed_forward_ms`` for a layer without ``recompute_ms``, else 0).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -44,6 +52,8 @@ PROFILE_FIELDS: dict[str, str] = {
 }
 _TIME_FIELDS = ("forward_ms", "backward_ms")
 _FIXED_FIELDS = ("fixed_forward_ms", "fixed_backward_ms")
+# what recomputing a layer adds to its backward and to its forward pass, and their fixed parts (module docstring)
+_RECOMPUTE_FIELDS = ("recompute_ms", "checkpoint_forward_ms", "fixed_recompute_ms", "fixed_checkpoint_forward_ms")
 _BYTE_FIELDS = ("activation_bytes", "static_bytes", "output_bytes")
 
 
@@ -66,6 +76,14 @@ def _check_bytes(where: str, name: str, value: object) -> int:
     return value
 
 
+def _recompute_cost(layer: LayerProfile) -> tuple[float, float]:
+    """What recomputing ``layer`` adds to its backward pass and the fixed part of that (without a measured
+    ``recompute_ms``: its forward again)."""
+    if layer.recompute_ms is None:
+        return layer.forward_ms, layer.fixed_forward_ms
+    return layer.recompute_ms, layer.fixed_recompute_ms
+
+
 @dataclass(frozen=True)
 class LayerProfile:
     """One layer of a chain, per micro-batch (see the module docstring for each field)."""
@@ -79,6 +97,10 @@ class LayerProfile:
     kind: str = ""
     fixed_forward_ms: float = 0.0
     fixed_backward_ms: float = 0.0
+    recompute_ms: Optional[float] = None
+    checkpoint_forward_ms: float = 0.0
+    fixed_recompute_ms: float = 0.0
+    fixed_checkpoint_forward_ms: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"layer {self.name!r}"
@@ -98,6 +120,25 @@ class LayerProfile:
             object.__setattr__(self, key, ms)
         for key in _BYTE_FIELDS:
             object.__setattr__(self, key, _check_bytes(where, key, getattr(self, key)))
+        self._check_recompute(where)
+
+    def _check_recompute(self, where: str) -> None:
+        for key in _RECOMPUTE_FIELDS:
+            if key == "recompute_ms" and self.recompute_ms is None:
+                continue
+            ms = check_finite_non_negative(key, getattr(self, key), where)
+            if ms > MAX_LAYER_MS:
+                raise ValueError(f"{where}: {key} must be at most {MAX_LAYER_MS:g} ms, got {ms!r}")
+            object.__setattr__(self, key, ms)
+        if self.recompute_ms is None and self.fixed_recompute_ms:
+            raise ValueError(f"{where}: fixed_recompute_ms needs recompute_ms (without it, fixed_forward_ms stands)")
+        for key, total in (
+            ("fixed_recompute_ms", "recompute_ms"),
+            ("fixed_checkpoint_forward_ms", "checkpoint_forward_ms"),
+        ):
+            bound = getattr(self, total)
+            if bound is not None and getattr(self, key) > bound:
+                raise ValueError(f"{where}: {key} must be at most {total} ({bound!r}), got {getattr(self, key)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -110,7 +151,9 @@ class LayerProfile:
         }
         if self.kind:
             out["kind"] = self.kind
-        for key in _FIXED_FIELDS:
+        if self.recompute_ms is not None:  # even 0: measured as nothing is not the default (the forward time)
+            out["recompute_ms"] = self.recompute_ms
+        for key in _FIXED_FIELDS + _RECOMPUTE_FIELDS[1:]:
             if getattr(self, key):
                 out[key] = getattr(self, key)
         return out
@@ -171,6 +214,27 @@ class ModelProfile:
         return self._column("fixed_backward_ms")
 
     @property
+    def recompute_ms(self) -> np.ndarray:
+        """(L,) float64: what recomputing each layer adds to its backward pass (``forward_ms`` where not
+        measured)."""
+        return np.array([_recompute_cost(layer)[0] for layer in self.layers], dtype=np.float64)
+
+    @property
+    def fixed_recompute_ms(self) -> np.ndarray:
+        """(L,) float64: the part of ``recompute_ms`` that does not grow with the micro-batch."""
+        return np.array([_recompute_cost(layer)[1] for layer in self.layers], dtype=np.float64)
+
+    @property
+    def checkpoint_forward_ms(self) -> np.ndarray:
+        """(L,) float64: what recomputing each layer adds to its forward pass (0 where not measured)."""
+        return self._column("checkpoint_forward_ms")
+
+    @property
+    def fixed_checkpoint_forward_ms(self) -> np.ndarray:
+        """(L,) float64: the part of ``checkpoint_forward_ms`` that does not grow with the micro-batch."""
+        return self._column("fixed_checkpoint_forward_ms")
+
+    @property
     def activation_bytes(self) -> np.ndarray:
         """(L,) float64 (byte counts; exact below 2**53)."""
         return self._column("activation_bytes")
@@ -227,6 +291,10 @@ class ModelProfile:
                         kind=row.get("kind", ""),
                         fixed_forward_ms=row.get("fixed_forward_ms", 0.0),
                         fixed_backward_ms=row.get("fixed_backward_ms", 0.0),
+                        recompute_ms=row.get("recompute_ms"),
+                        checkpoint_forward_ms=row.get("checkpoint_forward_ms", 0.0),
+                        fixed_recompute_ms=row.get("fixed_recompute_ms", 0.0),
+                        fixed_checkpoint_forward_ms=row.get("fixed_checkpoint_forward_ms", 0.0),
                     )
                 )
             except (TypeError, ValueError) as exc:

@@ -2,7 +2,8 @@
 
 A stage that holds ``k`` micro-batches of activations needs ``static + k * kept`` bytes, where ``kept`` sums
 ``activation_bytes`` over the layers that keep their activations and ``input bytes`` over the layers that are
-recomputed (a checkpointed layer keeps only its input and runs its forward again in the backward pass).
+recomputed (a checkpointed layer keeps only its input and runs its forward again in the backward pass; what
+that costs is the profile's ``recompute_ms`` in the backward plus ``checkpoint_forward_ms`` in the forward).
 Choosing the layers to recompute so that the stage fits its budget at the least recompute time is a 0/1
 knapsack (a min-cost cover of the bytes to save), NP-hard in general. :func:`cover` solves it on a Pareto
 frontier of (bytes saved, time) bounded to ``FRONTIER_POINTS`` points (``pipeline._frontier``): exact while the
@@ -27,6 +28,7 @@ __all__ = [
     "StageMemory",
     "StageRecompute",
     "apply_recompute",
+    "checkpointed",
     "cover",
     "min_cost_cover",
     "pareto_frontier",
@@ -136,7 +138,7 @@ class StageRecompute(NamedTuple):
 def stage_recompute(
     activation_bytes: Sequence[float],
     input_bytes: Sequence[float],
-    forward_ms: Sequence[float],
+    recompute_ms: Sequence[float],
     static_bytes: float,
     held: int,
     budget: Optional[float],
@@ -144,13 +146,14 @@ def stage_recompute(
     limit: int = FRONTIER_POINTS,
 ) -> Optional[StageRecompute]:
     """The least-recompute-time choice for one stage's layers, or ``None`` when the stage cannot fit ``budget``
-    even recomputing everything worth recomputing."""
+    even recomputing everything worth recomputing. ``recompute_ms``: what recomputing each layer costs (a
+    profile's ``recompute_ms + checkpoint_forward_ms``)."""
     act = np.asarray(activation_bytes, dtype=np.float64)
     inp = np.asarray(input_bytes, dtype=np.float64)
     full = static_bytes + held * act.sum()
     if budget is None or full <= budget:
         return StageRecompute(0.0, [], StageMemory(float(static_bytes), float(act.sum()), held), 0.0)
-    found = cover(act - inp, forward_ms, (full - budget) / held, limit=limit)
+    found = cover(act - inp, recompute_ms, (full - budget) / held, limit=limit)
     if found is None:
         return None
     kept = act.sum() - sum(act[j] - inp[j] for j in found.chosen)
@@ -184,6 +187,15 @@ def _wrapper_class() -> Any:
 _WRAPPER: Any = None
 
 
+def checkpointed(module: Any) -> Any:
+    """``module`` run under non-reentrant ``torch.utils.checkpoint`` (a new wrapper around it, which keeps its
+    inputs and recomputes the rest in the backward pass): the wrapping ``apply_recompute`` puts in place."""
+    global _WRAPPER
+    if _WRAPPER is None:
+        _WRAPPER = _wrapper_class()
+    return _WRAPPER(module)
+
+
 def apply_recompute(module: Any, layers: Iterable[Union[str, int]]) -> Any:
     """Wraps the named sub-modules of ``module`` (qualified names such as ``"llm.3"``, or indices of an
     ``nn.Sequential``/``nn.ModuleList``) with non-reentrant ``torch.utils.checkpoint``, in place.
@@ -193,9 +205,6 @@ def apply_recompute(module: Any, layers: Iterable[Union[str, int]]) -> Any:
     """
     import torch
 
-    global _WRAPPER
-    if _WRAPPER is None:
-        _WRAPPER = _wrapper_class()
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     for layer in layers:
@@ -209,7 +218,7 @@ def apply_recompute(module: Any, layers: Iterable[Union[str, int]]) -> Any:
         if isinstance(target, CheckpointWrapper):
             continue
         if isinstance(parent, (torch.nn.Sequential, torch.nn.ModuleList)) and child.isdigit():
-            parent[int(child)] = _WRAPPER(target)
+            parent[int(child)] = checkpointed(target)
         else:
-            setattr(parent, child, _WRAPPER(target))
+            setattr(parent, child, checkpointed(target))
     return module

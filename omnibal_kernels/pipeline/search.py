@@ -85,7 +85,7 @@ class _OneStagePerRank:
         """``(X_s(a, b), tau_s(a, b))`` for the ends ``b`` (inf where the stage cannot be)."""
         rec = self.mats[s, a, b]
         ok = np.isfinite(rec)
-        f, bb, w = self.c.parts(s, a, b, np.where(ok, rec, 0.0))
+        f, bb, w = self.c.least_parts(s, a, b, np.where(ok, rec, 0.0))
         win = self.win[s]
         dur = (f, bb, w)
         trip = self.c.rest[b + 1]
@@ -296,7 +296,7 @@ class _ManyStagesPerRank:
         c, m = self.c, self.c.m
         rec = self.mats[s, a, b]
         ok = np.isfinite(rec)
-        fs, bs, ws = c.parts(s, a, b, np.where(ok, rec, 0.0))
+        fs, bs, ws = c.least_parts(s, a, b, np.where(ok, rec, 0.0))
         f, bb, w = (np.repeat(x[None, :], b.size, axis=0) for x in prefix)
         f[:, s], bb[:, s], w[:, s] = fs, bs, ws
         t = f + bb + w
@@ -382,7 +382,7 @@ class _ManyStagesPerRank:
                 b = allowed_ends(L, S, s, a, self.fixed, c.last)
                 if b.size == 0:
                     continue
-                f, bb, w = c.parts(s, a, b, self.mats[s, a, b])
+                f, bb, w = c.least_parts(s, a, b, self.mats[s, a, b])
                 best[s, a] = float(np.min(cf[s] * f + cb[s] * bb + own[s] * w + best[s + 1, b + 1]))
         return float(best[0, 0])
 
