@@ -22,8 +22,8 @@ constexpr size_t kRadixMin = size_t{1} << 13;
 // it splits: it first reads this many per pack it splits, and sorts all packs only where they do not reach the
 // stop.
 constexpr Index kSplitLook = 64;
-// fill_pack_costs asks for a sample's cost this many samples before it adds it.
-constexpr Index kCostsAhead = 16;
+// fill_pack_costs asks for the costs of a pack's samples this many packs before it sums them.
+constexpr Index kPacksAhead = 4;
 
 inline void prefetch(const void* address) {
 #if defined(__GNUC__) || defined(__clang__)
@@ -115,23 +115,18 @@ void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackL
 
 void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals) {
   const Index n = packs.size();
-  const int dims = costs.dims;
-  totals.cost_dims = dims;
-  totals.cost.resize(static_cast<size_t>(n * dims));
-  // The samples are read in pack order, their costs at random: each cost is asked for kCostsAhead samples
-  // before it is added, so that the reads overlap instead of waiting one after another.
-  const Index* samples = packs.samples.data();
-  const Index count = static_cast<Index>(packs.samples.size());
+  totals.cost_dims = costs.dims;
+  totals.cost.resize(static_cast<size_t>(n * costs.dims));
+  // The samples are read in pack order, their costs at random: the costs of pack p + kPacksAhead are asked
+  // for while pack p is summed, so that the reads overlap instead of waiting one after another.
   for (Index p = 0; p < n; ++p) {
-    const Index end = packs.offsets[static_cast<size_t>(p) + 1];
-    for (int d = 0; d < dims; ++d) {
-      double c = 0.0;
-      for (Index i = packs.offsets[static_cast<size_t>(p)]; i < end; ++i) {
-        if (d == 0 && i + kCostsAhead < count) prefetch(costs.cost + samples[i + kCostsAhead] * dims);
-        c += costs.cost[samples[i] * dims + d];
+    if (p + kPacksAhead < n) {
+      const size_t ahead = static_cast<size_t>(p + kPacksAhead);
+      for (Index i = packs.offsets[ahead]; i < packs.offsets[ahead + 1]; ++i) {
+        prefetch(costs.cost + packs.samples[static_cast<size_t>(i)] * costs.dims);
       }
-      totals.cost[static_cast<size_t>(p * dims + d)] = d + 1 == dims ? c + costs.per_pack : c;
     }
+    fill_pack_cost(packs, costs, p, totals);
   }
 }
 
