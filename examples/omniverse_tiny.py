@@ -7,7 +7,8 @@ one epoch of a fixed sample set and timed beside the prediction.
 1. A fixed set of bundled-like samples scaled by 1/16 (``testing.tiny_vlm.scaled_lengths``) and a tiny VLM wide
    enough that its CPU time follows its FLOPs more than its per-operation overheads (``SIZES``).
 2. The 4 processes start; each measures the model layer by layer (``measure_profile``: CPU time of its one
-   torch thread, plain and under ``torch.utils.checkpoint`` as the recomputed layers train, saved bytes) on a
+   torch thread, ``time.thread_time``, plain and under ``torch.utils.checkpoint`` as the recomputed layers
+   train, saved bytes) on a
    reference micro-batch near the mean and on one of twice its samples, no more processes at once than there
    are cores, as they will train (4.); rank 0 takes each layer's median,
    fits the part of each layer's time that does not grow with the micro-batch (``affine_profile``: the
@@ -25,8 +26,10 @@ one epoch of a fixed sample set and timed beside the prediction.
    sends fixed-shape tensors, so every stage sends and receives its micro-batch padded to the run's largest
    and computes on the micro-batch's own extent (its tiles, tokens and segments ride along in a small float
    tensor).
-4. Each stage times every forward and backward it runs (CPU time of its process's one torch thread, so the
-   processes sharing the cores do not enter it), no more of them at once than there are cores (a process
+4. Each stage times every forward and backward it runs (CPU time of its process's one torch thread, so
+   neither the processes sharing the cores nor the process's own communication threads, a device's copy
+   engines, enter it; freed memory is reused, as a device's caching allocator reuses it, instead of being
+   handed back and faulted in again), no more of them at once than there are cores (a process
    switched out for another pays for the caches the other filled, which a rank's own device never does), the
    garbage collector held off; every step runs three times, each operation timed as its median (the model
    updated after the last). The measured step is the one these operation times give in
@@ -285,16 +288,16 @@ class _Timed:
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         with self.cores:
-            t0 = time.process_time()
+            t0 = time.thread_time()
             out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
-            self.ops.append(("F", fwd_chunk_id, (time.process_time() - t0) * 1e3))
+            self.ops.append(("F", fwd_chunk_id, (time.thread_time() - t0) * 1e3))
         return out
 
     def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         with self.cores:
-            t0 = time.process_time()
+            t0 = time.thread_time()
             out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)  # type: ignore[misc]
-            self.ops.append(("B", bwd_chunk_id, (time.process_time() - t0) * 1e3))
+            self.ops.append(("B", bwd_chunk_id, (time.thread_time() - t0) * 1e3))
         return out
 
 
@@ -370,9 +373,9 @@ class _Job:
         gc.collect()
         gc.disable()
         dist.barrier()
-        c0 = time.process_time()
+        c0 = time.thread_time()
         sched.step(*args, **kwargs)
-        busy = (time.process_time() - c0) * 1e3
+        busy = (time.thread_time() - c0) * 1e3
         gc.enable()
         for p in self.module.parameters():
             if p.grad is None:
@@ -418,7 +421,7 @@ def _profile(repeats: int, cores: Any) -> list[Any]:
         out = []
         for x in inputs:
             with cores:
-                out.append(measure_profile(chain, x, kinds=kinds, repeats=repeats, timer=time.process_time))
+                out.append(measure_profile(chain, x, kinds=kinds, repeats=repeats, timer=time.thread_time))
         return out
     finally:
         gc.enable()
@@ -468,9 +471,30 @@ def _key(c: Any) -> str:
     return str((c.data, c.stages, c.recomputed))
 
 
+def _reuse_freed_memory() -> None:
+    """Keeps glibc from handing large freed blocks back to the kernel, so that an operation's tensors reuse
+    memory the process already touched, as a device's caching allocator does: otherwise every activation kept
+    across micro-batches comes from fresh pages, and the page faults land in the operations that keep the most
+    (the ones without recomputation), which the profile, freeing each layer's tensors as it goes, never meets."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if sys.platform != "linux" or name is None:
+        return
+    libc = ctypes.CDLL(name)
+    if not hasattr(libc, "mallopt"):  # not glibc
+        return
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    libc.mallopt(m_mmap_threshold, 32 << 20)  # blocks up to this size come from the heap, not their own mapping
+    libc.mallopt(m_trim_threshold, 1 << 30)  # freed heap memory stays with the process
+    libc.mallopt(m_top_pad, 256 << 20)  # the heap grows in large steps
+
+
 def _worker(rank: int, port: int, repeats: int, out_dir: str, cores: Any) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
+    _reuse_freed_memory()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=PP * DP)
