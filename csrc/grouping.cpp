@@ -270,19 +270,19 @@ void append_pack_with_totals(Packs& packs, const Item* first, const Item* last, 
 // counting sort on their bucket), each into the open merged pack of least room that holds it in both loads.
 class Leftovers {
  public:
-  // Room for `items` items reserved up front: growing by copies would touch (and have the system zero) about
-  // twice the memory; reserved pages that are never written cost nothing.
-  explicit Leftovers(size_t items) { items_.reserve(items); }
+  // Room for `items` sample ids reserved up front: growing by copies would touch (and have the system zero)
+  // about twice the memory; reserved pages that are never written cost nothing.
+  explicit Leftovers(size_t items) { ids_.reserve(items); }
 
   void add(const Item* first, const Item* last) {
     int64_t v = 0, t = 0;
     for (const Item* it = first; it != last; ++it) {
-      items_.push_back(*it);
+      ids_.push_back(it->id);
       v += it->vit;
       t += it->llm;
     }
-    offsets_.push_back(static_cast<Index>(items_.size()));
-    parts_.push_back(Part{v, t});
+    offsets_.push_back(static_cast<Index>(ids_.size()));
+    parts_.push_back(Part{v, t, static_cast<size_t>(last - first)});
   }
 
   void merge(Capacity cap, bool vit_binds, int64_t min_vit, int64_t min_llm, OpenPacks& open, Packs& packs,
@@ -305,37 +305,54 @@ class Leftovers {
     for (size_t u = 0; u < n; ++u) order[by_bucket[bucket(parts_[u])]++] = u;
     std::vector<Part> sorted(n);
     for (size_t k = 0; k < n; ++k) sorted[k] = parts_[order[k]];
+    // Where each part's samples go: the merged packs in the order the pass opens them, each pack's parts in
+    // the order they joined it. The samples are then copied in the order they were added, so that they are
+    // read in sequence and written at random (a read at random waits for memory; a write does not).
+    std::vector<size_t> dest(n);
+    size_t end = packs.samples.size();
     // Pack numbers of one pass are int32: more parts than that are merged in blocks.
     constexpr size_t kBlock = static_cast<size_t>(std::numeric_limits<int32_t>::max() / 2);
     for (size_t from = 0; from < n; from += kBlock) {
       const size_t count = std::min(kBlock, n - from);
-      const BestFitPass pass = best_fit_pass(sorted.data() + from, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
+      const Part* block = sorted.data() + from;
+      const BestFitPass pass = best_fit_pass(block, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
                                              vit_binds ? min_llm : min_vit, open);
-      // Every merged pack's parts, in the order they joined it.
-      const std::vector<size_t> start = pass.pack_starts();
-      std::vector<size_t> fill(start.begin(), start.end() - 1), members(count);
-      for (size_t k = 0; k < count; ++k) members[fill[static_cast<size_t>(pass.pack_of[k])]++] = order[from + k];
-      for (size_t p = 0; p < pass.num_packs(); ++p) {
-        int64_t v = 0, t = 0;
-        for (size_t k = start[p]; k < start[p + 1]; ++k) {
-          const size_t u = members[k];
-          for (Index i = offsets_[u]; i < offsets_[u + 1]; ++i)
-            packs.samples.push_back(items_[static_cast<size_t>(i)].id);
-          v += parts_[u].vit;
-          t += parts_[u].llm;
-        }
-        packs.close_pack();
-        totals.vit.push_back(v);
-        totals.llm.push_back(t);
+      const size_t num_packs = pass.num_packs();
+      const size_t first_pack = totals.vit.size();
+      std::vector<size_t> next(num_packs + 1, 0);
+      totals.vit.resize(first_pack + num_packs, 0);
+      totals.llm.resize(first_pack + num_packs, 0);
+      for (size_t k = 0; k < count; ++k) {
+        const size_t p = static_cast<size_t>(pass.pack_of[k]);
+        next[p + 1] += block[k].items;
+        totals.vit[first_pack + p] += block[k].vit;
+        totals.llm[first_pack + p] += block[k].llm;
       }
+      next[0] = end;
+      for (size_t p = 0; p < num_packs; ++p) {
+        next[p + 1] += next[p];
+        packs.offsets.push_back(static_cast<Index>(next[p + 1]));
+      }
+      end = next[num_packs];
+      for (size_t k = 0; k < count; ++k) {
+        const size_t p = static_cast<size_t>(pass.pack_of[k]);
+        dest[order[from + k]] = next[p];
+        next[p] += block[k].items;
+      }
+    }
+    packs.samples.resize(end);
+    for (size_t u = 0; u < n; ++u) {
+      std::copy(ids_.begin() + offsets_[u], ids_.begin() + offsets_[u + 1],
+                packs.samples.begin() + static_cast<std::ptrdiff_t>(dest[u]));
     }
   }
 
  private:
   struct Part {
     int64_t vit, llm;
+    size_t items;
   };
-  ItemVector items_;
+  LargeVector<Index> ids_;
   LargeVector<Index> offsets_{0};
   std::vector<Part> parts_;
 };
