@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,7 @@ def test_measuring_a_profile_leaves_no_tensor_behind():
     assert live() == before
 
 
+@pytest.mark.alone
 def test_measured_recompute_cost():
     """Each layer timed under checkpoint as ``apply_recompute`` wraps it: what that adds to the backward (the
     forward run again) is there and positive, the JSON form keeps it, and ``recompute=False`` leaves it out
@@ -115,7 +117,14 @@ def test_measured_recompute_cost():
     torch.manual_seed(0)
     chain = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) for _ in range(2)])
     x = torch.randn(512, 256)
-    prof = measure_profile(chain, x, repeats=5)
+    # one torch thread timed by its own CPU time: a wall clock would count the time the process waits for a
+    # core, and the CPU time of several threads their spinning
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        prof = measure_profile(chain, x, repeats=5, timer=time.thread_time)
+    finally:
+        torch.set_num_threads(threads)
     assert all(layer.recompute_ms > 0 and layer.checkpoint_forward_ms >= 0 for layer in prof.layers)
     again = ModelProfile.from_dict(json.loads(json.dumps(prof.to_dict())))
     assert again == prof and (again.recompute_ms == prof.recompute_ms).all()
