@@ -487,32 +487,30 @@ void bind_lengths(py::module_& m) {
 
   m.def(
       "sample_costs",
-      [](const py::object& vit, const py::object& llm, const py::object& seqlens_offsets, const py::object& seqlens,
+      [](const py::object& vit, const py::object& llm, const py::object& square_sums,
          const std::vector<double>& terms) {
         const LoadArrays loads(vit, llm);
         if (terms.size() != 5) throw std::invalid_argument("terms must have 5 entries");
         const omnibal::CostTerms t{terms[0], terms[1], terms[2], terms[3], terms[4]};
-        IntArray o, v;
-        const bool per_sequence = !seqlens_offsets.is_none();
-        if (per_sequence) {
-          o = as_1d_int64(seqlens_offsets, "seqlens_offsets");
-          v = as_1d_int64(seqlens, "seqlens");
-          if (o.size() != loads.size() + 1) {
-            throw std::invalid_argument("seqlens_offsets must have one entry per sample, plus one");
+        py::array_t<double, py::array::c_style> squares;
+        if (!square_sums.is_none()) {
+          squares = py::array_t<double, py::array::c_style>::ensure(square_sums);
+          if (!squares || squares.ndim() != 1 || squares.shape(0) != loads.size()) {
+            throw std::invalid_argument("square_sums must be a 1-D float64 array with one entry per sample");
           }
-          check_csr(o, v.size());
         }
         std::vector<double> out(static_cast<size_t>(loads.size()));
         {
           py::gil_scoped_release release;
-          omnibal::sample_costs(loads.vit.data(), loads.llm.data(), loads.size(), per_sequence ? o.data() : nullptr,
-                                per_sequence ? v.data() : nullptr, t, out.data());
+          omnibal::sample_costs(loads.vit.data(), loads.llm.data(), loads.size(),
+                                square_sums.is_none() ? nullptr : squares.data(), t, out.data());
         }
         return to_numpy(std::move(out));
       },
-      py::arg("vit"), py::arg("llm"), py::arg("seqlens_offsets"), py::arg("seqlens"), py::arg("terms"),
+      py::arg("vit"), py::arg("llm"), py::arg("square_sums"), py::arg("terms"),
       "(N,) float64 sample costs under terms [vit_linear, vit_quadratic, llm_linear, llm_quadratic, per_sample] "
-      "(CostModel.sample_costs); the ViT sequences in CSR, or None for one sequence per sample.");
+      "(CostModel.sample_costs); square_sums: every sample's sum of squared ViT sequence lengths "
+      "(Lengths.vit_square_sums), or None for one sequence per sample.");
 }
 
 void bind_random(py::module_& m) {

@@ -37,14 +37,14 @@ void row_square_sums(const int64_t* offsets, Index rows, const int64_t* values, 
   for (Index i = 0; i < rows; ++i) out[i] = square_sum(values, offsets[i], offsets[i + 1]);
 }
 
-void sample_costs(const int64_t* vit, const int64_t* llm, Index n, const int64_t* offsets, const int64_t* values,
-                  const CostTerms& terms, double* out) {
+void sample_costs(const int64_t* vit, const int64_t* llm, Index n, const double* square_sums, const CostTerms& terms,
+                  double* out) {
   for (Index i = 0; i < n; ++i) {
     const double v = static_cast<double>(vit[i]), t = static_cast<double>(llm[i]);
     double c = 0.0;
     if (terms.vit_linear != 0.0) c += v * terms.vit_linear;
     if (terms.vit_quadratic != 0.0) {
-      c += (offsets != nullptr ? square_sum(values, offsets[i], offsets[i + 1]) : v * v) * terms.vit_quadratic;
+      c += (square_sums != nullptr ? square_sums[i] : v * v) * terms.vit_quadratic;
     }
     if (terms.llm_linear != 0.0) c += t * terms.llm_linear;
     if (terms.llm_quadratic != 0.0) c += t * t * terms.llm_quadratic;

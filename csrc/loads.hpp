@@ -67,9 +67,10 @@ struct CostTerms {
 
 // out[i] = vit_linear * v + vit_quadratic * sum_j s_j**2 + llm_linear * t + llm_quadratic * t**2 + per_sample
 // for sample i, each load taken as a double and the terms added in this order, a zero term skipped (what
-// CostModel.sample_costs computes one array at a time, to the bit). The s_j are the sample's ViT sequences,
-// values[offsets[i] : offsets[i + 1]] (checked by the caller), or its whole ViT load when offsets is null.
-void sample_costs(const int64_t* vit, const int64_t* llm, Index n, const int64_t* offsets, const int64_t* values,
-                  const CostTerms& terms, double* out);
+// CostModel.sample_costs computes one array at a time, to the bit). sum_j s_j**2 is square_sums[i]
+// (row_square_sums over the sample's ViT sequences), or v * v, the whole ViT load as one sequence, when
+// square_sums is null.
+void sample_costs(const int64_t* vit, const int64_t* llm, Index n, const double* square_sums, const CostTerms& terms,
+                  double* out);
 
 }  // namespace omnibal

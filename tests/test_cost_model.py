@@ -152,16 +152,31 @@ def test_sample_costs_refuse_malformed_sequences_in_the_engine():
     C = _ext.load()
     terms = [1.0, 1.0, 1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="one entry per sample"):
-        C.sample_costs([1, 2], [3, 4], [0, 2], [1, 1], terms)
-    with pytest.raises(ValueError, match="non-decreasing"):
-        C.sample_costs([1, 2], [3, 4], [0, 2, 1], [1, 1], terms)
-    with pytest.raises(ValueError, match="end at the number of values"):
-        C.sample_costs([1, 2], [3, 4], [0, 1, 3], [1, 1], terms)
-    with pytest.raises(TypeError, match="seqlens must be an integer array"):
-        C.sample_costs([1, 2], [3, 4], [0, 1, 2], [1.0, 1.0], terms)
+        C.sample_costs([1, 2], [3, 4], [1.0], terms)
+    with pytest.raises(ValueError, match="one entry per sample"):
+        C.sample_costs([1, 2], [3, 4], [[1.0, 1.0]], terms)
     with pytest.raises(ValueError, match="5 entries"):
-        C.sample_costs([1, 2], [3, 4], None, None, [1.0])
+        C.sample_costs([1, 2], [3, 4], None, [1.0])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        C.row_square_sums([0, 2, 1], [1, 1])
+    with pytest.raises(ValueError, match="end at the number of values"):
+        C.row_square_sums([0, 1, 3], [1, 1])
+    with pytest.raises(TypeError, match="values must be an integer array"):
+        C.row_square_sums([0, 1, 2], [1.0, 1.0])
     np.testing.assert_array_equal(C.row_square_sums([0, 2, 2, 3], [3, 4, 5]), [25.0, 0.0, 25.0])
+    np.testing.assert_array_equal(
+        C.sample_costs([7, 0, 5], [1, 1, 1], [25.0, 0.0, 25.0], [0.0, 1.0, 0.0, 0.0, 0.0]), [25.0, 0.0, 25.0]
+    )
+
+
+def test_a_lengths_sums_its_squared_sequences_once():
+    lengths = Lengths([7, 0, 5], [1, 1, 1], vit_seqlens=[3, 4, 5], vit_seqlens_offsets=[0, 2, 2, 3])
+    squares = lengths.vit_square_sums()
+    np.testing.assert_array_equal(squares, [25.0, 0.0, 25.0])
+    assert lengths.vit_square_sums() is squares and not squares.flags.writeable
+    assert Lengths([7], [1]).vit_square_sums() is None
+    # a subset sums its own sequences
+    np.testing.assert_array_equal(lengths[[2, 0]].vit_square_sums(), [25.0, 25.0])
 
 
 def test_tile_models_do_not_depend_on_the_default():

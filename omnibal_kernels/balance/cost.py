@@ -90,11 +90,11 @@ def _pack_rows(packs: PackLike, num_samples: int) -> PackRows:
 
 def _vit_square_sums(lengths: Lengths) -> np.ndarray:
     """``(N,)`` ``sum_j s_j**2`` of every sample; the whole ViT load as one sequence when the loads do not say."""
-    if lengths.vit_seqlens is None:
+    squares = lengths.vit_square_sums()
+    if squares is None:
         v = lengths.vit.astype(np.float64)
         return v * v
-    offsets = cast(np.ndarray, lengths.vit_seqlens_offsets)  # set with vit_seqlens
-    return _ext.load().row_square_sums(offsets, lengths.vit_seqlens)
+    return squares
 
 
 def sample_features(lengths: Lengths) -> np.ndarray:
@@ -277,11 +277,11 @@ class CostModel:
         if llm is None:
             if not isinstance(lengths, Lengths):
                 raise TypeError(f"lengths must be a Lengths, got {type(lengths).__name__}")
-            # One pass in the engine, the same operations in the same order as below.
+            # One pass in the engine, the same operations in the same order as below; the squared sequence
+            # lengths summed once per Lengths (an epoch's plan reads them again, and they can be many per sample).
             terms = self.coefficients()[:5].tolist()  # per_pack aside
-            return _ext.load().sample_costs(
-                lengths.vit, lengths.llm, lengths.vit_seqlens_offsets, lengths.vit_seqlens, terms
-            )
+            squares = lengths.vit_square_sums() if self.vit_quadratic != 0.0 else None
+            return _ext.load().sample_costs(lengths.vit, lengths.llm, squares, terms)
         v, t = np.asarray(lengths), np.asarray(llm)
         # One elementwise operation at a time, in a fixed order, every load taken as float64 (no matrix
         # product, whose summation order and fused multiply-adds vary with the BLAS): the same costs, to the

@@ -97,6 +97,19 @@ class Lengths:
             object.__setattr__(self, "_stats", cached)
         return cached
 
+    def vit_square_sums(self) -> Optional[np.ndarray]:
+        """``(N,)`` float64 ``sum_j s_j**2`` over every sample's ViT sequences, the squares added in order
+        (read-only, computed once per ``Lengths``: what a cost model's quadratic ViT term reads); None when the
+        loads have no ViT sequences."""
+        if self.vit_seqlens is None:
+            return None
+        cached = self.__dict__.get("_vit_square_sums")
+        if cached is None:
+            offsets = cast(np.ndarray, self.vit_seqlens_offsets)  # set with vit_seqlens
+            cached = _frozen(_ext.load().row_square_sums(offsets, self.vit_seqlens))
+            object.__setattr__(self, "_vit_square_sums", cached)
+        return cached
+
     def __getitem__(self, index: slice | np.ndarray | Sequence[int]) -> Lengths:
         """A subset of samples (by slice, index array or boolean mask), keeping their sources and ViT sequences."""
         seqlens = offsets = None
