@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Callable, NoReturn
+from collections.abc import Sequence
+from typing import Any, Callable, NoReturn, Optional
 
 __all__ = ["OneLineParser", "finite_float", "fraction", "int_in", "non_negative_float", "positive_float"]
 
@@ -18,6 +19,18 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog.split()[0]}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Optional[Sequence[str]] = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        # argparse drops a "--" given as a flag's value (``--efficiency=--``) and stores an empty list without
+        # calling the flag's type: refused here, by name, like any other value the type would refuse.
+        for token in sys.argv[1:] if args is None else args:
+            if token == "--":
+                break
+            if isinstance(token, str) and token.startswith("--") and token.endswith("=--"):
+                self.error(f"argument {token[:-3]}: expected one value, got '--'")
+        return super().parse_known_args(args, namespace)
 
 
 def finite_float(text: str) -> float:
