@@ -49,13 +49,4 @@ struct LargeBufferAllocator {
 template <typename T>
 using LargeVector = std::vector<T, LargeBufferAllocator<T>>;
 
-// Asks for the cache line at `address` ahead of its read, where a loop reads a large buffer at random.
-inline void prefetch(const void* address) {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(address);
-#else
-  (void)address;
-#endif
-}
-
 }  // namespace omnibal

@@ -25,6 +25,14 @@ constexpr Index kSplitLook = 64;
 // fill_pack_costs asks for the costs of a pack's samples this many packs before it sums them.
 constexpr Index kPacksAhead = 4;
 
+inline void prefetch(const void* address) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(address);
+#else
+  (void)address;
+#endif
+}
+
 // Ids 0 .. n - 1 by decreasing key (finite, >= 0), ties by id.
 LargeVector<Index> sorted_desc(const double* cost, size_t n) {
   LargeVector<Index> order(n);

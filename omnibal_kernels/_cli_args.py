@@ -28,7 +28,7 @@ class OneLineParser(argparse.ArgumentParser):
         for token in sys.argv[1:] if args is None else args:
             if token == "--":
                 break
-            if isinstance(token, str) and token.startswith("--") and token.endswith("=--"):
+            if token.startswith("--") and token.endswith("=--"):
                 self.error(f"argument {token[:-3]}: expected one value, got '--'")
         return super().parse_known_args(args, namespace)
 
