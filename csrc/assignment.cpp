@@ -166,10 +166,13 @@ Assignment assign_balanced(const PackMaker& make_packs, Packs& packs, PackLoads&
                            int64_t work_per_sample) {
   Index duplicated = 0;
   std::vector<Index> dropped;
+  // Each pack's costliest sample, for the packs as made (the exchanges below do not keep it).
+  LargeVector<double> costliest;
   // The packs as made, split to whole steps where they can be, sorted by cost and cut into steps.
   auto sorted_steps = [&]() {
     make_packs(packs, totals);
-    split_to_whole_steps(packs, totals, loads, costs, world_size);
+    fill_pack_costs(packs, costs, totals, &costliest);
+    split_to_whole_steps(packs, totals, costliest, loads, costs, world_size);
     LargeVector<Index> order = cost_order(totals, world_size);
     Rng ragged(derive_seed(seed, kStreamRagged));
     duplicated = 0;
@@ -182,7 +185,7 @@ Assignment assign_balanced(const PackMaker& make_packs, Packs& packs, PackLoads&
   // steps before their exchanges, end up costing more over the epoch.
   const bool one_part = totals.cost_dims == 1 && work_per_sample > 0;
   const double sorted_epoch = one_part ? epoch_of(order, totals, world_size) : 0.0;
-  if (work_per_sample > 0) lift_stuck_packs(order, packs, totals, costs, world_size);
+  if (work_per_sample > 0) lift_stuck_packs(order, totals, costliest, costs, world_size);
   refine_steps(packs, totals, loads, costs, cap, order, world_size, work_per_sample);
   // The spill and raise passes lower steps left above their mean; once the epoch is within kRefineTolerance of
   // its ideal (the total cost over world_size, which the passes keep), they could gain less than the share

@@ -34,8 +34,8 @@ Assignment assign_random(Index num_packs, Index world_size, bool drop_last, uint
 // by cost at the start, those are kept. Steps are laid out over the epoch in a stratified random order (no load trend)
 // and ranks are shuffled within a step. `totals` holds every pack's loads and cost. world_size >= 1; work_per_sample
 // bounds refine_steps (0: no exchange, no pack moved up).
-// make_packs(packs, totals) makes the packs and their totals, the same every time it is called (again where the
-// packs sorted by cost are kept).
+// make_packs(packs, totals) makes the packs and their loads (totals.vit, totals.llm; their costs are summed here), the
+// same every time it is called (again where the packs sorted by cost are kept).
 using PackMaker = std::function<void(Packs&, PackLoads&)>;
 Assignment assign_balanced(const PackMaker& make_packs, Packs& packs, PackLoads& totals, const Loads& loads,
                            const SampleCosts& costs, Capacity cap, Index world_size, bool drop_last, uint64_t seed,

@@ -20,7 +20,6 @@ BalancedPlan plan_balanced(const Loads& loads, ItemSet items, ItemSet singles, C
       pack_totals.vit.push_back(loads.vit[id]);
       pack_totals.llm.push_back(loads.llm[id]);
     }
-    fill_pack_costs(packs, costs, pack_totals);
   };
   plan.assignment =
       assign_balanced(make_packs, plan.packs, totals, loads, costs, cap, world_size, drop_last, seed, work_per_sample);

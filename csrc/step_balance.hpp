@@ -25,19 +25,25 @@ namespace omnibal {
 // planning time for no visible gain.
 constexpr double kRefineTolerance = 1e-3;
 
-// Every pack's cost parts: the costs of its samples, summed in pack order, plus costs.per_pack in the last.
-void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals);
-// The same for pack p alone (totals.cost already sized for it).
-void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackLoads& totals);
+// Every pack's cost parts: the costs of its samples, summed in pack order, plus costs.per_pack in the last;
+// `costliest`, where given, receives each pack's costliest sample (SampleCosts::total, at least 0), read in the
+// same pass over the samples.
+void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals,
+                     LargeVector<double>* costliest = nullptr);
+// The same for pack p alone (totals.cost already sized for it; `costliest`, where given, is set to its costliest
+// sample).
+void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackLoads& totals,
+                    double* costliest = nullptr);
 
 // Raises the number of packs to a multiple of world_size, so that no slot repeats a pack and none is dropped:
 // the packs of two or more samples whose smaller half can cost the most (at most half the pack, at most the pack
-// less its costliest sample) are each split in two halves of near-equal cost (samples by decreasing cost, ties
-// by sample id, each to the half with the lower cost so far, on a tie the one with fewer samples). Does nothing when
-// there are fewer such packs than needed (make_whole_steps then repeats or drops packs). New packs are appended after
-// the others; `totals` is kept in step. Returns the number of packs split.
-Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs,
-                           Index world_size);
+// less its costliest sample; ties by pack id) are each split in two halves of near-equal cost (samples by decreasing
+// cost, ties by sample id, each to the half with the lower cost so far, on a tie the one with fewer samples). Does
+// nothing when there are fewer such packs than needed (make_whole_steps then repeats or drops packs). New packs are
+// appended after the others; `totals` and `costliest` (each pack's costliest sample, fill_pack_costs) are kept in
+// step. Returns the number of packs split.
+Index split_to_whole_steps(Packs& packs, PackLoads& totals, LargeVector<double>& costliest, const Loads& loads,
+                           const SampleCosts& costs, Index world_size);
 
 // Pack ids by decreasing cost, ties by id (the same order on every platform). With two cost parts: by the
 // part of wider spread, blocks of steps re-sorted by the other, the block size chosen from the two spreads
@@ -55,9 +61,9 @@ double ideal_of(const LargeVector<Index>& order, const PackLoads& totals, Index 
 // trades places with the cheapest pack of the step above that does not stick out of this one. Such a pack costs
 // no more than any pack of the step above, so there it stays below that step's mean. Steps are taken from the
 // costliest down; packs that appear more than once in `order` stay where they are. One cost part only (two:
-// nothing moves). Returns the number of packs moved.
-Index lift_stuck_packs(LargeVector<Index>& order, const Packs& packs, const PackLoads& totals, const SampleCosts& costs,
-                       Index world_size);
+// nothing moves). `costliest` holds each pack's costliest sample (fill_pack_costs). Returns the number of packs moved.
+Index lift_stuck_packs(LargeVector<Index>& order, const PackLoads& totals, const LargeVector<double>& costliest,
+                       const SampleCosts& costs, Index world_size);
 
 // After the exchanges: each step left above its mean (the steps with the most excess first) lowers its costliest
 // packs by moving samples (never a pack's costliest, never its last) to packs with room in other steps, each

@@ -18,10 +18,6 @@ namespace {
 constexpr int kRadixBits = 11;
 constexpr uint64_t kRadixMask = (uint64_t{1} << kRadixBits) - 1;
 constexpr size_t kRadixMin = size_t{1} << 13;
-// split_to_whole_steps reads the packs in decreasing cost until it can stop, mostly a few past the `need`
-// it splits: it first reads this many per pack it splits, and sorts all packs only where they do not reach the
-// stop.
-constexpr Index kSplitLook = 64;
 // fill_pack_costs asks for the costs of a pack's samples this many packs before it sums them.
 constexpr Index kPacksAhead = 4;
 
@@ -78,45 +74,39 @@ LargeVector<Index> sorted_desc(const double* cost, size_t n) {
   return order;
 }
 
-// The ids of the `count` largest keys (finite, >= 0), in sorted_desc's order: its first `count` ids, found in
-// one pass with a heap of `count` ids where sorting all n would take several.
-std::vector<Index> largest_desc(const double* cost, size_t n, size_t count) {
-  // the heap's front is the id that sorted_desc places last among those held
-  auto before = [cost](Index a, Index b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; };
-  std::vector<Index> top;
-  top.reserve(std::min(n, count));
-  for (size_t p = 0; p < n; ++p) {
-    const Index id = static_cast<Index>(p);
-    if (top.size() < count) {
-      top.push_back(id);
-      std::push_heap(top.begin(), top.end(), before);
-    } else if (count > 0 && before(id, top.front())) {
-      std::pop_heap(top.begin(), top.end(), before);
-      top.back() = id;
-      std::push_heap(top.begin(), top.end(), before);
-    }
-  }
-  std::sort_heap(top.begin(), top.end(), before);
-  return top;
-}
-
 }  // namespace
 
-void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackLoads& totals) {
-  const int dims = costs.dims;
-  for (int d = 0; d < dims; ++d) {
+void fill_pack_cost(const Packs& packs, const SampleCosts& costs, Index p, PackLoads& totals, double* costliest) {
+  const Index* first = packs.samples.data() + packs.offsets[static_cast<size_t>(p)];
+  const Index* last = packs.samples.data() + packs.offsets[static_cast<size_t>(p) + 1];
+  double top = 0.0;
+  if (costs.dims == 1) {
     double c = 0.0;
-    for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
-      c += costs.cost[packs.samples[static_cast<size_t>(i)] * dims + d];
+    for (const Index* id = first; id != last; ++id) {
+      const double x = costs.cost[*id];
+      c += x;
+      top = std::max(top, x);
     }
-    totals.cost[static_cast<size_t>(p * dims + d)] = d + 1 == dims ? c + costs.per_pack : c;
+    totals.cost[static_cast<size_t>(p)] = c + costs.per_pack;
+  } else {  // two parts (SampleCosts)
+    double c0 = 0.0, c1 = 0.0;
+    for (const Index* id = first; id != last; ++id) {
+      const double x0 = costs.cost[2 * *id], x1 = costs.cost[2 * *id + 1];
+      c0 += x0;
+      c1 += x1;
+      top = std::max(top, x0 + x1);
+    }
+    totals.cost[static_cast<size_t>(2 * p)] = c0;
+    totals.cost[static_cast<size_t>(2 * p + 1)] = c1 + costs.per_pack;
   }
+  if (costliest != nullptr) *costliest = top;
 }
 
-void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals) {
+void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& totals, LargeVector<double>* costliest) {
   const Index n = packs.size();
   totals.cost_dims = costs.dims;
   totals.cost.resize(static_cast<size_t>(n * costs.dims));
+  if (costliest != nullptr) costliest->resize(static_cast<size_t>(n));
   // The samples are read in pack order, their costs at random: the costs of pack p + kPacksAhead are asked
   // for while pack p is summed, so that the reads overlap instead of waiting one after another.
   for (Index p = 0; p < n; ++p) {
@@ -126,66 +116,38 @@ void fill_pack_costs(const Packs& packs, const SampleCosts& costs, PackLoads& to
         prefetch(costs.cost + packs.samples[static_cast<size_t>(i)] * costs.dims);
       }
     }
-    fill_pack_cost(packs, costs, p, totals);
+    fill_pack_cost(packs, costs, p, totals, costliest == nullptr ? nullptr : costliest->data() + p);
   }
 }
 
-Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, const SampleCosts& costs,
-                           Index world_size) {
+Index split_to_whole_steps(Packs& packs, PackLoads& totals, LargeVector<double>& costliest, const Loads& loads,
+                           const SampleCosts& costs, Index world_size) {
   const Index n = packs.size();
   const Index need = (world_size - n % world_size) % world_size;
   if (need == 0) return 0;
   // A split pack's new half costs at most its cost less its costliest sample, and at most half its cost: the
   // packs whose new half can cost the most are split, so that the new packs are no lighter than need be (a
   // pack of one costly sample and a light one would give a nearly empty pack, and the cheapest step, which
-  // waits for its costliest pack, would be one of such packs and a few full ones).
-  // Packs are read in decreasing cost until the need-th largest half found is at least half the cost of the
-  // next pack, which no later pack can beat: a few more than `need` packs, not all of them.
-  LargeVector<double> pack_cost(static_cast<size_t>(n));
-  Index splittable = 0;
+  // waits for its costliest pack, would be one of such packs and a few full ones). One pass over the packs
+  // keeps the `need` largest halves, ties by pack id, in a heap whose front is the one to give up first.
+  auto better = [](const std::pair<double, Index>& a, const std::pair<double, Index>& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  std::vector<std::pair<double, Index>> halves;
+  halves.reserve(static_cast<size_t>(need) + 1);
   for (Index p = 0; p < n; ++p) {
-    const bool two = packs.offsets[static_cast<size_t>(p) + 1] - packs.offsets[static_cast<size_t>(p)] >= 2;
-    pack_cost[static_cast<size_t>(p)] = two ? totals.cost_sum(p) : 0.0;
-    splittable += two ? 1 : 0;
-  }
-  if (splittable < need) return 0;
-  std::vector<std::pair<double, Index>> halves;  // (-half, pack): the largest halves first in a max-heap order
-  auto half_of = [&](Index p) {
-    double top = 0.0;
-    for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
-      top = std::max(top, costs.total(packs.samples[static_cast<size_t>(i)]));
-    }
+    if (packs.offsets[static_cast<size_t>(p) + 1] - packs.offsets[static_cast<size_t>(p)] < 2) continue;
     const double pack_cost = totals.cost_sum(p) - costs.per_pack;
-    return std::min(0.5 * pack_cost, pack_cost - top);
-  };
-  auto smaller_half = [](const std::pair<double, Index>& a, const std::pair<double, Index>& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;  // a min-heap of (half, pack)
-  };
-  // Reads `by_cost` in order; false where it ran out before the stop above.
-  auto read = [&](const Index* by_cost, size_t count) {
-    halves.clear();
-    for (size_t k = 0; k < count; ++k) {
-      const Index p = by_cost[k];
-      if (packs.offsets[static_cast<size_t>(p) + 1] - packs.offsets[static_cast<size_t>(p)] < 2) continue;
-      if (static_cast<Index>(halves.size()) == need &&
-          halves.front().first >= 0.5 * (totals.cost_sum(p) - costs.per_pack))
-        return true;
-      halves.emplace_back(half_of(p), p);
-      std::push_heap(halves.begin(), halves.end(), smaller_half);
-      if (static_cast<Index>(halves.size()) > need) {
-        std::pop_heap(halves.begin(), halves.end(), smaller_half);
-        halves.pop_back();
-      }
+    const std::pair<double, Index> half{std::min(0.5 * pack_cost, pack_cost - costliest[static_cast<size_t>(p)]), p};
+    if (static_cast<Index>(halves.size()) == need && !better(half, halves.front())) continue;
+    halves.push_back(half);
+    std::push_heap(halves.begin(), halves.end(), better);
+    if (static_cast<Index>(halves.size()) > need) {
+      std::pop_heap(halves.begin(), halves.end(), better);
+      halves.pop_back();
     }
-    return false;
-  };
-  // The costliest packs first; all of them in order only where those do not reach the stop.
-  const std::vector<Index> costliest =
-      largest_desc(pack_cost.data(), static_cast<size_t>(n), static_cast<size_t>(kSplitLook * need));
-  if (!read(costliest.data(), costliest.size())) {
-    const LargeVector<Index> by_cost = sorted_desc(pack_cost.data(), static_cast<size_t>(n));
-    read(by_cost.data(), by_cost.size());
   }
+  if (static_cast<Index>(halves.size()) < need) return 0;
   std::vector<Index> candidates;
   for (const auto& h : halves) candidates.push_back(h.second);
   std::sort(candidates.begin(), candidates.end());
@@ -236,6 +198,7 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
   totals.vit.resize(static_cast<size_t>(n + need));
   totals.llm.resize(static_cast<size_t>(n + need));
   totals.cost.resize(static_cast<size_t>((n + need) * costs.dims));
+  costliest.resize(static_cast<size_t>(n + need));
   for (Index k = 0; k < need; ++k) {
     for (const Index p : {candidates[static_cast<size_t>(k)], n + k}) {
       int64_t v = 0, t = 0;
@@ -245,7 +208,7 @@ Index split_to_whole_steps(Packs& packs, PackLoads& totals, const Loads& loads, 
       }
       totals.vit[static_cast<size_t>(p)] = v;
       totals.llm[static_cast<size_t>(p)] = t;
-      fill_pack_cost(packs, costs, p, totals);
+      fill_pack_cost(packs, costs, p, totals, &costliest[static_cast<size_t>(p)]);
     }
   }
   return need;
@@ -292,27 +255,15 @@ LargeVector<Index> cost_order(const PackLoads& totals, Index world_size) {
 
 namespace omnibal {
 
-Index lift_stuck_packs(LargeVector<Index>& order, const Packs& packs, const PackLoads& totals, const SampleCosts& costs,
-                       Index world_size) {
+Index lift_stuck_packs(LargeVector<Index>& order, const PackLoads& totals, const LargeVector<double>& costliest,
+                       const SampleCosts& costs, Index world_size) {
   if (totals.cost_dims != 1 || world_size < 2) return 0;
   const size_t w = static_cast<size_t>(world_size);
   const size_t steps = order.size() / w;
   if (steps < 2) return 0;
-  const Index n = packs.size();
-  // A pack's floor: its costliest sample, what exchanges of its other samples cannot take out (read when
-  // needed: only packs above their step's mean can stick out).
-  std::vector<double> floors(static_cast<size_t>(n), -1.0);
-  auto floor = [&](Index p) {
-    double& f = floors[static_cast<size_t>(p)];
-    if (f < 0.0) {
-      double top = 0.0;
-      for (Index i = packs.offsets[static_cast<size_t>(p)]; i < packs.offsets[static_cast<size_t>(p) + 1]; ++i) {
-        top = std::max(top, costs.cost[packs.samples[static_cast<size_t>(i)]]);
-      }
-      f = top + costs.per_pack;
-    }
-    return f;
-  };
+  const Index n = static_cast<Index>(totals.cost.size());
+  // A pack's floor: its costliest sample, what exchanges of its other samples cannot take out.
+  auto floor = [&](Index p) { return costliest[static_cast<size_t>(p)] + costs.per_pack; };
   std::vector<Index> uses(static_cast<size_t>(n), 0);
   for (const Index p : order) ++uses[static_cast<size_t>(p)];
   auto step_sum = [&](size_t s) {

@@ -261,6 +261,46 @@ def test_split_packs_are_those_whose_new_half_costs_most():
     assert tokens == [50, 50, 100, 100, 100]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 400),
+    world_size=st.sampled_from([2, 3, 5, 8, 16]),
+    few_values=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+    data_seed=st.integers(0, 2**32 - 1),
+)
+def test_split_packs_are_the_largest_new_halves_ties_by_pack(n, world_size, few_values, seed, data_seed):
+    # The packs split to fill the last step are, of all packs of two or more samples, the `need` whose new half
+    # can cost the most (at most half the pack, at most the pack less its costliest sample), ties by pack id.
+    # With few distinct lengths many packs tie, and the tie rule decides. The packs before the split are the
+    # same plan at one rank (the same seed packs the same way at any world size).
+    rng = np.random.default_rng(data_seed)
+    llm = rng.integers(1, 4, n) * 250 if few_values else rng.integers(1, 900, n)
+    lengths = Lengths(np.zeros(n, np.int64), llm)
+    cost = CostModel.internvl_7b()
+    options = PlanOptions(vit_capacity=0, llm_capacity=1000, cost_model=cost, seed=seed)
+    with pytest.MonkeyPatch.context() as mp:  # the split alone, no exchange
+        mp.setattr(engine, "REFINE_WORK_PER_SAMPLE", 0)
+        whole = plan_packs(lengths, options, world_size=1)
+        split = plan_packs(lengths, options, world_size=world_size)
+    packs = [whole.pack(p) for p in range(whole.num_packs)]
+    need = -len(packs) % world_size
+    sample_cost = cost.sample_costs(lengths)
+    halves = []
+    for p, ids in enumerate(packs):
+        if len(ids) < 2:
+            continue
+        total = 0.0
+        for i in ids:  # summed in pack order, as the engine sums a pack's cost
+            total += float(sample_cost[i])
+        pack_cost = (total + cost.per_pack) - cost.per_pack
+        halves.append((-min(0.5 * pack_cost, pack_cost - float(sample_cost[ids].max())), p))
+    expected = {p for _, p in sorted(halves)[:need]} if len(halves) >= need else set()
+    changed = {p for p in range(whole.num_packs) if not np.array_equal(split.pack(p), packs[p])}
+    assert changed == expected
+    assert split.num_packs == whole.num_packs + len(expected)
+
+
 def _sorted_epoch(plan, lengths: Lengths, cost: CostModel) -> float:
     """The plan's distinct packs sorted by cost and cut into runs of the world size (as the suite measures)."""
     pack_cost = cost.pack_costs(lengths, plan)
