@@ -29,6 +29,48 @@ inline void prefetch(const void* address) {
 #endif
 }
 
+// A cost (finite, >= 0) as a radix key: the bit patterns of such doubles order as the values do, and the
+// complement turns decreasing costs into increasing keys (-0.0 counts as +0.0).
+uint64_t desc_key(double cost) {
+  const double c = cost + 0.0;
+  uint64_t bits;
+  std::memcpy(&bits, &c, sizeof bits);
+  return ~bits;
+}
+
+double cost_of_key(uint64_t key) {
+  const uint64_t bits = ~key;
+  double c;
+  std::memcpy(&c, &bits, sizeof c);
+  return c;
+}
+
+// Stable sort of `items` by increasing key(item), a 64-bit key, in digits of kRadixBits (n >= kRadixMin).
+template <typename T, typename Key>
+void radix_sort(LargeVector<T>& items, Key key) {
+  const size_t n = items.size();
+  LargeVector<T> out(n);
+  // Every pass's counts in one read of the keys.
+  constexpr int kPasses = (64 + kRadixBits - 1) / kRadixBits;
+  std::vector<size_t> counts(static_cast<size_t>(kPasses) << kRadixBits, 0);
+  for (size_t k = 0; k < n; ++k) {
+    const uint64_t x = key(items[k]);
+    for (int pass = 0; pass < kPasses; ++pass) {
+      ++counts[(static_cast<size_t>(pass) << kRadixBits) + ((x >> (pass * kRadixBits)) & kRadixMask)];
+    }
+  }
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = pass * kRadixBits;
+    size_t* start = counts.data() + (static_cast<size_t>(pass) << kRadixBits);
+    // A digit that all keys share leaves the order as it is.
+    if (start[(key(items[0]) >> shift) & kRadixMask] == n) continue;
+    size_t sum = 0;
+    for (size_t d = 0; d <= kRadixMask; ++d) sum += std::exchange(start[d], sum);
+    for (size_t k = 0; k < n; ++k) out[start[(key(items[k]) >> shift) & kRadixMask]++] = items[k];
+    items.swap(out);
+  }
+}
+
 // Ids 0 .. n - 1 by decreasing key (finite, >= 0), ties by id.
 LargeVector<Index> sorted_desc(const double* cost, size_t n) {
   LargeVector<Index> order(n);
@@ -38,40 +80,33 @@ LargeVector<Index> sorted_desc(const double* cost, size_t n) {
               [cost](Index a, Index b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; });
     return order;
   }
-  // Keys are finite and >= 0, so their bit patterns order as they do; complemented, an increasing stable
-  // radix sort from the ids in order gives decreasing keys, ties by id. Key and id travel together, so that
-  // each pass scatters one stream rather than two.
+  // A stable sort from the ids in order keeps ties by id. Key and id travel together, so that each pass
+  // scatters one stream rather than two.
   struct Keyed {
     uint64_t key;
     Index id;
   };
-  LargeVector<Keyed> keyed(n), keyed_out(n);
-  for (size_t p = 0; p < n; ++p) {
-    const double c = cost[p] + 0.0;  // -0.0 as +0.0
-    uint64_t bits;
-    std::memcpy(&bits, &c, sizeof bits);
-    keyed[p] = Keyed{~bits, static_cast<Index>(p)};
-  }
-  // Every pass's counts in one read of the keys.
-  constexpr int kPasses = (64 + kRadixBits - 1) / kRadixBits;
-  std::vector<size_t> counts(static_cast<size_t>(kPasses) << kRadixBits, 0);
-  for (size_t k = 0; k < n; ++k) {
-    for (int pass = 0; pass < kPasses; ++pass) {
-      ++counts[(static_cast<size_t>(pass) << kRadixBits) + ((keyed[k].key >> (pass * kRadixBits)) & kRadixMask)];
-    }
-  }
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int shift = pass * kRadixBits;
-    size_t* start = counts.data() + (static_cast<size_t>(pass) << kRadixBits);
-    // A digit that all keys share leaves the order as it is.
-    if (start[(keyed[0].key >> shift) & kRadixMask] == n) continue;
-    size_t sum = 0;
-    for (size_t d = 0; d <= kRadixMask; ++d) sum += std::exchange(start[d], sum);
-    for (size_t k = 0; k < n; ++k) keyed_out[start[(keyed[k].key >> shift) & kRadixMask]++] = keyed[k];
-    keyed.swap(keyed_out);
-  }
+  LargeVector<Keyed> keyed(n);
+  for (size_t p = 0; p < n; ++p) keyed[p] = Keyed{desc_key(cost[p]), static_cast<Index>(p)};
+  radix_sort(keyed, [](const Keyed& k) { return k.key; });
   for (size_t k = 0; k < n; ++k) order[k] = keyed[k].id;
   return order;
+}
+
+// epoch_of the packs of `order` sorted by decreasing cost (one cost part): every world_size-th cost of that
+// order, summed as epoch_of sums them, from the costs alone, without the order itself.
+double sorted_epoch(const LargeVector<Index>& order, const PackLoads& totals, size_t w) {
+  const size_t n = order.size();
+  LargeVector<uint64_t> keys(n);
+  for (size_t k = 0; k < n; ++k) keys[k] = desc_key(totals.cost[static_cast<size_t>(order[k])]);
+  if (n < kRadixMin) {
+    std::sort(keys.begin(), keys.end());
+  } else {
+    radix_sort(keys, [](uint64_t key) { return key; });
+  }
+  double epoch = 0.0;
+  for (size_t s = 0; s + w <= n; s += w) epoch += std::max(0.0, cost_of_key(keys[s]));
+  return epoch;
 }
 
 }  // namespace
@@ -372,12 +407,13 @@ Index settle_steps(LargeVector<Index>& order, const PackLoads& totals, Index wor
       ++i, ++j, ++swapped;
     }
   }
-  // The same packs sorted by cost and cut into steps, where that is cheaper.
+  // The same packs sorted by cost and cut into steps, where that is cheaper (the order itself is only built then).
+  if (!(sorted_epoch(order, totals, w) < epoch_of(order, totals, world_size))) return swapped;
   LargeVector<double> slot_cost(order.size());
   for (size_t k = 0; k < order.size(); ++k) slot_cost[k] = cost(order[k]);
   LargeVector<Index> sorted = sorted_desc(slot_cost.data(), order.size());
   for (Index& k : sorted) k = order[static_cast<size_t>(k)];
-  if (epoch_of(sorted, totals, world_size) < epoch_of(order, totals, world_size)) order.swap(sorted);
+  order.swap(sorted);
   return swapped;
 }
 
