@@ -29,6 +29,9 @@ static_assert(kChunkItems <= static_cast<size_t>(std::numeric_limits<int32_t>::m
 // A sample with its loads next to its id, so that passes over a shuffled order read memory sequentially.
 // The loads are int32, so that an Item is 16 bytes.
 struct Item {
+  // Left unset: a buffer of items is written before it is read, and resizing one then costs no zeroing pass.
+  Item() {}
+  Item(Index id_, int32_t vit_, int32_t llm_) : id(id_), vit(vit_), llm(llm_) {}
   Index id;
   int32_t vit;
   int32_t llm;

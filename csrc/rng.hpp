@@ -133,14 +133,17 @@ class Rng {
 // Fisher-Yates shuffle of a[0:n).
 template <typename T>
 void fisher_yates(T* a, size_t n, Rng& rng) {
+  // A local copy of the generator stays in registers: the swaps' stores could otherwise alias it.
+  Rng local = rng;
   if (n < (size_t{1} << 32)) {
-    for (size_t i = n; i > 1; --i) std::swap(a[i - 1], a[rng.below32(static_cast<uint32_t>(i))]);
-    return;
+    for (size_t i = n; i > 1; --i) std::swap(a[i - 1], a[local.below32(static_cast<uint32_t>(i))]);
+  } else {
+    for (size_t i = n; i > 1; --i) {
+      const size_t j = static_cast<size_t>(local.below(i));
+      std::swap(a[i - 1], a[j]);
+    }
   }
-  for (size_t i = n; i > 1; --i) {
-    const size_t j = static_cast<size_t>(rng.below(i));
-    std::swap(a[i - 1], a[j]);
-  }
+  rng = local;
 }
 
 // Writes a uniform random permutation of source(0), ..., source(n - 1) into `out`. Large inputs use Rao's
@@ -160,12 +163,14 @@ void shuffle_from(size_t n, Source source, Rng& rng, Vector& out) {
   while ((size_t{1} << bits) * kBinElements < n && bits < 16) ++bits;
   const size_t num_bins = size_t{1} << bits;
   // Bins come 4 to a 64-bit draw; the scatter pass replays the counting pass's stream from a copy.
-  auto for_each_bin = [&](Rng& r, auto&& f) {
+  auto for_each_bin = [&](Rng& stream, auto&& f) {
+    Rng r = stream;  // in registers, as in fisher_yates
     uint64_t word = 0;
     for (size_t i = 0; i < n; ++i) {
       if ((i & 3) == 0) word = r.next();
       f(i, static_cast<size_t>((word >> (16 * (i & 3))) & 0xFFFF) >> (16 - bits));
     }
+    stream = r;
   };
   const Rng replay = rng;
   std::vector<size_t> start(num_bins + 1, 0);
