@@ -87,6 +87,8 @@ def test_planning_speed_and_markdown(quick_rows) -> None:
         warnings.simplefilter("ignore")
         speed = planning_speed_rows(n=20_000, repeats=1)
     assert {r["kind"] for r in speed} == {k for k, _ in CLASS_MODELS}
+    # each class under its first cost model, as the page says
+    assert all(r["cost_model"] == next(m for k, m in CLASS_MODELS if k == r["kind"]) for r in speed)
     for r in speed:
         assert r["over_argsort"] == pytest.approx(r["plan_seconds"] / r["argsort_seconds"])
         assert (r["misses"] == []) == (r["over_argsort"] <= 5.0)
@@ -95,14 +97,17 @@ def test_planning_speed_and_markdown(quick_rows) -> None:
     report = {"targets": [], "targets_modes": [], "time_targets": quick_rows, "time_planning": speed}
     text = to_markdown({"environment": env, **report, "time_planning_large": large})
     assert "### Time-balance targets" in text and "The same at 64 ranks" in text
-    table = [line for line in text.splitlines() if line.startswith("| text_long_tail | llama_7b")]
+    targets, planning = text.split("Planning speed (", 1)
+    table = [line for line in targets.splitlines() if line.startswith("| text_long_tail | llama_7b")]
     assert len(table) == 1
     models = {m for _, m in CLASS_MODELS}
     results = [
         line.rsplit("|", 2)[-2].strip()
-        for line in text.splitlines()
+        for line in targets.splitlines()
         if line.startswith("| ") and line.split("|")[2].strip() in models
     ]
+    # the planning tables: one row per class at each world size, with the class's cost model
+    assert len([line for line in planning.splitlines() if line.startswith("| text_long_tail | llama_7b |")]) == 2
     assert len(results) == len(quick_rows) and all(r == "pass" or r.startswith("miss: ") for r in results)
     assert np.isfinite([r["epoch_over_ideal"] for r in quick_rows]).all()
 

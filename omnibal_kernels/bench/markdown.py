@@ -418,10 +418,11 @@ def _planning_speed(report: dict[str, Any]) -> list[str]:
         "",
     ]
     out += _table(
-        ["class", "samples", "plan s", "argsort s", "ratio", "result"],
+        ["class", "cost model", "samples", "plan s", "argsort s", "ratio", "result"],
         [
             [
                 r["kind"],
+                r["cost_model"],
                 f"{r['samples']:,}",
                 f"{r['plan_seconds']:.3f}",
                 f"{r['argsort_seconds']:.4f}",
@@ -430,7 +431,7 @@ def _planning_speed(report: dict[str, Any]) -> list[str]:
             ]
             for r in report["time_planning"]
         ],
-        "lrrrrl",
+        "llrrrrl",
     )
     if report.get("time_planning_large"):
         out += [
@@ -439,10 +440,11 @@ def _planning_speed(report: dict[str, Any]) -> list[str]:
             "",
         ]
         out += _table(
-            ["class", "samples", "plan s", "argsort s", "ratio"],
+            ["class", "cost model", "samples", "plan s", "argsort s", "ratio"],
             [
                 [
                     r["kind"],
+                    r["cost_model"],
                     f"{r['samples']:,}",
                     f"{r['plan_seconds']:.3f}",
                     f"{r['argsort_seconds']:.4f}",
@@ -450,7 +452,7 @@ def _planning_speed(report: dict[str, Any]) -> list[str]:
                 ]
                 for r in report["time_planning_large"]
             ],
-            "lrrrr",
+            "llrrrr",
         )
     return out
 

@@ -169,9 +169,12 @@ def planning_speed_rows(n: int = PLANNING_SAMPLES, world_size: int = 8, repeats:
     """Per class (under its first cost model): best seconds of planning ``n`` samples and of ``numpy.argsort`` of
     their token counts, taking turns (the best of several: on a shared machine the least disturbed run), and
     their ratio against the 5x target."""
+    first_models: dict[str, str] = {}
+    for kind, model_name in CLASS_MODELS:
+        first_models.setdefault(kind, model_name)
     rows = []
-    for kind in dict.fromkeys(k for k, _ in CLASS_MODELS):
-        model = named_cost_model(dict(CLASS_MODELS)[kind])
+    for kind, model_name in first_models.items():
+        model = named_cost_model(model_name)
         lengths = synthetic_lengths(kind, n, seed=0)
         plan, argsort = float("inf"), float("inf")
         for _ in range(repeats):
@@ -185,6 +188,7 @@ def planning_speed_rows(n: int = PLANNING_SAMPLES, world_size: int = 8, repeats:
         rows.append(
             dict(
                 kind=kind,
+                cost_model=model_name,
                 samples=n,
                 world_size=world_size,
                 plan_seconds=plan,
