@@ -119,6 +119,7 @@ class _FixedLengthEpochs(torch.utils.data.Sampler[list[int]]):
         while position < stop:
             self.sampler.set_epoch(plan_epoch)  # what the sampler reports on (balance_report, state_dict)
             batches = self.sampler.rank_batches(epoch=plan_epoch)
+            self.sampler._plan_after(plan_epoch)
             take = min(stop, plan_start + len(batches)) - position
             yield from batches[position - plan_start : position - plan_start + take]
             position += take

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import subprocess
+import sys
+import threading
 from collections import Counter
 
 import numpy as np
@@ -438,7 +442,8 @@ def test_property_resume_anywhere(setup, where):
 def test_inspecting_other_epochs_does_not_replan_the_current_one(real, monkeypatch):
     import omnibal_kernels.sampler.epochs as sampler_module
 
-    s = BalancedBatchSampler(real, PlanOptions(seed=4), world_size=2, rank=0)
+    # without planning ahead, so that every plan is made on this thread, where the patched planner sees it
+    s = BalancedBatchSampler(real, PlanOptions(seed=4), world_size=2, rank=0, plan_ahead=False)
     s.set_epoch(1)
     current = list(s)
     calls = []
@@ -452,6 +457,128 @@ def test_inspecting_other_epochs_does_not_replan_the_current_one(real, monkeypat
     s.report()
     assert calls == [0, 2, 3]  # each other epoch planned once; the current one never again
     assert s.report() is s.report()  # the report is made once per planned epoch
+
+
+def _record_planning_threads(sampler: BalancedBatchSampler) -> list[tuple[int, str]]:
+    """Wraps the sampler's planner: (epoch, thread name) of every plan it makes from now on."""
+    made: list[tuple[int, str]] = []
+    plan = sampler._epochs._plan
+
+    def recorded(epoch: int):
+        made.append((epoch, threading.current_thread().name))
+        return plan(epoch)
+
+    sampler._epochs._plan = recorded
+    return made
+
+
+def _wait_ahead(sampler: BalancedBatchSampler) -> None:
+    """Waits for the epoch being planned ahead, if any (its thread may not have begun when a pass ends)."""
+    if sampler._epochs._ahead is not None:
+        sampler._epochs._ahead.thread.join()
+
+
+def test_the_next_epoch_is_planned_ahead_off_the_training_thread_and_is_the_same_plan(real):
+    ahead = BalancedBatchSampler(real, PlanOptions(seed=8), world_size=4, rank=1)
+    now = BalancedBatchSampler(real, PlanOptions(seed=8), world_size=4, rank=1, plan_ahead=False)
+    made = _record_planning_threads(ahead)
+    main = threading.current_thread().name
+    for epoch in range(3):
+        ahead.set_epoch(epoch)
+        now.set_epoch(epoch)
+        assert list(ahead) == list(now)
+        assert ahead.fingerprint() == now.fingerprint()
+    _wait_ahead(ahead)
+    # epoch 0 was planned at construction; each pass planned the next epoch on another thread, and the
+    # training thread never planned one itself
+    assert [epoch for epoch, _ in made] == [1, 2, 3]
+    assert all(thread != main for _, thread in made)
+
+
+def test_the_trainer_s_fixed_length_epochs_plan_ahead_too(real):
+    from omnibal_kernels.hf import _FixedLengthEpochs
+
+    s = BalancedBatchSampler(real, PlanOptions(seed=8), world_size=4, rank=0)
+    made = _record_planning_threads(s)
+    epochs = _FixedLengthEpochs(s)
+    list(epochs)  # Trainer epoch 0 is plan epoch 0, planned at construction; plan epoch 1 is planned meanwhile
+    _wait_ahead(s)
+    assert [epoch for epoch, _ in made] == [1] and made[0][1] != threading.current_thread().name
+    epochs.set_epoch(1)
+    assert [list(b) for b in epochs][:1] == [list(b) for b in s.rank_batches(epoch=1)][:1]
+    _wait_ahead(s)
+    assert [epoch for epoch, _ in made] == [1, 2]
+
+
+def test_replaying_an_epoch_plans_the_next_one_once(real):
+    s = BalancedBatchSampler(real, PlanOptions(seed=8), world_size=4, rank=0)
+    made = _record_planning_threads(s)
+    first = list(s)
+    assert list(s) == first  # no set_epoch: the same epoch again
+    s.set_epoch(1)
+    list(s)
+    _wait_ahead(s)
+    assert [epoch for epoch, _ in made] == [1, 2]
+
+
+def test_a_plan_that_fails_ahead_raises_in_the_pass_that_needs_it(real):
+    s = BalancedBatchSampler(real, PlanOptions(seed=8), world_size=4, rank=0)
+    plan = s._epochs._plan
+    tries: list[int] = []
+
+    def failing(epoch: int):
+        tries.append(epoch)
+        if epoch == 1:
+            raise ValueError("planning epoch 1 failed")
+        return plan(epoch)
+
+    s._epochs._plan = failing
+    list(s)  # epoch 0, and epoch 1 fails on the background thread
+    s.set_epoch(1)
+    with pytest.raises(ValueError, match="planning epoch 1 failed"):
+        len(s)
+    assert tries == [1, 1]  # the failure ahead was not kept: the epoch was planned again where it was needed
+
+
+def test_a_sampler_planning_ahead_copies_and_the_copy_plans_for_itself(real):
+    s = BalancedBatchSampler(real, PlanOptions(seed=8), world_size=4, rank=3)
+    first = list(s)  # epoch 1 is being planned ahead
+    twin = copy.deepcopy(s)
+    for sampler in (s, twin):
+        sampler.set_epoch(1)
+    assert list(twin) == list(s) and first != list(s)
+
+
+_EXIT_WHILE_PLANNING_AHEAD = """
+from omnibal_kernels import PlanOptions
+from omnibal_kernels.sampler import BalancedBatchSampler
+from omnibal_kernels.synthetic import synthetic_lengths
+
+lengths = synthetic_lengths("text_long_tail", 200_000, seed=0)
+sampler = BalancedBatchSampler(lengths, PlanOptions(), world_size=512, rank=0)
+next(iter(sampler))  # the pass begins and epoch 1 is planned ahead: the script ends while that plan is made
+"""
+
+
+@pytest.mark.slow
+def test_a_script_that_ends_while_the_next_epoch_is_planned_exits_cleanly():
+    # A daemon thread whose engine call returns while the interpreter shuts down aborts the process; where the
+    # plan stands at exit varies, so a daemon thread fails this only some of the time, and the thread kind is
+    # checked as well.
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _EXIT_WHILE_PLANNING_AHEAD], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    sampler = BalancedBatchSampler(
+        np.full(64, 100), PlanOptions(vit_capacity=0, llm_capacity=400), world_size=2, rank=0
+    )
+    next(iter(sampler))
+    assert not sampler._epochs._ahead.thread.daemon
+
+
+def test_plan_ahead_must_be_a_bool(real):
+    with pytest.raises(TypeError, match="plan_ahead must be a bool, got int"):
+        BalancedBatchSampler(real, world_size=2, rank=0, plan_ahead=1)
 
 
 def test_load_state_dict_rejects_bad_fields(real):

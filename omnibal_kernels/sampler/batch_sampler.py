@@ -66,6 +66,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             a list of index arrays partitioning the samples. Each group is packed under its own capacities;
             each optimizer step holds packs of one group.
         dataset, num_samples: when given, the number of samples must equal ``len(lengths)``.
+        plan_ahead: when a pass over an epoch starts, plan the next epoch on a background thread, so that the
+            pass after ``set_epoch(epoch + 1)`` starts without waiting for its plan (at hundreds of ranks a plan
+            takes seconds, and every rank makes it). The plan is the same either way; ``False`` plans each epoch
+            when it is first asked for.
 
     Raises:
         ValueError/TypeError: rank not in ``[0, world_size)``, only one of ``world_size`` and ``rank``, a
@@ -92,7 +96,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         groups: Any = None,
         dataset: Any = None,
         num_samples: Optional[int] = None,
+        plan_ahead: bool = True,
     ) -> None:
+        if not isinstance(plan_ahead, bool):
+            raise TypeError(f"plan_ahead must be a bool, got {type(plan_ahead).__name__}")
         self.lengths = as_lengths(lengths)
         n = len(self.lengths)
         if n == 0:
@@ -123,6 +130,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
         )
         self._cursor = Cursor()
         self._epochs = EpochCache(lambda e: plan_epoch(self._groups, self.world_size, self.micro_steps_per_step, e))
+        self._plan_ahead = plan_ahead
         self._sample_costs: Optional[np.ndarray] = None
         self._wrapped = False  # wrap() was called: batches reach a collator that weights the loss
         self._counted_per_step = False  # step_batches counts the label tokens (one all-reduce per step)
@@ -216,11 +224,17 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def _batches(self) -> Iterator[PlannedBatch]:
         schedule = self._schedule()
+        self._plan_after(self._cursor.epoch)
         counts = self._step_counts(schedule)
         for i in range(self._cursor.begin_pass(), schedule.num_micro_steps):
             self._cursor.position = i + 1
             yield planned_batch(schedule, i, self.rank, self.lengths, self.micro_steps_per_step, counts, self._cp)
         self._cursor.end_pass()
+
+    def _plan_after(self, epoch: int) -> None:
+        """A pass over ``epoch`` begins: with ``plan_ahead``, the next epoch is planned meanwhile."""
+        if self._plan_ahead:
+            self._epochs.plan_ahead(epoch + 1)
 
     def _step_counts(self, schedule: EpochSchedule) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """Every optimizer step's label tokens and labelled samples (None without label counts), made once."""

@@ -8,8 +8,9 @@ the groups' steps are interleaved in a seeded order that keeps each group's own 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -87,17 +88,62 @@ def plan_epoch(groups: SamplerGroups, world_size: int, micro_steps: int, epoch: 
 
 class EpochCache:
     """The planned epochs a sampler keeps: the current one and the last other one asked for, so that
-    inspecting another epoch (a report, a fingerprint, a state to load) never evicts the current one."""
+    inspecting another epoch (a report, a fingerprint, a state to load) never evicts the current one, and
+    at most one epoch planned ahead on a background thread (:meth:`plan_ahead`)."""
 
     def __init__(self, plan: Callable[[int], EpochSchedule]) -> None:
         self._plan = plan
         self._schedules: dict[int, EpochSchedule] = {}
+        self._ahead: Optional[_PlannedAhead] = None
 
     def get(self, epoch: int, current: int) -> EpochSchedule:
-        """The schedule of ``epoch``, planned now unless kept; ``current`` is the sampler's epoch."""
+        """The schedule of ``epoch``, planned now unless kept or planned ahead; ``current`` is the sampler's
+        epoch."""
         schedule = self._schedules.get(epoch)
         if schedule is None:
-            schedule = self._plan(epoch)
+            schedule = self._take_ahead(epoch)
+            if schedule is None:
+                schedule = self._plan(epoch)
             self._schedules = {e: s for e, s in self._schedules.items() if e == current}
             self._schedules[epoch] = schedule
         return schedule
+
+    def plan_ahead(self, epoch: int) -> None:
+        """Starts planning ``epoch`` on a background thread, unless it is kept or already being planned; the
+        next :meth:`get` of it waits for that plan instead of making its own. The engine releases the GIL while
+        it works, so the plan is made while the current epoch trains."""
+        if epoch in self._schedules or (self._ahead is not None and self._ahead.epoch == epoch):
+            return
+        self._ahead = _PlannedAhead(epoch, self._plan)
+
+    def _take_ahead(self, epoch: int) -> Optional[EpochSchedule]:
+        """The schedule planned ahead for ``epoch`` (waiting for it), or None: another epoch was planned
+        ahead, or its plan failed (planned again by the caller, whose own call raises the error)."""
+        ahead = self._ahead
+        if ahead is None or ahead.epoch != epoch:
+            return None
+        self._ahead = None
+        ahead.thread.join()
+        return ahead.schedule
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A thread does not copy or pickle; a copy plans that epoch when it is asked for.
+        return dict(self.__dict__, _ahead=None)
+
+
+class _PlannedAhead:
+    """One epoch being planned on a background thread. The thread is not a daemon: the engine runs without the
+    GIL, and a daemon thread whose engine call returns while the interpreter shuts down aborts the process, so
+    an exit waits for the plan in flight instead (one plan, begun when the last pass began)."""
+
+    def __init__(self, epoch: int, plan: Callable[[int], EpochSchedule]) -> None:
+        self.epoch = epoch
+        self.schedule: Optional[EpochSchedule] = None
+        self.thread = threading.Thread(target=self._run, args=(plan,), name=f"omnibal-plan-epoch-{epoch}")
+        self.thread.start()
+
+    def _run(self, plan: Callable[[int], EpochSchedule]) -> None:
+        try:
+            self.schedule = plan(self.epoch)
+        except Exception:  # EpochCache.get plans the epoch again and raises there, in the caller's thread
+            self.schedule = None
