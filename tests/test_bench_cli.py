@@ -74,6 +74,9 @@ def test_bench_quick_writes_every_part(tmp_path: Path) -> None:
     assert [r["per_pack"] for r in sizes] == [4, 1_000]
     assert all(0.9 * r["per_pack"] <= r["samples_per_pack"] <= 1.1 * r["per_pack"] for r in sizes)
     assert all(r["argsort_ratio"] > 0 for r in sizes)
+    wait = report["epoch_start_wait"]
+    assert (wait["n"], wait["world_size"]) == (100_000, 64) and wait["wait"] > 0 and wait["wait_ahead"] > 0
+    assert "with the epoch planned during that pass" in (tmp_path / "r.md").read_text()
     assert report["collate"] and all(
         {"provider", "batch_size", "input", "seconds"} <= set(r) for r in report["collate"]
     )

@@ -13,6 +13,10 @@ samples, not with the square of a pack's size.
 
 The sampler's construction (capacity search and the first epoch's plan) is measured in a fresh process:
 seconds and peak resident memory above what the process held with the loads already in memory.
+
+The wait at a new epoch: long-tailed text at many ranks, where a plan takes seconds. After a pass over epoch 0
+that lasts longer than a plan (the training it stands for sleeps), the seconds from ``set_epoch(1)`` to the first
+batch of epoch 1, with the next epoch planned ahead during the pass and without.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..balance import plan_packs
+from ..balance import named_cost_model, plan_packs
 from ..balance.options import PlanOptions
 from ..lengths import Lengths
+from ..sampler import BalancedBatchSampler
 from ..synthetic import synthetic_lengths
 from .baselines import ffd_tokens_plan, length_grouped_plan, random_padded_plan
 from .runner import Config, register
@@ -45,6 +50,8 @@ PACK_SIZES_FULL = tuple((per_pack, 200_000) for per_pack in (4, 20, 100, 1_000, 
     (10_000, 10_000_000),
 )
 PACK_SIZES_QUICK = ((4, 200_000), (1_000, 200_000))
+# (samples, world size) of the wait at a new epoch
+EPOCH_WAIT_FULL, EPOCH_WAIT_QUICK = (1_200_000, 1024), (100_000, 64)
 
 
 def _methods(lengths: Any, seed: int) -> dict[str, Callable[[], object]]:
@@ -119,6 +126,31 @@ def sampler_cost(n: int, seed: int) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def epoch_start_wait(n: int, world_size: int, seed: int) -> dict[str, Any]:
+    """Seconds from ``set_epoch(1)`` to epoch 1's first batch of ``BalancedBatchSampler`` (rank 0 of
+    ``world_size``, ``n`` ``text_long_tail`` samples under ``llama_7b``), after a pass over epoch 0 that lasts
+    twice a plan, with ``plan_ahead`` off and on; and the sampler's construction seconds (a plan with its
+    capacity search)."""
+    lengths = synthetic_lengths("text_long_tail", n, seed)
+    options = PlanOptions(seed=seed, cost_model=named_cost_model("llama_7b"))
+    row: dict[str, Any] = {"n": n, "world_size": world_size}
+    for ahead in (False, True):
+        start = time.perf_counter()
+        sampler = BalancedBatchSampler(lengths, options, world_size=world_size, rank=0, plan_ahead=ahead)
+        built = time.perf_counter() - start
+        pass_seconds = 2.0 * built
+        steps = len(sampler)
+        for _ in sampler:
+            time.sleep(pass_seconds / steps)
+        sampler.set_epoch(1)
+        start = time.perf_counter()
+        next(iter(sampler))
+        row["wait_ahead" if ahead else "wait"] = time.perf_counter() - start
+        if not ahead:
+            row["built"] = built
+    return row
+
+
 def pack_size_row(per_pack: int, n: int, seed: int) -> dict[str, Any]:
     """``balanced`` on ``n`` text samples at an LLM capacity of ``per_pack`` mean samples (longer samples in
     packs of their own), against argsort."""
@@ -177,4 +209,9 @@ def run(config: Config) -> dict[str, Any]:
         config.say(
             f"  sampler on {sampler['n']:,} samples: {sampler['seconds']:.2f} s, peak +{sampler['peak_mib']:.0f} MiB"
         )
-    return {"planning": rows, "planning_pack_sizes": pack_sizes, "sampler": sampler}
+    wait = epoch_start_wait(*(EPOCH_WAIT_QUICK if config.quick else EPOCH_WAIT_FULL), config.seed)
+    config.say(
+        f"  a new epoch at {wait['world_size']} ranks waits {wait['wait']:.2f} s for its plan, "
+        f"{wait['wait_ahead']:.3f} s planned ahead"
+    )
+    return {"planning": rows, "planning_pack_sizes": pack_sizes, "sampler": sampler, "epoch_start_wait": wait}
