@@ -425,9 +425,9 @@ def _planning_speed(report: dict[str, Any]) -> list[str]:
             if report.get("quick")
             else "."
         )
-        + " The yardstick moves with the machine: numpy picks its sort by CPU, and its vectorized sorts run "
-        "several times faster than the others, so the same planning time is a higher ratio where it has one; "
-        "the argsort seconds tell which ran.",
+        + " The yardstick moves with the machine: numpy picks its sort by the instructions the CPU reports, and "
+        "the same argsort takes several times longer on some machines than on others, so ratios compare within "
+        "one machine; its seconds stand beside them.",
         "",
     ]
     out += _table(
