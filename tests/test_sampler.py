@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import subprocess
 import sys
 import threading
@@ -508,6 +509,22 @@ def test_the_trainer_s_fixed_length_epochs_plan_ahead_too(real):
     assert [list(b) for b in epochs][:1] == [list(b) for b in s.rank_batches(epoch=1)][:1]
     _wait_ahead(s)
     assert [epoch for epoch, _ in made] == [1, 2]
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
+def test_forked_dataloader_workers_across_epochs_get_the_same_batches_planned_ahead(real):
+    # workers are forked again each epoch, while the next epoch may still be planned on its thread
+    got = {}
+    for ahead in (True, False):
+        s = BalancedBatchSampler(real, PlanOptions(seed=3), world_size=2, rank=1, plan_ahead=ahead)
+        loader = torch.utils.data.DataLoader(
+            range(len(real)), batch_sampler=s, num_workers=2, multiprocessing_context="fork", collate_fn=list
+        )
+        got[ahead] = []
+        for epoch in range(3):
+            s.set_epoch(epoch)
+            got[ahead].append([list(b) for b in loader])
+    assert got[True] == got[False] and got[True][0] != got[True][1]
 
 
 def test_replaying_an_epoch_plans_the_next_one_once(real):
