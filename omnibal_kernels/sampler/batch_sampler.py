@@ -66,10 +66,13 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             a list of index arrays partitioning the samples. Each group is packed under its own capacities;
             each optimizer step holds packs of one group.
         dataset, num_samples: when given, the number of samples must equal ``len(lengths)``.
-        plan_ahead: when a pass over an epoch starts, plan the next epoch on a background thread, so that the
-            pass after ``set_epoch(epoch + 1)`` starts without waiting for its plan (at hundreds of ranks a plan
-            takes seconds, and every rank makes it). The plan is the same either way; ``False`` plans each epoch
-            when it is first asked for.
+        plan_ahead: when a pass over an epoch starts, plan epoch ``epoch + 1`` on a background thread of this
+            process, so that the pass after ``set_epoch(epoch + 1)`` starts without waiting for its plan (at
+            hundreds of ranks a plan takes seconds, and every rank makes it). The plan is the same either way,
+            and an error in it is raised where that epoch is first used. It costs one core while the plan is
+            made, one more epoch's schedule in memory, and at exit a wait for a plan still in flight; another
+            epoch than ``epoch + 1`` (and a copy of the sampler) is planned when asked for. ``False`` plans every
+            epoch when it is first asked for: for runs of one epoch, or where no core is to spare.
 
     Raises:
         ValueError/TypeError: rank not in ``[0, world_size)``, only one of ``world_size`` and ``rank``, a
