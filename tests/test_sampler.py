@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import pickle
 import subprocess
 import sys
 import threading
@@ -564,6 +565,20 @@ def test_a_sampler_planning_ahead_copies_and_the_copy_plans_for_itself(real):
     for sampler in (s, twin):
         sampler.set_epoch(1)
     assert list(twin) == list(s) and first != list(s)
+
+
+@pytest.mark.parametrize("plan_ahead", [True, False])
+def test_a_pickled_sampler_keeps_its_state_and_plans(real, plan_ahead):
+    s = BalancedBatchSampler(real, PlanOptions(seed=8), world_size=4, rank=1, plan_ahead=plan_ahead)
+    batches = iter(s)
+    for _ in range(3):  # mid-epoch, with epoch 1 being planned ahead
+        next(batches)
+    twin = pickle.loads(pickle.dumps(s))
+    assert twin.state_dict() == s.state_dict()  # the three batches handed out, for a resume
+    assert list(twin) == list(s)  # a new pass replays the epoch, as the original's does
+    for sampler in (s, twin):
+        sampler.set_epoch(1)
+    assert list(twin) == list(s) and twin.fingerprint() == s.fingerprint()
 
 
 _EXIT_WHILE_PLANNING_AHEAD = """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -132,7 +133,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler[list[int]]):
             self.lengths, self._groups, self.world_size, self.micro_steps_per_step
         )
         self._cursor = Cursor()
-        self._epochs = EpochCache(lambda e: plan_epoch(self._groups, self.world_size, self.micro_steps_per_step, e))
+        self._epochs = EpochCache(partial(plan_epoch, self._groups, self.world_size, self.micro_steps_per_step))
         self._plan_ahead = plan_ahead
         self._sample_costs: Optional[np.ndarray] = None
         self._wrapped = False  # wrap() was called: batches reach a collator that weights the loss
