@@ -23,6 +23,10 @@ constexpr size_t kChunkItems = size_t{1} << 14;
 // A chunk goes back to the pool for another best-fit round only if at least 1 / kMinFinalShare of its items
 // are in final packs (best_fit_packs).
 constexpr size_t kMinFinalShare = 4;
+// A chunk goes back to the pool for another round only if its open packs have room for at least
+// 1 / kMinOpenRoom of its packs' capacity: below that, another round could save at most that share of its
+// packs, which bounds what skipping the round costs in packs.
+constexpr double kMinOpenRoom = 512.0;
 // A pack's number within one chunk is an int32 in BestFitPass::pack_of: a chunk holds fewer packs than that.
 static_assert(kChunkItems <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), "pack_of is int32");
 
@@ -413,16 +417,25 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
       // of the pool, which holds nothing unread before this chunk's end.
       const std::vector<size_t> start = pass.pack_starts();
       size_t final_items = 0;
+      int64_t open_room = 0;  // in the binding dimension
       for (size_t p = 0; p < num_packs; ++p) {
-        if (is_final(p)) final_items += start[p + 1] - start[p];
+        if (is_final(p)) {
+          final_items += start[p + 1] - start[p];
+        } else {
+          open_room += pass.room_primary[p];
+        }
       }
       // Packs kept while not final are leftovers, merged across chunks at the end (Leftovers::merge): in the
-      // last round, and in a chunk where under 1 / kMinFinalShare of the items are in final packs. Re-packing
-      // such a chunk would shrink the pool by less than that share per round, each round a shuffle and a
-      // pass over what is left: with this floor an item is packed about kMinFinalShare times at most. Data
-      // where few packs can ever be final (text-only samples that fit beside any image) go to the merge
-      // after one pass.
-      const bool keep_all = r + 1 == rounds || final_items * kMinFinalShare < count;
+      // last round; in a chunk where under 1 / kMinFinalShare of the items are in final packs, since
+      // re-packing such a chunk would shrink the pool by less than that share per round, each round a shuffle
+      // and a pass over what is left (with this floor an item is packed about kMinFinalShare times at most);
+      // and in a chunk whose open packs have room for under 1 / kMinOpenRoom of its packs' capacity, since
+      // packing their samples again can save at most their room in whole packs. Data where few packs can
+      // ever be final (text-only samples that fit beside any image), or where best fit leaves the open packs
+      // all but full (short texts beside long ones), go to the merge after one pass.
+      const bool keep_all = r + 1 == rounds || final_items * kMinFinalShare < count ||
+                            static_cast<double>(open_room) * kMinOpenRoom <
+                                static_cast<double>(vit_binds ? cap.vit : cap.llm) * static_cast<double>(num_packs);
       scratch.resize(count);
       fill.assign(start.begin(), start.end() - 1);
       for (size_t k = 0; k < count; ++k) scratch[fill[static_cast<size_t>(pass.pack_of[k])]++] = chunk_items[k];

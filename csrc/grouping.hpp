@@ -59,8 +59,9 @@ Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold
 // over capacity is larger) that still fits it in both; packs with no room left for any sample are final,
 // the samples of the others are pooled for the next round; the last round keeps all its packs. A round's
 // shuffled pool is packed in chunks of 16k samples (random subsets that stay in cache); packs still open at
-// the end (from the last round, or from a chunk where under a quarter of the samples are in packs that filled
-// up) are merged across chunks, by best fit decreasing over the packs as parts. `totals`
+// the end (from the last round, from a chunk where under a quarter of the samples are in packs that filled up,
+// or from a chunk whose open packs have room for under 1/512 of its packs' capacity) are merged across
+// chunks, by best fit decreasing over the packs as parts. `totals`
 // receives every pack's ViT load and LLM load (appended, in pack order; its cost is the caller's).
 // rounds >= 1.
 Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds, uint64_t seed, PackLoads& totals);

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from test_balance import _check_plan
 
 from omnibal_kernels import Lengths, OversizeError, PlanOptions, balance_report, plan_packs, search_capacity
-from omnibal_kernels.balance import CostModel, load_trend, pack_lower_bounds, repeated_pack_share
+from omnibal_kernels.balance import CostModel, engine, load_trend, pack_lower_bounds, repeated_pack_share
 from omnibal_kernels.synthetic import DISTRIBUTIONS, synthetic_lengths
 
 # The synthetic classes' longest samples exceed the capacities of target_batch_size by design: raising them
@@ -212,6 +212,25 @@ def test_capacity_far_above_a_chunk_gives_full_packs():
     plan = plan_packs(lengths, PlanOptions(vit_capacity=60_000, llm_capacity=2**30), world_size=1)
     assert plan.num_packs == pack_lower_bounds(lengths, 60_000, 2**30).volume == 4
     _check_plan(plan, lengths)
+
+
+def _one_round_and_default(kind: str) -> tuple:
+    lengths = synthetic_lengths(kind, 100_000, seed=2)
+    options = PlanOptions(seed=3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "BEST_FIT_ROUNDS", 1)
+        one_round = plan_packs(lengths, options, world_size=8)
+    return one_round, plan_packs(lengths, options, world_size=8)
+
+
+def test_open_packs_all_but_full_are_not_packed_again():
+    # Short texts beside long ones: best fit leaves the open packs of every chunk within a few tokens of the
+    # capacity, so another round could save almost no pack; the chunks go to the merge after one pass.
+    one_round, default = _one_round_and_default("text_long_tail")
+    assert default.fingerprint() == one_round.fingerprint()
+    # where the open packs keep room (tiles beside text), the later rounds still run and save packs
+    one_round, default = _one_round_and_default("bundled")
+    assert default.num_packs < one_round.num_packs
 
 
 @pytest.mark.parametrize("kind", ["half_text_half_image", "patch_multires"])
