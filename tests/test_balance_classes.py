@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from test_balance import _check_plan
 
 from omnibal_kernels import Lengths, OversizeError, PlanOptions, balance_report, plan_packs, search_capacity
-from omnibal_kernels.balance import CostModel, engine, load_trend, pack_lower_bounds, repeated_pack_share
+from omnibal_kernels.balance import CostModel, Plan, engine, load_trend, pack_lower_bounds, repeated_pack_share
 from omnibal_kernels.synthetic import DISTRIBUTIONS, synthetic_lengths
 
 # The synthetic classes' longest samples exceed the capacities of target_batch_size by design: raising them
@@ -214,22 +214,34 @@ def test_capacity_far_above_a_chunk_gives_full_packs():
     _check_plan(plan, lengths)
 
 
-def _one_round_and_default(kind: str) -> tuple:
-    lengths = synthetic_lengths(kind, 100_000, seed=2)
-    options = PlanOptions(seed=3)
+def _one_round_and_default(lengths: Lengths, options: PlanOptions) -> tuple[Plan, Plan]:
+    """The plan with one best-fit round and with the default rounds."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine, "BEST_FIT_ROUNDS", 1)
         one_round = plan_packs(lengths, options, world_size=8)
     return one_round, plan_packs(lengths, options, world_size=8)
 
 
-def test_open_packs_all_but_full_are_not_packed_again():
-    # Short texts beside long ones: best fit leaves the open packs of every chunk within a few tokens of the
-    # capacity, so another round could save almost no pack; the chunks go to the merge after one pass.
-    one_round, default = _one_round_and_default("text_long_tail")
+@settings(max_examples=10, deadline=None)
+@given(chunks=st.integers(1, 4), full_share=st.floats(0.6, 0.9), data_seed=st.integers(0, 2**32 - 1))
+def test_open_packs_all_but_full_are_not_packed_again(chunks, full_share, data_seed):
+    # Two samples fill a pack of 10,000 tokens (5,000 + 5,000) or leave one or two tokens of room (4,999 + ...);
+    # a few one-token samples keep those packs open. Another round could save no pack of note, so the chunks
+    # go to the merge after one pass: the plan is the one-round plan. Best fit packs its pool in chunks of
+    # 16,384 samples; whole chunks here, since a chunk of a few samples ends in packs that do have room.
+    n = chunks * 16_384
+    rng = np.random.default_rng(data_seed)
+    llm = np.where(rng.random(n) < full_share, 5_000, 4_999)
+    llm[rng.choice(n, 8, replace=False)] = 1
+    lengths = Lengths(np.zeros(n, np.int64), llm)
+    options = PlanOptions(vit_capacity=0, llm_capacity=10_000, seed=data_seed)
+    one_round, default = _one_round_and_default(lengths, options)
     assert default.fingerprint() == one_round.fingerprint()
-    # where the open packs keep room (tiles beside text), the later rounds still run and save packs
-    one_round, default = _one_round_and_default("bundled")
+
+
+def test_open_packs_with_room_are_packed_again():
+    # tiles beside text: the open packs keep room for more samples, and the later rounds fill them
+    one_round, default = _one_round_and_default(synthetic_lengths("bundled", 100_000, seed=2), PlanOptions(seed=3))
     assert default.num_packs < one_round.num_packs
 
 

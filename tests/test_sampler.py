@@ -571,7 +571,7 @@ def test_a_sampler_planning_ahead_copies_and_the_copy_plans_for_itself(real):
 def test_a_pickled_sampler_keeps_its_state_and_plans(real, plan_ahead):
     s = BalancedBatchSampler(real, PlanOptions(seed=8), world_size=4, rank=1, plan_ahead=plan_ahead)
     batches = iter(s)
-    for _ in range(3):  # mid-epoch, with epoch 1 being planned ahead
+    for _ in range(3):  # mid-epoch (with plan_ahead, epoch 1 is being planned meanwhile)
         next(batches)
     twin = pickle.loads(pickle.dumps(s))
     assert twin.state_dict() == s.state_dict()  # the three batches handed out, for a resume
