@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -68,7 +69,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # A test marked ``alone`` times CPU work against a prediction: under pytest-xdist it runs with no other test
 # computing. Every test holds the run's lock shared; an ``alone`` test waits for it exclusively, and the gate in
 # front of it keeps new tests from starting meanwhile (else a worker that takes the shared lock again as soon as
-# it lets go could keep the exclusive one waiting for ever).
+# it lets go could keep the exclusive one waiting for ever). A test lets go only once the epochs its samplers
+# plan ahead on background threads are planned, so that no such plan runs beside an ``alone`` test either.
 _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
 
 
@@ -95,3 +97,10 @@ def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
         pass
     with _locked("run", fcntl.LOCK_SH):
         yield
+        _join_plans_ahead()
+
+
+def _join_plans_ahead() -> None:
+    for thread in threading.enumerate():
+        if thread.name.startswith("omnibal-plan-epoch-"):
+            thread.join()
