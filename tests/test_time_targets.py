@@ -37,7 +37,7 @@ def test_quick_rows_cover_every_class_and_model(quick_rows) -> None:
         # the bound is at least the ideal and at most what any plan does: this plan and its packs sorted
         assert 1.0 - 1e-9 <= r["bound_over_ideal"] <= min(r["epoch_over_ideal"], r["sorted_over_ideal"]) * (1 + 1e-9)
         assert r["epoch_over_bound"] == pytest.approx(r["epoch_over_ideal"] / r["bound_over_ideal"])
-        assert 1.0 <= r["packs_over_volume"] and 0.0 <= r["repeated"] <= 1.0
+        assert 1.0 <= r["packs_over_tight"] <= r["packs_over_volume"] and 0.0 <= r["repeated"] <= 1.0
         assert r["misses"] == time_target_misses(r)
 
 
@@ -49,6 +49,7 @@ def _row(**changes) -> dict:
         epoch_over_bound=1.001,
         sorted_over_ideal=1.002,
         packs_over_volume=1.01,
+        packs_over_tight=1.01,
         each_sample_once=True,
         repeated=0.01,
         steps=60,
@@ -76,7 +77,10 @@ def test_misses_say_why_with_the_bound() -> None:
     )
     assert miss == "epoch/bound 1.0097 > 1.005 (bound/ideal 1.0300)"
     assert time_target_misses(_row(sorted_over_ideal=1.0005)) == ["above sorted (1.0005)"]
-    assert "volume bound" in time_target_misses(_row(packs_over_volume=1.05))[0]
+    # packs against the tight bound: the volume bound alone can be out of any plan's reach
+    assert time_target_misses(_row(packs_over_volume=1.05, packs_over_tight=1.02)) == []
+    (miss,) = time_target_misses(_row(packs_over_volume=1.05, packs_over_tight=1.04))
+    assert miss == "packs 1.040x the tight bound (1.050x the volume bound)"
     assert "exactly one pack" in time_target_misses(_row(each_sample_once=False))[0]
     assert "repeated packs 12.0%" in time_target_misses(_row(repeated=0.12))[0]
     assert "40 steps < 50" in time_target_misses(_row(steps=40))[0]

@@ -20,28 +20,60 @@ class PackBounds(NamedTuple):
     """Lower bounds on the number of packs of samples under two capacities.
 
     Attributes:
-        volume: ``ceil(max(sum(vit) / vit_capacity, sum(llm) / llm_capacity))``: packs can hold no more.
-        tight: the larger of ``volume`` and the number of samples above half of a capacity (no two of those
-            share a pack), which is higher when large samples are common.
+        volume: ``ceil(max(sum(vit) / vit_capacity, sum(llm) / llm_capacity))`` over the samples within the
+            capacities, plus one pack for each sample over a capacity: packs can hold no more.
+        tight: the larger of ``volume`` and, in each load, the bin-packing bound L2 of Martello and Toth: the
+            samples over half a capacity need a pack each, and the smaller ones fill at most the room those
+            leave. It is above ``volume`` where large samples are common and cannot share a pack (pages of 11
+            to 13 tiles under a 20-tile capacity), which ``volume`` counts only by their load.
     """
 
     volume: int
     tight: int
 
 
+def _bin_packing_bound(loads: np.ndarray, capacity: int) -> int:
+    """The L2 lower bound (Martello and Toth) on the bins of ``capacity`` that hold ``loads`` (each within it).
+
+    For a threshold ``a <= capacity / 2``: a load over ``capacity - a`` fills its bin for loads of at least
+    ``a``; a load over half the capacity shares its bin with no other such load; the loads from ``a`` to half
+    the capacity need whatever room the bins of the loads over half leave, and bins of their own past that.
+    The bound is the largest count over the thresholds ``0`` and each load up to half the capacity."""
+    x = np.sort(loads[loads > 0])
+    if x.size == 0:
+        return 0
+    prefix = np.concatenate([np.zeros(1, np.int64), np.cumsum(x)])
+    thresholds = np.unique(np.concatenate([np.zeros(1, np.int64), x[2 * x <= capacity]]))
+    over_half = int(np.searchsorted(2 * x, capacity, side="right"))  # first load over half the capacity
+    full = np.searchsorted(x, capacity - thresholds, side="right")  # first load that leaves no room for a
+    small = np.searchsorted(x, thresholds, side="left")  # first load of at least a
+    alone = x.size - full
+    halves = full - over_half
+    room = halves * capacity - (prefix[full] - prefix[over_half])
+    rest = np.maximum(0, -(-(prefix[over_half] - prefix[small] - room) // capacity))
+    return int((alone + halves + rest).max())
+
+
 def pack_lower_bounds(lengths: Lengths, vit_capacity: int, llm_capacity: int) -> PackBounds:
     """Lower bounds on the packs of ``lengths`` under the capacities (samples over a capacity count as one
-    pack each, as with ``oversize="single"``)."""
-    vit, llm = lengths.vit, lengths.llm
+    pack each, as with ``oversize="single"``; ``vit_capacity`` 0: the ViT load is not bounded)."""
+    vit, llm = np.asarray(lengths.vit, np.int64), np.asarray(lengths.llm, np.int64)
     if llm_capacity <= 0:
         raise ValueError(f"llm_capacity must be positive, got {llm_capacity}")
+    if vit_capacity < 0:
+        raise ValueError(f"vit_capacity must be >= 0, got {vit_capacity}")
+    over = llm > llm_capacity
+    if vit_capacity > 0:
+        over |= vit > vit_capacity
+    vit, llm = vit[~over], llm[~over]
+    singles = int(np.count_nonzero(over))
     volume = llm.sum() / llm_capacity
+    tight = _bin_packing_bound(llm, llm_capacity)
     if vit_capacity > 0:
         volume = max(volume, vit.sum() / vit_capacity)
-    volume_bound = max(math.ceil(volume - 1e-9), 1)
-    big_llm = int(np.count_nonzero(2 * llm > llm_capacity))
-    big_vit = int(np.count_nonzero(2 * vit > vit_capacity)) if vit_capacity > 0 else 0
-    return PackBounds(volume_bound, max(volume_bound, big_llm, big_vit))
+        tight = max(tight, _bin_packing_bound(vit, vit_capacity))
+    volume_bound = max(math.ceil(volume - 1e-9) + singles, 1)
+    return PackBounds(volume_bound, max(volume_bound, tight + singles))
 
 
 # Step totals that vary less than this (coefficient of variation) have no trend worth measuring: their
