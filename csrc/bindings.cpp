@@ -298,6 +298,7 @@ std::pair<omnibal::Packs, int64_t> run_step_pass(const py::object& vit, const py
 }
 
 void bind_grouping(py::module_& m) {
+  m.attr("BEST_FIT_CHUNK") = omnibal::kBestFitChunk;
   m.def(
       "random_next_fit",
       [](const py::object& vit, const py::object& llm, const py::object& items, int64_t vit_capacity,

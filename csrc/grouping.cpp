@@ -16,10 +16,6 @@
 namespace omnibal {
 namespace {
 
-// best_fit_packs packs a round's shuffled pool in chunks of this many samples: 16k items = 256 KiB, which
-// stay in L2 while they are packed and grouped; larger chunks give the same ViT fill (the planning and quality
-// parts of benchmarks/bench_balance.py measure the choice).
-constexpr size_t kChunkItems = size_t{1} << 14;
 // A chunk goes back to the pool for another best-fit round only if at least 1 / kMinFinalShare of its items
 // are in final packs (best_fit_packs).
 constexpr size_t kMinFinalShare = 4;
@@ -28,7 +24,7 @@ constexpr size_t kMinFinalShare = 4;
 // packs, which bounds what skipping the round costs in packs.
 constexpr double kMinOpenRoom = 512.0;
 // A pack's number within one chunk is an int32 in BestFitPass::pack_of: a chunk holds fewer packs than that.
-static_assert(kChunkItems <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), "pack_of is int32");
+static_assert(kBestFitChunk <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), "pack_of is int32");
 
 // A sample with its loads next to its id, so that passes over a shuffled order read memory sequentially.
 // The loads are int32, so that an Item is 16 bytes.
@@ -390,7 +386,8 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
   ItemVector pool, scratch;  // scratch: shuffle and grouping buffer, reused by every round
   Leftovers leftovers(static_cast<size_t>(items.count));
   std::vector<size_t> fill;
-  OpenPacks open(vit_binds ? cap.vit : cap.llm);
+  const int64_t primary_cap = vit_binds ? cap.vit : cap.llm;
+  OpenPacks open(primary_cap);
   for (int r = 0; r < rounds && (r == 0 || !pool.empty()); ++r) {
     Rng rng(derive_seed(seed, kStreamBestFit, static_cast<uint64_t>(r)));
     if (r == 0) {
@@ -401,8 +398,8 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
     // The shuffled pool is cut into chunks packed independently: each chunk is a uniformly random subset,
     // small enough that packing and grouping it stay in cache; packs left open go back to the pool anyway.
     size_t pooled = 0;
-    for (size_t chunk = 0; chunk < pool.size(); chunk += kChunkItems) {
-      const size_t count = std::min(kChunkItems, pool.size() - chunk);
+    for (size_t chunk = 0; chunk < pool.size(); chunk += kBestFitChunk) {
+      const size_t count = std::min(kBestFitChunk, pool.size() - chunk);
       const Item* chunk_items = pool.data() + chunk;
       const BestFitPass pass = best_fit_pass(chunk_items, count, vit_binds, cap, vit_binds ? min_vit : min_llm,
                                              vit_binds ? min_llm : min_vit, open);
@@ -435,7 +432,7 @@ Packs best_fit_packs(const Loads& loads, ItemSet items, Capacity cap, int rounds
       // all but full (short texts beside long ones), go to the merge after one pass.
       const bool keep_all = r + 1 == rounds || final_items * kMinFinalShare < count ||
                             static_cast<double>(open_room) * kMinOpenRoom <
-                                static_cast<double>(vit_binds ? cap.vit : cap.llm) * static_cast<double>(num_packs);
+                                static_cast<double>(primary_cap) * static_cast<double>(num_packs);
       scratch.resize(count);
       fill.assign(start.begin(), start.end() - 1);
       for (size_t k = 0; k < count; ++k) scratch[fill[static_cast<size_t>(pass.pack_of[k])]++] = chunk_items[k];

@@ -8,6 +8,7 @@
 // std::invalid_argument.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "buffers.hpp"
@@ -20,6 +21,11 @@ namespace omnibal {
 // (capacity + 1) in float64, and up to 2**48 every term is exact and the quotient stays below the bucket
 // count; a pack's int64 sums stay far from overflow. Far above any real pack.
 constexpr int64_t kMaxCapacity = int64_t{1} << 48;
+
+// best_fit_packs packs a round's shuffled pool in chunks of this many samples: 16k items = 256 KiB, which
+// stay in L2 while they are packed and grouped; larger chunks give the same ViT fill. Python reads it as
+// omnibal_kernels._C.BEST_FIT_CHUNK.
+constexpr size_t kBestFitChunk = size_t{1} << 14;
 
 // Packs in CSR form: the samples of pack p are samples[offsets[p] : offsets[p + 1]].
 struct Packs {
@@ -58,7 +64,7 @@ Packs isf(const Loads& loads, ItemSet items, Capacity cap, int64_t vit_threshold
 // order, each into the open pack with the least room left in the binding dimension (the one whose total
 // over capacity is larger) that still fits it in both; packs with no room left for any sample are final,
 // the samples of the others are pooled for the next round; the last round keeps all its packs. A round's
-// shuffled pool is packed in chunks of 16k samples (random subsets that stay in cache); packs still open at
+// shuffled pool is packed in chunks of kBestFitChunk samples (random subsets that stay in cache); packs still open at
 // the end (from the last round, from a chunk where under a quarter of the samples are in packs that filled up,
 // or from a chunk whose open packs have room for under 1/512 of its packs' capacity) are merged across
 // chunks, by best fit decreasing over the packs as parts. `totals`

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import seed, settings
 
+from omnibal_kernels.sampler.epochs import PLAN_AHEAD_THREAD
+
 # CI runs the property tests on a fixed seed, so a submission's result does not depend on the draw; local
 # runs keep exploring new examples (and store failures in .hypothesis/ to replay).
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -102,5 +104,5 @@ def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def _join_plans_ahead() -> None:
     for thread in threading.enumerate():
-        if thread.name.startswith("omnibal-plan-epoch-"):
+        if thread.name.startswith(PLAN_AHEAD_THREAD):
             thread.join()

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_balance import _check_plan
 
-from omnibal_kernels import Lengths, OversizeError, PlanOptions, balance_report, plan_packs, search_capacity
+from omnibal_kernels import _C, Lengths, OversizeError, PlanOptions, balance_report, plan_packs, search_capacity
 from omnibal_kernels.balance import CostModel, Plan, engine, load_trend, pack_lower_bounds, repeated_pack_share
 from omnibal_kernels.synthetic import DISTRIBUTIONS, synthetic_lengths
 
@@ -227,9 +227,9 @@ def _one_round_and_default(lengths: Lengths, options: PlanOptions) -> tuple[Plan
 def test_open_packs_all_but_full_are_not_packed_again(chunks, full_share, data_seed):
     # Two samples fill a pack of 10,000 tokens (5,000 + 5,000) or leave one or two tokens of room (4,999 + ...);
     # a few one-token samples keep those packs open. Another round could save no pack of note, so the chunks
-    # go to the merge after one pass: the plan is the one-round plan. Best fit packs its pool in chunks of
-    # 16,384 samples; whole chunks here, since a chunk of a few samples ends in packs that do have room.
-    n = chunks * 16_384
+    # go to the merge after one pass: the plan is the one-round plan. Best fit packs its pool in chunks
+    # (BEST_FIT_CHUNK samples); whole chunks here, since a chunk of a few samples ends in packs that do have room.
+    n = chunks * _C.BEST_FIT_CHUNK
     rng = np.random.default_rng(data_seed)
     llm = np.where(rng.random(n) < full_share, 5_000, 4_999)
     llm[rng.choice(n, 8, replace=False)] = 1

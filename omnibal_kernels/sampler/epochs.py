@@ -19,7 +19,10 @@ from ..balance.plan import plan_packs
 from ..balance.schedule import concat_plans, interleave_steps, micro_step_packs
 from .groups import SamplerGroups
 
-__all__ = ["EpochCache", "EpochSchedule", "plan_epoch"]
+__all__ = ["PLAN_AHEAD_THREAD", "EpochCache", "EpochSchedule", "plan_epoch"]
+
+# The name of every thread that plans an epoch ahead, followed by the epoch (tests wait for such threads).
+PLAN_AHEAD_THREAD = "omnibal-plan-epoch-"
 
 
 @dataclass
@@ -139,7 +142,7 @@ class _PlannedAhead:
     def __init__(self, epoch: int, plan: Callable[[int], EpochSchedule]) -> None:
         self.epoch = epoch
         self.schedule: Optional[EpochSchedule] = None
-        self.thread = threading.Thread(target=self._run, args=(plan,), name=f"omnibal-plan-epoch-{epoch}")
+        self.thread = threading.Thread(target=self._run, args=(plan,), name=f"{PLAN_AHEAD_THREAD}{epoch}")
         self.thread.start()
 
     def _run(self, plan: Callable[[int], EpochSchedule]) -> None:
