@@ -92,6 +92,15 @@ def test_bad_capacities_are_refused():
         pack_lower_bounds(lengths, 1, 0)
     with pytest.raises(ValueError, match="vit_capacity"):
         pack_lower_bounds(lengths, -1, 1)
+    with pytest.raises(TypeError, match="llm_capacity"):
+        pack_lower_bounds(lengths, 1, 2.5)
+
+
+def test_token_counts_alone_are_text():
+    # as plan_packs takes them: a 1-D array of token counts, or a (vit, llm) tuple
+    tokens = np.array([600, 600, 300, 300], np.int64)
+    assert pack_lower_bounds(tokens, 0, 1_000) == pack_lower_bounds((np.zeros(4, np.int64), tokens), 0, 1_000)
+    assert pack_lower_bounds(tokens, 0, 1_000) == (2, 2)
 
 
 @pytest.mark.filterwarnings("ignore::omnibal_kernels._warnings.CapacityWarning")

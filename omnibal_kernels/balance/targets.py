@@ -4,13 +4,14 @@ drifts over the epoch, and how many packs come back in the next epoch."""
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import numpy as np
 
+from .._checks import check_positive_int
 from ..lengths import Lengths
 from .cost import CostModel
-from .packs import Plan
+from .packs import Plan, as_lengths
 from .report import pack_sums
 
 __all__ = ["PackBounds", "pack_lower_bounds", "load_trend", "repeated_pack_share"]
@@ -54,14 +55,19 @@ def _bin_packing_bound(loads: np.ndarray, capacity: int) -> int:
     return int((alone + halves + rest).max())
 
 
-def pack_lower_bounds(lengths: Lengths, vit_capacity: int, llm_capacity: int) -> PackBounds:
-    """Lower bounds on the packs of ``lengths`` under the capacities (samples over a capacity count as one
-    pack each, as with ``oversize="single"``; ``vit_capacity`` 0: the ViT load is not bounded)."""
+def pack_lower_bounds(lengths: Union[Lengths, tuple, np.ndarray], vit_capacity: int, llm_capacity: int) -> PackBounds:
+    """Lower bounds on the packs of ``lengths`` (as :func:`~omnibal_kernels.plan_packs` takes them) under the
+    capacities (samples over a capacity count as one pack each, as with ``oversize="single"``; ``vit_capacity``
+    0: the ViT load is not bounded).
+
+    Raises:
+        TypeError: a capacity not an integer.
+        ValueError: ``llm_capacity`` below 1 or ``vit_capacity`` below 0.
+    """
+    lengths = as_lengths(lengths)
+    vit_capacity = check_positive_int("vit_capacity", vit_capacity, minimum=0)
+    llm_capacity = check_positive_int("llm_capacity", llm_capacity, minimum=1)
     vit, llm = np.asarray(lengths.vit, np.int64), np.asarray(lengths.llm, np.int64)
-    if llm_capacity <= 0:
-        raise ValueError(f"llm_capacity must be positive, got {llm_capacity}")
-    if vit_capacity < 0:
-        raise ValueError(f"vit_capacity must be >= 0, got {vit_capacity}")
     over = llm > llm_capacity
     if vit_capacity > 0:
         over |= vit > vit_capacity
