@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from omnibal_kernels import Lengths, PlanOptions, plan_packs
 from omnibal_kernels.balance import pack_lower_bounds
+from omnibal_kernels.balance.bound import costs_epoch_bound, min_packs
 from omnibal_kernels.bench.targets import target_misses, target_row
 from omnibal_kernels.synthetic import synthetic_lengths
 
@@ -72,6 +73,17 @@ def test_pages_that_cannot_share_a_pack_each_count_one(tiles):
     assert bounds.tight == 150 > bounds.volume
 
 
+def _pages_of_12_and_9() -> Lengths:
+    # 50 pages of 12 tiles and 100 of 9 under 20 tiles: no page of 9 fits beside one of 12, so the 9s need 45
+    # packs more than the 12s' 50 (the fewest is 100); the volume says 75, the pages over half 50
+    vit = np.array([12] * 50 + [9] * 100, np.int64)
+    return Lengths(vit, np.full(vit.size, 10, np.int64))
+
+
+def test_smaller_samples_count_only_the_room_they_fit():
+    assert pack_lower_bounds(_pages_of_12_and_9(), 20, 10_000) == (75, 95)
+
+
 @pytest.mark.filterwarnings("ignore::omnibal_kernels._warnings.CapacityWarning")
 def test_a_plan_has_no_fewer_packs_than_the_tight_bound():
     # pages of 7 to 13 tiles under a 20-tile capacity beside short chats and long code
@@ -112,3 +124,19 @@ def test_the_balance_targets_hold_packs_to_the_tight_bound():
     assert target_misses({**row, "packs_over_tight": 1.04}) == [
         f"packs 1.040x the tight bound ({row['packs_over_volume']:.3f}x the volume bound)"
     ]
+
+
+def test_the_epoch_bound_counts_the_packs_such_samples_need():
+    # at one rank with only a per-pack cost, a plan's epoch is its number of packs: the bound is the tight
+    # count, not the volume
+    lengths = _pages_of_12_and_9()
+    bound = costs_epoch_bound(
+        np.zeros(len(lengths)),
+        lengths.vit,
+        lengths.llm,
+        vit_capacity=20,
+        llm_capacity=10_000,
+        world_size=1,
+        per_pack=1.0,
+    )
+    assert bound == min_packs(lengths.vit, lengths.llm, 20, 10_000) == 95

@@ -26,7 +26,9 @@ and ``n(x)`` for the number of distinct packs whose samples cost more than ``x``
 
    The bound is the larger of the two.
 3. ``L(x)``: the samples with ``c_i > x`` lie in packs above ``x``, so there are at least as many of those
-   as these samples need packs: :func:`min_packs` of them, which is at least one when there are any.
+   as these samples need packs: the larger of their volume in either load and their number over half a
+   capacity, at least one when there are any; for all the samples, :func:`min_packs` (tighter, and one pass
+   over the samples rather than one per level).
 4. ``U(x)``, the least of these counts, each an upper bound on ``n(x)`` for every plan:
 
    * samples: ``N`` (every pack holds one); with ``num_steps`` given, also ``num_steps * W``.
@@ -84,7 +86,8 @@ def _clipped(load: np.ndarray, capacity: int) -> np.ndarray:
 
 
 def _prefix_min_packs(vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_capacity: int) -> np.ndarray:
-    """``(N + 1,)`` int64 :func:`min_packs` of the first ``j`` samples, ``j = 0 .. N`` (loads clipped)."""
+    """``(N + 1,)`` int64 lower bounds on the packs of the first ``j`` samples, ``j = 0 .. N`` (loads clipped):
+    the larger of their volume in either load and their number over half a capacity."""
     zero = np.zeros(1, np.int64)
 
     def need(load: np.ndarray, capacity: int) -> np.ndarray:
@@ -99,21 +102,54 @@ def _prefix_min_packs(vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_c
     return out
 
 
+def _bin_packing_bound(loads: np.ndarray, capacity: int) -> int:
+    """The L2 lower bound (Martello and Toth) on the bins of ``capacity`` that hold ``loads`` (each within it).
+
+    For a threshold ``a <= capacity / 2``: a load over ``capacity - a`` fills its bin for loads of at least
+    ``a``; a load over half the capacity shares its bin with no other such load; the loads from ``a`` to half
+    the capacity need whatever room the bins of the loads over half leave, and bins of their own past that.
+    The bound is the largest count over the thresholds ``0`` and each load up to half the capacity; it is at
+    least ``ceil(sum / capacity)`` (the threshold 0) and the number of loads over half the capacity."""
+    x = np.sort(loads[loads > 0])
+    if x.size == 0:
+        return 0
+    prefix = np.concatenate([np.zeros(1, np.int64), np.cumsum(x)])
+    thresholds = np.unique(np.concatenate([np.zeros(1, np.int64), x[2 * x <= capacity]]))
+    over_half = int(np.searchsorted(2 * x, capacity, side="right"))  # first load over half the capacity
+    full = np.searchsorted(x, capacity - thresholds, side="right")  # first load that leaves no room for a
+    small = np.searchsorted(x, thresholds, side="left")  # first load of at least a
+    alone = x.size - full
+    halves = full - over_half
+    room = halves * capacity - (prefix[full] - prefix[over_half])
+    rest = np.maximum(0, -(-(prefix[over_half] - prefix[small] - room) // capacity))
+    return int((alone + halves + rest).max())
+
+
 def min_packs(vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_capacity: int) -> int:
     """The fewest packs that can hold these samples, as a lower bound.
 
-    The larger of their volume in either load (``ceil(sum / capacity)``) and the number of samples over half a
-    capacity (no two of them share a pack); at least 1 for any samples, 0 for none. Loads over a capacity are
-    clipped to it (such a sample is a pack of its own).
+    A pack of its own for every sample over a capacity; for the others, the larger over the two loads of the
+    bin-packing bound L2 of Martello and Toth: the samples over half a capacity need a pack each, and the
+    smaller ones fill at most the room those leave. It is at least their volume in either load
+    (``ceil(sum / capacity)``) and their number over half a capacity, and above both where large samples are
+    common and cannot share a pack (pages of 11 to 13 tiles under a 20-tile capacity). At least 1 for any
+    samples, 0 for none.
 
     Args:
         vit, llm: ``(N,)`` int per-sample loads.
         vit_capacity: ViT capacity (0: the ViT load is not bounded).
         llm_capacity: LLM capacity, positive.
     """
-    vit = _clipped(np.asarray(vit, np.int64), vit_capacity)
-    llm = _clipped(np.asarray(llm, np.int64), llm_capacity)
-    return int(_prefix_min_packs(vit, llm, vit_capacity, llm_capacity)[-1])
+    vit, llm = np.asarray(vit, np.int64), np.asarray(llm, np.int64)
+    over = llm > llm_capacity
+    if vit_capacity > 0:
+        over |= vit > vit_capacity
+    within = ~over
+    packs = _bin_packing_bound(llm[within], llm_capacity)
+    if vit_capacity > 0:
+        packs = max(packs, _bin_packing_bound(vit[within], vit_capacity))
+    packs += int(np.count_nonzero(over))
+    return max(packs, 1) if vit.size else 0
 
 
 def _reach_counts(c: np.ndarray, load: np.ndarray, levels: np.ndarray) -> np.ndarray:
@@ -211,14 +247,16 @@ def costs_epoch_bound(
     per_pack = float(per_pack)
     if not (np.isfinite(per_pack) and per_pack >= 0):
         raise ValueError(f"per_pack must be finite and non-negative, got {per_pack!r}")
-    vit = _clipped(vit.astype(np.int64), vit_capacity)
-    llm = _clipped(llm.astype(np.int64), llm_capacity)
     n = c.shape[0]
     if n == 0:
         return 0.0
+    all_samples = min_packs(vit, llm, vit_capacity, llm_capacity)
+    vit = _clipped(vit.astype(np.int64), vit_capacity)
+    llm = _clipped(llm.astype(np.int64), llm_capacity)
     order = np.lexsort((np.arange(n), -c))
     cs = c[order]
     forced = _prefix_min_packs(vit[order], llm[order], vit_capacity, llm_capacity)
+    forced[-1] = max(int(forced[-1]), all_samples)
     most_packs = float(n)
     if num_steps is not None:
         num_steps = check_positive_int("num_steps", num_steps, minimum=1)

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._checks import check_positive_int
 from ..lengths import Lengths
+from .bound import min_packs
 from .cost import CostModel
 from .packs import Plan, as_lengths
 from .report import pack_sums
@@ -23,36 +24,15 @@ class PackBounds(NamedTuple):
     Attributes:
         volume: ``ceil(max(sum(vit) / vit_capacity, sum(llm) / llm_capacity))`` over the samples within the
             capacities, plus one pack for each sample over a capacity: packs can hold no more.
-        tight: the larger of ``volume`` and, in each load, the bin-packing bound L2 of Martello and Toth: the
-            samples over half a capacity need a pack each, and the smaller ones fill at most the room those
-            leave. It is above ``volume`` where large samples are common and cannot share a pack (pages of 11
-            to 13 tiles under a 20-tile capacity), which ``volume`` counts only by their load.
+        tight: :func:`~omnibal_kernels.balance.bound.min_packs`, the larger of ``volume`` and, in each load, the
+            bin-packing bound L2 of Martello and Toth: the samples over half a capacity need a pack each, and
+            the smaller ones fill at most the room those leave. It is above ``volume`` where large samples are
+            common and cannot share a pack (pages of 11 to 13 tiles under a 20-tile capacity), which ``volume``
+            counts only by their load.
     """
 
     volume: int
     tight: int
-
-
-def _bin_packing_bound(loads: np.ndarray, capacity: int) -> int:
-    """The L2 lower bound (Martello and Toth) on the bins of ``capacity`` that hold ``loads`` (each within it).
-
-    For a threshold ``a <= capacity / 2``: a load over ``capacity - a`` fills its bin for loads of at least
-    ``a``; a load over half the capacity shares its bin with no other such load; the loads from ``a`` to half
-    the capacity need whatever room the bins of the loads over half leave, and bins of their own past that.
-    The bound is the largest count over the thresholds ``0`` and each load up to half the capacity."""
-    x = np.sort(loads[loads > 0])
-    if x.size == 0:
-        return 0
-    prefix = np.concatenate([np.zeros(1, np.int64), np.cumsum(x)])
-    thresholds = np.unique(np.concatenate([np.zeros(1, np.int64), x[2 * x <= capacity]]))
-    over_half = int(np.searchsorted(2 * x, capacity, side="right"))  # first load over half the capacity
-    full = np.searchsorted(x, capacity - thresholds, side="right")  # first load that leaves no room for a
-    small = np.searchsorted(x, thresholds, side="left")  # first load of at least a
-    alone = x.size - full
-    halves = full - over_half
-    room = halves * capacity - (prefix[full] - prefix[over_half])
-    rest = np.maximum(0, -(-(prefix[over_half] - prefix[small] - room) // capacity))
-    return int((alone + halves + rest).max())
 
 
 def pack_lower_bounds(lengths: Union[Lengths, tuple, np.ndarray], vit_capacity: int, llm_capacity: int) -> PackBounds:
@@ -71,15 +51,12 @@ def pack_lower_bounds(lengths: Union[Lengths, tuple, np.ndarray], vit_capacity: 
     over = llm > llm_capacity
     if vit_capacity > 0:
         over |= vit > vit_capacity
-    vit, llm = vit[~over], llm[~over]
-    singles = int(np.count_nonzero(over))
-    volume = llm.sum() / llm_capacity
-    tight = _bin_packing_bound(llm, llm_capacity)
+    within = ~over
+    volume = llm[within].sum() / llm_capacity
     if vit_capacity > 0:
-        volume = max(volume, vit.sum() / vit_capacity)
-        tight = max(tight, _bin_packing_bound(vit, vit_capacity))
-    volume_bound = max(math.ceil(volume - 1e-9) + singles, 1)
-    return PackBounds(volume_bound, max(volume_bound, tight + singles))
+        volume = max(volume, vit[within].sum() / vit_capacity)
+    volume_bound = max(math.ceil(volume - 1e-9) + int(np.count_nonzero(over)), 1)
+    return PackBounds(volume_bound, max(volume_bound, min_packs(vit, llm, vit_capacity, llm_capacity)))
 
 
 # Step totals that vary less than this (coefficient of variation) have no trend worth measuring: their
