@@ -131,9 +131,9 @@ def min_packs(vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_capacity:
     A pack of its own for every sample over a capacity; for the others, the larger over the two loads of the
     bin-packing bound L2 of Martello and Toth: the samples over half a capacity need a pack each, and the
     smaller ones fill at most the room those leave. It is at least their volume in either load
-    (``ceil(sum / capacity)``) and their number over half a capacity, and above both where large samples are
-    common and cannot share a pack (pages of 11 to 13 tiles under a 20-tile capacity). At least 1 for any
-    samples, 0 for none.
+    (``ceil(sum / capacity)``) and their number over half a capacity, and above both where the smaller samples
+    do not fit the room the large ones leave (pages of 12 tiles and of 9 under a 20-tile capacity: no 9 fits
+    beside a 12). At least 1 for any samples, 0 for none.
 
     Args:
         vit, llm: ``(N,)`` int per-sample loads.

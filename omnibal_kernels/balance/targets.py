@@ -27,8 +27,8 @@ class PackBounds(NamedTuple):
         tight: :func:`~omnibal_kernels.balance.bound.min_packs`, the larger of ``volume`` and, in each load, the
             bin-packing bound L2 of Martello and Toth: the samples over half a capacity need a pack each, and
             the smaller ones fill at most the room those leave. It is above ``volume`` where large samples are
-            common and cannot share a pack (pages of 11 to 13 tiles under a 20-tile capacity), which ``volume``
-            counts only by their load.
+            common and cannot share a pack, or leave room the smaller ones do not fit (pages of 7 to 13 tiles
+            under a 20-tile capacity), which ``volume`` counts only by their load.
     """
 
     volume: int
