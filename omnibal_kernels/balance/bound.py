@@ -125,6 +125,15 @@ def _bin_packing_bound(loads: np.ndarray, capacity: int) -> int:
     return int((alone + halves + rest).max())
 
 
+def over_capacity(vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_capacity: int) -> np.ndarray:
+    """``(N,)`` bool: the samples over a capacity (``vit_capacity`` 0: the ViT load is not bounded), each a pack
+    of its own."""
+    over = np.asarray(llm) > llm_capacity
+    if vit_capacity > 0:
+        over |= np.asarray(vit) > vit_capacity
+    return over
+
+
 def min_packs(vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_capacity: int) -> int:
     """The fewest packs that can hold these samples, as a lower bound.
 
@@ -141,9 +150,7 @@ def min_packs(vit: np.ndarray, llm: np.ndarray, vit_capacity: int, llm_capacity:
         llm_capacity: LLM capacity, positive.
     """
     vit, llm = np.asarray(vit, np.int64), np.asarray(llm, np.int64)
-    over = llm > llm_capacity
-    if vit_capacity > 0:
-        over |= vit > vit_capacity
+    over = over_capacity(vit, llm, vit_capacity, llm_capacity)
     within = ~over
     packs = _bin_packing_bound(llm[within], llm_capacity)
     if vit_capacity > 0:
@@ -231,6 +238,31 @@ def costs_epoch_bound(
         ValueError: mismatched shapes, negative or non-finite costs or loads, non-positive capacities or world
             size, or ``num_steps`` too few to hold the samples' :func:`min_packs`.
     """
+    return ideal_and_bound(
+        costs,
+        vit,
+        llm,
+        vit_capacity=vit_capacity,
+        llm_capacity=llm_capacity,
+        world_size=world_size,
+        per_pack=per_pack,
+        num_steps=num_steps,
+    )[1]
+
+
+def ideal_and_bound(
+    costs: np.ndarray,
+    vit: np.ndarray,
+    llm: np.ndarray,
+    *,
+    vit_capacity: int,
+    llm_capacity: int,
+    world_size: int,
+    per_pack: float = 0.0,
+    num_steps: Optional[int] = None,
+) -> tuple[float, float]:
+    """The ideal, ``(sum(costs) + per_pack * min_packs) / world_size``, and :func:`costs_epoch_bound` (at least
+    the ideal), from one pass: both 0 for no samples. Arguments and errors as :func:`costs_epoch_bound`."""
     world_size = check_positive_int("world_size", world_size, minimum=1)
     llm_capacity = check_positive_int("llm_capacity", llm_capacity, minimum=1)
     vit_capacity = check_positive_int("vit_capacity", vit_capacity, minimum=0)
@@ -249,7 +281,7 @@ def costs_epoch_bound(
         raise ValueError(f"per_pack must be finite and non-negative, got {per_pack!r}")
     n = c.shape[0]
     if n == 0:
-        return 0.0
+        return 0.0, 0.0
     all_samples = min_packs(vit, llm, vit_capacity, llm_capacity)
     vit = _clipped(vit.astype(np.int64), vit_capacity)
     llm = _clipped(llm.astype(np.int64), llm_capacity)
@@ -269,7 +301,7 @@ def costs_epoch_bound(
     ideal = (float(c.sum()) + per_pack * float(forced[-1])) / world_size
     levels = _levels(cs, per_pack)
     if levels.size < 2:
-        return ideal
+        return ideal, ideal
     slack = _SLACK * float(cs[0])
     upper = np.minimum(_upper_counts(c, vit, llm, vit_capacity, llm_capacity, levels[:-1] - slack), most_packs)
     # on [levels[k], levels[k+1]): L of the samples costing at least levels[k+1], U at levels[k]
@@ -278,7 +310,7 @@ def costs_epoch_bound(
     width = np.diff(levels)
     steps = np.ceil(lower / world_size)
     gamma = np.where((lower > 0) & (upper < steps * world_size), steps - upper / world_size, 0.0)
-    return float(max(ideal + (gamma * width).sum(), (steps * width).sum()))
+    return ideal, float(max(ideal + (gamma * width).sum(), (steps * width).sum()))
 
 
 def epoch_bound(

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..lengths import Lengths
-from .bound import costs_epoch_bound, min_packs
+from .bound import ideal_and_bound
 from .cost import CostModel
 from .packs import Plan
 
@@ -170,10 +170,7 @@ def _epoch_fields(
     in_slot[scheduled] = True
     samples = plan.pack_samples[np.repeat(in_slot, plan.pack_sizes())]
     vit, llm, costs = lengths.vit[samples], lengths.llm[samples], sample_costs[samples]
-    ideal = (
-        float(costs.sum()) + cost_model.per_pack * min_packs(vit, llm, plan.vit_capacity, plan.llm_capacity)
-    ) / plan.world_size
-    bound = costs_epoch_bound(
+    ideal, bound = ideal_and_bound(
         costs,
         vit,
         llm,

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._checks import check_positive_int
 from ..lengths import Lengths
-from .bound import min_packs
+from .bound import min_packs, over_capacity
 from .cost import CostModel
 from .packs import Plan, as_lengths
 from .report import pack_sums
@@ -48,9 +48,7 @@ def pack_lower_bounds(lengths: Union[Lengths, tuple, np.ndarray], vit_capacity: 
     vit_capacity = check_positive_int("vit_capacity", vit_capacity, minimum=0)
     llm_capacity = check_positive_int("llm_capacity", llm_capacity, minimum=1)
     vit, llm = np.asarray(lengths.vit, np.int64), np.asarray(lengths.llm, np.int64)
-    over = llm > llm_capacity
-    if vit_capacity > 0:
-        over |= vit > vit_capacity
+    over = over_capacity(vit, llm, vit_capacity, llm_capacity)
     within = ~over
     volume = llm[within].sum() / llm_capacity
     if vit_capacity > 0:
